@@ -1,0 +1,93 @@
+"""Typed records produced by rollouts and consumed by algorithms.
+
+Token-in, token-out: a trajectory keeps the exact token ids the policy sampled and the token ids
+of the environment's messages (tokenized as chat-template deltas), side by side in one sequence.
+Only sampled tokens are trainable (``loss_mask == 1``).
+
+These records hold plain Python data (no torch), so they can be logged, replayed and collated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One model action and the environment's answer to it.
+
+    Attributes:
+        index: Turn number, 0-based.
+        start, end: Half-open token span ``[start, end)`` of the *sampled* tokens of this turn in
+            ``Trajectory.token_ids``.
+        text: The decoded action text sent to the environment.
+        reward: Reward returned by ``env.step`` for this action.
+        verdict: ``Verdict.to_dict()`` of the step (``info["verdict"]``).
+        info: The rest of the step's ``info`` (JSON-ready), e.g. reward components.
+        hit_token_limit: Generation stopped at ``max_new_tokens`` without an end-of-turn token.
+        terminated, truncated: As returned by ``env.step``.
+    """
+
+    index: int
+    start: int
+    end: int
+    text: str
+    reward: float
+    verdict: dict[str, Any]
+    info: dict[str, Any] = field(default_factory=dict)
+    hit_token_limit: bool = False
+    terminated: bool = False
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One whole episode, as tokens and as turns.
+
+    Per-token lists all have length ``len(token_ids)``:
+        token_ids: Prompt, sampled and environment tokens in conversation order.
+        loss_mask: 1 on tokens the policy sampled, 0 on prompt/environment/template tokens.
+        logprobs: Log-probability under the sampling policy for sampled tokens, 0.0 elsewhere.
+        turn_index: The turn a token belongs to (sampled tokens of turn k and the environment's
+            reply to turn k both carry k); -1 for the initial prompt.
+
+    Attributes:
+        env_id, env_kwargs, seed: Enough to replay the episode's start state.
+        group_id: Episodes sharing a start state (same seed/problem) share a group id.
+        turns: One record per model action.
+        terminated, truncated: How the episode ended; ``stop_reason`` names the limit when the
+            rollout itself cut it short ("max_turns", "max_context", ...), else ``None``.
+        messages: The chat transcript (role/content dicts; images replaced by placeholders).
+        task: The environment's task metadata from ``reset`` (``info["task"]``), e.g. cards, level.
+        extras: Backend-specific inputs needed to re-run the forward pass (e.g. pixel values
+            for vision models), keyed by name.
+    """
+
+    env_id: str
+    env_kwargs: dict[str, Any]
+    seed: int
+    group_id: int
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    turn_index: list[int]
+    turns: tuple[TurnRecord, ...]
+    terminated: bool
+    truncated: bool
+    stop_reason: str | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    task: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(t.reward for t in self.turns))
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return int(sum(self.loss_mask))

@@ -1,0 +1,1 @@
+"""veriloop environments: Gymnasium verifier environments (no torch needed)."""
