@@ -1,0 +1,235 @@
+"""Batched generation with a transformers model and its KV cache (CPU or GPU).
+
+Each call samples one assistant turn for every request in one batched decode loop. Between turns
+the backend keeps each episode's keys/values (``_Slot``), so the next turn only feeds the tokens
+that are new since then (the last sampled token and the environment's delta) instead of
+re-encoding the whole conversation.
+
+Batch layout (left padding, all rows end at the same column): request ``i`` has ``T_i`` context
+tokens of which ``c_i`` are cached; ``W = max_i (T_i - c_i)`` new columns are fed, and the batched
+cache holds the first ``P = max_i T_i - W`` columns:
+
+    row i:  [ pad ... | ctx[: T_i - W] (cached K/V) ][ ctx[T_i - W :] (fed now, width W) ]
+             <------------- P columns -------------> <------------ W columns ------------>
+
+Rows whose new part is shorter than ``W`` recompute a few cached tokens; that keeps one
+rectangular prefill per turn. Position ids are ``column - left_pad`` so RoPE sees every episode
+from position 0. Rows that finish (end-of-turn token, stop string, budget) are dropped from the
+batch once ``compact_fraction`` of the rows are done, so stragglers decode in a smaller batch.
+
+Vision policies (``policy.processor`` set) are served without cross-turn reuse: each turn the
+whole context, with every image so far (``GenRequest.model_inputs``), is re-encoded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from veriloop.agents.backends import GenRequest, GenResult, eos_token_ids, hit_stop
+from veriloop.agents.policy import Policy
+from veriloop.agents.sampling_params import SamplingParams, sample_next
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [H, L, D]
+
+
+@dataclass
+class _Slot:
+    """One episode's cached keys/values: ``kv[l][0][:, j]`` belongs to token ``ids[j]``."""
+
+    ids: list[int]
+    kv: KV
+
+
+@dataclass
+class _Row:
+    """Book-keeping for one request inside the decode loop."""
+
+    index: int  # position in the request list
+    pad: int  # left padding columns
+    context: list[int]
+    budget: int
+    sampled: list[int]
+    logprobs: list[float]
+    finish: str | None = None
+
+
+class HFBackend:
+    """Generation backend for a transformers causal LM (or a VLM, without KV reuse).
+
+    Args:
+        policy: The policy whose model samples.
+        reuse_kv: Keep each episode's KV cache between turns (text models only).
+        max_batch_size: Most requests per decode loop; requests are sorted by length and split.
+        compact_fraction: Drop finished rows from the batch once this fraction has finished.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        reuse_kv: bool = True,
+        max_batch_size: int | None = None,
+        compact_fraction: float = 0.25,
+    ) -> None:
+        self.policy = policy
+        self.model = policy.model
+        self.tokenizer = policy.tokenizer
+        self.eos = set(eos_token_ids(policy.tokenizer, policy.model))
+        self.pad_id = policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else min(self.eos)
+        self.reuse_kv = reuse_kv and not policy.is_vision
+        self.max_batch_size = max_batch_size
+        self.compact_fraction = compact_fraction
+        self._slots: dict[Hashable, _Slot] = {}
+        self.stats = {"forward_calls": 0, "fed_tokens": 0, "reused_tokens": 0}
+
+    def release(self, key: Hashable) -> None:
+        self._slots.pop(key, None)
+
+    def generate(
+        self, requests: Sequence[GenRequest], sampling: SamplingParams, generator: torch.Generator
+    ) -> list[GenResult]:
+        order = sorted(range(len(requests)), key=lambda i: len(requests[i].context_ids))
+        size = self.max_batch_size or max(1, len(order))
+        results: list[GenResult | None] = [None] * len(requests)
+        for start in range(0, len(order), size):
+            chunk = order[start : start + size]
+            for i, res in zip(chunk, self._generate_batch([requests[i] for i in chunk], sampling, generator)):
+                results[i] = res
+        return [r for r in results if r is not None]
+
+    # ---- one batch -------------------------------------------------------------------------
+
+    def _cached_length(self, req: GenRequest) -> int:
+        """How many leading context tokens have usable cached K/V (at least one token stays new)."""
+        slot = self._slots.get(req.key) if self.reuse_kv else None
+        if slot is None:
+            return 0
+        n = len(slot.ids)
+        ctx = req.context_ids
+        if n >= len(ctx) or list(ctx[:n]) != slot.ids:
+            self._slots.pop(req.key, None)  # diverged: recompute from scratch
+            return 0
+        return n
+
+    @torch.inference_mode()
+    def _generate_batch(
+        self, reqs: Sequence[GenRequest], sampling: SamplingParams, generator: torch.Generator
+    ) -> list[GenResult]:
+        device = self.policy.device
+        cached = [self._cached_length(r) for r in reqs]
+        lengths = [len(r.context_ids) for r in reqs]
+        width = max(t - c for t, c in zip(lengths, cached))  # W
+        total = max(lengths)  # T_max
+        past = total - width  # P
+        rows = [
+            _Row(i, total - t, list(r.context_ids), min(r.max_new_tokens, sampling.max_new_tokens), [], [])
+            for i, (r, t) in enumerate(zip(reqs, lengths))
+        ]
+        ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)  # [B, W]
+        mask = torch.zeros(len(reqs), total, dtype=torch.long)  # [B, P + W]
+        for b, row in enumerate(rows):
+            fed = row.context[max(0, len(row.context) - width) :]
+            ids[b, width - len(fed) :] = torch.tensor(fed)
+            mask[b, row.pad :] = 1
+        cols = torch.arange(past, total)[None, :]  # [1, W]
+        pos = (cols - torch.tensor([r.pad for r in rows])[:, None]).clamp(min=0)  # [B, W]
+        cache = self._batched_cache([r.key for r in reqs], rows, past)
+        extra = self._vision_inputs(reqs)
+        self.stats["fed_tokens"] += int(mask[:, past:].sum())
+        self.stats["reused_tokens"] += sum(max(0, t - width) for t in lengths)
+        logits = self._forward(ids, mask, pos, cache, device, **extra)
+        active = list(range(len(rows)))  # batch row b -> rows[active[b]]
+        done: list[int] = []
+        next_pos = pos[:, -1] + 1  # [B]
+        while True:
+            tokens, lps = sample_next(logits, sampling, generator)  # [B], [B]
+            for b, r in enumerate(active):
+                row = rows[r]
+                if row.finish is None:
+                    self._append(row, int(tokens[b]), float(lps[b]), sampling)
+            if all(rows[r].finish is not None for r in active):
+                break
+            finished = [b for b, r in enumerate(active) if rows[r].finish is not None]
+            if finished and len(finished) >= self.compact_fraction * len(active):
+                keep = [b for b in range(len(active)) if rows[active[b]].finish is None]
+                self._save(cache, [rows[active[b]] for b in finished], [reqs[active[b]].key for b in finished], finished)
+                done += [active[b] for b in finished]
+                index = torch.tensor(keep)
+                cache.batch_select_indices(index)
+                tokens, mask, next_pos = tokens[index], mask[index], next_pos[index]
+                active = [active[b] for b in keep]
+            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
+            logits = self._forward(tokens[:, None], mask, next_pos[:, None], cache, device)
+            next_pos = next_pos + 1
+        self._save(cache, [rows[r] for r in active], [reqs[r].key for r in active], list(range(len(active))))
+        return [GenResult(row.sampled, row.logprobs, row.finish or "length") for row in rows]  # type: ignore[arg-type]
+
+    def _append(self, row: _Row, token: int, logprob: float, sampling: SamplingParams) -> None:
+        row.sampled.append(token)
+        row.logprobs.append(logprob)
+        if token in self.eos:
+            row.finish = "eos"
+        elif hit_stop(self.tokenizer, row.sampled, sampling.stop):
+            row.finish = "stop"
+        elif len(row.sampled) >= row.budget:
+            row.finish = "length"
+
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any, device: torch.device, **extra: Any
+    ) -> torch.Tensor:
+        """One forward pass; returns the last column's logits [B, V]."""
+        self.stats["forward_calls"] += 1
+        out = self.model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=pos.to(device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **extra,
+        )
+        return out.logits[:, -1]
+
+    # ---- caches ------------------------------------------------------------------------------
+
+    def _batched_cache(self, keys: Sequence[Hashable], rows: Sequence[_Row], past: int) -> Any:
+        """A DynamicCache holding the first ``past`` columns of every row (zeros on left padding)."""
+        from transformers import DynamicCache
+
+        if past == 0:
+            return DynamicCache(config=self.model.config)
+        slots = [self._slots[k] if k in self._slots else None for k in keys]
+        ref = next(s for s in slots if s is not None).kv
+        layers = []
+        for layer, (k0, v0) in enumerate(ref):
+            k = k0.new_zeros(len(rows), k0.shape[0], past, k0.shape[2])  # [B, H, P, D]
+            v = v0.new_zeros(len(rows), v0.shape[0], past, v0.shape[2])
+            for b, (row, slot) in enumerate(zip(rows, slots)):
+                n = past - row.pad  # cached columns used by this row
+                if n > 0 and slot is not None:
+                    k[b, :, row.pad :] = slot.kv[layer][0][:, :n]
+                    v[b, :, row.pad :] = slot.kv[layer][1][:, :n]
+            layers.append((k, v))
+        return DynamicCache(ddp_cache_data=layers)
+
+    def _save(self, cache: Any, rows: Sequence[_Row], keys: Sequence[Hashable], batch_rows: Sequence[int]) -> None:
+        """Store each finished row's K/V: its context plus all sampled tokens but the last (never fed)."""
+        if not self.reuse_kv:
+            return
+        for row, key, b in zip(rows, keys, batch_rows):
+            ids = row.context + row.sampled[:-1]
+            start, end = row.pad, row.pad + len(ids)
+            kv = [(layer.keys[b, :, start:end].clone(), layer.values[b, :, start:end].clone()) for layer in cache.layers]
+            self._slots[key] = _Slot(ids, kv)
+
+    def _vision_inputs(self, reqs: Sequence[GenRequest]) -> dict[str, Any]:
+        """Concatenate every request's vision inputs in batch order (images of row 0 first)."""
+        if not any(r.model_inputs for r in reqs):
+            return {}
+        names = set().union(*(r.model_inputs.keys() for r in reqs))
+        device = self.policy.device
+        return {n: torch.cat([r.model_inputs[n] for r in reqs if n in r.model_inputs]).to(device) for n in names}

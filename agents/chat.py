@@ -1,0 +1,165 @@
+"""Chat-template bookkeeping for token-in, token-out rollouts.
+
+The conversation is never re-tokenized. The first prompt is rendered once; after that only the
+environment's new message is tokenized, as a chat-template *delta*:
+
+    delta_text = render(conv + [user], add_generation_prompt=True) - render(conv)
+
+where ``render(conv)`` closes the last assistant turn the way the template does (for ChatML:
+``content + "<|im_end|>\\n"``). The sampled tokens already contain part of that closing text when
+the model emitted its end-of-turn token (``<|im_end|>``); the rest (``"\\n"``), or all of it when the
+sample hit the token limit, is put in front of the delta. Those closing tokens are template
+tokens, not model samples, so they are never trainable (``loss_mask == 0``).
+
+Observations: a ``str`` becomes a user message; a vision observation ``{"text": str, "image":
+uint8 [H, W, 3]}`` becomes a user message whose content is ``[{"type": "image"}, {"type": "text",
+"text": ...}]`` (the image itself travels separately, see the HF backend's vision path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+_SENTINEL = "\u2063VERILOOP_SENTINEL\u2063"
+
+
+def observation_message(obs: Any) -> tuple[dict[str, Any], Any]:
+    """Turn an environment observation into a user message (and its image, if any).
+
+    Returns:
+        (message, image): ``image`` is the observation's array, or ``None`` for text observations.
+    """
+    if isinstance(obs, str):
+        return {"role": "user", "content": obs}, None
+    if isinstance(obs, dict) and "text" in obs:
+        image = obs.get("image")
+        if image is None:
+            return {"role": "user", "content": str(obs["text"])}, None
+        content = [{"type": "image"}, {"type": "text", "text": str(obs["text"])}]
+        return {"role": "user", "content": content}, image
+    raise TypeError(
+        f"expected an observation that is a str or a dict with 'text' (and optionally 'image'), "
+        f"got {type(obs).__name__}; veriloop environments return one of these"
+    )
+
+
+def text_only(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages with list contents flattened to their text (for logs and text templates)."""
+    out = []
+    for m in messages:
+        content = m["content"]
+        if not isinstance(content, str):
+            content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+class ChatFormat:
+    """Renders prompts and deltas with a tokenizer's chat template.
+
+    Args:
+        tokenizer: A tokenizer with a ``chat_template``.
+        system_prompt: Optional system message put before the first observation.
+    """
+
+    def __init__(self, tokenizer: Any, system_prompt: str | None = None, processor: Any = None) -> None:
+        owner = processor if processor is not None else tokenizer
+        if getattr(owner, "chat_template", None) is None:
+            raise ValueError(
+                f"{type(owner).__name__} has no chat_template; load an instruct model's "
+                "tokenizer (e.g. SmolLM2-135M-Instruct) or set its chat_template"
+            )
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.system_prompt = system_prompt
+        self.eos_text = tokenizer.eos_token or ""
+        self.assistant_close = self._assistant_close()
+
+    def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool) -> str:
+        """Template text of ``messages``; vision formats keep image parts as placeholders."""
+        if self.processor is None:
+            return self.tokenizer.apply_chat_template(
+                text_only(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        parts = [
+            {**m, "content": [{"type": "text", "text": m["content"]}] if isinstance(m["content"], str) else m["content"]}
+            for m in messages
+        ]
+        return self.processor.apply_chat_template(parts, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of template text (special tokens are already written out in it)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def first_messages(self, obs_message: dict[str, Any]) -> list[dict[str, Any]]:
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return [*system, obs_message]
+
+    def prompt_ids(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """Token ids of the first prompt, ending with the assistant generation prompt."""
+        return self.encode(self.prompt_text(messages))
+
+    def prompt_text(self, messages: Sequence[dict[str, Any]]) -> str:
+        return self.render(messages, add_generation_prompt=True)
+
+    def _assistant_close(self) -> str:
+        """What the template writes after an assistant message's content (ChatML: ``<|im_end|>\\n``)."""
+        conv = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
+        text = self.render(conv, add_generation_prompt=False)
+        if _SENTINEL not in text:
+            raise ValueError("the chat template does not write the assistant content verbatim; cannot find deltas")
+        return text.split(_SENTINEL, 1)[1]
+
+    def action_text(self, sampled_ids: Sequence[int], eos_ids: Sequence[int]) -> str:
+        """The text of a sample as sent to the environment: decoded, without a final end-of-turn token."""
+        ids = list(sampled_ids)
+        if ids and ids[-1] in eos_ids:
+            ids = ids[:-1]
+        return self.decode(ids)
+
+    def delta_ids(
+        self, conversation: Sequence[dict[str, Any]], new_message: dict[str, Any], ended_with_eos: bool
+    ) -> list[int]:
+        """Token ids of :meth:`delta_text` (text formats)."""
+        return self.encode(self.delta_text(conversation, new_message, ended_with_eos))
+
+    def delta_text(
+        self, conversation: Sequence[dict[str, Any]], new_message: dict[str, Any], ended_with_eos: bool
+    ) -> str:
+        """Token ids to append after a sample so the next assistant turn can start.
+
+        Args:
+            conversation: The messages so far, ending with the assistant message just sampled.
+            new_message: The environment's next (user) message.
+            ended_with_eos: Whether the sampled ids end with the end-of-turn token.
+
+        Returns:
+            ``missing closing text + new user message + generation prompt``.
+        """
+        before = self.render(conversation, add_generation_prompt=False)
+        after = self.render([*conversation, new_message], add_generation_prompt=True)
+        if not after.startswith(before):
+            raise ValueError(
+                "the chat template re-renders earlier turns when a message is added (not prefix-stable), "
+                "so token-in/token-out deltas are undefined for it; use a template that only appends"
+            )
+        close = self.assistant_close
+        if ended_with_eos and self.eos_text and close.startswith(self.eos_text):
+            close = close[len(self.eos_text) :]
+        return close + after[len(before) :]
+
+    def encode_multimodal(self, text: str, images: Sequence[Any]) -> tuple[list[int], dict[str, Any]]:
+        """Vision formats: ids of ``text`` with its image placeholders expanded, and the images' inputs.
+
+        Returns:
+            (ids, vision inputs such as ``pixel_values`` [len(images), C, H, W]; empty without images).
+        """
+        from veriloop.agents.vision import to_pil, vision_inputs
+
+        pil = [to_pil(im) for im in images] or None
+        out = self.processor(text=text, images=pil, return_tensors="pt", add_special_tokens=False)
+        return out["input_ids"][0].tolist(), (vision_inputs(dict(out)) if pil else {})

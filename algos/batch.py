@@ -1,0 +1,179 @@
+"""Token batches: trajectories padded into [B, T] tensors for the update step.
+
+Padding is on the RIGHT: row i holds its T_i tokens at positions 0..T_i-1, then ``pad_id`` with
+attention_mask = loss_mask = 0. Right padding keeps token positions equal to the positions seen at
+rollout time (position ids start at 0 on every row), so recorded log-probs line up with
+``token_logprobs`` without shifting; causal attention never looks right, so pads do not change the
+real tokens' outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from veriloop.agents.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """A right-padded batch of B sequences of length T.
+
+    Attributes:
+        input_ids: [B, T] long token ids.
+        attention_mask: [B, T] long, 1 on real tokens.
+        loss_mask: [B, T] float, 1 on sampled tokens that train (0 on prompt, environment,
+            padding and filtered episodes).
+        old_logprobs: [B, T] float, sampling-policy log-probs (0 off the loss mask).
+        turn_index: [B, T] long, turn of each token (-1 prompt and padding).
+        advantages: [B, T] float, 0 off the loss mask.
+        returns: [B, T] float value targets (critic only) or None.
+        old_values: [B, T] float critic values at rollout time (critic only) or None.
+        ref_logprobs: [B, T] float reference-policy log-probs (KL only) or None.
+        extras: extra model inputs (e.g. ``pixel_values``); tensors whose first dim is B are
+            sliced with the batch.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    turn_index: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.input_ids.shape)
+        if len(shape) != 2:
+            raise ValueError(f"input_ids must be [B, T], got {shape}")
+        for f in ("attention_mask", "loss_mask", "old_logprobs", "turn_index", "advantages"):
+            got = tuple(getattr(self, f).shape)
+            if got != shape:
+                raise ValueError(f"TokenBatch.{f} has shape {got}, expected input_ids' {shape}")
+        for f in ("returns", "old_values", "ref_logprobs"):
+            x = getattr(self, f)
+            if x is not None and tuple(x.shape) != shape:
+                raise ValueError(f"TokenBatch.{f} has shape {tuple(x.shape)}, expected {shape}")
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum().item())
+
+    def select(self, rows: slice | torch.Tensor) -> TokenBatch:
+        """Rows of the batch (a slice or an index tensor), extras included."""
+        b = self.size
+
+        def pick(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return x[rows]
+            return x
+
+        extras = {}
+        for k, v in self.extras.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == b:
+                extras[k] = v[rows]
+            else:
+                raise ValueError(
+                    f"cannot split extras[{k!r}] by rows (its first dim is not B={b}); "
+                    "use a mini-batch size equal to the batch size for this model"
+                )
+        vals = {f.name: pick(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "extras"}
+        return TokenBatch(**vals, extras=extras)
+
+
+def _pad(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype, length: int) -> torch.Tensor:
+    out = torch.full((len(rows), length), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i, : len(r)] = torch.as_tensor(list(r), dtype=dtype)
+    return out
+
+
+def _collate_extras(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+    keys = set().union(*(t.extras.keys() for t in trajectories)) if trajectories else set()
+    out: dict[str, Any] = {}
+    for k in sorted(keys):
+        vals = [t.extras.get(k) for t in trajectories]
+        if any(v is None for v in vals) or not all(isinstance(v, torch.Tensor) for v in vals):
+            raise ValueError(f"extras[{k!r}] must be a tensor on every trajectory to be collated")
+        out[k] = torch.cat(vals, dim=0)  # per-trajectory tensors stacked along their first dim
+    return out
+
+
+def collate(
+    trajectories: Sequence[Trajectory],
+    advantages_per_token: torch.Tensor | Sequence[Sequence[float]],
+    *,
+    pad_id: int = 0,
+    sample_mask: torch.Tensor | None = None,
+) -> TokenBatch:
+    """Pad trajectories into a ``TokenBatch`` (right padding).
+
+    Args:
+        trajectories: N episodes.
+        advantages_per_token: [N, T'] tensor (T' >= longest episode, extra columns ignored) or one
+            list per trajectory of its token advantages.
+        pad_id: Token id for padding (never attended, never trained).
+        sample_mask: [N] 1 keep / 0 drop an episode from the loss (overlong filter, verifier failure).
+
+    Extras (e.g. pixel values) are concatenated along dim 0 in trajectory order.
+    """
+    if not trajectories:
+        raise ValueError("collate needs at least one trajectory")
+    n = len(trajectories)
+    t_max = max(len(t.token_ids) for t in trajectories)
+    for t in trajectories:
+        if not (len(t.token_ids) == len(t.loss_mask) == len(t.logprobs) == len(t.turn_index)):
+            raise ValueError(f"trajectory (group {t.group_id}) has per-token lists of different lengths")
+    input_ids = _pad([t.token_ids for t in trajectories], pad_id, torch.long, t_max)
+    attn = _pad([[1] * len(t.token_ids) for t in trajectories], 0, torch.long, t_max)
+    loss_mask = _pad([t.loss_mask for t in trajectories], 0, torch.float32, t_max)
+    if sample_mask is not None:
+        if sample_mask.shape != (n,):
+            raise ValueError(f"sample_mask must be [{n}], got {tuple(sample_mask.shape)}")
+        loss_mask = loss_mask * sample_mask.to(torch.float32).unsqueeze(1)
+    old_lp = _pad([t.logprobs for t in trajectories], 0.0, torch.float32, t_max) * loss_mask
+    turn_index = _pad([t.turn_index for t in trajectories], -1, torch.long, t_max)
+    if isinstance(advantages_per_token, torch.Tensor):
+        if (
+            advantages_per_token.dim() != 2
+            or advantages_per_token.shape[0] != n
+            or advantages_per_token.shape[1] < t_max
+        ):
+            raise ValueError(f"advantages must be [{n}, >= {t_max}], got {tuple(advantages_per_token.shape)}")
+        adv = advantages_per_token[:, :t_max].to(torch.float32)
+    else:
+        if len(advantages_per_token) != n:
+            raise ValueError(f"got {len(advantages_per_token)} advantage rows for {n} trajectories")
+        adv = _pad(advantages_per_token, 0.0, torch.float32, t_max)
+    return TokenBatch(
+        input_ids=input_ids,
+        attention_mask=attn,
+        loss_mask=loss_mask,
+        old_logprobs=old_lp,
+        turn_index=turn_index,
+        advantages=adv * loss_mask,
+        extras=_collate_extras(trajectories),
+    )
+
+
+def minibatches(
+    batch: TokenBatch, size: int, *, shuffle: torch.Generator | None = None
+) -> Iterator[TokenBatch]:
+    """Consecutive row chunks of at most ``size`` rows (a random order if a generator is given)."""
+    if size < 1:
+        raise ValueError(f"mini-batch size must be >= 1, got {size}")
+    order = torch.randperm(batch.size, generator=shuffle) if shuffle is not None else torch.arange(batch.size)
+    for start in range(0, batch.size, size):
+        yield batch.select(order[start : start + size])

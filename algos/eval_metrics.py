@@ -1,0 +1,223 @@
+"""Evaluation metrics for verifiable tasks: pass@k, avg@k, maj@k and the generalization gap.
+
+Vocabulary (Yue et al. 2025; papers.md sections 9-10), for one problem with ``n`` judged samples
+of which ``c`` are correct:
+
+* **pass@k** -- the probability that at least one of ``k`` samples drawn without replacement
+  from the ``n`` is correct, the unbiased estimator ``1 - C(n-c, k) / C(n, k)``. Averaged over
+  problems. Unlike "best of the first k" it uses all ``n`` samples, so its variance is lower.
+* **avg@n** -- the mean accuracy over the ``n`` samples (pass@1 equals avg@n).
+* **maj@k** -- majority vote over the first ``k`` sampled final answers; the problem counts as
+  solved when the winning answer is correct.
+
+A sample whose verifier failed (timeout, memory, crash; ``Verdict.error`` set) is *not* a wrong
+answer: it is dropped before any metric is computed and counted under ``verifier_errors``.
+
+Pure Python; no torch. Results are plain dicts of floats/ints, ready for logs and JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Metric name prefixes that are rates in [0, 1]; the generalization gap is taken over these.
+RATE_PREFIXES = ("pass@", "avg@", "maj@")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled response to one evaluation problem.
+
+    Attributes:
+        correct: The verifier's judgement (meaningless when ``error`` is set).
+        answer: The extracted final answer used for majority voting, ``None`` when the response
+            had none. Compare answers in a canonical form (e.g. the verifier's ``parsed``):
+            equal strings vote together, different strings never do.
+        error: The verifier's failure kind (``"timeout"``, ``"memory"``, ``"crash"``) or ``None``.
+    """
+
+    correct: bool
+    answer: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_verdict(cls, verdict: Any) -> Sample:
+        """Build from a :class:`veriloop.envs.verifiers.verdict.Verdict` (or anything shaped like it)."""
+        return cls(correct=bool(verdict.correct), answer=verdict.parsed, error=verdict.error)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one problem: ``1 - C(n-c, k) / C(n, k)``.
+
+    Computed in product form, which never forms the (huge) binomials:
+    ``C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i)``; when ``n - c < k`` every k-subset
+    holds a correct sample and the result is exactly 1.
+
+    Args:
+        n: Number of judged samples (>= 1).
+        c: Number of correct samples, 0 <= c <= n.
+        k: Samples drawn, 1 <= k <= n.
+    """
+    if n < 1:
+        raise ValueError(f"pass@k needs n >= 1 judged samples, got n={n}")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n, got c={c}, n={n}")
+    if not 1 <= k <= n:
+        raise ValueError(
+            f"pass@k needs 1 <= k <= n, got k={k} with n={n} samples: draw at least k samples per "
+            "problem (eval.n_samples) or drop the large k from eval.k_list"
+        )
+    if n - c < k:
+        return 1.0
+    miss = math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+    return 1.0 - miss
+
+
+def avg_at_k(correct: Sequence[bool]) -> float:
+    """Mean accuracy over the samples of one problem (avg@k with k = len(correct))."""
+    if len(correct) == 0:
+        raise ValueError("avg@k needs at least one judged sample, got none")
+    return sum(bool(x) for x in correct) / len(correct)
+
+
+def maj_at_k(
+    answers: Sequence[str | None],
+    correct_by_answer: Mapping[str, bool] | Callable[[str], bool],
+    k: int,
+) -> bool:
+    """Majority vote over the first ``k`` answers; True when the winning answer is correct.
+
+    ``None`` answers (nothing extracted) do not vote; if no answer votes the problem is unsolved.
+    Ties go to the answer that appeared *first* among the ``k`` samples, so the result never
+    depends on correctness or on dictionary order.
+
+    Args:
+        answers: Final answers in sampling order (judged samples only).
+        correct_by_answer: Whether an answer is correct: a mapping or a gold-check function.
+        k: How many leading samples vote, 1 <= k <= len(answers).
+    """
+    if not 1 <= k <= len(answers):
+        raise ValueError(f"maj@k needs 1 <= k <= {len(answers)} (number of answers), got k={k}")
+    counts: dict[str, int] = {}  # insertion order = first appearance
+    for answer in answers[:k]:
+        if answer is not None:
+            counts[answer] = counts.get(answer, 0) + 1
+    if not counts:
+        return False
+    best = max(counts.values())
+    winner = next(a for a, count in counts.items() if count == best)
+    if callable(correct_by_answer):
+        return bool(correct_by_answer(winner))
+    return bool(correct_by_answer[winner])
+
+
+def summarize_split(
+    results_per_problem: Sequence[Sequence[Sample]], k_list: Sequence[int]
+) -> dict[str, float]:
+    """Metrics of one evaluation split.
+
+    Args:
+        results_per_problem: For each problem, its samples in sampling order.
+        k_list: The k values to report pass@k and maj@k for.
+
+    Returns:
+        ``num_problems``, ``num_samples`` (judged), ``verifier_errors`` (samples dropped),
+        ``avg@n`` (mean over problems of the per-problem accuracy), and for each k: ``pass@k``,
+        ``maj@k`` and ``excluded@k`` -- problems left out of both because fewer than k of their
+        samples were judged (verifier errors ate them); the averages are over the rest
+        (``nan`` when no problem is left).
+    """
+    if not results_per_problem:
+        raise ValueError("summarize_split needs at least one problem, got none")
+    judged = [[s for s in samples if s.error is None] for samples in results_per_problem]
+    errors = sum(len(samples) - len(j) for samples, j in zip(results_per_problem, judged))
+    scored = [j for j in judged if j]
+    out: dict[str, float] = {
+        "num_problems": len(results_per_problem),
+        "num_samples": sum(len(j) for j in judged),
+        "verifier_errors": errors,
+        "avg@n": _mean([avg_at_k([s.correct for s in j]) for j in scored]),
+    }
+    for k in k_list:
+        usable = [j for j in judged if len(j) >= k]
+        out[f"pass@{k}"] = _mean([pass_at_k(len(j), sum(s.correct for s in j), k) for j in usable])
+        out[f"maj@{k}"] = _mean([float(maj_at_k([s.answer for s in j], _vote_truth(j), k)) for j in usable])
+        out[f"excluded@{k}"] = len(judged) - len(usable)
+    return out
+
+
+def _vote_truth(samples: Sequence[Sample]) -> dict[str, bool]:
+    """Answer -> correctness, from the first sample that gave each answer."""
+    truth: dict[str, bool] = {}
+    for s in samples:
+        if s.answer is not None and s.answer not in truth:
+            truth[s.answer] = s.correct
+    return truth
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def generalization_gap(
+    split_metrics: Mapping[str, Mapping[str, float]], reference_split: str = "id"
+) -> dict[str, dict[str, float]]:
+    """Per split, ``reference - split`` for every rate metric the two share.
+
+    A positive gap means the split scores *lower* than the reference (in-distribution) split.
+    Rate metrics are those named ``pass@*``, ``avg@*`` and ``maj@*``.
+    """
+    if reference_split not in split_metrics:
+        raise KeyError(
+            f"reference split {reference_split!r} not in the report; splits: {sorted(split_metrics)}"
+        )
+    ref = split_metrics[reference_split]
+    gaps: dict[str, dict[str, float]] = {}
+    for split, metrics in split_metrics.items():
+        if split == reference_split:
+            continue
+        gaps[split] = {m: ref[m] - metrics[m] for m in ref if m.startswith(RATE_PREFIXES) and m in metrics}
+    return gaps
+
+
+def markdown_table(report: Mapping[str, Mapping[str, float]], reference_split: str = "id") -> str:
+    """Render split metrics as a Markdown table, reference split first, with gap rows.
+
+    One row per split (problems, verifier errors, then each rate metric), then one
+    ``gap <ref>-<split>`` row per other split (empty cells for counts). When the reference split
+    is absent, no gap rows are added.
+    """
+    if not report:
+        raise ValueError("markdown_table needs at least one split")
+    splits = sorted(report, key=lambda s: (s != reference_split, s))
+    rates: list[str] = []
+    for split in splits:
+        rates += [m for m in report[split] if m.startswith(RATE_PREFIXES) and m not in rates]
+    header = ["split", "problems", "verifier errors", *rates]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for split in splits:
+        m = report[split]
+        cells = [split, _int_cell(m.get("num_problems")), _int_cell(m.get("verifier_errors"))]
+        lines.append("| " + " | ".join(cells + [_rate_cell(m.get(r)) for r in rates]) + " |")
+    if reference_split in report:
+        for split, gap in generalization_gap(report, reference_split).items():
+            cells = [f"gap {reference_split}-{split}", "", ""] + [
+                _rate_cell(gap.get(r), signed=True) for r in rates
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _int_cell(value: float | None) -> str:
+    return "" if value is None else str(int(value))
+
+
+def _rate_cell(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return ""
+    if math.isnan(value):
+        return "n/a"
+    return f"{value:+.3f}" if signed else f"{value:.3f}"

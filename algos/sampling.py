@@ -1,0 +1,80 @@
+"""DAPO dynamic sampling: keep only groups that carry a learning signal.
+
+A group whose rewards are all equal has zero group-relative advantage everywhere, so it only
+dilutes the batch. DAPO over-samples and keeps sampling until the batch holds N informative groups.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+logger = logging.getLogger(__name__)
+
+
+def verifier_failed(traj: Any) -> bool:
+    """True when any turn's verdict has ``error`` set (timeout / memory / crash).
+
+    Such an episode's reward is unknown, not wrong: it is dropped from its group's baseline.
+    Works on any object with ``turns`` whose items have a ``verdict`` mapping (``Trajectory``).
+    """
+    return any((turn.verdict or {}).get("error") for turn in getattr(traj, "turns", ()))
+
+
+def is_informative(rewards: Sequence[float]) -> bool:
+    """A group teaches something only if it has >= 2 rewards and they are not all equal."""
+    return len(rewards) >= 2 and max(rewards) != min(rewards)
+
+
+def dynamic_sampling(
+    sample_groups: Callable[[int], list[list[T]]],
+    *,
+    num_groups: int,
+    max_rounds: int,
+    reward_fn: Callable[[T], float],
+) -> tuple[list[list[T]], dict[str, float]]:
+    """Sample groups until ``num_groups`` informative ones are kept or ``max_rounds`` have run.
+
+    Each round asks ``sample_groups(n)`` for the number of groups still missing (the callable may
+    over-sample internally). In every group, episodes whose verifier failed (``verifier_failed``)
+    are removed first: they are neither a right nor a wrong answer, so they must not enter the
+    baseline. The group is kept only if the remaining episodes' rewards (``reward_fn``) are not all
+    equal (``is_informative``). Never returns a zero-variance group. If the rounds run out first,
+    returns what it has and sets the ``short_batch`` stat to 1 (and logs a warning).
+
+    Returns:
+        kept groups (at most ``num_groups``), and stats: ``rounds``, ``sampled_groups``,
+        ``kept_groups``, ``kept_fraction`` (kept / sampled), ``zero_variance_groups``,
+        ``verifier_failed`` (episodes dropped), ``short_batch`` (0 or 1).
+    """
+    if num_groups < 1 or max_rounds < 1:
+        raise ValueError(f"need num_groups >= 1 and max_rounds >= 1, got {num_groups} and {max_rounds}")
+    kept: list[list[T]] = []
+    sampled = zero_var = failed = rounds = 0
+    while len(kept) < num_groups and rounds < max_rounds:
+        rounds += 1
+        groups = sample_groups(num_groups - len(kept))
+        for group in groups:
+            sampled += 1
+            good = [t for t in group if not verifier_failed(t)]
+            failed += len(group) - len(good)
+            if is_informative([float(reward_fn(t)) for t in good]):
+                kept.append(good)
+            else:
+                zero_var += 1
+    kept = kept[:num_groups]
+    short = len(kept) < num_groups
+    if short:
+        logger.warning("dynamic sampling kept %d of %d groups after %d rounds", len(kept), num_groups, rounds)
+    stats = {
+        "rounds": float(rounds),
+        "sampled_groups": float(sampled),
+        "kept_groups": float(len(kept)),
+        "kept_fraction": len(kept) / sampled if sampled else 0.0,
+        "zero_variance_groups": float(zero_var),
+        "verifier_failed": float(failed),
+        "short_batch": float(short),
+    }
+    return kept, stats

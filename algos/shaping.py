@@ -1,0 +1,65 @@
+"""Reward shaping and sample filtering: DAPO's overlong handling and the KL-in-reward penalty."""
+
+from __future__ import annotations
+
+import torch
+
+from veriloop.algos.losses import KLKind, kl_penalty
+
+
+def overlong_penalty(lengths: torch.Tensor, *, max_len: int, cache_len: int) -> torch.Tensor:
+    """DAPO soft overlong punishment (Yu et al. 2025, eq. 13), added to the task reward.
+
+    R_length(y) = 0                                   if |y| <= L_max - L_cache
+                = ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
+                = -1                                  if |y| > L_max
+
+    Args:
+        lengths: [N] generated lengths |y| (tokens). max_len: L_max; cache_len: L_cache.
+
+    Returns:
+        [N] float penalties in [-1, 0].
+    """
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be [N], got {tuple(lengths.shape)}")
+    if not 0 < cache_len < max_len:
+        raise ValueError(f"need 0 < cache_len < max_len, got cache_len={cache_len}, max_len={max_len}")
+    y = lengths.to(torch.float64)
+    start = float(max_len - cache_len)
+    ramp = (start - y) / cache_len
+    out = torch.where(y <= start, torch.zeros_like(y), ramp)
+    out = torch.where(y > max_len, torch.full_like(y, -1.0), out)
+    return out.to(torch.float32)
+
+
+def overlong_filter_mask(hit_token_limit: torch.Tensor) -> torch.Tensor:
+    """DAPO overlong filtering: keep-mask [N] (1.0 keep, 0.0 drop) for samples that were cut at the
+    generation limit, whose loss is masked out so a truncation is not punished as a wrong answer."""
+    if hit_token_limit.dim() != 1:
+        raise ValueError(f"hit_token_limit must be [N], got {tuple(hit_token_limit.shape)}")
+    return (~hit_token_limit.bool()).to(torch.float32)
+
+
+def kl_reward_penalty(
+    token_rewards: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    coef: float,
+    kind: KLKind = "k1",
+) -> torch.Tensor:
+    """KL-in-reward (kl_mode="reward"; InstructGPT-style PPO, REINFORCE++):
+    r'_t = r_t - coef * KL_t on sampled tokens, KL_t from ``kl_penalty`` with the rollout policy's
+    log-probs (no gradient flows through a reward).
+
+    Args:
+        token_rewards, logprobs, ref_logprobs, mask: [B, T]. Returns: [B, T].
+    """
+    if not (token_rewards.shape == logprobs.shape == ref_logprobs.shape == mask.shape):
+        raise ValueError(
+            "token_rewards, logprobs, ref_logprobs and mask must share [B, T], got "
+            f"{tuple(token_rewards.shape)}, {tuple(logprobs.shape)}, {tuple(ref_logprobs.shape)}, {tuple(mask.shape)}"
+        )
+    kl = kl_penalty(logprobs.detach(), ref_logprobs, kind).to(token_rewards.dtype)
+    return token_rewards - coef * kl * mask.to(token_rewards.dtype)

@@ -1,0 +1,382 @@
+"""The one place where ``AlgoConfig`` picks the parts: advantages, the loss, and one update step.
+
+Flow per rollout batch (the training loop calls these in order)::
+
+    batch, m = prepare_batch(trajectories, cfg, critic=critic, ref_model=..., pad_id=...)
+    for epoch in range(cfg.epochs):
+        for mb in minibatches(batch, size):
+            metrics = update_step(model, optimizer, mb, cfg, micro_batch_size=..., max_grad_norm=...)
+
+Every metric name is the same for every algorithm (zeros where a part is off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+import torch
+
+from veriloop.agents.forward import token_logprobs
+from veriloop.agents.trajectory import Trajectory
+from veriloop.algos import advantages as A
+from veriloop.algos.batch import TokenBatch, collate, minibatches
+from veriloop.algos.config import AlgoConfig
+from veriloop.algos.critic import ValueModel, values
+from veriloop.algos.losses import aggregate, clipped_pg_loss, entropy_bonus, kl_penalty, value_loss
+from veriloop.algos.sampling import verifier_failed
+from veriloop.algos.shaping import kl_reward_penalty, overlong_filter_mask, overlong_penalty
+
+METRIC_NAMES = (
+    "loss/policy", "loss/kl", "loss/entropy", "loss/value", "clip_frac_low", "clip_frac_high",
+    "approx_kl", "entropy", "mean_token_prob", "grad_norm",
+)  # fmt: skip
+_SUMMED = ("loss/policy", "loss/kl", "loss/entropy", "loss/value")  # already globally normalised
+
+#: Critic-free episode-level estimators: (rewards [N], group_ids [N], valid [N]) -> [N].
+EPISODE_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
+    "group_norm": partial(A.group_normalized, std_normalize=True),
+    "group_mean": partial(A.group_normalized, std_normalize=False),
+    "rloo": A.leave_one_out,
+    "batch_norm": lambda r, g, valid: A.batch_normalized(r, valid=valid),
+}
+
+
+@dataclass(frozen=True)
+class Advantages:
+    """Output of ``compute_advantages``.
+
+    Attributes:
+        advantages: [N, T] per-token advantages (right-padded like ``collate``), 0 off the loss mask.
+        returns: [N, T] value targets (GAE only) or None.
+        sample_mask: [N] 1 = the episode trains, 0 = dropped (verifier failed, overlong filter).
+        metrics: counts for logging (``samples/verifier_failed``, ``samples/overlong_filtered``...).
+    """
+
+    advantages: torch.Tensor
+    returns: torch.Tensor | None
+    sample_mask: torch.Tensor
+    metrics: dict[str, float]
+
+
+def _turn_tensors(trajs: Sequence[Trajectory], cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-turn rewards [N, K] (with DAPO's soft overlong punishment per turn if on) and mask [N, K]."""
+    k = max(1, max(t.num_turns for t in trajs))
+    rewards = torch.zeros(len(trajs), k, dtype=torch.float64)
+    mask = torch.zeros(len(trajs), k)
+    for i, t in enumerate(trajs):
+        for j, turn in enumerate(t.turns):
+            rewards[i, j] = turn.reward
+            mask[i, j] = 1.0
+    if cfg.overlong_penalty:  # each turn's generation is one response y in DAPO's formula
+        lengths = torch.tensor(
+            [[tr.end - tr.start for tr in t.turns] + [0] * (k - t.num_turns) for t in trajs]
+        )
+        pen = overlong_penalty(
+            lengths.flatten(), max_len=cfg.overlong_max_len, cache_len=cfg.overlong_cache_len
+        )
+        rewards = rewards + pen.view_as(rewards).double() * mask.double()
+    return rewards, mask
+
+
+def _token_tensors(trajs: Sequence[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """turn_index [N, T] (-1 pad), loss_mask [N, T] and old log-probs [N, T], right-padded."""
+    b = collate(trajs, [[0.0] * len(t.token_ids) for t in trajs])
+    return b.turn_index, b.loss_mask, b.old_logprobs
+
+
+def _turn_end_rewards(trajs: Sequence[Trajectory], per_turn: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """[N, T] token rewards: turn k's reward on its last sampled token (index ``end - 1``)."""
+    out = torch.zeros(shape, dtype=torch.float64)
+    for i, t in enumerate(trajs):
+        for j, turn in enumerate(t.turns):
+            if turn.end <= turn.start:
+                raise ValueError(f"turn {j} of an episode in group {t.group_id} has no sampled tokens")
+            out[i, turn.end - 1] += per_turn[i, j]
+    return out
+
+
+def _action_kinds(trajs: Sequence[Trajectory], k: int) -> torch.Tensor:
+    """[N, K] 0 = solve, 1 = verify, read from ``turn.info["action_kind"]`` (S2R environments)."""
+    kinds = torch.zeros(len(trajs), k, dtype=torch.long)
+    for i, t in enumerate(trajs):
+        for j, turn in enumerate(t.turns):
+            kind = turn.info.get("action_kind")
+            if kind not in ("solve", "verify"):
+                raise ValueError(
+                    f"advantage='process' needs turn.info['action_kind'] in ('solve', 'verify'), got {kind!r} "
+                    f"(turn {j}, group {t.group_id}); use an S2R environment or another estimator"
+                )
+            kinds[i, j] = int(kind == "verify")
+    return kinds
+
+
+def _critic_free(
+    cfg: AlgoConfig, trajs: Sequence[Trajectory], turn_r, turn_m, groups, valid, turn_index, loss_mask
+) -> torch.Tensor:
+    """Per-token advantages [N, T] for every estimator except GAE (turn tensors [N, K], tokens [N, T])."""
+    if cfg.advantage == "process":
+        kinds = _action_kinds(trajs, turn_r.shape[1])
+        per_turn = A.process_advantages(
+            turn_r, turn_m, kinds, groups, baseline=cfg.process_baseline, valid=valid
+        )
+        return A.broadcast_to_tokens(per_turn, turn_index, loss_mask)
+    if cfg.reward_level == "turn":
+        if cfg.advantage == "batch_norm":
+            g = A.turn_returns(turn_r, turn_m, gamma=cfg.turn_gamma)
+            per_turn = A.whiten(g, turn_m * valid.unsqueeze(1).to(turn_m.dtype), eps=1e-6)
+        else:
+            std = cfg.advantage == "group_norm"
+            per_turn = A.turn_level(
+                turn_r, turn_m, groups, gamma=cfg.turn_gamma, std_normalize=std, valid=valid
+            )
+        return A.broadcast_to_tokens(per_turn, turn_index, loss_mask)
+    r = A.episode_rewards(turn_r, turn_m, cfg.reward_level)
+    return A.broadcast_to_tokens(
+        EPISODE_ESTIMATORS[cfg.advantage](r, groups, valid=valid), turn_index, loss_mask
+    )
+
+
+def compute_advantages(
+    trajectories: Sequence[Trajectory],
+    cfg: AlgoConfig,
+    *,
+    values: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+) -> Advantages:
+    """Per-token advantages for a rollout batch, with the estimator chosen by ``cfg.advantage``.
+
+    * Episodes whose verifier failed are left out of every baseline and get ``sample_mask`` 0.
+    * ``overlong_filter``: episodes with a turn cut at the token limit get ``sample_mask`` 0 (their
+      reward still enters the group baseline; only their loss is masked, as in DAPO).
+    * ``overlong_penalty``: DAPO's soft punishment is added to each turn's reward (per-turn length).
+    * ``kl_mode="reward"``: -kl_coef * KL_t is added as token rewards; for critic-free estimators
+      its return-to-go sum_{s >= t} is added to the advantage (REINFORCE++), then ``batch_norm``
+      whitens over all tokens; for GAE it enters the token chain.
+    * ``whiten_advantages``: whiten over the training tokens of the batch at the end.
+
+    Args:
+        values: [N, T] critic values aligned with ``collate`` (required for ``gae``).
+        ref_logprobs: [N, T] reference log-probs (required when kl_mode="reward" and kl_coef > 0).
+    """
+    if not trajectories:
+        raise ValueError("compute_advantages needs at least one trajectory")
+    cfg.validate()
+    known = (*EPISODE_ESTIMATORS, "gae", "process")
+    if cfg.advantage not in known:
+        close = difflib.get_close_matches(str(cfg.advantage), known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown advantage estimator {cfg.advantage!r}{hint}; choose one of {known}")
+    turn_r, turn_m = _turn_tensors(trajectories, cfg)
+    turn_index, loss_mask, old_lp = _token_tensors(trajectories)
+    groups = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)
+    valid = torch.tensor([not verifier_failed(t) for t in trajectories])
+    keep = valid.clone()
+    if cfg.overlong_filter:
+        hit = torch.tensor([any(tr.hit_token_limit for tr in t.turns) for t in trajectories])
+        keep &= overlong_filter_mask(hit).bool()
+    kl_tokens = torch.zeros_like(loss_mask, dtype=torch.float64)
+    if cfg.kl_mode == "reward" and cfg.kl_coef > 0:
+        if ref_logprobs is None or ref_logprobs.shape != loss_mask.shape:
+            raise ValueError(f"kl_mode='reward' needs ref_logprobs of shape {tuple(loss_mask.shape)}")
+        kl_tokens = kl_reward_penalty(kl_tokens, old_lp.double(), ref_logprobs.double(), loss_mask,
+                                      coef=cfg.kl_coef, kind=cfg.kl_estimator)  # fmt: skip
+    returns = None
+    if cfg.advantage == "gae":
+        if values is None or values.shape != loss_mask.shape:
+            got = None if values is None else tuple(values.shape)
+            raise ValueError(f"advantage='gae' needs values of shape {tuple(loss_mask.shape)}, got {got}")
+        per_turn = turn_r * turn_m if cfg.reward_level != "outcome" else _last_turn_only(turn_r, turn_m)
+        tok_r = (_turn_end_rewards(trajectories, per_turn, loss_mask.shape) + kl_tokens) * loss_mask
+        adv, returns = A.gae(tok_r, values.double(), loss_mask, gamma=cfg.gamma, lam=cfg.lam)
+    else:
+        adv = _critic_free(cfg, trajectories, turn_r, turn_m, groups, valid, turn_index, loss_mask).double()
+        kl_to_go, _ = A.gae(kl_tokens * loss_mask, torch.zeros_like(kl_tokens), loss_mask, gamma=1.0, lam=1.0)
+        adv = adv + kl_to_go
+        if cfg.advantage == "batch_norm" and cfg.kl_mode == "reward" and cfg.kl_coef > 0:
+            adv = A.whiten(adv, loss_mask * keep.unsqueeze(1), eps=1e-6)
+    tok_keep = loss_mask * keep.unsqueeze(1).to(loss_mask.dtype)
+    if cfg.whiten_advantages:
+        adv = A.whiten(adv, tok_keep.double(), eps=1e-6)
+    metrics = {
+        "samples/verifier_failed": float((~valid).sum()),
+        "samples/overlong_filtered": float((valid & ~keep).sum()),
+        "adv/mean": float((adv * tok_keep).sum() / tok_keep.sum().clamp(min=1)),
+    }
+    adv = (adv * tok_keep).float()
+    ret = None if returns is None else (returns * tok_keep).float()
+    return Advantages(adv, ret, keep.float(), metrics)
+
+
+def _last_turn_only(turn_r: torch.Tensor, turn_m: torch.Tensor) -> torch.Tensor:
+    """[N, K] keeping only the last real turn's reward (reward_level='outcome')."""
+    last = (turn_m.sum(1).long() - 1).clamp(min=0)
+    out = torch.zeros_like(turn_r)
+    out[torch.arange(turn_r.shape[0]), last] = A.episode_rewards(turn_r, turn_m, "outcome")
+    return out
+
+
+def _ref_logprobs(model: Any, batch: TokenBatch, ref_model: Any, ref_model_ctx: Callable[[], Any] | None):
+    """Reference log-probs [B, T]: from ``ref_model``, or from ``model`` inside ``ref_model_ctx()``
+    (e.g. ``peft_model.disable_adapter``: the LoRA base model is the reference)."""
+    if ref_model is None and ref_model_ctx is None:
+        raise ValueError(
+            "kl_coef > 0 needs a reference: precompute batch.ref_logprobs, or pass ref_model or ref_model_ctx"
+        )
+    ctx = ref_model_ctx() if ref_model is None else contextlib.nullcontext()
+    with ctx, torch.no_grad():
+        lp, _ = token_logprobs(
+            model if ref_model is None else ref_model, batch.input_ids, batch.attention_mask, **batch.extras
+        )
+    return lp.detach()
+
+
+def policy_loss(
+    model: Any,
+    batch: TokenBatch,
+    cfg: AlgoConfig,
+    *,
+    ref_model_ctx: Callable[[], Any] | None = None,
+    critic: ValueModel | None = None,
+    agg_constant: float | None = None,
+    total_tokens: float | None = None,
+    total_seqs: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss of one (micro-)batch: aggregate(clipped surrogate + kl_coef KL - entropy_coef H) + vf_coef V-loss.
+
+    The KL term is in the loss only for ``kl_mode="loss"`` (GRPO); its reference log-probs come
+    from ``batch.ref_logprobs`` or are computed under ``ref_model_ctx()``. The value loss is always
+    token-mean. ``agg_constant`` (max new tokens) is used for ``seq_sum_constant`` when
+    ``cfg.loss_agg_constant`` is None; ``total_tokens``/``total_seqs`` are the full batch's counts
+    when this is one micro-batch of several (see ``aggregate``).
+
+    Returns:
+        scalar loss (with grad) and the metrics named in ``METRIC_NAMES`` (except grad_norm).
+    """
+    mask = batch.loss_mask
+    logp, ent = token_logprobs(
+        model, batch.input_ids, batch.attention_mask, with_entropy=True, **batch.extras
+    )
+    assert ent is not None
+    constant = cfg.loss_agg_constant or agg_constant
+    agg = partial(aggregate, mask=mask, mode=cfg.loss_agg, constant=constant,
+                  total_tokens=total_tokens, total_seqs=total_seqs)  # fmt: skip
+    pg, stats = clipped_pg_loss(logp, batch.old_logprobs, batch.advantages, mask,
+                                clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)  # fmt: skip
+    loss_pg = agg(pg)
+    zero = loss_pg.new_zeros(())
+    loss_kl = zero
+    if cfg.kl_coef > 0 and cfg.kl_mode == "loss":
+        ref = (
+            batch.ref_logprobs
+            if batch.ref_logprobs is not None
+            else _ref_logprobs(model, batch, None, ref_model_ctx)
+        )
+        loss_kl = cfg.kl_coef * agg(kl_penalty(logp, ref, cfg.kl_estimator))
+    loss_ent = agg(entropy_bonus(ent, coef=cfg.entropy_coef)) if cfg.entropy_coef > 0 else zero
+    loss_v = zero
+    if critic is not None:
+        if batch.returns is None or batch.old_values is None:
+            raise ValueError("a critic needs batch.returns and batch.old_values (use prepare_batch)")
+        v = critic(batch.input_ids, batch.attention_mask, **batch.extras)
+        vl = value_loss(v, batch.old_values, batch.returns, mask, clip=cfg.value_clip)
+        loss_v = cfg.vf_coef * aggregate(vl, mask, "token_mean", total_tokens=total_tokens)
+    loss = loss_pg + loss_kl + loss_ent + loss_v
+    m = mask.bool()
+    n = m.sum().clamp(min=1)
+    metrics = {
+        "loss/policy": float(loss_pg.detach()),
+        "loss/kl": float(loss_kl.detach()),
+        "loss/entropy": float(loss_ent.detach()),
+        "loss/value": float(loss_v.detach()),
+        "clip_frac_low": float(stats["clip_frac_low"]),
+        "clip_frac_high": float(stats["clip_frac_high"]),
+        "approx_kl": float(stats["approx_kl"]),
+        "entropy": float((ent.detach() * m).sum() / n),
+        "mean_token_prob": float((logp.detach().exp() * m).sum() / n),
+    }
+    return loss, metrics
+
+
+def update_step(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    batch: TokenBatch,
+    cfg: AlgoConfig,
+    *,
+    micro_batch_size: int,
+    max_grad_norm: float,
+    ref_model_ctx: Callable[[], Any] | None = None,
+    critic: ValueModel | None = None,
+    max_new_tokens: int | None = None,
+) -> dict[str, float]:
+    """One optimizer step on ``batch``: gradient accumulation over micro-batches, grad-norm clipping
+    over the optimizer's parameters, and a non-finite guard (a NaN/inf loss or gradient norm skips
+    the step and reports ``skipped=1``). The accumulated gradient equals the full-batch gradient:
+    each micro-batch loss is normalised by the whole batch's token / sequence counts.
+
+    Returns:
+        ``METRIC_NAMES`` metrics (losses summed over micro-batches, rates token-weighted) + ``skipped``.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    lengths = batch.loss_mask.sum(1)
+    total_tokens = float(lengths.sum())
+    total_seqs = float((lengths > 0).sum())
+    sums = dict.fromkeys(METRIC_NAMES, 0.0)
+    finite = True
+    for mb in minibatches(batch, micro_batch_size):
+        n_tok = float(mb.loss_mask.sum())
+        if n_tok == 0:
+            continue  # nothing to train on in these rows
+        loss, m = policy_loss(model, mb, cfg, ref_model_ctx=ref_model_ctx, critic=critic, agg_constant=max_new_tokens,
+                              total_tokens=total_tokens, total_seqs=total_seqs)  # fmt: skip
+        if not torch.isfinite(loss):
+            finite = False
+            break
+        loss.backward()
+        for k, v in m.items():
+            sums[k] += v if k in _SUMMED else v * n_tok / total_tokens
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)) if params else 0.0
+    skipped = not finite or not math.isfinite(grad_norm)
+    if not skipped:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    sums["grad_norm"] = grad_norm
+    sums["skipped"] = float(skipped)
+    return sums
+
+
+def prepare_batch(
+    trajectories: Sequence[Trajectory],
+    cfg: AlgoConfig,
+    *,
+    model: Any = None,
+    critic: ValueModel | None = None,
+    ref_model: Any = None,
+    ref_model_ctx: Callable[[], Any] | None = None,
+    pad_id: int = 0,
+) -> tuple[TokenBatch, dict[str, float]]:
+    """Collate a rollout batch and attach everything the update needs, once per rollout:
+    reference log-probs (if ``cfg.needs_reference``), rollout-time values (if a critic), the
+    advantages and returns from ``compute_advantages``, and the sample mask."""
+    base = collate(trajectories, [[0.0] * len(t.token_ids) for t in trajectories], pad_id=pad_id)
+    ref = (
+        _ref_logprobs(model, base, ref_model, ref_model_ctx) * base.loss_mask if cfg.needs_reference else None
+    )
+    old_v = None
+    if cfg.needs_critic:
+        if critic is None:
+            raise ValueError(
+                "advantage='gae' needs a critic: pass critic=ValueModel(policy) or ValueModel.separate(...)"
+            )
+        with torch.no_grad():
+            old_v = values(critic, base).detach()
+    adv = compute_advantages(trajectories, cfg, values=old_v, ref_logprobs=ref)
+    batch = collate(trajectories, adv.advantages, pad_id=pad_id, sample_mask=adv.sample_mask)
+    return replace(batch, returns=adv.returns, old_values=old_v, ref_logprobs=ref), adv.metrics

@@ -1,0 +1,512 @@
+"""The typed experiment configuration: one dataclass per section, one documented field per setting.
+
+Each field's documentation lives once, in its class's ``Attributes:`` docstring section;
+:func:`describe` parses it for ``--help``. Choices are ``Literal`` types, derived values are
+properties, and each section checks its own ranges in ``validate()``; checks that span sections
+live in :meth:`ExperimentConfig.validate`. The algorithm section is
+:class:`veriloop.algos.config.AlgoConfig`. Loading from YAML and the command line:
+:mod:`veriloop.configs.loader`.
+
+Seeds. Training problems use env seeds ``rollout.seed + i`` (``i`` counts problems drawn, SFT
+examples included); evaluation problem ``j`` uses seed ``eval.seed_offset + j``. The two ranges
+are checked to be disjoint, so no evaluation problem is ever trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from veriloop.algos.config import AlgoConfig
+
+DType = Literal["float32", "bfloat16", "float16"]
+Schedule = Literal["constant", "linear", "cosine"]
+SFTSource = Literal["solver", "generator", "s2r", "rejection"]
+#: Advantage estimators whose baseline comes from the other samples of the same prompt.
+GROUP_ADVANTAGES = ("group_norm", "group_mean", "rloo", "process")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the key, the problem and the fix."""
+
+
+@dataclass
+class SplitConfig:
+    """One evaluation split: an environment id and its constructor arguments.
+
+    Attributes:
+        id: Registered environment id; None = the training environment's ``env.id``.
+        kwargs: Arguments for ``gymnasium.make``, e.g. ``{face_cards: "11-12-13"}`` for rule OOD.
+    """
+
+    id: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EnvConfig:
+    """The training environment and the evaluation splits.
+
+    Attributes:
+        id: Registered Gymnasium id of the training environment, e.g. ``veriloop/MathVerify-v0``.
+        kwargs: Keyword arguments for ``gymnasium.make`` of the training environment.
+        eval_splits: Named evaluation splits (e.g. ``rule_ood``, ``visual_ood``). The
+            in-distribution split ``id`` (training env, held-out seeds) is always evaluated; see
+            ``resolved_eval_splits``.
+        system_prompt: System message for the policy; None = the environment's own prompt.
+    """
+
+    id: str = "veriloop/MathVerify-v0"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    eval_splits: dict[str, SplitConfig] = field(default_factory=dict)
+    system_prompt: str | None = None
+
+    @property
+    def resolved_eval_splits(self) -> dict[str, SplitConfig]:
+        """Every split with its id filled in, the in-distribution split ``id`` first."""
+        out = {"id": SplitConfig(self.id, dict(self.kwargs))}
+        for name, split in self.eval_splits.items():
+            out[name] = SplitConfig(split.id or self.id, dict(split.kwargs))
+        return out
+
+    def validate(self) -> None:
+        for name in self.eval_splits:
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+                raise ConfigError(
+                    f"env.eval_splits: split name {name!r} must match [A-Za-z0-9_.-]+ (used in metric names)"
+                )
+
+
+@dataclass
+class PolicyConfig:
+    """The model being trained.
+
+    Attributes:
+        model: ``default`` (the project's small default model) or a local model folder.
+        lora: Train LoRA adapters only (True) or every weight (False).
+        lora_r: LoRA rank.
+        lora_alpha: LoRA scaling numerator (scale = alpha / r).
+        lora_dropout: Dropout on the LoRA branch.
+        target_modules: ``all-linear`` (every linear layer but the output head) or a list of module
+            names such as ``[q_proj, v_proj]``.
+        dtype: Weight dtype (float32 on CPU; bfloat16 on recent GPUs).
+        keep_reference: Keep a reference policy for the KL term; None = only when
+            ``algo.kl_coef > 0`` (see ``ExperimentConfig.keep_reference``).
+    """
+
+    model: str = "default"
+    lora: bool = True
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    target_modules: str | list[str] = "all-linear"
+    dtype: DType = "float32"
+    keep_reference: bool | None = None
+
+    def validate(self) -> None:
+        if self.lora and (self.lora_r < 1 or self.lora_alpha <= 0):
+            raise ConfigError(
+                f"policy.lora_r must be >= 1 and lora_alpha > 0, got {self.lora_r} and {self.lora_alpha}"
+            )
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ConfigError(f"policy.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.lora and not self.target_modules:
+            raise ConfigError(
+                "policy.target_modules is empty: name modules (e.g. [q_proj, v_proj]) or use all-linear"
+            )
+
+
+@dataclass
+class RolloutConfig:
+    """How experience is sampled each step.
+
+    Attributes:
+        prompts_per_step: Problems (groups) per training step.
+        group_size: Samples (episodes) per problem; group-based advantages need >= 2.
+        temperature: Sampling temperature (> 0).
+        top_p: Nucleus sampling mass in (0, 1]; 1 = off.
+        top_k: Sample among the k most likely tokens; 0 = off.
+        max_new_tokens: Token budget of one model turn.
+        max_context: Token budget of a whole episode (prompt + all turns); reaching it truncates.
+        max_turns: Model turns per episode (1 = single turn; > 1 lets the verifier's feedback
+            prompt another attempt).
+        seed: First environment seed of training problems (also seeds sampling).
+    """
+
+    prompts_per_step: int = 8
+    group_size: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    max_context: int = 2048
+    max_turns: int = 1
+    seed: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        """Episodes per step: ``prompts_per_step * group_size``."""
+        return self.prompts_per_step * self.group_size
+
+    def validate(self) -> None:
+        _positive(
+            "rollout", self, "prompts_per_step", "group_size", "max_new_tokens", "max_context", "max_turns"
+        )
+        if self.temperature <= 0:
+            raise ConfigError(f"rollout.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"rollout.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens >= self.max_context:
+            raise ConfigError(
+                f"rollout.max_new_tokens ({self.max_new_tokens}) must be < rollout.max_context "
+                f"({self.max_context}), which also holds the prompt: raise max_context"
+            )
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation loop.
+
+    Attributes:
+        steps: RL training steps (one rollout batch each); 0 = no RL (SFT and evaluation only).
+        lr: Peak learning rate (AdamW).
+        warmup_steps: Linear warm-up steps from 0 to ``lr``.
+        schedule: Learning-rate shape after warm-up: ``constant``, ``linear`` decay to 0, ``cosine``.
+        weight_decay: AdamW decoupled weight decay.
+        max_grad_norm: Gradient clipping norm; 0 = no clipping.
+        mini_batch_size: Episodes per optimizer step; None = the whole batch (one step per epoch).
+        micro_batch_size: Episodes per forward/backward pass (gradient accumulation unit).
+        max_consecutive_nonfinite: Stop after this many consecutive steps with a NaN/inf loss or
+            gradient (each such step is skipped, not applied).
+        log_every: Write metrics every this many steps.
+    """
+
+    steps: int = 100
+    lr: float = 1e-5
+    warmup_steps: int = 0
+    schedule: Schedule = "constant"
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    mini_batch_size: int | None = None
+    micro_batch_size: int = 4
+    max_consecutive_nonfinite: int = 3
+    log_every: int = 1
+
+    def validate(self) -> None:
+        _positive("train", self, "micro_batch_size", "max_consecutive_nonfinite", "log_every")
+        if self.steps < 0:
+            raise ConfigError(f"train.steps must be >= 0 (0 = no RL, e.g. SFT only), got {self.steps}")
+        if self.lr <= 0:
+            raise ConfigError(f"train.lr must be > 0, got {self.lr}")
+        if not 0 <= self.warmup_steps <= self.steps:
+            raise ConfigError(
+                f"train.warmup_steps must be in [0, train.steps={self.steps}], got {self.warmup_steps}"
+            )
+        if self.weight_decay < 0 or self.max_grad_norm < 0:
+            raise ConfigError("train.weight_decay and train.max_grad_norm must be >= 0")
+        if self.mini_batch_size is not None and self.mini_batch_size < 1:
+            raise ConfigError(
+                f"train.mini_batch_size must be >= 1 or null (whole batch), got {self.mini_batch_size}"
+            )
+
+
+@dataclass
+class EvalConfig:
+    """Periodic evaluation on held-out problems (pass@k, maj@k per split).
+
+    Attributes:
+        every: Evaluate every this many steps (and after the last); 0 = only at the end.
+        num_problems: Problems per split.
+        n_samples: Samples per problem (n of the unbiased pass@k estimator).
+        k_list: k values for pass@k and maj@k; each <= ``n_samples``.
+        temperature: Sampling temperature for evaluation samples.
+        greedy: Also decode each problem once greedily and report its accuracy.
+        seed_offset: Env seed of the first evaluation problem; must keep evaluation seeds
+            disjoint from training seeds.
+    """
+
+    every: int = 50
+    num_problems: int = 64
+    n_samples: int = 8
+    k_list: list[int] = field(default_factory=lambda: [1, 4, 8])
+    temperature: float = 0.6
+    greedy: bool = True
+    seed_offset: int = 1_000_000
+
+    def validate(self) -> None:
+        _positive("eval", self, "num_problems", "n_samples")
+        if self.every < 0 or self.temperature <= 0 or self.seed_offset < 0:
+            raise ConfigError("eval.every and eval.seed_offset must be >= 0 and eval.temperature > 0")
+        bad = [k for k in self.k_list if not 1 <= k <= self.n_samples]
+        if bad or not self.k_list:
+            raise ConfigError(
+                f"eval.k_list values must be in [1, eval.n_samples={self.n_samples}], got {self.k_list}: "
+                f"raise eval.n_samples to >= {max(self.k_list, default=1)} or drop {bad}"
+            )
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm-up before RL (SFT first: RL from a raw base model fails to follow format).
+
+    Attributes:
+        source: Where demonstrations come from: ``solver`` (the env's exact solver), ``generator``
+            (worked solutions from the problem generator), ``s2r`` (solve-verify-correct
+            traces), ``rejection`` (the policy's own verified-correct samples).
+        steps: Optimizer steps of warm-up; 0 = no SFT.
+        lr: SFT learning rate.
+        examples: Demonstrations to build (env seeds taken from the training range).
+        epochs: Maximum passes over the examples (training stops at ``steps`` or here).
+    """
+
+    source: SFTSource = "solver"
+    steps: int = 0
+    lr: float = 2e-5
+    examples: int = 512
+    epochs: int = 1
+
+    def validate(self) -> None:
+        _positive("sft", self, "examples", "epochs")
+        if self.steps < 0 or self.lr <= 0:
+            raise ConfigError(f"sft.steps must be >= 0 and sft.lr > 0, got {self.steps} and {self.lr}")
+
+
+@dataclass
+class RunConfig:
+    """Where results go and how the run is saved.
+
+    Attributes:
+        out_dir: Parent folder of runs.
+        name: Run folder name; None = ``<algo.name>-<env name>`` (see ``ExperimentConfig.run_dir``).
+        checkpoint_every: Save a checkpoint every this many steps; 0 = only at the end.
+        keep_last: Complete checkpoints to keep.
+        tensorboard: Write TensorBoard event files.
+        wandb: Also log to Weights & Biases (needs the ``wandb`` package).
+        algo_preset: Algorithm preset (``configs/algos/<name>.yaml``) that ``algo`` starts from;
+            explicit ``algo.*`` keys override it. In YAML also written ``algo: {preset: name}``.
+    """
+
+    out_dir: str = "runs"
+    name: str | None = None
+    checkpoint_every: int = 50
+    keep_last: int = 2
+    tensorboard: bool = True
+    wandb: bool = False
+    algo_preset: str | None = None
+
+    def validate(self) -> None:
+        if self.checkpoint_every < 0 or self.keep_last < 1:
+            raise ConfigError(
+                f"run.checkpoint_every must be >= 0 and run.keep_last >= 1, got {self.checkpoint_every}, {self.keep_last}"
+            )
+        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9_.=-]+", self.name):
+            raise ConfigError(f"run.name {self.name!r} may only hold letters, digits and _ . = -")
+
+
+def _positive(section: str, obj: Any, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) < 1:
+            raise ConfigError(f"{section}.{name} must be >= 1, got {getattr(obj, name)}")
+
+
+@dataclass
+class ExperimentConfig:
+    """A whole experiment: what to train, on what, how, and how to measure it.
+
+    Attributes:
+        env: Training environment and evaluation splits.
+        policy: The model and its adapters.
+        rollout: Sampling of training episodes.
+        algo: The RL algorithm (advantage, loss, KL, shaping); usually from a preset.
+        train: Optimisation loop.
+        eval: Held-out evaluation.
+        sft: Supervised warm-up before RL.
+        run: Output folder, checkpoints and loggers.
+    """
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def keep_reference(self) -> bool:
+        """``policy.keep_reference`` when set, else whether the algorithm has a KL term."""
+        if self.policy.keep_reference is not None:
+            return self.policy.keep_reference
+        return self.algo.needs_reference
+
+    @property
+    def mini_batch_size(self) -> int:
+        """Episodes per optimizer step (``train.mini_batch_size`` or the whole batch)."""
+        return self.train.mini_batch_size or self.rollout.batch_size
+
+    @property
+    def grad_accumulation_steps(self) -> int:
+        """Micro-batches accumulated per optimizer step."""
+        return self.mini_batch_size // self.train.micro_batch_size
+
+    @property
+    def train_seed_range(self) -> range:
+        """Env seeds training may use: SFT examples, then every RL problem (all sampling rounds)."""
+        rounds = self.algo.max_sampling_rounds if self.algo.dynamic_sampling else 1
+        used = self.train.steps * self.rollout.prompts_per_step * rounds + (
+            self.sft.examples if self.sft.steps else 0
+        )
+        return range(self.rollout.seed, self.rollout.seed + used)
+
+    @property
+    def eval_seed_range(self) -> range:
+        """Env seeds of evaluation problems (the same seeds for every split)."""
+        return range(self.eval.seed_offset, self.eval.seed_offset + self.eval.num_problems)
+
+    @property
+    def run_name(self) -> str:
+        """``run.name``, or ``<algo.name>-<env name>`` (e.g. ``grpo-Points24-text-v0``)."""
+        return self.run.name or f"{self.algo.name}-{self.env.id.rsplit('/', 1)[-1]}"
+
+    def validate(self) -> None:
+        """Each section's own checks, then the checks that span sections."""
+        for section in (self.env, self.policy, self.rollout, self.train, self.eval, self.sft, self.run):
+            section.validate()
+        try:
+            self.algo.validate()
+        except ValueError as e:
+            raise ConfigError(f"algo: {e}") from e
+        self._validate_cross()
+
+    def _validate_cross(self) -> None:
+        algo, rollout, train = self.algo, self.rollout, self.train
+        if algo.advantage in GROUP_ADVANTAGES and rollout.group_size < 2:
+            raise ConfigError(
+                f"algo.advantage={algo.advantage} compares samples of the same prompt: set "
+                f"rollout.group_size >= 2 (got {rollout.group_size}), or use algo.advantage=batch_norm"
+            )
+        if algo.dynamic_sampling and rollout.group_size < 2:
+            raise ConfigError(
+                "algo.dynamic_sampling keeps groups with differing rewards: set rollout.group_size >= 2"
+            )
+        if self.policy.keep_reference is False and algo.kl_coef > 0:
+            raise ConfigError(
+                f"policy.keep_reference=false but algo.kl_coef={algo.kl_coef} needs the reference "
+                "policy: set algo.kl_coef=0 or remove policy.keep_reference"
+            )
+        if (
+            algo.overlong_penalty
+            and algo.overlong_max_len - algo.overlong_cache_len >= rollout.max_new_tokens
+        ):
+            n = rollout.max_new_tokens
+            raise ConfigError(
+                f"algo.overlong_penalty never fires: it starts at overlong_max_len - overlong_cache_len = "
+                f"{algo.overlong_max_len - algo.overlong_cache_len} tokens but rollout.max_new_tokens={n}: "
+                f"set algo.overlong_max_len={n} algo.overlong_cache_len={max(1, n // 4)}"
+            )
+        mini, micro, batch = self.mini_batch_size, train.micro_batch_size, rollout.batch_size
+        if mini > batch or batch % mini:
+            raise ConfigError(
+                f"train.mini_batch_size={mini} must divide the batch of rollout.prompts_per_step x "
+                f"rollout.group_size = {batch} episodes: choose one of {_divisors(batch)}"
+            )
+        if mini % micro:
+            raise ConfigError(
+                f"train.micro_batch_size={micro} must divide the mini-batch of {mini} episodes (it is "
+                f"the gradient-accumulation unit): choose one of {_divisors(mini)}"
+            )
+        train_seeds, eval_seeds = self.train_seed_range, self.eval_seed_range
+        if train_seeds.start < eval_seeds.stop and eval_seeds.start < train_seeds.stop:
+            raise ConfigError(
+                f"evaluation seeds {eval_seeds.start}..{eval_seeds.stop - 1} overlap training seeds "
+                f"{train_seeds.start}..{train_seeds.stop - 1}: set eval.seed_offset >= {train_seeds.stop}"
+            )
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# ------------------------------------------------------------------------------ documentation
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Parse the ``Attributes:`` section of a dataclass docstring into ``{field: doc}``.
+
+    An entry is ``name: text`` (or ``a, b: text`` for fields sharing one text) indented one level
+    under ``Attributes:``; more deeply indented lines continue it.
+    """
+    lines = (cls.__doc__ or "").expandtabs().splitlines()
+    docs: dict[str, str] = {}
+    inside, indent, names = False, None, []
+    for line in lines:
+        stripped = line.strip()
+        if stripped == "Attributes:":
+            inside = True
+            continue
+        if not inside or not stripped:
+            continue
+        depth = len(line) - len(line.lstrip())
+        indent = depth if indent is None else indent
+        if depth < indent:
+            break
+        entry = re.match(r"([A-Za-z_][\w, ]*):\s*(.*)", stripped) if depth == indent else None
+        if entry:
+            names = [n.strip() for n in entry.group(1).split(",")]
+            for name in names:
+                docs[name] = entry.group(2)
+        else:
+            for name in names:
+                docs[name] += " " + stripped
+    return docs
+
+
+def type_name(tp: Any) -> str:
+    """Readable type for help text: ``Literal`` choices joined by ``|``, ``X | None`` kept."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return "|".join(str(a) for a in args)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return " | ".join(type_name(a) for a in args)
+    if origin is not None:
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(type_name(a) for a in args)}]"
+    if tp is type(None):
+        return "None"
+    return getattr(tp, "__name__", str(tp))
+
+
+def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """``(dotted_key, type, default, doc)`` for every setting, nested sections flattened.
+
+    Example: ``("rollout.group_size", "int", 8, "Samples (episodes) per problem; ...")``.
+    """
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    rows: list[tuple[str, str, Any, str]] = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            rows += describe(tp, prefix=f"{prefix}{f.name}.")
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default) or isinstance(default, dict):
+            default = _plain(default)
+        rows.append((prefix + f.name, type_name(tp), default, docs.get(f.name, "")))
+    return rows
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses (also nested in dicts/lists) as plain dicts, for YAML and JSON."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,244 @@
+"""The reusable multi-turn verify loop: :class:`VerifierEnv`.
+
+An episode is one task (a math problem, a hand of cards ...) and up to ``max_attempts`` model
+responses. Each response is checked by a verifier; the verifier's feedback is the next observation:
+
+    reset()            -> obs_0 = prompt(task)
+    step(response_t)   -> verdict_t = check(response_t, task)
+                          r_t, components_t = reward(verdict_t, task)
+                          obs_{t+1} = feedback_t (+ "Try again" line while attempts remain)
+
+Episode ends (exactly one of the two flags is set on the last step):
+
+* ``terminated=True`` -- the task is decided: the response is correct, or the model gives up,
+  or the env is single-turn (``max_attempts == 1``: the one answer is the task, right or wrong;
+  this also keeps Gymnasium's ``check_env`` rule "no truncation after one step").
+  Giving up: the last non-empty line of the response is ``I give up`` (case-insensitive,
+  trailing punctuation ignored); it is scored by :meth:`reward` with a verdict of reason
+  ``"gave_up"``.
+* ``truncated=True`` -- a budget outside the task ran out: in multi-turn mode ``max_attempts``
+  responses were used without success; or the verifier itself failed (``verdict.error`` set:
+  reward 0.0, ``info["verifier_error"]`` = the error kind; the task was not decided, so it is
+  not terminated).
+
+``info`` contents (every subclass documents its extras):
+
+* at reset: ``{"task": {...}}`` -- JSON-ready task metadata (gold answer, level, cards, reference
+  solution ...). It is for SFT data, evaluation and replay and must NOT be shown to the policy.
+* at step: ``{"verdict": Verdict, "reward_components": dict[str, float], "attempt": int
+  (1-based), "task": {...}}`` plus ``"verifier_error": str`` when the verifier failed.
+
+``reset(options={"task": t})`` pins the episode to task ``t`` (a task object or its
+``info["task"]`` dict), e.g. to evaluate a fixed problem set or to replay an episode.
+
+Writing your own environment takes four methods::
+
+    class Capitals(VerifierEnv):
+        def sample_task(self):
+            return {"country": "France", "answer": "Paris"}   # draw only from self.np_random
+
+        def prompt(self, task):
+            return f"What is the capital of {task['country']}?"
+
+        def check(self, response, task):
+            ok = task["answer"].lower() in response.lower()
+            return Verdict(correct=ok, reason="correct" if ok else "wrong_value",
+                           feedback="Correct." if ok else "That is not right.")
+
+        def reward(self, verdict, task):
+            r = 1.0 if verdict.correct else 0.0
+            return r, {"accuracy": r}
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from abc import abstractmethod
+from collections.abc import Mapping
+from typing import Any, Generic, TypeVar
+
+import gymnasium
+
+from veriloop.envs.spaces import UnicodeText
+from veriloop.envs.verifiers import Verdict
+
+TaskT = TypeVar("TaskT")
+
+#: The phrase that ends an episode as "given up" when it is the response's last non-empty line.
+GIVE_UP_PHRASE = "i give up"
+
+#: Default bound on response and observation lengths (characters).
+MAX_TEXT_CHARS = 65536
+
+
+def gave_up(response: str) -> bool:
+    """True when the last non-empty line of ``response`` is ``I give up`` (any case, trailing ``.!``)."""
+    lines = [line.strip() for line in response.splitlines() if line.strip()]
+    if not lines:
+        return False
+    return lines[-1].lower().rstrip(".! ") == GIVE_UP_PHRASE
+
+
+class EpisodeOverError(RuntimeError):
+    """Raised by ``step`` after the episode ended, or before the first ``reset``."""
+
+
+class VerifierEnv(gymnasium.Env, Generic[TaskT]):
+    """Base class for single- and multi-turn verifier environments (see the module docstring).
+
+    Args:
+        max_attempts: Responses allowed per episode (1 = single turn).
+        max_text_chars: Upper bound on response and observation length; longer observations
+            are cut (never silently for responses: the action space rejects them in ``check_env``,
+            ``step`` itself accepts any ``str``).
+        render_mode: ``None`` or ``"ansi"`` (``render()`` returns the transcript so far).
+
+    Subclasses implement :meth:`sample_task`, :meth:`prompt`, :meth:`check` and :meth:`reward`;
+    they may override :meth:`task_info`, :meth:`task_from_options`, :meth:`feedback`,
+    :meth:`observation` and :meth:`step_info`.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(
+        self,
+        *,
+        max_attempts: int = 1,
+        max_text_chars: int = MAX_TEXT_CHARS,
+        render_mode: str | None = None,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode {render_mode!r} is not supported; choose one of "
+                f"{self.metadata['render_modes']} or None"
+            )
+        self.max_attempts = int(max_attempts)
+        self.max_text_chars = int(max_text_chars)
+        self.render_mode = render_mode
+        self.action_space = UnicodeText(max_length=self.max_text_chars)
+        self.observation_space: gymnasium.spaces.Space[Any] = UnicodeText(max_length=self.max_text_chars)
+        self._task: TaskT | None = None
+        self._attempt = 0
+        self._done = True
+        self._transcript: list[str] = []
+
+    # ------------------------------------------------------------------ subclass API
+    @abstractmethod
+    def sample_task(self) -> TaskT:
+        """Draw a new task using ONLY ``self.np_random`` (so a seed fixes the episode)."""
+
+    @abstractmethod
+    def prompt(self, task: TaskT) -> str:
+        """The first observation's text: the task statement and the answer format."""
+
+    @abstractmethod
+    def check(self, response: str, task: TaskT) -> Verdict:
+        """Verify one response against the task."""
+
+    @abstractmethod
+    def reward(self, verdict: Verdict, task: TaskT) -> tuple[float, dict[str, float]]:
+        """Scalar reward of a (non-failed) verdict and its named components."""
+
+    def task_info(self, task: TaskT) -> dict[str, Any]:
+        """JSON-ready metadata for ``info["task"]``; a fresh dict on every call."""
+        if hasattr(task, "to_dict"):
+            return task.to_dict()  # type: ignore[no-any-return]
+        if dataclasses.is_dataclass(task) and not isinstance(task, type):
+            return dataclasses.asdict(task)
+        if isinstance(task, Mapping):
+            return copy.deepcopy(dict(task))
+        raise TypeError(f"cannot describe task of type {type(task).__name__}; override task_info()")
+
+    def task_from_options(self, spec: Any) -> TaskT:
+        """Turn ``options["task"]`` into a task (default: used as given)."""
+        return spec  # type: ignore[no-any-return]
+
+    def feedback(self, verdict: Verdict, task: TaskT, attempts_left: int, done: bool) -> str:
+        """Text of the next observation after a response."""
+        text = verdict.feedback or ("Correct." if verdict.correct else "Incorrect.")
+        if not done:
+            plural = "s" if attempts_left != 1 else ""
+            text += f"\nTry again. You have {attempts_left} attempt{plural} left."
+        return text
+
+    def observation(self, text: str) -> Any:
+        """Wrap observation text into the observation space (vision envs add the image)."""
+        return self._clip(text)
+
+    def step_info(self, verdict: Verdict, task: TaskT) -> dict[str, Any]:
+        """Extra per-step ``info`` entries (default: none)."""
+        return {}
+
+    # ------------------------------------------------------------------ Gymnasium API
+    @property
+    def task(self) -> TaskT:
+        """The current episode's task (raises before the first reset)."""
+        if self._task is None:
+            raise EpisodeOverError("no task yet: call reset() first")
+        return self._task
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
+        """Start an episode; ``options={"task": t}`` pins the task instead of sampling one."""
+        super().reset(seed=seed)
+        if options and "task" in options:
+            self._task = self.task_from_options(options["task"])
+        else:
+            self._task = self.sample_task()
+        self._attempt = 0
+        self._done = False
+        text = self.prompt(self._task)
+        self._transcript = [f"[observation]\n{text}"]
+        return self.observation(text), {"task": self.task_info(self._task)}
+
+    def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """Verify one response; see the module docstring for rewards, flags and ``info``."""
+        task = self._check_can_step(action)
+        self._attempt += 1
+        if gave_up(action):
+            verdict = Verdict(correct=False, reason="gave_up", feedback="You gave up. The episode is over.")
+        else:
+            verdict = self.check(action, task)
+        info: dict[str, Any] = {"verdict": verdict, "attempt": self._attempt, "task": self.task_info(task)}
+        if verdict.error is not None:
+            reward, components = 0.0, dict[str, float]()
+            terminated, truncated = False, True
+            info["verifier_error"] = verdict.error
+            text = verdict.feedback or f"The verifier failed ({verdict.error}); this episode is stopped."
+        else:
+            reward, components = self.reward(verdict, task)
+            # single turn: the one answer IS the task, so it is decided whatever its verdict
+            terminated = verdict.correct or verdict.reason == "gave_up" or self.max_attempts == 1
+            truncated = not terminated and self._attempt >= self.max_attempts
+            text = self.feedback(verdict, task, self.max_attempts - self._attempt, terminated or truncated)
+        info["reward_components"] = dict(components)
+        info.update(self.step_info(verdict, task))
+        self._done = terminated or truncated
+        self._transcript += [f"[action]\n{action}", f"[observation]\n{text}"]
+        return self.observation(text), float(reward), bool(terminated), bool(truncated), info
+
+    def render(self) -> str | None:
+        """``"ansi"``: the transcript of the current episode as one string."""
+        if self.render_mode == "ansi":
+            return "\n".join(self._transcript)
+        return None
+
+    # ------------------------------------------------------------------ helpers
+    def _check_can_step(self, action: Any) -> TaskT:
+        if self._task is None:
+            raise EpisodeOverError("step() called before reset(); call env.reset() first")
+        if self._done:
+            raise EpisodeOverError(
+                "step() called after the episode ended (terminated or truncated); call env.reset()"
+            )
+        if not isinstance(action, str):
+            raise TypeError(f"action must be the model's response as a str, got {type(action).__name__}")
+        return self._task
+
+    def _clip(self, text: str) -> str:
+        if len(text) <= self.max_text_chars:
+            return text
+        marker = "\n[... cut ...]"
+        return text[: self.max_text_chars - len(marker)] + marker

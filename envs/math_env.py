@@ -1,0 +1,126 @@
+"""Math with a rule verifier: ``veriloop/MathVerify-v0`` (one attempt) and ``MathVerifyRetry-v0``.
+
+Reward schemes (``reward=`` kwarg; components go to ``info["reward_components"]``):
+
+* ``"dapo"`` (default): ``+1`` if the final answer is equivalent to the gold answer, else ``-1``
+  (DAPO's rule reward). Components: ``{"accuracy": ±1}``.
+* ``"r1"``: DeepSeek-R1-Zero style, ``accuracy`` (1 or 0) plus ``format`` =
+  ``format_reward`` (default 0.1) when the whole response is shaped
+  ``<think>…</think><answer>…</answer>`` (whitespace around the tags allowed), else 0.
+  Components: ``{"accuracy": 0|1, "format": 0|format_reward}``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from veriloop.envs.base import VerifierEnv
+from veriloop.envs.math_data import KINDS, Kind, MathProblem, generate_problem, load_jsonl, normalize_levels
+from veriloop.envs.verifiers import Verdict, check_math
+
+RewardScheme = Literal["dapo", "r1"]
+_R1_SHAPE = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL)
+
+
+def r1_format_ok(response: str) -> bool:
+    """True when the response is exactly ``<think>…</think>`` then ``<answer>…</answer>``."""
+    return _R1_SHAPE.fullmatch(response) is not None
+
+
+class MathVerifyEnv(VerifierEnv[MathProblem]):
+    """Answer a math problem; the final answer (in ``\\boxed{}``) is checked by ``check_math``.
+
+    Args:
+        data: Path of a JSONL file of problems (see :func:`~veriloop.envs.math_data.load_jsonl`);
+            ``None`` uses the built-in generator.
+        level: Difficulty ``1``-``3``, a list of levels, or ``None`` for a uniform mix. With
+            ``data``, keeps only rows with these levels.
+        kinds: Generator kinds to draw from (default all: integer, fraction, linear, word).
+        reward: ``"dapo"`` or ``"r1"`` (see the module docstring).
+        format_reward: The ``"r1"`` format bonus.
+        max_attempts: 1 = single turn; more = the model sees the verifier's feedback (which says
+            the answer was wrong and never reveals the gold answer) and may try again.
+        timeout: Seconds allowed to ``check_math`` per response.
+
+    Observation: the prompt, then after each response the feedback text. Action: the response.
+
+    ``info``: at reset ``{"task": MathProblem.to_dict()}`` (question, answer = gold, level, solution,
+    kind, source, meta; not for the policy). At step: ``verdict``, ``reward_components``,
+    ``attempt``, ``task`` and ``verifier_error`` when ``check_math`` failed (see
+    :class:`~veriloop.envs.base.VerifierEnv`).
+    """
+
+    def __init__(
+        self,
+        *,
+        data: str | Path | None = None,
+        level: int | Sequence[int] | None = None,
+        kinds: Sequence[Kind] | None = None,
+        reward: RewardScheme = "dapo",
+        format_reward: float = 0.1,
+        max_attempts: int = 1,
+        timeout: float = 5.0,
+        **base_kwargs: Any,
+    ) -> None:
+        super().__init__(max_attempts=max_attempts, **base_kwargs)
+        if reward not in ("dapo", "r1"):
+            raise ValueError(f"reward must be 'dapo' or 'r1', got {reward!r}")
+        self.levels = normalize_levels(level)
+        self.kinds: tuple[Kind, ...] = tuple(kinds) if kinds is not None else KINDS
+        unknown = [k for k in self.kinds if k not in KINDS]
+        if unknown or not self.kinds:
+            raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
+        self.reward_scheme: RewardScheme = reward
+        self.format_reward = float(format_reward)
+        self.timeout = float(timeout)
+        self._last_format_ok = False
+        self.problems: list[MathProblem] | None = None
+        if data is not None:
+            rows = load_jsonl(data)
+            if self.levels is not None:
+                rows = [p for p in rows if p.level in self.levels]
+            if not rows:
+                raise ValueError(f"{data}: no problem has a level in {self.levels}")
+            self.problems = rows
+
+    def sample_task(self) -> MathProblem:
+        if self.problems is not None:
+            return self.problems[int(self.np_random.integers(len(self.problems)))]
+        level = None if self.levels is None else self.levels[int(self.np_random.integers(len(self.levels)))]
+        kind = self.kinds[int(self.np_random.integers(len(self.kinds)))]
+        return generate_problem(self.np_random, level=level, kind=kind)
+
+    def task_from_options(self, spec: Any) -> MathProblem:
+        if isinstance(spec, MathProblem):
+            return spec
+        if isinstance(spec, Mapping):
+            return MathProblem.from_dict(spec)
+        raise TypeError(f'options["task"] must be a MathProblem or its dict, got {type(spec).__name__}')
+
+    def prompt(self, task: MathProblem) -> str:
+        if self.reward_scheme == "r1":
+            how = (
+                "Think step by step inside <think> </think>, then write the final answer inside "
+                "<answer> </answer> as \\boxed{...}."
+            )
+        else:
+            how = "Reason step by step, then give the final answer in \\boxed{...}."
+        return f"Solve the following math problem. {how}\n\n{task.question}"
+
+    def check(self, response: str, task: MathProblem) -> Verdict:
+        return check_math(response, task.answer, timeout=self.timeout)
+
+    def reward(self, verdict: Verdict, task: MathProblem) -> tuple[float, dict[str, float]]:
+        if self.reward_scheme == "dapo":
+            accuracy = 1.0 if verdict.correct else -1.0
+            return accuracy, {"accuracy": accuracy}
+        accuracy = 1.0 if verdict.correct else 0.0
+        fmt = self.format_reward if self._last_format_ok else 0.0
+        return accuracy + fmt, {"accuracy": accuracy, "format": fmt}
+
+    def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        self._last_format_ok = isinstance(action, str) and r1_format_ok(action)
+        return super().step(action)

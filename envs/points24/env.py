@@ -1,0 +1,254 @@
+"""Points24 (GeneralPoints): make 24 from four cards, as text or as an image.
+
+Registered ids (see :mod:`veriloop.envs.splits` for the evaluation splits):
+
+================================== ======== ============ ======= =========================
+id                                 vision   face_cards   suits   role
+================================== ======== ============ ======= =========================
+veriloop/Points24-text-v0          no       10           black   training (GP-L)
+veriloop/Points24-text-ruleood-v0  no       11-12-13     black   rule OOD
+veriloop/Points24-vision-v0        yes      10           black   training (GP-VL)
+veriloop/Points24-vision-ruleood-v0 yes     11-12-13     black   rule OOD
+veriloop/Points24-vision-visualood-v0 yes   10           red     visual OOD
+================================== ======== ============ ======= =========================
+
+The model answers with a JSON object ``{"cards": [...], "formula": "..."}``; ``check_points24``
+verifies that the formula uses each card's number exactly once and equals the target.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from veriloop.envs.base import VerifierEnv
+from veriloop.envs.points24.cards import (
+    Card,
+    FaceRule,
+    SuitSet,
+    card_value,
+    check_rule,
+    deal,
+    parse_code,
+    recognition,
+)
+from veriloop.envs.points24.solver import solve
+from veriloop.envs.verifiers import Verdict, check_points24
+
+#: Reward per verdict reason. GeneralPoints: correct +10, wrong value -1, illegal numbers -5.
+#: Our choices: a JSON ``cards`` list that does not match the deal counts as illegal numbers (-5);
+#: division by zero is a wrong calculation (-1); any other malformed output (unparseable,
+#: no answer, hedged, too long) and giving up -1.
+DEFAULT_REWARDS: dict[str, float] = {
+    "correct": 10.0,
+    "wrong_value": -1.0,
+    "division_by_zero": -1.0,
+    "illegal_numbers": -5.0,
+    "wrong_cards": -5.0,
+    "unparseable": -1.0,
+    "no_answer": -1.0,
+    "hedged": -1.0,
+    "too_long": -1.0,
+    "gave_up": -1.0,
+}
+MAX_DEALS = 1000
+
+
+@dataclass(frozen=True)
+class Points24Task:
+    """A dealt hand: the cards, the target and the face-card rule; ``solution`` is a reference formula."""
+
+    cards: tuple[Card, ...]
+    target: int = 24
+    face_cards: FaceRule = "10"
+
+    @property
+    def values(self) -> tuple[int, ...]:
+        """The numbers the cards stand for under ``face_cards``."""
+        return tuple(card_value(c.rank, self.face_cards) for c in self.cards)
+
+    @property
+    def solution(self) -> str | None:
+        """A formula reaching ``target`` (``None`` if the hand has none); cached by the solver."""
+        return solve(self.values, self.target)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cards": [c.code() for c in self.cards],
+            "labels": [c.label() for c in self.cards],
+            "ranks": [c.rank for c in self.cards],
+            "values": list(self.values),
+            "target": self.target,
+            "face_cards": self.face_cards,
+            "solution": self.solution,
+        }
+
+
+def merge_rewards(rewards: Mapping[str, float] | None) -> dict[str, float]:
+    """``DEFAULT_REWARDS`` updated by ``rewards``; unknown reasons raise with a suggestion."""
+    table = dict(DEFAULT_REWARDS)
+    for key, value in (rewards or {}).items():
+        if key not in table:
+            hint = difflib.get_close_matches(key, list(table), n=1)
+            extra = f" Did you mean {hint[0]!r}?" if hint else ""
+            raise ValueError(f"unknown reward key {key!r}; valid keys: {sorted(table)}.{extra}")
+        table[key] = float(value)
+    return table
+
+
+class Points24Env(VerifierEnv[Points24Task]):
+    """Use each of four cards' numbers once with ``+ - * /`` and parentheses to reach ``target``.
+
+    Args:
+        vision: Show the cards as an image (observation ``{"text", "image"}``) instead of in the text.
+        face_cards: ``"10"`` (J, Q, K = 10; training) or ``"11-12-13"`` (rule OOD).
+        suits: ``"black"`` (♠♣, training), ``"red"`` (♥♦, visual OOD) or ``"any"``.
+        target: The number to reach (24).
+        solvable_only: Re-deal (with ``np_random``) until the hand has a solution.
+        rewards: Overrides of :data:`DEFAULT_REWARDS`, keyed by verdict reason.
+        max_attempts: Responses per episode (5 = the paper's VIter); after a failed attempt the
+            verifier's feedback is the next observation.
+
+    Observation: text (``UnicodeText``), or with ``vision=True`` a ``Dict`` with ``"text"`` and
+    ``"image"`` (``Box(0, 255, (128, 336, 3), uint8)``, the same cards on every turn).
+
+    ``info``: at reset ``{"task": Points24Task.to_dict()}`` -- cards (codes like ``"QS"``),
+    labels, ranks, values, target, face_cards and a reference ``solution`` (not for the policy).
+    At step: ``verdict``, ``reward_components`` (``{"verdict": r}``), ``attempt``, ``task``,
+    ``verifier_error`` when the verifier failed, and ``recognition``: the fraction of dealt cards
+    matched by the JSON ``cards`` list (ranks as a multiset; a number equal to a card's value under
+    the rule also counts), ``None`` when the response gave no list.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 1}
+
+    def __init__(
+        self,
+        *,
+        vision: bool = False,
+        face_cards: FaceRule = "10",
+        suits: SuitSet = "black",
+        target: int = 24,
+        solvable_only: bool = True,
+        rewards: Mapping[str, float] | None = None,
+        max_attempts: int = 5,
+        **base_kwargs: Any,
+    ) -> None:
+        super().__init__(max_attempts=max_attempts, **base_kwargs)
+        self.vision = bool(vision)
+        self.face_cards = check_rule(face_cards)
+        self.suits = suits
+        deal(np.random.default_rng(0), suits=suits)  # validates `suits` early
+        self.target = int(target)
+        self.solvable_only = bool(solvable_only)
+        self.rewards = merge_rewards(rewards)
+        self._image: np.ndarray | None = None
+        self._image_task: Points24Task | None = None
+        if self.vision:
+            from veriloop.envs.points24.render import IMAGE_SHAPE
+
+            # text part: the same UnicodeText bound as the base observation/action space
+            self.observation_space = spaces.Dict(
+                {"text": self.action_space, "image": spaces.Box(0, 255, IMAGE_SHAPE, np.uint8)}
+            )
+
+    # ------------------------------------------------------------------ task
+    def sample_task(self) -> Points24Task:
+        for _ in range(MAX_DEALS):
+            task = Points24Task(deal(self.np_random, 4, self.suits), self.target, self.face_cards)
+            if not self.solvable_only or task.solution is not None:
+                return task
+        raise RuntimeError(
+            f"no solvable hand in {MAX_DEALS} deals for target {self.target}; "
+            "choose a reachable target or pass solvable_only=False"
+        )
+
+    def task_from_options(self, spec: Any) -> Points24Task:
+        """Accept a :class:`Points24Task`, its ``to_dict()`` form, or a list of card codes (``["QS", ...]``)."""
+        if isinstance(spec, Points24Task):
+            return spec
+        if isinstance(spec, Mapping):
+            codes = spec.get("cards")
+            target = int(spec.get("target", self.target))
+            rule = check_rule(spec.get("face_cards", self.face_cards))
+        else:
+            codes, target, rule = spec, self.target, self.face_cards
+        if isinstance(codes, str) or not isinstance(codes, Sequence) or len(codes) != 4:
+            raise ValueError(
+                f'options["task"] needs four cards such as ["QS", "3C", "5S", "AC"], got {codes!r}'
+            )
+        cards = tuple(c if isinstance(c, Card) else parse_code(str(c)) for c in codes)
+        return Points24Task(cards, target, rule)
+
+    # ------------------------------------------------------------------ text
+    def rule_text(self, task: Points24Task) -> str:
+        faces = (
+            "J, Q and K each count as 10" if task.face_cards == "10" else "J, Q and K count as 11, 12 and 13"
+        )
+        return f"An ace counts as 1, number cards count as printed, and {faces}."
+
+    def prompt(self, task: Points24Task) -> str:
+        goal = (
+            f"Use the number of every card exactly once, combined with +, -, *, / and parentheses, "
+            f"to write a formula whose value is {task.target}. {self.rule_text(task)}"
+        )
+        if self.vision:
+            intro = (
+                "You are playing the 24 points card game. The four cards are shown in the image; "
+                "they are not listed in this text."
+            )
+            fmt = (
+                'Answer with a JSON object {"cards": [...], "formula": "..."}, where "cards" lists the '
+                'ranks of the four cards you read from the image, without suits (e.g. "A", "7", "10", "K"), '
+                'and "formula" uses their numbers.'
+            )
+        else:
+            listed = ", ".join(c.label() for c in task.cards)
+            intro = f"You are playing the 24 points card game. Your cards: {listed}."
+            fmt = (
+                'Answer with a JSON object {"cards": [...], "formula": "..."}, where "cards" lists the '
+                'ranks of the four cards, without suits (e.g. "A", "7", "10", "K"), and "formula" uses '
+                "their numbers."
+            )
+        return f"{intro}\n{goal}\n{fmt}"
+
+    # ------------------------------------------------------------------ verify and score
+    def check(self, response: str, task: Points24Task) -> Verdict:
+        return check_points24(response, list(task.values), task.target)
+
+    def reward(self, verdict: Verdict, task: Points24Task) -> tuple[float, dict[str, float]]:
+        reason = "correct" if verdict.correct else verdict.reason
+        if reason not in self.rewards:
+            raise ValueError(
+                f"verdict reason {reason!r} has no reward; known reasons: {sorted(self.rewards)}"
+            )
+        value = self.rewards[reason]
+        return value, {"verdict": value}
+
+    def step_info(self, verdict: Verdict, task: Points24Task) -> dict[str, Any]:
+        claims = verdict.details.get("cards_seen") if verdict.details else None
+        return {"recognition": recognition(claims, task.cards, task.face_cards)}
+
+    # ------------------------------------------------------------------ observations
+    def image(self) -> np.ndarray:
+        """The current hand as an RGB array ``[H, W, 3]`` (rendered once per task, copied per call)."""
+        if self._image is None or self._image_task != self.task:
+            from veriloop.envs.points24.render import render_cards
+
+            self._image, self._image_task = render_cards(self.task.cards), self.task
+        return self._image.copy()
+
+    def observation(self, text: str) -> Any:
+        if not self.vision:
+            return self._clip(text)
+        return {"text": self._clip(text), "image": self.image()}
+
+    def render(self) -> Any:
+        if self.render_mode == "rgb_array":
+            return self.image()
+        return super().render()

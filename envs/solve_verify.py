@@ -1,0 +1,244 @@
+"""Solve → verify → correct (S2R) as an environment: ``veriloop/SolveVerify-v0``.
+
+Each step the model takes one action:
+
+* **solve**: any response without a ``<verify>`` tag; its answer (math ``\\boxed{}``, Points24 JSON
+  formula) is checked by the task's verifier. The check is hidden: the next observation is the
+  neutral :data:`VERIFY_PROMPT`.
+* **verify**: a response containing ``<verify>correct</verify>`` or ``<verify>incorrect</verify>``
+  (case-insensitive, spaces inside the tag allowed; if several tags appear the last one wins). It
+  judges the immediately preceding solve. ``correct`` ends the episode (``terminated``);
+  ``incorrect`` is answered with :data:`SOLVE_AGAIN` while solve attempts remain.
+* **invalid**: a verify with no solve to judge (first action, or right after another verify), an
+  unclosed ``<verify>`` tag, or a tag holding anything but correct/incorrect. Process reward -1.
+
+``truncated`` is set when a verify says "incorrect" after ``max_attempts`` solves, when
+``max_steps`` actions were taken (default ``2 * max_attempts``), or when the verifier failed
+(``verdict.error``: reward 0, ``info["verifier_error"]``). ``I give up`` has no special meaning here.
+
+Rewards (Ma et al. 2025). Process reward per action: solve +1 if its answer is correct else -1;
+verify +1 if its verdict matches the truth of the solve it checks else -1; invalid -1. Outcome
+reward, on the final step only: +1 if the last solve was correct else -1 (no solve: -1).
+``reward_mode="process"`` (default) returns the process reward as the step reward;
+``"outcome"`` returns 0 on every step but the last, which gets the outcome reward.
+
+``info`` at step: ``action_kind`` ("solve"/"verify"/"invalid"), ``action_index`` (0-based),
+``attempt`` (solves so far), ``verdict`` (solve steps, else ``None``), ``solve_correct`` (the
+solve's correctness, for a verify the correctness of the solve it checks; ``None`` when invalid),
+``verify_says_correct`` and ``verify_matches_truth`` (verify steps, else ``None``),
+``process_reward``, ``outcome_reward`` (final step only, else ``None``), ``reward_components``
+(``{"process": p}`` or ``{"outcome": o}``), ``history`` (list of per-action dicts: ``kind``,
+``correct`` / ``says_correct`` / ``matches``), ``task``, and on the final step ``stats`` =
+:func:`correction_stats` (wrong→right and right→wrong counts, verification accuracy).
+At reset: ``{"task": ...}`` as in the underlying task env.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from veriloop.envs.base import VerifierEnv
+from veriloop.envs.verifiers import Verdict
+
+TaskName = Literal["math", "points24"]
+RewardMode = Literal["process", "outcome"]
+ActionKind = Literal["solve", "verify", "invalid"]
+
+VERIFY_PROMPT = (
+    "Now verify your solution. Reply with <verify>correct</verify> if it is right, "
+    "or <verify>incorrect</verify> if it is wrong."
+)
+SOLVE_AGAIN = "Solve again."
+_VERIFY_TAG = re.compile(r"<verify>(.*?)</verify>", re.IGNORECASE | re.DOTALL)
+
+
+def parse_action(response: str) -> tuple[ActionKind, bool | None]:
+    """Classify a response: ``("verify", True/False)``, ``("solve", None)`` or ``("invalid", None)``."""
+    tags = _VERIFY_TAG.findall(response)
+    if not tags:
+        return ("invalid", None) if "<verify>" in response.lower() else ("solve", None)
+    word = tags[-1].strip().lower()
+    if word in ("correct", "incorrect"):
+        return "verify", word == "correct"
+    return "invalid", None
+
+
+def correction_stats(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Episode summary from ``info["history"]``.
+
+    Returns ``solves``, ``verifies``, ``final_correct`` (last solve right), ``wrong_to_right`` and
+    ``right_to_wrong`` (transitions between consecutive solves) and ``verify_accuracy``
+    (fraction of verifies matching the truth, ``None`` without verifies).
+    """
+    solves = [bool(h["correct"]) for h in history if h["kind"] == "solve"]
+    verifies = [bool(h["matches"]) for h in history if h["kind"] == "verify"]
+    pairs = list(zip(solves, solves[1:]))
+    return {
+        "solves": len(solves),
+        "verifies": len(verifies),
+        "final_correct": bool(solves and solves[-1]),
+        "wrong_to_right": sum(1 for a, b in pairs if not a and b),
+        "right_to_wrong": sum(1 for a, b in pairs if a and not b),
+        "verify_accuracy": sum(verifies) / len(verifies) if verifies else None,
+    }
+
+
+class SolveVerifyEnv(VerifierEnv[Any]):
+    """S2R's solve/verify/correct loop over a math or Points24 (text) task; see the module docstring.
+
+    Args:
+        task: ``"math"`` (a :class:`~veriloop.envs.math_env.MathVerifyEnv` task source) or ``"points24"``.
+        max_attempts: Solve actions allowed (default 3).
+        max_steps: Actions allowed in all (default ``2 * max_attempts``).
+        reward_mode: ``"process"`` or ``"outcome"``.
+        **task_kwargs: Passed to the task env (e.g. ``level=3``, ``data=...``, ``face_cards=...``).
+    """
+
+    def __init__(
+        self,
+        *,
+        task: TaskName = "math",
+        max_attempts: int = 3,
+        max_steps: int | None = None,
+        reward_mode: RewardMode = "process",
+        max_text_chars: int | None = None,
+        render_mode: str | None = None,
+        **task_kwargs: Any,
+    ) -> None:
+        base: dict[str, Any] = {"render_mode": render_mode}
+        if max_text_chars is not None:
+            base["max_text_chars"] = max_text_chars
+        super().__init__(max_attempts=max_attempts, **base)
+        if reward_mode not in ("process", "outcome"):
+            raise ValueError(f"reward_mode must be 'process' or 'outcome', got {reward_mode!r}")
+        if task == "math":
+            from veriloop.envs.math_env import MathVerifyEnv
+
+            self.inner: VerifierEnv[Any] = MathVerifyEnv(**task_kwargs)
+        elif task == "points24":
+            if task_kwargs.get("vision"):
+                raise ValueError("SolveVerify-v0 supports the text Points24 task only (vision=False)")
+            from veriloop.envs.points24.env import Points24Env
+
+            self.inner = Points24Env(**task_kwargs)
+        else:
+            raise ValueError(f"task must be 'math' or 'points24', got {task!r}")
+        self.task_name = task
+        self.reward_mode: RewardMode = reward_mode
+        self.max_steps = int(max_steps) if max_steps is not None else 2 * self.max_attempts
+        self._history: list[dict[str, Any]] = []
+        self._last_correct: bool | None = None
+        self._awaiting_verify = False
+        self._steps = 0
+
+    # ------------------------------------------------------------------ task plumbing
+    def sample_task(self) -> Any:
+        self.inner.np_random = self.np_random  # one generator: the seed of this env fixes the task
+        self._history, self._last_correct, self._awaiting_verify, self._steps = [], None, False, 0
+        return self.inner.sample_task()
+
+    def task_from_options(self, spec: Any) -> Any:
+        self._history, self._last_correct, self._awaiting_verify, self._steps = [], None, False, 0
+        return self.inner.task_from_options(spec)
+
+    def task_info(self, task: Any) -> dict[str, Any]:
+        return self.inner.task_info(task)
+
+    def prompt(self, task: Any) -> str:
+        protocol = (
+            "Work in turns. To SOLVE, write your solution in the format above. After each solution you "
+            "will be asked to verify it: reply <verify>correct</verify> if it is right (this ends the "
+            "episode) or <verify>incorrect</verify> to solve again. "
+            f"You may solve at most {self.max_attempts} times."
+        )
+        return f"{self.inner.prompt(task)}\n\n{protocol}"
+
+    def check(self, response: str, task: Any) -> Verdict:
+        return self.inner.check(response, task)
+
+    def reward(self, verdict: Verdict, task: Any) -> tuple[float, dict[str, float]]:
+        """Process reward of a solve action: +1 correct, -1 otherwise."""
+        value = 1.0 if verdict.correct else -1.0
+        return value, {"process": value}
+
+    # ------------------------------------------------------------------ the loop
+    def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        task = self._check_can_step(action)
+        kind, says = parse_action(action)
+        if kind == "verify" and not self._awaiting_verify:
+            kind = "invalid"
+        info: dict[str, Any] = {
+            "action_kind": kind,
+            "action_index": self._steps,
+            "verdict": None,
+            "solve_correct": None,
+            "verify_says_correct": None,
+            "verify_matches_truth": None,
+        }
+        self._steps += 1
+        terminated = truncated = False
+        if kind == "solve":
+            verdict = self.check(action, task)
+            self._attempt += 1
+            info["verdict"] = verdict
+            if verdict.error is not None:
+                info["verifier_error"] = verdict.error
+                process, truncated, text = (
+                    0.0,
+                    True,
+                    f"The verifier failed ({verdict.error}); episode stopped.",
+                )
+            else:
+                process = self.reward(verdict, task)[0]
+                self._last_correct, self._awaiting_verify = verdict.correct, True
+                self._history.append({"kind": "solve", "correct": verdict.correct})
+                info["solve_correct"], text = verdict.correct, VERIFY_PROMPT
+        elif kind == "verify":
+            matches = says == self._last_correct
+            process = 1.0 if matches else -1.0
+            self._awaiting_verify = False
+            self._history.append({"kind": "verify", "says_correct": says, "matches": matches})
+            info.update(
+                solve_correct=self._last_correct, verify_says_correct=says, verify_matches_truth=matches
+            )
+            terminated = bool(says)
+            truncated = not terminated and self._attempt >= self.max_attempts
+            text = "Episode over." if terminated or truncated else SOLVE_AGAIN
+        else:
+            process = -1.0
+            self._history.append({"kind": "invalid"})
+            text = (
+                "Invalid action: a <verify>correct</verify> or <verify>incorrect</verify> judges the solution "
+                "you just gave; " + ("solve first." if not self._awaiting_verify else "use exactly that tag.")
+            )
+        if not (terminated or truncated) and self._steps >= self.max_steps:
+            truncated, text = True, "Step budget used up. Episode over."
+        self._transcript.append(f"[action]\n{action}")
+        return self._finish(text, process, terminated, truncated, info, task)
+
+    def _finish(
+        self, text: str, process: float, terminated: bool, truncated: bool, info: dict[str, Any], task: Any
+    ) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        done = terminated or truncated
+        failed = "verifier_error" in info
+        outcome = None if failed or not done else (1.0 if self._last_correct else -1.0)
+        if self.reward_mode == "process":
+            reward, components = process, {"process": process}
+        else:
+            reward = outcome if outcome is not None else 0.0
+            components = {"outcome": reward}
+        info.update(
+            attempt=self._attempt,
+            process_reward=process,
+            outcome_reward=outcome,
+            reward_components=components,
+            history=[dict(h) for h in self._history],
+            task=self.task_info(task),
+        )
+        if done:
+            info["stats"] = correction_stats(self._history)
+        self._done = done
+        self._transcript.append(f"[observation]\n{text}")
+        return self.observation(text), float(reward), terminated, truncated, info

@@ -1,0 +1,119 @@
+"""A sandboxed verifier worker process: ``python -m veriloop.envs.verifiers._worker MEMORY_BYTES``.
+
+The worker caps its own address space with ``RLIMIT_AS``, imports and warms math-verify, prints a
+``["ready", null]`` line, then serves requests, one JSON line each way:
+
+* request: ``[task, [args...]]`` on stdin (EOF or ``null`` ends the worker);
+* reply: ``[status, value]`` on stdout, status ``"ok"``, ``"memory"`` (a ``MemoryError`` was raised) or
+  ``"crash"`` (any other exception, ``value`` says which).
+
+JSON (never pickle) keeps the parent safe even from a compromised worker. Deadlines are NOT enforced
+here: the parent kills a worker that overruns (:mod:`.pool`), so no ``signal.alarm`` is ever used.
+The worker is started as a fresh interpreter (not forked, not via multiprocessing), so it never
+re-imports the caller's ``__main__`` script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+
+def _parse(latex: str) -> list[Any] | None:
+    """math-verify parse; ``None`` when it raises an ordinary error (bad LaTeX is the model's fault).
+
+    ``MemoryError`` and ``RecursionError`` propagate: they are verifier failures, not wrong answers.
+    (math-verify also swallows exceptions internally; those cannot be told apart from "no match".)
+    """
+    from math_verify import parse
+
+    try:
+        return parse(latex, parsing_timeout=None, raise_on_error=True)  # type: ignore[arg-type]
+    except (MemoryError, RecursionError):
+        raise
+    except Exception:  # noqa: BLE001 - an unparseable answer is judged, not crashed on
+        return None
+
+
+def math_task(answer: str, gold: str) -> tuple[str, str]:
+    """Compare one extracted answer to its gold with math-verify.
+
+    Args:
+        answer: Extracted answer, already wrapped for math-verify (``$...$``).
+        gold: Gold answer, wrapped the same way.
+
+    Returns:
+        ``(outcome, detail)`` with outcome ``"correct"``, ``"wrong"``, ``"unparseable"`` (the answer
+        parses to nothing) or ``"bad_gold"`` (the gold parses to nothing: a dataset problem);
+        ``detail`` is the parsed answer's text form (capped at 200 chars). Exceptions raised by
+        ``verify`` propagate (the parent reports them as ``crash``/``memory``).
+    """
+    from math_verify import verify
+
+    gold_parsed = _parse(gold)
+    if not gold_parsed:
+        return "bad_gold", ""
+    answer_parsed = _parse(answer)
+    if not answer_parsed:
+        return "unparseable", ""
+    ok = verify(gold_parsed, answer_parsed, timeout_seconds=None, raise_on_error=True)
+    return ("correct" if ok else "wrong"), str(answer_parsed[-1])[:200]
+
+
+TASKS: dict[str, Callable[..., Any]] = {"math": math_task}
+
+
+def _limit_memory(max_bytes: int) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        max_bytes = min(max_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (max_bytes, hard))
+
+
+def _warm_up() -> None:
+    import logging
+
+    from math_verify import parse
+
+    # math-verify warns that its own signal-based timeout is off: the parent enforces deadlines.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    parse("$\\frac{1}{2}$", parsing_timeout=None)  # type: ignore[arg-type]
+
+
+def _handle(request: Any) -> list[Any]:
+    try:
+        task, args = request
+        return ["ok", TASKS[task](*args)]
+    except MemoryError:
+        return ["memory", "MemoryError"]
+    except Exception as exc:  # noqa: BLE001 - every failure is reported to the parent, never hidden
+        return ["crash", f"{type(exc).__name__}: {exc}"[:300]]
+
+
+def serve(requests: TextIO, replies: TextIO) -> None:
+    """Answer JSON-line requests until EOF or a ``null`` request."""
+    replies.write('["ready", null]\n')
+    replies.flush()
+    for line in requests:
+        request = json.loads(line)
+        if request is None:
+            return
+        replies.write(json.dumps(_handle(request)) + "\n")
+        replies.flush()
+
+
+def main(argv: list[str]) -> None:
+    """Process entry point: protocol on the original stdout, stray prints go to stderr."""
+    _limit_memory(int(argv[0]))
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    _warm_up()
+    serve(sys.stdin, replies)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,177 @@
+"""The math verifier: is the final answer of a response equivalent to the gold answer?
+
+Pipeline for one response (everything before step 4 runs in-process, in linear time):
+
+1. Size guard: a response over :data:`.extract.MAX_RESPONSE_CHARS` is wrong (``"too_long"``).
+2. Extraction (:mod:`.extract`): only text after the last ``</think>`` counts; the LAST
+   ``\\boxed{}``/``\\fbox{}``/``<answer></answer>`` anchor is the answer; none -> ``"no_answer"``.
+3. Screens (:mod:`.screen`): hedged answers (``3 or 4``, ``\\pm``, a list when the gold is one value)
+   -> ``"hedged"``; nesting deeper than :data:`.extract.MAX_NESTING` or an obvious evaluation bomb
+   (power tower, huge factorial) -> ``"unparseable"`` with ``details["guard"]`` naming the screen.
+4. Equivalence: math-verify ``parse`` + ``verify`` in a sandboxed worker process (:mod:`.pool`) with a
+   hard deadline ``timeout``. A worker that overruns is SIGKILLed: the verdict then has
+   ``error="timeout"`` and ``reason="verifier_error"``; a worker that raised or died gives
+   ``error="crash"``, one that hit its memory cap ``error="memory"``. These are verifier failures,
+   never scored as wrong answers, and are counted in :func:`.stats.verifier_stats`.
+
+Feedback strings never reveal the gold answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from veriloop.envs.verifiers import stats
+from veriloop.envs.verifiers.extract import MAX_NESTING, MAX_RESPONSE_CHARS, extract
+from veriloop.envs.verifiers.pool import get_pool
+from veriloop.envs.verifiers.screen import find_bomb, is_hedged
+from veriloop.envs.verifiers.verdict import Verdict
+
+DEFAULT_TIMEOUT_S = 5.0
+NO_ANSWER_FEEDBACK = "No final answer found: put it in \\boxed{...}."
+HEDGED_FEEDBACK = "Give exactly one final answer: yours hedges between several candidates."
+
+
+@dataclass(frozen=True)
+class _Job:
+    """An answer that passed every in-process screen and must go to a worker."""
+
+    answer: str
+    payload: tuple[str, str]  # (wrapped answer, wrapped gold) for math-verify
+
+
+def _show(answer: str, limit: int = 200) -> str:
+    return answer if len(answer) <= limit else answer[:limit] + "..."
+
+
+def _wrap(latex: str) -> str:
+    """Put math delimiters around ``latex`` unless it already has some (math-verify looks for them)."""
+    return latex if "$" in latex or "\\(" in latex or "\\[" in latex else f"${latex}$"
+
+
+def _wrong(reason: str, feedback: str, parsed: str | None = None, **details: Any) -> Verdict:
+    return Verdict(correct=False, feedback=feedback, parsed=parsed, reason=reason, details=details)
+
+
+def _prepare(response: str, gold: str) -> Verdict | _Job:
+    """Steps 1-3 of the module docstring: a final verdict, or a job for a worker."""
+    if not isinstance(response, str) or not isinstance(gold, str):
+        raise TypeError(
+            f"check_math expects (response: str, gold: str), got ({type(response).__name__}, "
+            f"{type(gold).__name__}); convert numeric golds with str()."
+        )
+    found = extract(response)
+    if found.status == "too_long":
+        if len(response) > MAX_RESPONSE_CHARS:
+            msg = f"Your response is too long ({len(response)} characters; the limit is {MAX_RESPONSE_CHARS})."
+        else:
+            msg = "Your final answer is too long: give a single short expression in \\boxed{...}."
+        return _wrong("too_long", msg)
+    if found.status == "no_answer" or found.answer is None:
+        return _wrong("no_answer", NO_ANSWER_FEEDBACK)
+    answer = found.answer
+    if found.status == "too_deep":
+        msg = f"Could not read your final answer: brackets are nested deeper than {MAX_NESTING} levels."
+        return _wrong("unparseable", msg, answer, guard="nesting_depth")
+    if is_hedged(answer, gold):
+        return _wrong("hedged", HEDGED_FEEDBACK, answer)
+    bomb = find_bomb(answer, gold)
+    if bomb is not None:
+        msg = f"Your answer {_show(answer)} is not a usable closed form ({bomb.replace('_', ' ')})."
+        return _wrong("unparseable", msg, answer, guard=bomb)
+    return _Job(answer, (_wrap(answer), _wrap(gold)))
+
+
+def _finish(job: _Job, status: str, value: Any) -> Verdict:
+    """Turn a worker reply into a verdict (and count failures)."""
+    if status != "ok":
+        error = {"timeout": "timeout", "memory": "memory"}.get(status, "crash")
+        stats.count({"timeout": "timeouts", "memory": "memory_errors", "crash": "crashes"}[error])
+        return Verdict(
+            correct=False,
+            error=error,  # type: ignore[arg-type]
+            feedback=f"The verifier could not check your answer ({error}); it was not scored.",
+            parsed=job.answer,
+            reason="verifier_error",
+            details={"message": str(value)},
+        )
+    outcome, parsed_form = value
+    if outcome == "correct":
+        return Verdict(True, feedback="Correct!", parsed=job.answer, reason="correct")
+    if outcome == "unparseable":
+        msg = f"Could not read your final answer {_show(job.answer)} as a mathematical expression."
+        return _wrong("unparseable", msg, job.answer)
+    if outcome == "bad_gold":
+        stats.count("crashes")
+        return Verdict(
+            correct=False,
+            error="crash",
+            feedback="The verifier could not check your answer (crash); it was not scored.",
+            parsed=job.answer,
+            reason="verifier_error",
+            details={"message": "the gold answer could not be parsed by math-verify: fix the dataset"},
+        )
+    return _wrong("wrong_value", f"Your answer {_show(job.answer)} is incorrect.", job.answer, as_parsed=parsed_form)
+
+
+def check_math(response: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> Verdict:
+    """Check the final answer of ``response`` against ``gold`` (pipeline in the module docstring).
+
+    Args:
+        response: The model's full response text (thinking included).
+        gold: The reference answer in LaTeX or plain form (``"\\frac{1}{2}"``, ``"(1, 2]"``, ``"7"``).
+        timeout: Wall-clock seconds the sandboxed comparison may take before its worker is killed.
+
+    Returns:
+        A :class:`Verdict`: ``reason`` is one of ``correct``, ``wrong_value``, ``no_answer``,
+        ``hedged``, ``too_long``, ``unparseable``, ``verifier_error``; ``parsed`` is the extracted
+        answer string.
+    """
+    stats.count("checks", "math_checks")
+    prepared = _prepare(response, gold)
+    if isinstance(prepared, Verdict):
+        if prepared.details.get("guard"):
+            stats.count("screened")
+        return prepared
+    status, value = get_pool().run("math", prepared.payload, timeout)
+    return _finish(prepared, status, value)
+
+
+def check_math_batch(
+    pairs: Sequence[tuple[str, str]],
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    on_result: Callable[[int, Verdict], None] | None = None,
+) -> list[Verdict]:
+    """Check many ``(response, gold)`` pairs in parallel over the worker pool.
+
+    Each item gets its own deadline on its own worker, so a pathological item holds one worker for at
+    most ``timeout`` seconds while the other items flow through the remaining workers.
+
+    Args:
+        pairs: ``(response, gold)`` pairs.
+        timeout: Per-item deadline in seconds (see :func:`check_math`).
+        on_result: Optional callback ``on_result(index, verdict)``, called (from a pool thread) as
+            soon as each item is decided -- useful for streaming or for measuring per-item latency.
+
+    Returns:
+        One verdict per pair, in input order.
+    """
+    results: list[Verdict | None] = [None] * len(pairs)
+
+    def one(index: int) -> None:
+        response, gold = pairs[index]
+        verdict = check_math(response, gold, timeout=timeout)
+        results[index] = verdict
+        if on_result is not None:
+            on_result(index, verdict)
+
+    if pairs:
+        workers = min(len(pairs), get_pool().size)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="veriloop-math") as executor:
+            for future in [executor.submit(one, i) for i in range(len(pairs))]:
+                future.result()
+    return [r for r in results if r is not None]

@@ -1,0 +1,213 @@
+"""The Points24 (GeneralPoints) verifier: does the formula reach the target using each card once?
+
+Where the formula is looked for (after the ``<think>`` rule of :mod:`.extract`; the candidate that
+starts LAST in the text wins):
+
+* a JSON object with a ``"formula"`` key (GeneralPoints' output format), optionally with ``"cards"``;
+* ``<answer>...</answer>`` or ``\\boxed{...}``;
+* failing all of these, the last non-empty line, if it is made of formula characters only.
+
+A candidate may end in ``= 24`` (or start with ``24 =``). Several candidate expressions in the final
+answer (``3*8 or 4*6``, ``3*8, 4*6``, ``3*8 = 4*6``) -> ``"hedged"``. The formula grammar and its safe,
+exact evaluation live in :mod:`.formula`.
+
+Reasons, checked in this order: ``too_long`` (response over the cap), ``no_answer``, ``hedged``,
+``unparseable`` (outside the grammar), ``division_by_zero`` (a wrong answer, not a verifier failure),
+``wrong_cards`` (the JSON ``"cards"`` field does not match the cards dealt; ``J``/``Q``/``K`` may stand
+for 10 or for 11/12/13, ``A`` for 1), ``illegal_numbers`` (the formula's numbers are not exactly the
+dealt multiset), ``wrong_value``, ``correct``. Rewards per reason are the environment's business.
+
+``details``: ``value`` (exact, as a string fraction), ``numbers_used``, ``cards_seen`` (the JSON
+``"cards"`` field as upper-case strings, ``None`` if absent; for recognition accuracy) and ``source``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from veriloop.envs.verifiers import stats
+from veriloop.envs.verifiers.extract import (
+    MAX_RESPONSE_CHARS,
+    last_answer_tag,
+    last_boxed,
+    match_braces,
+    strip_thinking,
+)
+from veriloop.envs.verifiers.formula import ALLOWED_CHARS, Evaluated, FormulaError, evaluate, normalise
+from veriloop.envs.verifiers.verdict import Verdict
+
+MAX_JSON_CHARS = 4_000
+MAX_CARDS = 16
+_FACE_VALUES = {"A": {1}, "ACE": {1}, "J": {11, 10}, "Q": {12, 10}, "K": {13, 10}}
+_HEDGE_SEPARATORS = (" or ", " OR ", " and ", ",", ";", "\n")
+_LINE_CHARS = ALLOWED_CHARS | set("=|.^")  # a bare last line "looks like a formula attempt"
+NO_FORMULA_FEEDBACK = 'No formula found: answer with {"cards": [...], "formula": "..."}.'
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _json_candidate(text: str) -> tuple[int, str, list[str] | None] | None:
+    """(start, formula, cards_seen) from the flat JSON object holding the last ``"formula"`` key.
+
+    The object is decoded from the nearest ``{`` before the key (``raw_decode``: one linear pass); if
+    that fails (single quotes, trailing commas...), the string value after the key is read by hand.
+    """
+    key = text.rfind('"formula"')
+    if key < 0:
+        return None
+    opener = text.rfind("{", max(0, key - MAX_JSON_CHARS), key)
+    if opener >= 0:
+        try:
+            obj, _ = _DECODER.raw_decode(text[opener : opener + MAX_JSON_CHARS])
+        except (ValueError, RecursionError):
+            obj = None
+        if isinstance(obj, dict) and isinstance(obj.get("formula"), str):
+            return opener, obj["formula"], _cards_seen(obj.get("cards"))
+    rest = text[key + len('"formula"') : key + MAX_JSON_CHARS].lstrip(" \t\n:").lstrip()
+    close = rest.find('"', 1)
+    if not rest.startswith('"') or close < 0:
+        return None
+    return (opener if opener >= 0 else key), rest[1:close], None
+
+
+def _cards_seen(field: Any) -> list[str] | None:
+    if not isinstance(field, list) or len(field) > MAX_CARDS:
+        return None
+    return [str(c).strip().upper()[:8] for c in field]
+
+
+def _last_line(text: str) -> str | None:
+    end = len(text)
+    while end > 0:
+        start = text.rfind("\n", 0, end) + 1
+        line = text[start:end].strip()
+        if line:
+            marked = normalise(line)
+            for sep in _HEDGE_SEPARATORS:
+                marked = marked.replace(sep, "|")
+            return line if marked and not set(marked) - _LINE_CHARS else None
+        end = start - 1
+    return None
+
+
+def find_formula(response: str) -> tuple[str, str, list[str] | None] | None:
+    """(source, formula text, cards_seen) of the final answer, ``None`` if there is none."""
+    text = strip_thinking(response)
+    if text is None:
+        return None
+    found: list[tuple[int, str, str, list[str] | None]] = []
+    js = _json_candidate(text)
+    if js is not None:
+        found.append((js[0], "json", js[1], js[2]))
+    hit = last_answer_tag(text)
+    if hit is not None:
+        found.append((hit[0], "answer", hit[1], None))
+    if "\\boxed" in text or "\\fbox" in text:
+        hit = last_boxed(text, match_braces(text))
+        if hit is not None:
+            found.append((hit[0], "boxed", hit[1], None))
+    if found:
+        _, source, formula, cards = max(found, key=lambda c: c[0])
+        return source, formula, cards
+    line = _last_line(text)
+    return None if line is None else ("line", line, None)
+
+
+def _single_expression(formula: str, target: int) -> str | None:
+    """The one expression in ``formula`` (``= target`` stripped), or ``None`` if it hedges."""
+    marked = formula
+    for sep in _HEDGE_SEPARATORS:
+        marked = marked.replace(sep, "|")
+    if len([p for p in marked.split("|") if p.strip()]) > 1:
+        return None
+    sides = [s.strip() for s in formula.split("=") if s.strip()]
+    exprs = [s for s in sides if s != str(target)] if len(sides) > 1 else sides
+    if len(exprs) > 1:
+        return None
+    return exprs[0] if exprs else str(target)
+
+
+def cards_match(seen: Sequence[str], cards: Sequence[int]) -> bool:
+    """True when the labels ``seen`` can be read as exactly the multiset ``cards``.
+
+    Digit labels must equal the value; ``A`` is 1; ``J``/``Q``/``K`` are 11/12/13 or 10 (both rules).
+    """
+    if len(seen) != len(cards):
+        return False
+    if all(label.isdigit() and label.isascii() for label in seen):  # fast path: no face cards
+        return sorted(int(label) for label in seen) == sorted(cards)
+    remaining = list(cards)
+    faces: list[set[int]] = []
+    for label in seen:
+        if label.isdigit() and label.isascii():
+            if int(label) not in remaining:
+                return False
+            remaining.remove(int(label))
+        elif label in _FACE_VALUES:
+            faces.append(_FACE_VALUES[label])
+        else:
+            return False
+    for options in sorted(faces, key=len):
+        own = [v for v in sorted(options, reverse=True) if v in remaining]  # prefer 11/12/13 over 10
+        if not own:
+            return False
+        remaining.remove(own[0])
+    return not remaining
+
+
+def _verdict(ok: bool, reason: str, feedback: str, parsed: str | None, **details: Any) -> Verdict:
+    return Verdict(correct=ok, feedback=feedback, parsed=parsed, reason=reason, details=details)
+
+
+def _judge(done: Evaluated, cards: list[int], target: int, expr: str, details: dict[str, Any]) -> Verdict:
+    value = done.value
+    details["value"] = str(value.numerator) if value.denominator == 1 else str(value)
+    details["numbers_used"] = list(done.numbers)
+    seen = details.get("cards_seen")
+    if seen is not None and not cards_match(seen, cards):
+        return _verdict(False, "wrong_cards", "The cards you listed do not match the cards dealt.", expr, **details)
+    if sorted(done.numbers) != sorted(cards):
+        msg = f"You must use exactly the numbers {sorted(cards)}: you used {sorted(done.numbers)}."
+        return _verdict(False, "illegal_numbers", msg, expr, **details)
+    if done.value != target:
+        msg = f"Your formula evaluates to {done.value}, not {target}."
+        return _verdict(False, "wrong_value", msg, expr, **details)
+    return _verdict(True, "correct", "Correct!", expr, **details)
+
+
+def check_points24(response: str, cards: Sequence[int], target: int = 24) -> Verdict:
+    """Check a Points24 response (rules and reasons in the module docstring).
+
+    Args:
+        response: The model's full response text.
+        cards: The numeric values of the dealt cards, e.g. ``[1, 10, 10, 13]``.
+        target: The value the formula must reach.
+
+    Returns:
+        A :class:`Verdict` whose ``parsed`` is the formula (``None`` if none was found).
+    """
+    stats.count("checks", "points24_checks")
+    card_list = [int(c) for c in cards]
+    if len(response) > MAX_RESPONSE_CHARS:
+        msg = f"Your response is too long ({len(response)} characters; the limit is {MAX_RESPONSE_CHARS})."
+        return _verdict(False, "too_long", msg, None)
+    found = find_formula(response)
+    if found is None or not found[1].strip():
+        return _verdict(False, "no_answer", NO_FORMULA_FEEDBACK, None)
+    source, raw, seen = found
+    details: dict[str, Any] = {"source": source, "cards_seen": seen}
+    raw = raw.strip()
+    expr = _single_expression(normalise(raw), target)
+    if expr is None:
+        return _verdict(False, "hedged", "Give exactly one formula: yours offers several candidates.", raw, **details)
+    try:
+        done = evaluate(expr)
+    except FormulaError as exc:
+        shown = raw if len(raw) <= 80 else raw[:80] + "..."
+        return _verdict(False, "unparseable", f"Could not parse your formula {shown!r}: {exc}.", raw, **details)
+    except ZeroDivisionError:
+        return _verdict(False, "division_by_zero", "Your formula divides by zero.", expr, **details)
+    return _judge(done, card_list, target, expr, details)

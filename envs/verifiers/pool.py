@@ -1,0 +1,217 @@
+"""A pool of sandboxed worker processes with hard, caller-enforced deadlines.
+
+Why not ``multiprocessing.Pool`` or ``concurrent.futures``: neither can kill one stuck task without
+tearing down the whole pool, and their spawn/forkserver start methods re-run the caller's unguarded
+``__main__`` code in every worker. Here each worker is a fresh interpreter running
+:mod:`._worker` (``subprocess``, JSON lines over pipes); the calling thread owns one worker for the
+duration of a request, and if the reply does not arrive within the deadline the worker is killed
+(SIGKILL) and a replacement is started at once. No ``signal.alarm`` (it only works in the main thread
+and cannot interrupt C code).
+
+* Each worker caps its address space (``RLIMIT_AS``, default :data:`DEFAULT_MEMORY_BYTES`).
+* The deadline counts from the moment the request is written to a ready worker: waiting for a free
+  slot, or for a (re)started worker to import math-verify (~1 s), does not eat into it.
+* Thread-safe: at most ``size`` requests run at once; further callers wait for a free slot.
+* :func:`get_pool` creates the module-level pool lazily (size ``max(2, os.cpu_count())``), re-creates
+  it in a forked child, and shuts it down at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Literal
+
+DEFAULT_MEMORY_BYTES = 1 << 30  # 1 GiB of address space per worker
+STARTUP_TIMEOUT_S = 120.0  # generous: a cold start imports sympy and the LaTeX parser
+Status = Literal["ok", "timeout", "crash", "memory"]
+
+
+class _Worker:
+    """One worker process and the read buffer of its reply pipe."""
+
+    def __init__(self, memory_bytes: int) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "veriloop.envs.verifiers._worker", str(memory_bytes)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+        )
+        self.ready = False
+        self._buffer = b""
+
+    def send(self, message: Any) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write((json.dumps(message) + "\n").encode())
+
+    def receive(self, timeout: float) -> Any | None:
+        """The next JSON reply, ``None`` if none arrives within ``timeout``; EOFError if it died."""
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise EOFError("worker closed its pipe")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
+
+    def poll_ready(self) -> bool:
+        """Non-blocking: mark the worker ready if its ready line has arrived."""
+        if not self.ready and self.process.stdout is not None:
+            if select.select([self.process.stdout.fileno()], [], [], 0)[0]:
+                self.wait_ready()
+        return self.ready
+
+    def wait_ready(self) -> bool:
+        if not self.ready:
+            try:
+                self.ready = self.receive(STARTUP_TIMEOUT_S) == ["ready", None]
+            except (EOFError, OSError, ValueError):
+                self.ready = False
+        return self.ready
+
+    def kill(self) -> None:
+        """SIGKILL the process and close its pipes (safe to call twice)."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=10)
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+class WorkerPool:
+    """Run ``(task, args)`` requests on worker processes, killing any that overruns its deadline.
+
+    Args:
+        size: Maximum number of workers (and of concurrent requests).
+        memory_bytes: Address-space cap (``RLIMIT_AS``) of each worker.
+    """
+
+    def __init__(self, size: int, memory_bytes: int = DEFAULT_MEMORY_BYTES) -> None:
+        if size < 1:
+            raise ValueError(f"WorkerPool size must be >= 1, got {size}")
+        self.size = size
+        self.memory_bytes = memory_bytes
+        self._slots = threading.BoundedSemaphore(size)
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._live: set[_Worker] = set()
+        self._started = False
+        self._closed = False
+
+    def run(self, task: str, args: tuple[Any, ...], timeout: float) -> tuple[Status, Any]:
+        """Run ``task(*args)`` in a worker; return ``(status, value)``.
+
+        ``status`` is ``"ok"`` (``value`` is the task's return value, JSON round-tripped),
+        ``"timeout"`` (the worker was killed after ``timeout`` seconds), ``"memory"`` (the worker hit
+        its memory cap) or ``"crash"`` (the task raised, or the worker died; ``value`` says how).
+        """
+        with self._slots:
+            worker = self._take()
+            if not worker.wait_ready():
+                self._replace(worker)
+                return "crash", f"worker failed to start (exit code {worker.process.poll()})"
+            try:
+                worker.send([task, list(args)])
+                reply = worker.receive(timeout)
+            except (EOFError, OSError, ValueError) as exc:
+                self._replace(worker)
+                return "crash", f"worker died ({type(exc).__name__}, exit code {worker.process.poll()})"
+            if reply is None:
+                self._replace(worker)
+                return "timeout", f"no reply within {timeout:g} s"
+            status, value = reply
+            if status == "memory":
+                self._replace(worker)  # state after a MemoryError is not trustworthy
+            else:
+                self._give_back(worker)
+            return status, value
+
+    def _take(self) -> _Worker:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("WorkerPool is shut down; create a new one (or call get_pool()).")
+            if not self._started:  # start every worker at once so their imports overlap
+                self._started = True
+                self._idle = [_Worker(self.memory_bytes) for _ in range(self.size)]
+                self._live.update(self._idle)
+            ready = [w for w in self._idle if w.poll_ready()]
+            worker = ready[-1] if ready else self._idle[-1]
+            self._idle.remove(worker)
+            return worker
+
+    def _give_back(self, worker: _Worker) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(worker)
+                return
+        worker.kill()
+
+    def _replace(self, worker: _Worker) -> None:
+        """Kill ``worker`` and start its replacement now, so it warms up while others work."""
+        worker.kill()
+        with self._lock:
+            self._live.discard(worker)
+            if not self._closed:
+                fresh = _Worker(self.memory_bytes)
+                self._live.add(fresh)
+                self._idle.append(fresh)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live workers (for tests and diagnostics)."""
+        with self._lock:
+            return [w.process.pid for w in self._live]
+
+    def shutdown(self) -> None:
+        """Stop every worker (idle ones politely, busy ones with SIGKILL)."""
+        with self._lock:
+            self._closed = True
+            workers, self._idle = list(self._live), []
+            self._live.clear()
+        for worker in workers:
+            try:
+                worker.send(None)
+                worker.process.wait(timeout=0.5)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass
+            worker.kill()
+
+
+_POOL: WorkerPool | None = None
+_POOL_PID = -1
+_POOL_LOCK = threading.Lock()
+
+
+def get_pool() -> WorkerPool:
+    """The shared module-level pool, created on first use (size ``max(2, os.cpu_count())``)."""
+    global _POOL, _POOL_PID
+    with _POOL_LOCK:
+        if _POOL is None or _POOL_PID != os.getpid():
+            _POOL = WorkerPool(max(2, os.cpu_count() or 1))
+            _POOL_PID = os.getpid()
+        return _POOL
+
+
+def shutdown_pool() -> None:
+    """Shut the shared pool down (it is re-created on the next :func:`get_pool`)."""
+    global _POOL
+    with _POOL_LOCK:
+        pool, _POOL = _POOL, None
+    if pool is not None and _POOL_PID == os.getpid():
+        pool.shutdown()
+
+
+atexit.register(shutdown_pool)

@@ -1,0 +1,154 @@
+"""Cheap, linear-time checks on an extracted math answer before it reaches a sandboxed worker.
+
+Two kinds of screen, both decided relative to the gold answer (a screen never fires on a feature the
+gold itself has, so a legitimate answer shaped like the gold always reaches math-verify):
+
+* **Hedging** -- an answer that offers several candidates hoping one is right:
+  ``3 or 4``, ``3 \\text{ and } 4``, ``3 \\pm 1`` / ``±`` / ``\\mp`` / ``∓``, or a comma/semicolon
+  separated list (``3, 4`` or ``\\{3, 4\\}``) when the gold is a single value. Thousands separators
+  (``1,000`` and ``1{,}000``) are not lists. When the gold has commas (a tuple, interval or set), a
+  list-shaped answer is legitimate and math-verify compares the shapes.
+* **Bombs** -- expressions whose exact evaluation can take minutes or gigabytes in sympy: power towers
+  of height >= 3 (``2^{2^{2^{2}}}``, ``9^9^9``), literal exponents above :data:`MAX_EXPONENT`
+  (``10^{100000000}``) and factorials of literals above :data:`MAX_FACTORIAL` or of powers
+  (``10000000!``, ``(10^{6})!``). These are rejected as wrong at once. The worker deadline remains the
+  real guarantee; this screen only saves a worker from burning its full deadline on the obvious cases.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+MAX_EXPONENT = 100_000
+MAX_FACTORIAL = 1_000
+HEDGE_WORDS = ("or", "and")
+HEDGE_SIGNS = ("\\pm", "±", "\\mp", "∓")
+_WORD_BREAKERS = ("\\text{", "\\textbf{", "\\mathrm{", "\\mbox{", "\\quad", "\\qquad", "\\,", "\\;", "~", "{", "}")
+
+Bomb = Literal["power_tower", "huge_exponent", "huge_factorial"]
+
+
+def _without_thousands_separators(text: str) -> str:
+    """Drop ``,`` / ``{,}`` between a digit and exactly three digits (``12,345`` -> ``12345``)."""
+    text = text.replace("{,}", ",")
+    out: list[str] = []
+    n = len(text)
+    for i, ch in enumerate(text):
+        if ch == "," and 0 < i and text[i - 1].isdigit() and i + 3 < n + 1:
+            group = text[i + 1 : i + 4]
+            after = text[i + 4] if i + 4 < n else ""
+            if len(group) == 3 and group.isdigit() and not after.isdigit():
+                continue
+        out.append(ch)
+    return "".join(out)
+
+
+def is_list_shaped(text: str) -> bool:
+    """True when ``text`` holds a comma/semicolon separated list of several values."""
+    cleaned = _without_thousands_separators(text)
+    return "," in cleaned or ";" in cleaned
+
+
+def _words(text: str) -> set[str]:
+    for breaker in _WORD_BREAKERS:
+        text = text.replace(breaker, " ")
+    return {w.lower() for w in text.split()}
+
+
+def is_hedged(answer: str, gold: str) -> bool:
+    """True when ``answer`` hedges between several candidates given the gold's shape (module doc)."""
+    if any(sign in answer and sign not in gold for sign in HEDGE_SIGNS):
+        return True
+    answer_words, gold_words = _words(answer), _words(gold)
+    if any(w in answer_words and w not in gold_words for w in HEDGE_WORDS):
+        return True
+    return is_list_shaped(answer) and not is_list_shaped(gold)
+
+
+def _group_end(text: str, start: int) -> int:
+    """Offset just past the ``{...}`` group opening at ``start`` (or the end of text if unclosed)."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return len(text)
+
+
+def _exponent(text: str, i: int) -> tuple[str, int]:
+    """The exponent that follows a ``^`` at ``i - 1``, and the offset just past it."""
+    n = len(text)
+    while i < n and text[i] == " ":
+        i += 1
+    if i >= n:
+        return "", i
+    if text[i] == "{":
+        end = _group_end(text, i)
+        return text[i + 1 : end - 1], end
+    j = i + 1
+    if text[i].isdigit():
+        while j < n and text[j].isdigit():
+            j += 1
+    elif text[i] == "\\":
+        while j < n and text[j].isalpha():
+            j += 1
+    return text[i:j], j
+
+
+def tower_height(text: str) -> int:
+    """Height of the tallest power tower in ``text``: ``2^3`` -> 1, ``2^{3^4}`` and ``2^3^4`` -> 2.
+
+    Recursion depth is bounded by the caller's nesting cap (:data:`.extract.MAX_NESTING`).
+    """
+    best, i, n = 0, 0, len(text)
+    while i < n:
+        if text[i] != "^":
+            i += 1
+            continue
+        height = 0
+        while i < n and text[i] == "^":  # a chain a^b^c counts as a tower too
+            exponent, i = _exponent(text, i + 1)
+            height += 1 + tower_height(exponent)
+        best = max(best, height)
+    return best
+
+
+def _has_huge_exponent(text: str) -> bool:
+    for i, ch in enumerate(text):
+        if ch == "^":
+            exponent = _exponent(text, i + 1)[0].strip()
+            if exponent.isdigit() and (len(exponent) > 6 or int(exponent) > MAX_EXPONENT):
+                return True
+    return False
+
+
+def _has_huge_factorial(text: str) -> bool:
+    for i, ch in enumerate(text):
+        if ch != "!" or i == 0:
+            continue
+        j = i
+        while j > 0 and text[j - 1] in " })]":
+            j -= 1
+        k = j
+        while k > 0 and text[k - 1].isdigit():
+            k -= 1
+        digits = text[k:j]
+        if digits and (len(digits) > 4 or int(digits) > MAX_FACTORIAL):
+            return True
+        if j < i and "^" in text[max(0, j - 40) : i]:  # (10^{6})! and friends
+            return True
+    return False
+
+
+def find_bomb(answer: str, gold: str) -> Bomb | None:
+    """The first bomb pattern in ``answer`` that ``gold`` does not share, else ``None``."""
+    if tower_height(answer) >= 3 and tower_height(gold) < 3:
+        return "power_tower"
+    if _has_huge_exponent(answer) and not _has_huge_exponent(gold):
+        return "huge_exponent"
+    if _has_huge_factorial(answer) and not _has_huge_factorial(gold):
+        return "huge_factorial"
+    return None

