@@ -159,6 +159,8 @@ def compute_advantages(
       its return-to-go sum_{s >= t} is added to the advantage (REINFORCE++), then ``batch_norm``
       whitens over all tokens; for GAE it enters the token chain.
     * ``whiten_advantages``: whiten over the training tokens of the batch at the end.
+    * GAE: each turn's reward sits on its last sampled token (``reward_level="outcome"``: only the
+      last turn's); critic-free ``turn`` level uses ``turn_level`` (leave-one-out by turn index).
 
     Args:
         values: [N, T] critic values aligned with ``collate`` (required for ``gae``).
@@ -221,18 +223,21 @@ def _last_turn_only(turn_r: torch.Tensor, turn_m: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _ref_logprobs(model: Any, batch: TokenBatch, ref_model: Any, ref_model_ctx: Callable[[], Any] | None):
+def _ref_logprobs(
+    model: Any, batch: TokenBatch, ref_model: Any, ref_model_ctx: Callable[[], Any] | None
+) -> torch.Tensor:
     """Reference log-probs [B, T]: from ``ref_model``, or from ``model`` inside ``ref_model_ctx()``
     (e.g. ``peft_model.disable_adapter``: the LoRA base model is the reference)."""
-    if ref_model is None and ref_model_ctx is None:
+    if ref_model is not None:
+        net, ctx = ref_model, contextlib.nullcontext()
+    elif ref_model_ctx is not None:
+        net, ctx = model, ref_model_ctx()
+    else:
         raise ValueError(
             "kl_coef > 0 needs a reference: precompute batch.ref_logprobs, or pass ref_model or ref_model_ctx"
         )
-    ctx = ref_model_ctx() if ref_model is None else contextlib.nullcontext()
     with ctx, torch.no_grad():
-        lp, _ = token_logprobs(
-            model if ref_model is None else ref_model, batch.input_ids, batch.attention_mask, **batch.extras
-        )
+        lp, _ = token_logprobs(net, batch.input_ids, batch.attention_mask, **batch.extras)
     return lp.detach()
 
 
@@ -277,6 +282,7 @@ def policy_loss(
             if batch.ref_logprobs is not None
             else _ref_logprobs(model, batch, None, ref_model_ctx)
         )
+        ref = torch.where(mask.bool(), ref, logp.detach())  # d = 0 off the mask: no inf * 0 = nan
         loss_kl = cfg.kl_coef * agg(kl_penalty(logp, ref, cfg.kl_estimator))
     loss_ent = agg(entropy_bonus(ent, coef=cfg.entropy_coef)) if cfg.entropy_coef > 0 else zero
     loss_v = zero

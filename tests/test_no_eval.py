@@ -55,7 +55,9 @@ def test_scanner_catches(snippet: str) -> None:
     assert forbidden_calls(snippet)
 
 
-@pytest.mark.parametrize("snippet", ["re.compile('a')", "ast.parse(s, mode='eval')", "model.eval()", "x = 'eval(1)'"])
+@pytest.mark.parametrize(
+    "snippet", ["re.compile('a')", "ast.parse(s, mode='eval')", "model.eval()", "x = 'eval(1)'"]
+)
 def test_scanner_allows_lookalikes(snippet: str) -> None:
     assert forbidden_calls(snippet) == []
 

@@ -106,7 +106,7 @@ def _walk(node: ast.AST, numbers: list[int]) -> int | Fraction:
             raise ZeroDivisionError("division by zero")
         if type(left) is int and type(right) is int:
             return left // right if left % right == 0 else Fraction(left, right)
-        return left / right
+        return Fraction(left) / right  # at least one side is already a Fraction
     if kind is ast.Constant and type(node.value) is int:  # type: ignore[attr-defined]
         numbers.append(node.value)  # type: ignore[attr-defined]
         return node.value  # type: ignore[attr-defined]

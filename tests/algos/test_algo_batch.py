@@ -6,19 +6,18 @@ from dataclasses import replace
 
 import pytest
 import torch
-from algo_builders import make_traj
 
 from veriloop.algos.batch import TokenBatch, collate, minibatches
 
 
-def _two():
+def _two(make_traj):
     a = make_traj([([10, 11], [20], 1.0), ([12], [], 0.0)])  # 3 prompt + 2 + 1 env + 1 = 7 tokens
     b = make_traj([([13], [], -1.0)], group_id=1)  # 4 tokens
     return a, b
 
 
-def test_collate_right_pads_and_masks():
-    a, b = _two()
+def test_collate_right_pads_and_masks(make_traj):
+    a, b = _two(make_traj)
     adv = [[0, 0, 0, 1, 1, 9, 2], [0, 0, 0, -1]]
     batch = collate([a, b], adv, pad_id=63)
     assert batch.input_ids.tolist() == [[1, 2, 3, 10, 11, 20, 12], [1, 2, 3, 13, 63, 63, 63]]
@@ -31,8 +30,8 @@ def test_collate_right_pads_and_masks():
     assert dropped.loss_mask[1].sum() == 0 and dropped.advantages[1].abs().sum() == 0
 
 
-def test_collate_tensor_advantages_and_shape_errors():
-    a, b = _two()
+def test_collate_tensor_advantages_and_shape_errors(make_traj):
+    a, b = _two(make_traj)
     batch = collate([a, b], torch.ones(2, 9))
     assert batch.advantages.shape == (2, 7)
     with pytest.raises(ValueError, match=r"\[2, >= 7\]"):
@@ -41,14 +40,17 @@ def test_collate_tensor_advantages_and_shape_errors():
         replace(batch, loss_mask=torch.ones(2, 3))
 
 
-def test_minibatches_and_extras():
-    a, b = _two()
+def test_minibatches_and_extras(make_traj):
+    a, b = _two(make_traj)
     a = replace(a, extras={"pixel_values": torch.zeros(1, 3)})
     b = replace(b, extras={"pixel_values": torch.ones(1, 3)})
     batch = collate([a, b, a], [[0.0] * 7, [0.0] * 4, [0.0] * 7])
     assert isinstance(batch, TokenBatch) and batch.extras["pixel_values"].shape == (3, 3)
     parts = list(minibatches(batch, 2))
     assert [p.size for p in parts] == [2, 1]
-    assert parts[0].extras["pixel_values"][1].sum() == 3 and parts[1].input_ids.tolist() == batch.input_ids[2:].tolist()
+    assert (
+        parts[0].extras["pixel_values"][1].sum() == 3
+        and parts[1].input_ids.tolist() == batch.input_ids[2:].tolist()
+    )
     shuffled = list(minibatches(batch, 1, shuffle=torch.Generator().manual_seed(0)))
     assert sorted(int(p.attention_mask.sum()) for p in shuffled) == [4, 7, 7]

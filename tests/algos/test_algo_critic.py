@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import torch
-from algo_builders import make_traj
 
 from veriloop.algos.batch import collate
 from veriloop.algos.critic import ValueHead, ValueModel, values
 
 
-def _batch():
+def _batch(make_traj):
     trajs = [make_traj([([10, 11], [20], 1.0), ([12], [], 0.0)]), make_traj([([13], [], -1.0)])]
     return collate(trajs, [[0.0] * len(t.token_ids) for t in trajs])
 
 
-def test_value_head_aligned_with_logprob_positions(tiny_llama):
+def test_value_head_aligned_with_logprob_positions(tiny_llama, make_traj):
     vm = ValueModel(tiny_llama)
-    batch = _batch()
+    batch = _batch(make_traj)
     v = vm(batch.input_ids, batch.attention_mask)  # [B, T]
     assert v.shape == batch.input_ids.shape and torch.all(v[:, 0] == 0)
-    hidden = tiny_llama(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True)
+    hidden = tiny_llama(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True
+    )
     want = vm.head(hidden.hidden_states[-1])[:, :-1]  # value of the state x_<t sits at t
     assert torch.allclose(v[:, 1:], want, atol=1e-6)
     masked = values(vm, batch)
@@ -28,19 +29,21 @@ def test_value_head_aligned_with_logprob_positions(tiny_llama):
     assert vm.head.proj.weight.grad is not None
 
 
-def test_value_head_on_lora_model(tiny_llama):
+def test_value_head_on_lora_model(tiny_llama, make_traj):
     from peft import LoraConfig, get_peft_model
 
     lora = get_peft_model(tiny_llama, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     vm = ValueModel(lora, ValueHead(32))
-    out = values(vm, _batch())
+    out = values(vm, _batch(make_traj))
     assert out.shape == (2, 7) and torch.isfinite(out).all()
 
 
-def test_separate_value_model_from_config():
+def test_separate_value_model_from_config(make_traj):
     from transformers import LlamaConfig
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    cfg = LlamaConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
     vm = ValueModel.separate(cfg)
-    assert values(vm, _batch()).shape == (2, 7)
+    assert values(vm, _batch(make_traj)).shape == (2, 7)

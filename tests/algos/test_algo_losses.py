@@ -50,7 +50,9 @@ def test_dual_clip_bounds_negative_advantage_loss():
 
 
 def test_policy_ratio():
-    assert torch.allclose(L.policy_ratio(torch.tensor([[0.0, math.log(2)]]), torch.zeros(1, 2)), torch.tensor([[1.0, 2.0]]))
+    assert torch.allclose(
+        L.policy_ratio(torch.tensor([[0.0, math.log(2)]]), torch.zeros(1, 2)), torch.tensor([[1.0, 2.0]])
+    )
 
 
 def test_kl_estimators():

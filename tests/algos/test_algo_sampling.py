@@ -11,12 +11,16 @@ from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_f
 
 
 def ep(reward: float, error: str | None = None):
-    return SimpleNamespace(reward=reward, turns=[SimpleNamespace(verdict={"correct": reward > 0, "error": error})])
+    return SimpleNamespace(
+        reward=reward, turns=[SimpleNamespace(verdict={"correct": reward > 0, "error": error})]
+    )
 
 
 def test_keeps_only_informative_groups_and_stops_at_target():
     rounds = iter([[[ep(1), ep(1)], [ep(1), ep(0)]], [[ep(0), ep(0)], [ep(0), ep(1)], [ep(1), ep(0)]]])
-    kept, stats = dynamic_sampling(lambda n: next(rounds), num_groups=2, max_rounds=5, reward_fn=lambda t: t.reward)
+    kept, stats = dynamic_sampling(
+        lambda n: next(rounds), num_groups=2, max_rounds=5, reward_fn=lambda t: t.reward
+    )
     assert len(kept) == 2 and all(is_informative([t.reward for t in g]) for g in kept)
     assert stats["rounds"] == 2 and stats["sampled_groups"] == 5
     assert stats["kept_fraction"] == pytest.approx(2 / 5) and stats["short_batch"] == 0
@@ -45,7 +49,10 @@ def test_never_returns_zero_variance_group_random():
     rng = random.Random(0)
 
     def sample(n):
-        return [[ep(rng.choice([0, 1]), error=rng.choice([None] * 5 + ["timeout"])) for _ in range(4)] for _ in range(n)]
+        return [
+            [ep(rng.choice([0, 1]), error=rng.choice([None] * 5 + ["timeout"])) for _ in range(4)]
+            for _ in range(n)
+        ]
 
     kept, _ = dynamic_sampling(sample, num_groups=20, max_rounds=10, reward_fn=lambda t: t.reward)
     assert len(kept) == 20

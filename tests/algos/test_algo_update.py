@@ -9,7 +9,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from algo_builders import make_traj, with_logprobs
 
 from veriloop.agents.forward import token_logprobs
 from veriloop.algos.batch import collate
@@ -21,7 +20,7 @@ from veriloop.algos.update import METRIC_NAMES, compute_advantages, policy_loss,
 S = 1 / math.sqrt(2)
 
 
-def test_grpo_advantages_on_tokens_and_verifier_failure():
+def test_grpo_advantages_on_tokens_and_verifier_failure(make_traj):
     a = make_traj([([10, 11], [30], 1.0)])
     b = make_traj([([12], [30], 0.0)])
     c = make_traj([([13], [], 5.0)], error="timeout")  # unknown reward: out of the baseline
@@ -32,7 +31,7 @@ def test_grpo_advantages_on_tokens_and_verifier_failure():
     assert out.metrics["samples/verifier_failed"] == 1
 
 
-def test_overlong_filter_and_penalty():
+def test_overlong_filter_and_penalty(make_traj):
     a = make_traj([([10, 11, 12], [], 1.0)], hit_limit=[True])
     b = make_traj([([12], [], 0.0)])
     filt = compute_advantages([a, b], AlgoConfig(advantage="rloo", overlong_filter=True))
@@ -44,7 +43,7 @@ def test_overlong_filter_and_penalty():
     assert torch.allclose(pen.advantages[:, 3], torch.tensor([0.5, -0.5]))
 
 
-def test_turn_level_and_outcome_levels():
+def test_turn_level_and_outcome_levels(make_traj):
     a = make_traj([([10], [30], 0.0), ([11], [], 1.0)])
     b = make_traj([([12], [30], 1.0), ([13], [], -1.0)])
     out = compute_advantages([a, b], AlgoConfig(advantage="rloo", reward_level="outcome"))
@@ -55,7 +54,7 @@ def test_turn_level_and_outcome_levels():
     assert turn.advantages[1, [3, 5]].tolist() == [-1.0, -2.0]
 
 
-def test_gae_through_compute_advantages_is_return_minus_value():
+def test_gae_through_compute_advantages_is_return_minus_value(make_traj):
     a = make_traj([([10, 11], [30, 31], 0.5), ([12], [], 1.0)])
     cfg = AlgoConfig(advantage="gae", critic="value_head", gamma=1.0, lam=1.0, reward_level="turn")
     v = torch.tensor([[0, 0, 0, 0.1, 0.2, 9, 9, 0.3]])
@@ -67,7 +66,7 @@ def test_gae_through_compute_advantages_is_return_minus_value():
         compute_advantages([a], cfg)
 
 
-def test_process_needs_action_kinds():
+def test_process_needs_action_kinds(make_traj):
     a = make_traj([([10], [30], 1.0)])
     with pytest.raises(ValueError, match="action_kind"):
         compute_advantages([a, a], AlgoConfig(advantage="process"))
@@ -76,12 +75,16 @@ def test_process_needs_action_kinds():
 # ----------------------------------------------------------------------------- one update step
 
 
-def _episodes(model):
+def _episodes(model, make_traj, with_logprobs):
     """Two problems x two episodes of two turns (solve, verify); one right (+1) and one wrong (-1)."""
     trajs = []
-    for g, (good, bad) in enumerate([((10, 11, 12, 13, 14), (20, 21, 22, 23, 24)), ((40, 41, 42, 43, 44), (50, 51, 52, 53, 54))]):
+    for g, (good, bad) in enumerate(
+        [((10, 11, 12, 13, 14), (20, 21, 22, 23, 24)), ((40, 41, 42, 43, 44), (50, 51, 52, 53, 54))]
+    ):
         for toks, r in ((good, 1.0), (bad, -1.0)):
-            trajs.append(make_traj([(toks[:3], [30, 31], r), (toks[3:], [], r)], group_id=g, kinds=["solve", "verify"]))
+            trajs.append(
+                make_traj([(toks[:3], [30, 31], r), (toks[3:], [], r)], group_id=g, kinds=["solve", "verify"])
+            )
     batch = collate(trajs, [[0.0] * len(t.token_ids) for t in trajs])
     with torch.no_grad():
         lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
@@ -89,16 +92,18 @@ def _episodes(model):
 
 
 @pytest.mark.parametrize("preset", list_presets())
-def test_one_step_moves_logprobs_with_advantage_sign(preset, tiny_llama):
+def test_one_step_moves_logprobs_with_advantage_sign(preset, tiny_llama, make_traj, with_logprobs):
     cfg = load_preset(preset)
     model = tiny_llama.train()
-    trajs = _episodes(model)
+    trajs = _episodes(model, make_traj, with_logprobs)
     critic = ValueModel(model) if cfg.needs_critic else None
     ref = copy.deepcopy(model) if cfg.needs_reference else None
     batch, _ = prepare_batch(trajs, cfg, model=model, critic=critic, ref_model=ref)
     params = list(model.parameters()) + (list(critic.head.parameters()) if critic else [])
     opt = torch.optim.SGD(params, lr=0.05)
-    m = update_step(model, opt, batch, cfg, micro_batch_size=2, max_grad_norm=1.0, critic=critic, max_new_tokens=8)
+    m = update_step(
+        model, opt, batch, cfg, micro_batch_size=2, max_grad_norm=1.0, critic=critic, max_new_tokens=8
+    )
     assert set(METRIC_NAMES) <= set(m) and m["skipped"] == 0 and m["grad_norm"] > 0
     with torch.no_grad():
         new, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
@@ -108,9 +113,11 @@ def test_one_step_moves_logprobs_with_advantage_sign(preset, tiny_llama):
     assert delta[adv > 0].mean() > 0 and delta[adv < 0].mean() < 0
 
 
-def test_micro_batching_gives_the_full_batch_gradient(tiny_llama):
-    trajs = _episodes(tiny_llama)
-    trajs[0] = make_traj([([10], [30], 1.0), ([11, 12, 13], [], 1.0)], kinds=["solve", "verify"])  # uneven lengths
+def test_micro_batching_gives_the_full_batch_gradient(tiny_llama, make_traj, with_logprobs):
+    trajs = _episodes(tiny_llama, make_traj, with_logprobs)
+    trajs[0] = make_traj(
+        [([10], [30], 1.0), ([11, 12, 13], [], 1.0)], kinds=["solve", "verify"]
+    )  # uneven lengths
     for agg in ("token_mean", "seq_mean_token_mean", "seq_sum_constant"):
         cfg = AlgoConfig(advantage="group_mean", loss_agg=agg, loss_agg_constant=8)
         batch, _ = prepare_batch(trajs, cfg)
@@ -124,9 +131,9 @@ def test_micro_batching_gives_the_full_batch_gradient(tiny_llama):
         assert torch.allclose(grads[0], grads[1], atol=1e-6), agg
 
 
-def test_masked_positions_never_receive_gradient(tiny_llama):
+def test_masked_positions_never_receive_gradient(tiny_llama, make_traj, with_logprobs):
     cfg = AlgoConfig(advantage="rloo")
-    batch, _ = prepare_batch(_episodes(tiny_llama), cfg)
+    batch, _ = prepare_batch(_episodes(tiny_llama, make_traj, with_logprobs), cfg)
     off = batch.loss_mask == 0
     noisy = replace(batch, advantages=torch.where(off, torch.randn_like(batch.advantages) * 100, batch.advantages),
                     old_logprobs=torch.where(off, torch.randn_like(batch.old_logprobs), batch.old_logprobs))  # fmt: skip
@@ -139,9 +146,9 @@ def test_masked_positions_never_receive_gradient(tiny_llama):
     assert torch.equal(grads[0], grads[1])
 
 
-def test_non_finite_guard_skips_the_step(tiny_llama):
+def test_non_finite_guard_skips_the_step(tiny_llama, make_traj, with_logprobs):
     cfg = AlgoConfig(advantage="rloo")
-    batch, _ = prepare_batch(_episodes(tiny_llama), cfg)
+    batch, _ = prepare_batch(_episodes(tiny_llama, make_traj, with_logprobs), cfg)
     bad = replace(batch, advantages=batch.advantages * float("nan"))
     before = [p.detach().clone() for p in tiny_llama.parameters()]
     opt = torch.optim.SGD(tiny_llama.parameters(), lr=1.0)
@@ -150,9 +157,11 @@ def test_non_finite_guard_skips_the_step(tiny_llama):
     assert all(torch.equal(b, p) for b, p in zip(before, tiny_llama.parameters()))
 
 
-def test_reference_from_context_manager_when_not_precomputed(tiny_llama):
+def test_reference_from_context_manager_when_not_precomputed(tiny_llama, make_traj, with_logprobs):
     cfg = AlgoConfig(advantage="group_norm", kl_coef=0.04)
-    batch, _ = prepare_batch(_episodes(tiny_llama), AlgoConfig(advantage="group_norm"))
+    batch, _ = prepare_batch(
+        _episodes(tiny_llama, make_traj, with_logprobs), AlgoConfig(advantage="group_norm")
+    )
     entered = []
 
     @contextlib.contextmanager

@@ -11,13 +11,14 @@ import pytest
 
 from veriloop.envs.verifiers import (
     Verdict,
+    _worker,
     check_math,
     check_math_batch,
     extract_answer,
+    math_check,
     reset_verifier_stats,
     verifier_stats,
 )
-from veriloop.envs.verifiers import _worker, math_check
 from veriloop.envs.verifiers.pool import WorkerPool, get_pool
 
 # A legitimate but slow comparison (sympy integrates x^100000 symbolically: ~10 s on one core).
@@ -88,7 +89,12 @@ def test_extract_answer_none(response: str) -> None:
 def test_accepts_equivalent_forms(answer: str, gold: str) -> None:
     verdict = check_math(f"Thus \\boxed{{{answer}}}.", gold)
     assert verdict.correct, verdict
-    assert (verdict.reason, verdict.error, verdict.parsed, verdict.feedback) == ("correct", None, answer, "Correct!")
+    assert (verdict.reason, verdict.error, verdict.parsed, verdict.feedback) == (
+        "correct",
+        None,
+        answer,
+        "Correct!",
+    )
 
 
 def test_answer_tag_and_fbox_are_anchors() -> None:
@@ -210,7 +216,9 @@ def test_worker_reports_memory_error(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _worker._handle(["alloc", []]) == ["memory", "MemoryError"]
 
 
-@pytest.mark.parametrize(("status", "error", "counter"), [("memory", "memory", "memory_errors"), ("crash", "crash", "crashes")])
+@pytest.mark.parametrize(
+    ("status", "error", "counter"), [("memory", "memory", "memory_errors"), ("crash", "crash", "crashes")]
+)
 def test_worker_failures_map_to_verdict_errors(
     monkeypatch: pytest.MonkeyPatch, status: str, error: str, counter: str
 ) -> None:
@@ -223,7 +231,12 @@ def test_worker_failures_map_to_verdict_errors(
     monkeypatch.setattr(math_check, "get_pool", FailingPool)
     reset_verifier_stats()
     verdict = check_math("\\boxed{3}", "3")
-    assert (verdict.correct, verdict.error, verdict.reason, verdict.failed) == (False, error, "verifier_error", True)
+    assert (verdict.correct, verdict.error, verdict.reason, verdict.failed) == (
+        False,
+        error,
+        "verifier_error",
+        True,
+    )
     assert "3" not in verdict.feedback.replace("(", "")
     assert verifier_stats()[counter] == 1
 

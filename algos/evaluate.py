@@ -1,0 +1,392 @@
+"""Evaluation over named splits: pass@k, avg@n, maj@k, greedy accuracy and task metrics.
+
+For every split (the in-distribution split ``id`` and each OOD split) the same problems are
+played: problem ``j`` is the env seed ``seeds[j]``, and its ``n`` samples all reset with that seed,
+so they face the same problem. Each episode is judged by its *last judged response* (the last turn
+whose verdict is set): for single-turn and retry envs that is the final answer, for
+``SolveVerify`` the last solve (S2R's outcome). A verdict with ``error`` set (verifier timeout /
+crash) is not a wrong answer: :func:`~veriloop.algos.eval_metrics.summarize_split` drops it and
+counts it under ``verifier_errors``.
+
+Per split, next to :func:`summarize_split`'s ``pass@k``, ``avg@n``, ``maj@k``:
+
+* ``greedy_acc`` -- accuracy of one greedy (temperature 0) episode per problem (when asked);
+* ``response_length/mean`` (generated tokens per episode), ``truncation_rate`` (episodes with a turn
+  cut at ``max_new_tokens``), ``limit_stop_rate`` (episodes the rollout stopped at ``max_turns`` /
+  ``max_context``), ``turns/mean``;
+* ``attempts/mean`` and ``attempts/level_<L>`` (by the task's difficulty ``level`` when it has one):
+  solve actions for SolveVerify, model turns otherwise;
+* Points24: ``recognition_acc``, the mean of ``info["recognition"]`` over every response that listed
+  its cards (Chu et al. 2025);
+* SolveVerify (Ma et al. 2025): ``verify_acc`` (verify actions whose verdict matched the truth, pooled
+  over episodes), ``wrong_to_right`` and ``right_to_wrong`` (fraction of episodes with at least one
+  such transition between consecutive solves).
+
+Rates with no data are ``nan``. The report is plain data: ``{"splits": {name: metrics}, "gap":
+{split: {metric: id - split}}, "meta": {...}}``; :func:`write_report` saves it as JSON (``nan`` as
+``null``) and Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from veriloop.agents.rollout import EpisodeSpec, RolloutLimits, rollout
+from veriloop.agents.sampling_params import SamplingParams
+from veriloop.agents.trajectory import Trajectory
+from veriloop.algos.eval_metrics import Sample, generalization_gap, markdown_table, summarize_split
+
+REFERENCE_SPLIT = "id"
+#: Non-rate metrics shown in the task table of the Markdown report (when a split has them).
+TASK_METRICS = (
+    "greedy_acc", "recognition_acc", "verify_acc", "wrong_to_right", "right_to_wrong", "attempts/mean",
+    "turns/mean", "response_length/mean", "truncation_rate", "limit_stop_rate",
+)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------- per episode
+
+
+def final_sample(traj: Trajectory) -> Sample:
+    """The episode's outcome from its last judged response (see the module docstring).
+
+    An episode without any judged response (stopped before answering) is wrong, with no answer.
+    """
+    for turn in reversed(traj.turns):
+        verdict = turn.verdict
+        if verdict:  # SolveVerify's verify turns carry None
+            return Sample(bool(verdict.get("correct")), verdict.get("parsed"), verdict.get("error"))
+    return Sample(False)
+
+
+def _nanmean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def _solve_verify_stats(traj: Trajectory) -> dict[str, Any] | None:
+    """``correction_stats`` of a SolveVerify episode; rebuilt from ``history`` if cut by the rollout."""
+    if not traj.turns:
+        return None
+    info = traj.turns[-1].info
+    if "stats" in info:
+        return dict(info["stats"])
+    if "history" not in info:
+        return None
+    from veriloop.envs.solve_verify import correction_stats
+
+    return correction_stats(info["history"])
+
+
+def task_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Length, truncation, attempts (by level), recognition and S2R metrics of one split's episodes."""
+    n = max(len(trajs), 1)
+    out: dict[str, float] = {
+        "response_length/mean": sum(t.num_generated_tokens for t in trajs) / n,
+        "response_length/max": float(max((t.num_generated_tokens for t in trajs), default=0)),
+        "truncation_rate": sum(any(tr.hit_token_limit for tr in t.turns) for t in trajs) / n,
+        "limit_stop_rate": sum(t.stop_reason is not None for t in trajs) / n,
+        "turns/mean": sum(t.num_turns for t in trajs) / n,
+    }
+    recog = [float(tr.info["recognition"]) for t in trajs for tr in t.turns if tr.info.get("recognition") is not None]
+    if any("recognition" in tr.info for t in trajs for tr in t.turns):
+        out["recognition_acc"] = _nanmean(recog)
+    stats = [_solve_verify_stats(t) for t in trajs]
+    solve_verify = any(s is not None for s in stats)
+    attempts = [float(s["solves"]) if s is not None else float(t.num_turns) for s, t in zip(stats, trajs)]
+    out["attempts/mean"] = _nanmean(attempts)
+    by_level: dict[str, list[float]] = {}
+    for t, a in zip(trajs, attempts):
+        if t.task.get("level") is not None:
+            by_level.setdefault(str(t.task["level"]), []).append(a)
+    for level in sorted(by_level):
+        out[f"attempts/level_{level}"] = _nanmean(by_level[level])
+    if solve_verify:
+        known = [s for s in stats if s is not None]
+        verifies = sum(s["verifies"] for s in known)
+        matched = sum(s["verify_accuracy"] * s["verifies"] for s in known if s["verifies"])
+        out["verify_acc"] = matched / verifies if verifies else math.nan
+        out["wrong_to_right"] = sum(s["wrong_to_right"] > 0 for s in known) / len(known)
+        out["right_to_wrong"] = sum(s["right_to_wrong"] > 0 for s in known) / len(known)
+    return out
+
+
+# ----------------------------------------------------------------------------------- a split
+
+
+def _chunks(specs: Sequence[EpisodeSpec], size: int) -> Iterator[Sequence[EpisodeSpec]]:
+    for i in range(0, len(specs), size):
+        yield specs[i : i + size]
+
+
+def _play(policy: Any, specs: Sequence[EpisodeSpec], sampling: SamplingParams, batch: int, **kw: Any) -> list[Trajectory]:
+    """Roll out ``specs`` in batches of ``batch`` episodes; batch ``b`` samples with seed ``seed + b``."""
+    out: list[Trajectory] = []
+    for b, chunk in enumerate(_chunks(specs, batch)):
+        out += rollout(policy, chunk, sampling=sampling.with_seed(sampling.seed + b), **kw)
+    return out
+
+
+def _by_problem(trajs: Sequence[Trajectory], num_problems: int) -> list[list[Sample]]:
+    problems: list[list[Sample]] = [[] for _ in range(num_problems)]
+    for t in trajs:
+        problems[t.group_id].append(final_sample(t))
+    return problems
+
+
+@contextmanager
+def _eval_mode(policy: Any) -> Iterator[None]:
+    """Dropout off while evaluating (LoRA dropout would make greedy decoding random); restored after."""
+    model = getattr(policy, "model", None)
+    was_training = bool(getattr(model, "training", False))
+    if model is not None and was_training:
+        model.eval()
+    try:
+        yield
+    finally:
+        if model is not None and was_training:
+            model.train()
+
+
+def evaluate_policy(
+    policy: Any,
+    splits: Mapping[str, Any],
+    *,
+    seeds: Sequence[int],
+    n_samples: int,
+    k_list: Sequence[int],
+    temperature: float,
+    greedy: bool,
+    limits: RolloutLimits,
+    max_new_tokens: int,
+    system_prompt: str | None = None,
+    batch_episodes: int = 64,
+    sampling_seed: int = 0,
+    reference_split: str = REFERENCE_SPLIT,
+) -> dict[str, Any]:
+    """Evaluate ``policy`` on every split; see the module docstring for the metrics.
+
+    Args:
+        policy: A :class:`~veriloop.agents.policy.Policy` or a scripted policy.
+        splits: ``{name: split}``, each split with ``.id`` (env id) and ``.kwargs`` (e.g.
+            ``EnvConfig.resolved_eval_splits``).
+        seeds: Env seeds of the problems (the same problems on every split).
+        n_samples: Samples per problem (``n`` of pass@k); every k in ``k_list`` must be <= n.
+        temperature: Sampling temperature of the ``n`` samples (> 0).
+        greedy: Also play each problem once greedily and report ``greedy_acc``.
+        limits, max_new_tokens, system_prompt: As for :func:`~veriloop.agents.rollout.rollout`.
+        batch_episodes: Episodes per rollout call (memory vs speed).
+        sampling_seed: Seed of the first rollout batch (batch ``b`` uses ``sampling_seed + b``).
+        reference_split: Split the generalization gap is measured against.
+    """
+    if not seeds or n_samples < 1 or batch_episodes < 1:
+        raise ValueError(f"need seeds, n_samples >= 1 and batch_episodes >= 1; got {len(seeds)} seeds, "
+                         f"n_samples={n_samples}, batch_episodes={batch_episodes}")  # fmt: skip
+    bad = [k for k in k_list if not 1 <= k <= n_samples]
+    if bad:
+        raise ValueError(f"k_list values {bad} are not in [1, n_samples={n_samples}]: raise n_samples or drop them")
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=sampling_seed)
+    kw = {"limits": limits, "system_prompt": system_prompt}
+    t0 = time.perf_counter()
+    results: dict[str, dict[str, float]] = {}
+    with _eval_mode(policy):
+        for name, split in splits.items():
+            specs = [EpisodeSpec(split.id, dict(split.kwargs), int(s), j) for j, s in enumerate(seeds)
+                     for _ in range(n_samples)]  # fmt: skip
+            trajs = _play(policy, specs, sampling, batch_episodes, **kw)
+            metrics = dict(summarize_split(_by_problem(trajs, len(seeds)), list(k_list)))
+            if greedy:
+                one = [EpisodeSpec(split.id, dict(split.kwargs), int(s), j) for j, s in enumerate(seeds)]
+                judged = [s for s in map(final_sample, _play(policy, one, SamplingParams.greedy(max_new_tokens),
+                                                              batch_episodes, **kw)) if s.error is None]  # fmt: skip
+                metrics["greedy_acc"] = _nanmean([float(s.correct) for s in judged])
+            metrics.update(task_metrics(trajs))
+            results[name] = metrics
+    meta = {
+        "splits": {name: {"id": s.id, "kwargs": dict(s.kwargs)} for name, s in splits.items()},
+        "num_problems": len(seeds), "first_seed": int(seeds[0]), "last_seed": int(seeds[-1]),
+        "n_samples": n_samples, "k_list": list(k_list), "temperature": temperature, "greedy": greedy,
+        "max_new_tokens": max_new_tokens, "max_turns": limits.max_turns, "max_context": limits.max_context,
+        "sampling_seed": sampling_seed, "reference_split": reference_split,
+        "policy": getattr(policy, "name", type(policy).__name__), "time_s": time.perf_counter() - t0,
+    }  # fmt: skip
+    return {"splits": results, "gap": report_gap(results, reference_split), "meta": meta}
+
+
+def report_gap(results: Mapping[str, Mapping[str, float]], reference_split: str = REFERENCE_SPLIT) -> dict:
+    """:func:`generalization_gap` (rate metrics) plus ``greedy_acc``; empty without the reference split."""
+    if reference_split not in results:
+        return {}
+    gap = generalization_gap(results, reference_split)
+    ref = results[reference_split].get("greedy_acc")
+    for split, metrics in results.items():
+        if split != reference_split and ref is not None and "greedy_acc" in metrics:
+            gap[split]["greedy_acc"] = ref - metrics["greedy_acc"]
+    return gap
+
+
+def evaluate_config(cfg: Any, policy: Any, *, step: int | None = None, batch_episodes: int = 64) -> dict[str, Any]:
+    """:func:`evaluate_policy` as ``cfg`` (an ``ExperimentConfig``) describes it; ``step`` goes into meta."""
+    r, e = cfg.rollout, cfg.eval
+    report = evaluate_policy(
+        policy, cfg.env.resolved_eval_splits, seeds=list(cfg.eval_seed_range), n_samples=e.n_samples,
+        k_list=e.k_list, temperature=e.temperature, greedy=e.greedy,
+        limits=RolloutLimits(r.max_new_tokens, r.max_context, r.max_turns), max_new_tokens=r.max_new_tokens,
+        system_prompt=cfg.env.system_prompt, batch_episodes=batch_episodes, sampling_seed=e.seed_offset,
+    )  # fmt: skip
+    report["meta"]["step"] = step
+    return report
+
+
+# ------------------------------------------------------------------------------------ reports
+
+
+def _json_safe(value: Any) -> Any:
+    """Plain JSON: ``nan``/``inf`` become ``None`` (strict JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def task_table(splits: Mapping[str, Mapping[str, Any]]) -> str:
+    """Markdown table of the :data:`TASK_METRICS` any split has (empty string when none)."""
+    names = [m for m in TASK_METRICS if any(m in s for s in splits.values())]
+    names += sorted({m for s in splits.values() for m in s if m.startswith("attempts/level_")})
+    if not names:
+        return ""
+    order = sorted(splits, key=lambda s: (s != REFERENCE_SPLIT, s))
+    lines = ["| split | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    for split in order:
+        cells = [_cell(splits[split].get(m)) for m in names]
+        lines.append(f"| {split} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float) and math.isnan(value):
+        return "n/a"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def report_markdown(report: Mapping[str, Any], title: str = "Evaluation") -> str:
+    """Rates with the gap rows (:func:`markdown_table`), then the task metrics."""
+    meta = report.get("meta", {})
+    head = f"## {title}\n\n" + (f"step {meta['step']}, " if meta.get("step") is not None else "")
+    head += f"{meta.get('num_problems', '?')} problems x {meta.get('n_samples', '?')} samples, "
+    head += f"T = {meta.get('temperature', '?')}, policy {meta.get('policy', '?')}\n\n"
+    return head + markdown_table(report["splits"], meta.get("reference_split", REFERENCE_SPLIT)) + "\n" + task_table(report["splits"])
+
+
+def write_report(report: Mapping[str, Any], out_dir: str | Path, name: str) -> dict[str, Path]:
+    """Save ``<out_dir>/<name>.json`` (``nan`` as ``null``) and ``<name>.md``; returns both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{name}.json", "markdown": out / f"{name}.md"}
+    paths["json"].write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
+    paths["markdown"].write_text(report_markdown(report, title=name))
+    return paths
+
+
+def read_report(path: str | Path) -> dict[str, Any]:
+    """Load a report written by :func:`write_report` (``null`` metrics come back as ``nan``)."""
+    report = json.loads(Path(path).read_text())
+    report["splits"] = {s: {k: math.nan if v is None else v for k, v in m.items()} for s, m in report["splits"].items()}
+    return report
+
+
+# ---------------------------------------------------------------------------------------- CLI
+
+
+def load_checkpoint_policy(cfg: Any, checkpoint: str) -> Any:
+    """The policy of ``checkpoint``: ``base``/``default`` = ``cfg.policy.model`` (``tiny`` included), a
+    folder saved by ``save_policy`` (full weights or a LoRA adapter), or a training checkpoint
+    ``run/checkpoints/step-N`` (its ``model/model.pt`` trainable weights on top of ``cfg``'s policy)."""
+    from veriloop.agents.loading import load_policy
+
+    if checkpoint in ("base", "default"):
+        if cfg.policy.model == "tiny":
+            from veriloop.agents.testing import tiny_policy
+
+            return tiny_policy(seed=cfg.rollout.seed)
+        return load_policy(cfg.policy.model, dtype=cfg.policy.dtype)
+    path = Path(checkpoint)
+    state_file = path / "model" / "model.pt"
+    if state_file.is_file():
+        return _policy_from_training_checkpoint(cfg, state_file)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"checkpoint {checkpoint!r} is not a folder: pass 'base', a folder written by save_policy (e.g. "
+            "runs/<name>/final) or a training checkpoint runs/<name>/checkpoints/step-NNNNNN"
+        )
+    return load_policy(path, dtype=cfg.policy.dtype)
+
+
+def _policy_from_training_checkpoint(cfg: Any, state_file: Path) -> Any:
+    import torch
+
+    from veriloop.algos.train import build_policy
+
+    policy = build_policy(cfg)
+    state = torch.load(state_file, map_location="cpu", weights_only=True)
+    params = dict(policy.model.named_parameters())
+    with torch.no_grad():
+        for key, value in state.items():
+            scope, name = key.split(".", 1)
+            if scope != "policy":
+                continue  # critic weights play no part in evaluation
+            if name not in params:
+                raise KeyError(f"{state_file} holds {key!r}, which the policy built from the config lacks: "
+                               "evaluate with the config the run was trained with")  # fmt: skip
+            params[name].copy_(value)
+    return policy
+
+
+def _label(checkpoint: str) -> str:
+    path = Path(checkpoint)
+    if checkpoint in ("base", "default"):
+        return "base"
+    return path.name if path.parent.name != "checkpoints" else f"{path.parent.parent.name}-{path.name}"
+
+
+def run_eval_cli(config_path: str | None, checkpoints: Sequence[str], overrides: Sequence[str], out_dir: str | Path) -> dict[str, dict]:
+    """Evaluate each checkpoint as the config says; write per-checkpoint and combined reports and the
+    pass@k-vs-k plot (``pass_at_k.png``). Returns ``{label: report}``."""
+    from veriloop.algos.plots import plot_pass_at_k
+    from veriloop.configs.loader import load_config
+
+    cfg = load_config(config_path, overrides)
+    out = Path(out_dir)
+    reports: dict[str, dict] = {}
+    for checkpoint in checkpoints or ["base"]:
+        label = _label(checkpoint)
+        while label in reports:
+            label += "+"
+        report = evaluate_config(cfg, load_checkpoint_policy(cfg, checkpoint))
+        report["meta"]["checkpoint"] = checkpoint
+        paths = write_report(report, out, label)
+        print(f"{label}: {paths['markdown']}")
+        reports[label] = report
+    combined = "\n".join(report_markdown(r, title=label) for label, r in reports.items())
+    (out / "summary.md").write_text(combined)
+    plot_pass_at_k(reports, out / "pass_at_k.png")
+    print(combined)
+    return reports
+
+
+def cli_eval(args: argparse.Namespace) -> int:
+    """``veriloop eval``: ``args.config`` (path or shipped name), ``args.checkpoints`` (list),
+    ``args.out`` (folder), ``args.overrides`` (list of ``dotted.key=value``)."""
+    run_eval_cli(args.config, list(args.checkpoints or []), list(args.overrides or []), args.out)
+    return 0

@@ -1,0 +1,337 @@
+"""The SFT warm-up loop (``veriloop sft``): chat examples in, a fine-tuned policy out.
+
+    tokenise every example once (build_sft_example: chat template, loss only on trainable turns)
+    for step in start .. steps-1:
+        batch = B examples from a seeded per-epoch permutation          (resumable from `step` alone)
+        for each micro-batch m:  (L_m · n_m / n).backward()              n = loss tokens in the batch
+        clip grad norm; skip the update if loss or norm is non-finite
+        AdamW step, linear warm-up of the learning rate
+        log; checkpoint every `checkpoint_every` steps (atomic, resumable)
+    save_policy(policy, run_dir / "final")
+
+The loss is the token mean over the whole batch, L = -Σ m·log p / Σ m, whatever the micro-batch
+split (each micro-batch's mean is re-weighted by its share of the loss tokens). Nothing is silent:
+examples cut at ``max_len`` are counted (``truncated``), and those left with no trainable token are
+dropped and counted (``dropped_empty``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from veriloop.algos.sft import build_sft_example, sft_loss
+from veriloop.algos.sft_data import SFTExample
+
+TRAINABLE_FILE = "trainable.pt"
+MAX_NONFINITE_IN_A_ROW = 10
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    """Hyper-parameters of the warm-up loop.
+
+    Attributes:
+        steps: Optimizer steps to run (the loop may stop earlier, see ``epochs``).
+        lr: Peak AdamW learning rate (reached after ``warmup`` steps, then constant).
+        batch_size: Examples per optimizer step.
+        micro_batch_size: Examples per forward/backward pass (``None`` = ``batch_size``); only
+            memory changes, not the loss.
+        max_len: Longest token sequence; longer examples are cut (and counted).
+        warmup: Steps of linear learning-rate warm-up from ``lr / warmup`` to ``lr``.
+        max_grad_norm: Global gradient-norm clip.
+        weight_decay: AdamW weight decay.
+        epochs: Most passes over the examples (``None`` = no limit, ``steps`` decides).
+        seed: Seeds the data order.
+        log_every: Log metrics every this many steps (the last step is always logged).
+        checkpoint_every: Checkpoint every this many steps; 0 = none (the final policy is saved anyway).
+        keep_last: Complete checkpoints kept.
+        tensorboard: Also write TensorBoard scalars into ``run_dir/tb``.
+    """
+
+    steps: int
+    lr: float = 2e-5
+    batch_size: int = 8
+    micro_batch_size: int | None = None
+    max_len: int = 1024
+    warmup: int = 0
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    epochs: int | None = None
+    seed: int = 0
+    log_every: int = 10
+    checkpoint_every: int = 0
+    keep_last: int = 2
+    tensorboard: bool = True
+
+    def __post_init__(self) -> None:
+        ints = {"steps": 0, "batch_size": 1, "max_len": 2, "warmup": 0, "log_every": 1, "checkpoint_every": 0, "keep_last": 1}
+        bad = [f"{k}={getattr(self, k)} (need >= {lo})" for k, lo in ints.items() if getattr(self, k) < lo]
+        if self.micro_batch_size is not None and not 1 <= self.micro_batch_size <= self.batch_size:
+            bad.append(f"micro_batch_size={self.micro_batch_size} (need 1..batch_size)")
+        if self.epochs is not None and self.epochs < 1:
+            bad.append(f"epochs={self.epochs} (need >= 1 or None)")
+        if not self.lr > 0 or not self.max_grad_norm > 0:
+            bad.append(f"lr={self.lr}, max_grad_norm={self.max_grad_norm} (need > 0)")
+        if bad:
+            raise ValueError("invalid SFT settings: " + "; ".join(bad))
+
+    @property
+    def micro(self) -> int:
+        return self.micro_batch_size or self.batch_size
+
+
+# ---------------------------------------------------------------------------------- data
+@dataclass(frozen=True)
+class Tokenised:
+    """Examples as token lists, ready to batch; ``truncated`` / ``dropped_empty`` counts."""
+
+    ids: list[list[int]]
+    masks: list[list[int]]
+    truncated: int
+    dropped_empty: int
+
+    def fingerprint(self) -> str:
+        """Hash of every token and mask: a resumed run must train on the same data."""
+        h = hashlib.sha256()
+        for ids, mask in zip(self.ids, self.masks):
+            h.update(json.dumps([ids, mask]).encode())
+        return h.hexdigest()[:16]
+
+
+def tokenise(tokenizer: Any, examples: Sequence[SFTExample], max_len: int) -> Tokenised:
+    """``build_sft_example`` on each example, cut to ``max_len`` tokens (counted, never silent)."""
+    ids_all, masks_all, truncated, dropped = [], [], 0, 0
+    for ex in examples:
+        ids, mask = build_sft_example(tokenizer, list(ex.messages), list(ex.trainable))
+        if len(ids) > max_len:
+            truncated += 1
+            ids, mask = ids[:max_len], mask[:max_len]
+        if not any(mask):
+            dropped += 1  # every trainable token was past max_len
+            continue
+        ids_all.append(ids)
+        masks_all.append(mask)
+    if not ids_all:
+        raise ValueError(
+            f"no SFT example has a trainable token within max_len={max_len} ({len(examples)} given, "
+            f"{dropped} dropped); raise max_len or check the examples' trainable flags"
+        )
+    return Tokenised(ids_all, masks_all, truncated, dropped)
+
+
+def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """Example indices of optimizer step ``step``: consecutive slices of per-epoch permutations.
+
+    Epoch ``e`` is ``permutation(n)`` drawn from ``default_rng([seed, e])``; step ``s`` takes
+    positions ``[s·B, (s+1)·B)`` of their concatenation. A pure function of ``step``, so resuming
+    needs no data-loader state.
+    """
+    out = []
+    for pos in range(step * batch_size, (step + 1) * batch_size):
+        epoch, i = divmod(pos, n)
+        out.append(int(np.random.default_rng([seed, epoch]).permutation(n)[i]))
+    return out
+
+
+def collate(ids: Sequence[list[int]], masks: Sequence[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest sequence: ``input_ids``, ``attention_mask``, ``loss_mask`` [B, T]."""
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)  # [B, T]
+    attention = torch.zeros((len(ids), width), dtype=torch.long)  # [B, T]
+    loss_mask = torch.zeros((len(ids), width), dtype=torch.float32)  # [B, T]
+    for b, (x, m) in enumerate(zip(ids, masks)):
+        input_ids[b, : len(x)] = torch.tensor(x)
+        attention[b, : len(x)] = 1
+        loss_mask[b, : len(m)] = torch.tensor(m, dtype=torch.float32)
+    return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
+
+
+# ---------------------------------------------------------------------------------- checkpoints
+def _save_trainable(model: torch.nn.Module, folder: Path) -> None:
+    """Only the trained weights (a LoRA adapter's, or all of them): enough to resume exactly."""
+    state = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
+    torch.save(state, folder / TRAINABLE_FILE)
+
+
+def _resume(run_dir: Path, policy: Any, optimizer: Any, scheduler: Any, fingerprint: str) -> dict[str, Any]:
+    """Load the newest complete checkpoint into policy/optimizer/scheduler; its trainer state."""
+    from veriloop.algos.checkpoint import latest_checkpoint, load_checkpoint
+
+    path = latest_checkpoint(run_dir)
+    if path is None:
+        return {}
+    ckpt = load_checkpoint(path)
+    state = ckpt["trainer_state"]
+    if state.get("data_fingerprint") != fingerprint:
+        raise ValueError(
+            f"{path} was trained on different SFT data (fingerprint {state.get('data_fingerprint')} vs "
+            f"{fingerprint} now); resume with the same examples and max_len, or use a new run_dir"
+        )
+    weights = torch.load(ckpt["model_dir"] / TRAINABLE_FILE, map_location="cpu", weights_only=True)
+    params = dict(policy.model.named_parameters())
+    missing = [n for n in weights if n not in params]
+    if missing:
+        raise ValueError(f"{path}: checkpoint has weights the policy lacks (e.g. {missing[0]}); load the same model")
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value.to(params[name].device))
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    return dict(state)
+
+
+# ---------------------------------------------------------------------------------- the loop
+def _one_step(policy: Any, data: Tokenised, idx: list[int], s: SFTSettings, pad_id: int) -> tuple[float, float, int]:
+    """Forward/backward over the micro-batches of one batch: (loss, tokens seen, loss tokens)."""
+    n_loss = sum(sum(data.masks[i][1:]) for i in idx)  # position 0 is never predicted
+    loss_sum, seen = 0.0, 0
+    device = policy.device
+    for k in range(0, len(idx), s.micro):
+        part = idx[k : k + s.micro]
+        batch = collate([data.ids[i] for i in part], [data.masks[i] for i in part], pad_id)
+        batch = {name: t.to(device) for name, t in batch.items()}
+        batch["loss_mask"][:, 0] = 0
+        n_part = float(batch["loss_mask"].sum())
+        seen += int(batch["attention_mask"].sum())
+        if n_part == 0:
+            continue
+        loss, _ = sft_loss(policy.model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        (loss * (n_part / n_loss)).backward()  # token mean over the whole batch
+        loss_sum += float(loss.detach()) * n_part
+    return loss_sum / max(n_loss, 1), float(seen), n_loss
+
+
+def train_sft(
+    policy: Any,
+    examples: Sequence[SFTExample],
+    *,
+    steps: int,
+    lr: float = 2e-5,
+    batch_size: int = 8,
+    micro_batch_size: int | None = None,
+    max_len: int = 1024,
+    warmup: int = 0,
+    run_dir: str | Path | None = None,
+    seed: int = 0,
+    log_every: int = 10,
+    checkpoint_every: int = 0,
+    keep_last: int = 2,
+    max_grad_norm: float = 1.0,
+    epochs: int | None = None,
+    tensorboard: bool = True,
+) -> dict[str, Any]:
+    """Supervised warm-up of ``policy`` on ``examples``; arguments as in :class:`SFTSettings`."""
+    settings = SFTSettings(
+        steps=steps, lr=lr, batch_size=batch_size, micro_batch_size=micro_batch_size, max_len=max_len,
+        warmup=warmup, seed=seed, log_every=log_every, checkpoint_every=checkpoint_every,
+        keep_last=keep_last, max_grad_norm=max_grad_norm, epochs=epochs, tensorboard=tensorboard,
+    )  # fmt: skip
+    return run_sft(policy, examples, settings, run_dir=run_dir)
+
+
+def run_sft(
+    policy: Any, examples: Sequence[SFTExample], settings: SFTSettings, *, run_dir: str | Path | None = None
+) -> dict[str, Any]:
+    """The loop (see the module docstring). With ``run_dir``: metrics, checkpoints, resume, final save.
+
+    Returns:
+        ``steps_done``, ``start_step`` (> 0 when resumed), ``loss_first`` / ``loss_last`` (this
+        call's first and last finite batch loss), ``losses`` (per step), ``skipped_nonfinite``,
+        ``truncated``, ``dropped_empty``, ``examples``, ``tokens_per_s``, ``final_dir``.
+    """
+    s = settings
+    data = tokenise(policy.tokenizer, examples, s.max_len)
+    n = len(data.ids)
+    total = s.steps if s.epochs is None else min(s.steps, math.ceil(s.epochs * n / s.batch_size))
+    params = policy.trainable_parameters()
+    if not params:
+        raise ValueError("the policy has no trainable parameters; load it with lora=LoraSettings() or for full fine-tuning")
+    optimizer = torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay)
+    # linear warm-up: lr·(k+1)/warmup for the first `warmup` steps, then lr
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / s.warmup) if s.warmup else 1.0)
+    fingerprint = data.fingerprint()
+    run = Path(run_dir) if run_dir is not None else None
+    state = _resume(run, policy, optimizer, scheduler, fingerprint) if run is not None else {}
+    start, skipped = int(state.get("step", 0)), int(state.get("skipped_nonfinite", 0))
+    log = None
+    if run is not None:
+        from veriloop.algos.run_log import RunLog
+
+        log = RunLog(run, tensorboard=s.tensorboard, resume_from_step=start)
+        (run / "sft_settings.json").write_text(json.dumps(asdict(s), indent=1) + "\n")
+    pad_id = policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else 0
+    losses: list[float] = []
+    in_a_row, tok_total, time_total = 0, 0.0, 0.0
+    was_training = policy.model.training
+    policy.model.train()
+    try:
+        for step in range(start, total):
+            t0 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss, seen, n_loss = _one_step(policy, data, batch_indices(n, s.batch_size, step, s.seed), s, pad_id)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm))
+            finite = math.isfinite(loss) and math.isfinite(grad_norm)
+            if finite:
+                optimizer.step()
+                in_a_row = 0
+            else:  # skip the update, keep the weights; the schedule still advances with the step
+                skipped, in_a_row = skipped + 1, in_a_row + 1
+                optimizer.zero_grad(set_to_none=True)
+                if in_a_row >= MAX_NONFINITE_IN_A_ROW:
+                    raise FloatingPointError(
+                        f"SFT step {step}: {in_a_row} non-finite losses/gradients in a row; lower lr "
+                        f"(now {s.lr}) or max_grad_norm, or check the data"
+                    )
+            lr_now = scheduler.get_last_lr()[0]
+            scheduler.step()
+            dt = time.perf_counter() - t0
+            tok_total, time_total = tok_total + seen, time_total + dt
+            losses.append(loss)
+            done = step + 1
+            if log is not None and (done % s.log_every == 0 or done == total):
+                log.log(done, {
+                    "loss/sft": loss, "sft/grad_norm": grad_norm, "sft/lr": lr_now, "sft/loss_tokens": n_loss,
+                    "perf/tokens_per_s": seen / dt, "sft/skipped_nonfinite": skipped,
+                    "sft/truncated": data.truncated, "sft/dropped_empty": data.dropped_empty,
+                })  # fmt: skip
+            if run is not None and s.checkpoint_every and done % s.checkpoint_every == 0 and done < total:
+                _checkpoint(run, done, policy, optimizer, scheduler, skipped, fingerprint, s.keep_last)
+    finally:
+        policy.model.train(was_training)
+        if log is not None:
+            log.close()
+    final_dir = None
+    if run is not None:
+        from veriloop.agents.loading import save_policy
+
+        if total > start:
+            _checkpoint(run, total, policy, optimizer, scheduler, skipped, fingerprint, s.keep_last)
+        final_dir = str(save_policy(policy, run / "final"))
+    finite_losses = [x for x in losses if math.isfinite(x)]
+    return {
+        "steps_done": total, "start_step": start, "losses": losses,
+        "loss_first": finite_losses[0] if finite_losses else None,
+        "loss_last": finite_losses[-1] if finite_losses else None,
+        "skipped_nonfinite": skipped, "truncated": data.truncated, "dropped_empty": data.dropped_empty,
+        "examples": n, "tokens_per_s": tok_total / time_total if time_total else None, "final_dir": final_dir,
+    }  # fmt: skip
+
+
+def _checkpoint(run: Path, step: int, policy: Any, optimizer: Any, scheduler: Any, skipped: int, fingerprint: str, keep_last: int) -> None:
+    from veriloop.algos.checkpoint import save_checkpoint
+
+    state = {"step": step, "skipped_nonfinite": skipped, "data_fingerprint": fingerprint}
+    save_checkpoint(
+        run, step, model=policy.model, save_model=lambda d: _save_trainable(policy.model, d),
+        optimizer=optimizer, scheduler=scheduler, trainer_state=state, keep_last=keep_last,
+    )  # fmt: skip

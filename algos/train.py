@@ -1,0 +1,350 @@
+"""The RL training loop, top to bottom.
+
+rollout (with dynamic sampling when on) -> shaping and advantages -> epochs x mini-batches of
+updates -> metrics -> periodic evaluation -> checkpoint. Every algorithm runs through this one
+loop; which parts it uses was decided by ``cfg.algo`` before the loop starts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import veriloop.envs  # noqa: F401  (registers the environments)
+from veriloop.agents.drift import drift_rate
+from veriloop.agents.loading import LoraSettings, load_policy, save_policy
+from veriloop.agents.policy import Policy
+from veriloop.agents.rollout import EpisodeSpec, RolloutLimits, rollout
+from veriloop.agents.sampling_params import SamplingParams
+from veriloop.agents.trajectory import Trajectory
+from veriloop.algos.batch import minibatches
+from veriloop.algos.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from veriloop.algos.critic import ValueModel
+from veriloop.algos.run_log import RunLog
+from veriloop.algos.sampling import dynamic_sampling, verifier_failed
+from veriloop.algos.update import prepare_batch, update_step
+from veriloop.configs.loader import config_to_yaml
+from veriloop.configs.schema import ExperimentConfig
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Too many consecutive steps had a NaN/inf loss or gradient."""
+
+
+@dataclass
+class TrainerState:
+    """Everything besides weights/optimizer that a resumed run needs to continue exactly."""
+
+    step: int = 0
+    next_seed: int = 0
+    consecutive_nonfinite: int = 0
+    skipped_steps: int = 0
+    sft_done: bool = False
+    history: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------- setup
+
+
+def build_policy(cfg: ExperimentConfig) -> Policy:
+    """The policy as ``cfg.policy`` describes it: LoRA or full, reference only if KL needs it."""
+    p = cfg.policy
+    if p.model == "tiny":  # a tiny random model with the real tokenizer: for tests and smoke runs
+        from veriloop.agents.testing import tiny_policy
+
+        return tiny_policy(lora=p.lora, seed=cfg.rollout.seed, keep_reference=cfg.keep_reference and not p.lora)
+    lora = LoraSettings(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
+                        target_modules=p.target_modules) if p.lora else None  # fmt: skip
+    return load_policy(p.model, lora=lora, dtype=p.dtype, keep_reference=cfg.keep_reference and not p.lora)
+
+
+def build_critic(cfg: ExperimentConfig, policy: Policy) -> ValueModel | None:
+    if not cfg.algo.needs_critic:
+        return None
+    if cfg.algo.critic == "separate":
+        return ValueModel.separate(policy.model.config)
+    return ValueModel(policy.model)  # value head on the policy's own backbone
+
+
+def build_optimizer(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | None) -> torch.optim.Optimizer:
+    params = {id(p): p for p in policy.trainable_parameters()}
+    if critic is not None:  # the shared backbone's parameters are already in; add the head (or model)
+        params.update({id(p): p for p in critic.parameters() if p.requires_grad})
+    return torch.optim.AdamW(list(params.values()), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+
+
+def lr_lambda(cfg: ExperimentConfig) -> Any:
+    """Linear warm-up, then constant / linear decay / cosine, as a multiplier of ``train.lr``."""
+    warm, total, shape = cfg.train.warmup_steps, max(cfg.train.steps, 1), cfg.train.schedule
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        progress = (step - warm) / max(total - warm, 1)
+        if shape == "linear":
+            return max(0.0, 1.0 - progress)
+        if shape == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+        return 1.0
+
+    return factor
+
+
+def _trainable_state(policy: Policy, critic: ValueModel | None) -> dict[str, torch.Tensor]:
+    """Only what training changes (LoRA adapters, or all weights), plus a critic's head/model."""
+    state = {f"policy.{n}": p.detach() for n, p in policy.model.named_parameters() if p.requires_grad}
+    if critic is not None:
+        state.update({f"critic.{n}": p.detach() for n, p in critic.named_parameters()
+                      if p.requires_grad and not n.startswith("backbone.")})  # fmt: skip
+        if critic.backbone is not policy.model:
+            state.update({f"critic.{n}": p.detach() for n, p in critic.backbone.named_parameters()})
+    return state
+
+
+def _load_trainable_state(policy: Policy, critic: ValueModel | None, state: dict[str, torch.Tensor]) -> None:
+    targets = dict(policy.model.named_parameters())
+    heads = dict(critic.named_parameters()) if critic is not None else {}
+    with torch.no_grad():
+        for key, value in state.items():
+            scope, name = key.split(".", 1)
+            table = targets if scope == "policy" else heads
+            if name not in table:
+                raise KeyError(f"checkpoint holds {key!r}, which this model does not have: wrong config for resume?")
+            table[name].copy_(value)
+
+
+# ---------------------------------------------------------------------------------------- rollout
+
+
+def _sampling(cfg: ExperimentConfig, step: int) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          max_new_tokens=r.max_new_tokens, seed=r.seed * 100_003 + step)  # fmt: skip
+
+
+def _limits(cfg: ExperimentConfig) -> RolloutLimits:
+    r = cfg.rollout
+    return RolloutLimits(max_new_tokens=r.max_new_tokens, max_context=r.max_context, max_turns=r.max_turns)
+
+
+def collect(cfg: ExperimentConfig, policy: Policy, state: TrainerState) -> tuple[list[Trajectory], dict[str, float]]:
+    """One step's experience: ``prompts_per_step`` groups of ``group_size`` episodes.
+
+    Each group is one env seed (same problem); seeds advance monotonically so training never
+    repeats a problem and a resumed run continues where it stopped. With dynamic sampling,
+    all-equal-reward groups are dropped and more are sampled (DAPO).
+    """
+    rounds = 0
+
+    def sample_groups(n: int) -> list[list[Trajectory]]:
+        nonlocal rounds
+        seeds = range(state.next_seed, state.next_seed + n)
+        state.next_seed += n
+        specs = [EpisodeSpec(cfg.env.id, dict(cfg.env.kwargs), s, s) for s in seeds for _ in range(cfg.rollout.group_size)]
+        trajs = rollout(policy, specs, sampling=_sampling(cfg, state.step * 16 + rounds), limits=_limits(cfg),
+                        system_prompt=cfg.env.system_prompt)  # fmt: skip
+        rounds += 1
+        g = cfg.rollout.group_size
+        return [trajs[i : i + g] for i in range(0, len(trajs), g)]
+
+    n = cfg.rollout.prompts_per_step
+    if cfg.algo.dynamic_sampling:
+        groups, stats = dynamic_sampling(sample_groups, num_groups=n, max_rounds=cfg.algo.max_sampling_rounds,
+                                         reward_fn=lambda t: t.total_reward)  # fmt: skip
+        metrics = {f"sampling/{k}": v for k, v in stats.items()}
+    else:
+        groups = sample_groups(n)
+        metrics = {"sampling/rounds": 1.0, "sampling/kept_fraction": 1.0}
+    return [t for group in groups for t in group], metrics
+
+
+def rollout_metrics(trajs: Sequence[Trajectory], tokenizer: Any) -> dict[str, float]:
+    """The same names for every algorithm (reward, success, length, truncation, verifier, drift)."""
+    rewards = torch.tensor([t.total_reward for t in trajs], dtype=torch.float64)
+    lengths = torch.tensor([t.num_generated_tokens for t in trajs], dtype=torch.float64)
+    final = [t.turns[-1].verdict if t.turns else {} for t in trajs]
+    errors = [v.get("error") for v in final]
+    drift_sample = trajs[: min(8, len(trajs))]
+    return {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()) if len(trajs) > 1 else 0.0,
+        "success_rate": sum(bool(v.get("correct")) for v in final) / len(trajs),
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+        "truncation_rate": sum(any(tr.hit_token_limit for tr in t.turns) for t in trajs) / len(trajs),
+        "turns/mean": sum(t.num_turns for t in trajs) / len(trajs),
+        "verifier/errors": float(sum(verifier_failed(t) for t in trajs)),
+        "verifier/timeouts": float(sum(e == "timeout" for e in errors)),
+        "drift_rate": sum(drift_rate(tokenizer, t) for t in drift_sample) / max(len(drift_sample), 1),
+    }
+
+
+# ------------------------------------------------------------------------------------------ update
+
+
+def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | None, optimizer: torch.optim.Optimizer,
+                   trajs: list[Trajectory], generator: torch.Generator) -> dict[str, float]:  # fmt: skip
+    """Advantages once per rollout, then ``algo.epochs`` passes of mini-batch updates."""
+    pad = policy.tokenizer.pad_token_id or 0
+    ref_ctx = policy.reference if cfg.algo.needs_reference else None
+    policy.model.eval()  # reference / old values without dropout
+    batch, adv_metrics = prepare_batch(trajs, cfg.algo, model=policy.model, critic=critic, ref_model_ctx=ref_ctx, pad_id=pad)
+    policy.model.train()
+    sums: dict[str, float] = {}
+    updates = 0
+    for _ in range(cfg.algo.epochs):
+        for mb in minibatches(batch, cfg.mini_batch_size, shuffle=generator):
+            m = update_step(policy.model, optimizer, mb, cfg.algo, micro_batch_size=cfg.train.micro_batch_size,
+                            max_grad_norm=cfg.train.max_grad_norm or float("inf"), ref_model_ctx=ref_ctx,
+                            critic=critic, max_new_tokens=cfg.rollout.max_new_tokens)  # fmt: skip
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v
+            updates += 1
+    policy.model.eval()
+    out = {k: v / max(updates, 1) for k, v in sums.items()}
+    out["skipped"] = sums.get("skipped", 0.0)  # count, not mean
+    out["updates"] = float(updates)
+    out["train_tokens"] = float(batch.loss_mask.sum())
+    return {**out, **adv_metrics}
+
+
+# -------------------------------------------------------------------------------------------- loop
+
+
+def train(cfg: ExperimentConfig, *, resume: bool = False, quiet: bool = False) -> Path:
+    """Run ``cfg`` and return the run folder (metrics.jsonl, config.yaml, checkpoints/, final/)."""
+    cfg.validate()
+    run_dir = Path(cfg.run.out_dir) / cfg.run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
+    torch.manual_seed(cfg.rollout.seed)
+    policy = build_policy(cfg)
+    critic = build_critic(cfg, policy)
+    optimizer = build_optimizer(cfg, policy, critic)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    state = TrainerState(next_seed=cfg.rollout.seed)
+    generator = torch.Generator().manual_seed(cfg.rollout.seed)
+
+    ckpt = latest_checkpoint(run_dir) if resume else None
+    if ckpt is not None:
+        loaded = load_checkpoint(ckpt)  # also restores the python/numpy/torch RNG states
+        _load_trainable_state(policy, critic, loaded["model_state"])
+        optimizer.load_state_dict(loaded["optimizer"])
+        scheduler.load_state_dict(loaded["scheduler"])
+        state = TrainerState(**loaded["trainer_state"]["state"])
+        generator.set_state(torch.tensor(loaded["trainer_state"]["generator"], dtype=torch.uint8))
+        _say(quiet, f"resumed from {ckpt} at step {state.step}")
+    elif resume:
+        _say(quiet, f"--resume: no complete checkpoint in {run_dir}/checkpoints, starting fresh")
+
+    if cfg.sft.steps > 0 and not state.sft_done:
+        from veriloop.algos.sft_train import warmup_from_config
+
+        sft_metrics = warmup_from_config(cfg, policy, run_dir=run_dir / "sft")
+        state.sft_done = True
+        state.history["sft"] = sft_metrics
+        _say(quiet, f"SFT warm-up done: {sft_metrics}")
+
+    log = RunLog(run_dir, tensorboard=cfg.run.tensorboard, resume_from_step=state.step if ckpt else None,
+                 wandb_project="veriloop" if cfg.run.wandb else None)  # fmt: skip
+    if state.step == 0 and cfg.eval.num_problems > 0:  # the base policy's numbers, for comparison
+        log.log(0, _evaluate(cfg, policy, 0, quiet))
+    try:
+        _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_dir, quiet)
+    finally:
+        log.close()
+    save_policy(policy, run_dir / "final")
+    return run_dir
+
+
+def _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_dir, quiet) -> None:  # type: ignore[no-untyped-def]
+    from tqdm import tqdm
+
+    bar = tqdm(range(state.step, cfg.train.steps), initial=state.step, total=cfg.train.steps,
+               desc="train", disable=quiet, dynamic_ncols=True)  # fmt: skip
+    for step in bar:
+        t0 = time.perf_counter()
+        trajs, metrics = collect(cfg, policy, state)
+        t_rollout = time.perf_counter() - t0
+        metrics.update(rollout_metrics(trajs, policy.tokenizer))
+        t1 = time.perf_counter()
+        metrics.update(train_on_batch(cfg, policy, critic, optimizer, trajs, generator))
+        t_train = time.perf_counter() - t1
+        scheduler.step()
+        gen_tokens = sum(t.num_generated_tokens for t in trajs)
+        metrics.update({
+            "lr": scheduler.get_last_lr()[0],
+            "time/rollout_s": t_rollout, "time/train_s": t_train,
+            "time/rollout_fraction": t_rollout / max(t_rollout + t_train, 1e-9),
+            "throughput/rollout_tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
+            "throughput/train_tokens_per_s": metrics["train_tokens"] / max(t_train, 1e-9),
+        })  # fmt: skip
+        _guard_nonfinite(cfg, state, metrics)
+        state.step = step + 1
+        every_eval = cfg.eval.every
+        if (every_eval and state.step % every_eval == 0) or state.step == cfg.train.steps:
+            metrics.update(_evaluate(cfg, policy, state.step, quiet))
+        if state.step % cfg.train.log_every == 0 or state.step == cfg.train.steps:
+            log.log(state.step, metrics)
+        bar.set_postfix_str(_summary(metrics))
+        if not quiet:
+            tqdm.write(f"step {state.step:4d} | {_summary(metrics)}")
+        every = cfg.run.checkpoint_every
+        if (every and state.step % every == 0) or state.step == cfg.train.steps:
+            _checkpoint(cfg, policy, critic, optimizer, scheduler, state, generator, run_dir)
+
+
+def _guard_nonfinite(cfg: ExperimentConfig, state: TrainerState, metrics: dict[str, float]) -> None:
+    """A skipped (non-finite) step is counted; several in a row stop the run."""
+    if metrics.get("skipped", 0.0) > 0:
+        state.skipped_steps += 1
+        state.consecutive_nonfinite += 1
+    else:
+        state.consecutive_nonfinite = 0
+    metrics["nonfinite_skipped_total"] = float(state.skipped_steps)
+    if state.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
+        raise NonFiniteTrainingError(
+            f"{state.consecutive_nonfinite} consecutive steps had a non-finite loss or gradient and were skipped; "
+            "lower train.lr, set train.max_grad_norm, or resume from the last checkpoint (non-finite weights "
+            "are never checkpointed)"
+        )
+
+
+def _checkpoint(cfg, policy, critic, optimizer, scheduler, state, generator, run_dir) -> None:  # type: ignore[no-untyped-def]
+    trainer_state = {"state": state.__dict__, "generator": generator.get_state().tolist()}
+    weights = _trainable_state(policy, critic)
+
+    def save_model(folder: Path) -> None:
+        torch.save(weights, folder / "model.pt")
+
+    save_checkpoint(run_dir, state.step, model=policy.model, save_model=save_model, optimizer=optimizer,
+                    scheduler=scheduler, trainer_state=trainer_state, keep_last=cfg.run.keep_last)  # fmt: skip
+
+
+def _evaluate(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool) -> dict[str, float]:
+    from veriloop.algos.evaluate import evaluate_config, write_report
+
+    report = evaluate_config(cfg, policy, step=step)
+    write_report(report, Path(cfg.run.out_dir) / cfg.run_name / "eval", f"step-{step:06d}")
+    flat = {f"eval/{split}/{k}": float(v) for split, m in report["splits"].items()
+            for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)}  # fmt: skip
+    _say(quiet, "eval @%d: %s" % (step, ", ".join(f"{k}={v:.3f}" for k, v in flat.items() if k.endswith("avg@n"))))
+    return flat
+
+
+def _summary(m: dict[str, float]) -> str:
+    keys = [("reward/mean", "R"), ("success_rate", "acc"), ("response_length/mean", "len"),
+            ("entropy", "H"), ("clip_frac_high", "clip+"), ("grad_norm", "|g|"), ("time/rollout_s", "t_roll"),
+            ("time/train_s", "t_train")]  # fmt: skip
+    return " ".join(f"{short}={m[k]:.3g}" for k, short in keys if k in m)
+
+
+def _say(quiet: bool, text: str) -> None:
+    if not quiet:
+        print(text, flush=True)

@@ -1,0 +1,235 @@
+"""Benchmark the public verifiers; writes benchmarks/results/verifiers.json.
+
+Run: ``python benchmarks/bench_verifiers.py``
+
+1. Points24 throughput on one core over 20,000 distinct, realistic responses (JSON answers with and
+   without thinking, boxed / tagged / bare-line answers; correct, wrong-value, illegal-number,
+   unparseable, hedged and missing answers). Reported per wall second and per CPU second (the CPU
+   figure is robust to other processes sharing the machine), with the formula cache on (each response
+   seen once) and cleared before every check (worst case).
+2. Math check latency (deadline 5 s) over 200 realistic responses through the warm worker pool:
+   p50 / p95 / p99 / max, plus the cold first call (pool start-up).
+3. A batch of 40 ordinary items with and without one pathological item (a legitimate integral that
+   sympy needs ~10 s for): completion time of the ordinary items in each batch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from veriloop.envs.verifiers import (
+    check_math,
+    check_math_batch,
+    check_points24,
+    shutdown_pool,
+    verifier_stats,
+)
+from veriloop.envs.verifiers.formula import _evaluate_cached
+
+OUT = Path(__file__).resolve().parent / "results" / "verifiers.json"
+THOUGHT = "Let me try combining the cards. First multiply, then check the remainder. " * 4
+
+
+def _random_formula(rng: random.Random, numbers: list[int]) -> str:
+    """A random fully parenthesised formula over ``numbers`` (each used once)."""
+    terms = [str(n) for n in rng.sample(numbers, len(numbers))]
+    while len(terms) > 1:
+        i = rng.randrange(len(terms) - 1)
+        op = rng.choice("+-*/")
+        terms[i : i + 2] = [f"({terms[i]} {op} {terms[i + 1]})"]
+    return terms[0][1:-1]
+
+
+def points24_mix(n: int, seed: int = 0) -> list[tuple[str, list[int]]]:
+    rng = random.Random(seed)
+    solved = [
+        ([3, 3, 8, 8], "8 / (3 - 8 / 3)"),
+        ([1, 2, 3, 4], "1 * 2 * 3 * 4"),
+        ([4, 7, 8, 8], "(7 - 8 / 8) * 4"),
+    ]
+    out = []
+    for k in range(n):
+        cards = [rng.randint(1, 13) for _ in range(4)]
+        formula = _random_formula(rng, cards)
+        kind = k % 10
+        if kind == 0:
+            cards, formula = rng.choice(solved)
+            formula = formula.replace(" ", rng.choice(["", " "]))
+        elif kind == 1:
+            formula = _random_formula(rng, cards[:3] + [rng.randint(1, 13)])  # illegal numbers
+        elif kind == 2:
+            formula = formula.replace("*", "**", 1) if "*" in formula else "-" + formula  # unparseable
+        labels = [str(c) for c in cards]
+        if kind == 3:
+            response = f"<think>{THOUGHT}</think>\n\\boxed{{{formula}}}"
+        elif kind == 4:
+            response = f"<answer>{formula} = 24</answer>"
+        elif kind == 5:
+            response = f"{THOUGHT}\n{formula} = 24"
+        elif kind == 6:
+            response = f"I think {formula} or {formula}+0 works."  # hedged or no answer
+        else:
+            obj = json.dumps({"cards": labels, "formula": formula})
+            response = f"<think>{THOUGHT}</think>{obj}" if kind % 2 else obj
+        out.append((response, cards))
+    return out
+
+
+def bench_points24(n: int = 20_000) -> dict[str, Any]:
+    mix = points24_mix(n)
+    for response, cards in mix[:200]:  # warm-up
+        check_points24(response, cards)
+    _evaluate_cached.cache_clear()
+    reasons: dict[str, int] = {}
+    wall, cpu = time.perf_counter(), time.process_time()
+    for response, cards in mix:
+        v = check_points24(response, cards)
+        reasons[v.reason] = reasons.get(v.reason, 0) + 1
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    wall_u, cpu_u = time.perf_counter(), time.process_time()
+    for response, cards in mix:
+        _evaluate_cached.cache_clear()
+        check_points24(response, cards)
+    wall_u, cpu_u = time.perf_counter() - wall_u, time.process_time() - cpu_u
+    return {
+        "n_responses": n,
+        "mean_response_chars": round(statistics.mean(len(r) for r, _ in mix), 1),
+        "reasons": reasons,
+        "checks_per_wall_s": round(n / wall),
+        "checks_per_cpu_s": round(n / cpu),
+        "uncached_checks_per_wall_s": round(n / wall_u),
+        "uncached_checks_per_cpu_s": round(n / cpu_u),
+    }
+
+
+GOLDS = [
+    ("7", ["7", "7.0", "x = 7", "8", "-7"]),
+    ("\\frac{1}{2}", ["\\frac12", "0.5", "1/2", "\\frac{2}{4}", "\\frac{1}{3}"]),
+    ("-\\frac{3}{4}", ["\\frac{-3}{4}", "-0.75", "\\frac{3}{4}"]),
+    ("2\\sqrt{3}", ["2\\sqrt3", "\\sqrt{12}", "3\\sqrt{2}"]),
+    ("\\frac{\\pi}{3}", ["\\pi/3", "60^\\circ", "\\frac{\\pi}{6}"]),
+    ("(1, 2]", ["(1,2]", "(1,2)", "1 < x \\le 2"]),
+    ("\\{1, 2, 3\\}", ["\\{3, 2, 1\\}", "1, 2, 3", "\\{1, 2\\}"]),
+    ("1000", ["1,000", "1{,}000", "10^3", "100"]),
+    ("x^2 + 2x + 1", ["(x+1)^2", "x^2+2x+1", "x^2+1"]),
+    ("\\text{(B)}", ["B", "\\text{(B)}", "C"]),
+]
+
+
+def math_mix(n: int = 200, seed: int = 1) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    out = []
+    for k in range(n):
+        gold, answers = rng.choice(GOLDS)
+        answer = rng.choice(answers)
+        thought = "We compute step by step. " * rng.randint(5, 60)
+        shape = k % 10
+        if shape == 0:
+            response = thought + "The answer is " + answer  # no anchor
+        elif shape == 1:
+            response = f"<think>{thought}</think> \\boxed{{{answer} \\text{{ or }} 5}}"  # hedged
+        elif shape in (2, 3):
+            response = f"<think>{thought}</think>\n<answer>{answer}</answer>"
+        else:
+            response = f"<think>{thought}</think>\nSo the final answer is $\\boxed{{{answer}}}$."
+        out.append((response, gold))
+    return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def bench_math_latency() -> dict[str, Any]:
+    shutdown_pool()
+    start = time.perf_counter()
+    check_math("\\boxed{1}", "1")
+    cold = time.perf_counter() - start
+    mix = math_mix()
+    latencies, reasons = [], {}
+    for response, gold in mix:
+        start = time.perf_counter()
+        v = check_math(response, gold, timeout=5.0)
+        latencies.append(time.perf_counter() - start)
+        reasons[v.error or v.reason] = reasons.get(v.error or v.reason, 0) + 1
+    ms = [1000 * x for x in latencies]
+    return {
+        "n_responses": len(mix),
+        "deadline_s": 5.0,
+        "cold_first_call_ms": round(1000 * cold, 1),
+        "p50_ms": round(_pct(ms, 0.50), 2),
+        "p95_ms": round(_pct(ms, 0.95), 2),
+        "p99_ms": round(_pct(ms, 0.99), 2),
+        "max_ms": round(max(ms), 2),
+        "mean_ms": round(statistics.mean(ms), 2),
+        "outcomes": reasons,
+    }
+
+
+def _timed_batch(pairs: list[tuple[str, str]], timeout: float) -> tuple[dict[int, float], float, list[Any]]:
+    done: dict[int, float] = {}
+    start = time.perf_counter()
+    verdicts = check_math_batch(
+        pairs, timeout=timeout, on_result=lambda i, v: done.setdefault(i, time.perf_counter() - start)
+    )
+    return done, time.perf_counter() - start, verdicts
+
+
+def bench_batch() -> dict[str, Any]:
+    normal = math_mix(40, seed=2)
+    slow = ("<think>hmm</think>\\boxed{\\int_0^{10^9} x^{10^5} dx}", "3")
+    check_math("\\boxed{1}", "1")  # warm
+    base_done, base_total, _ = _timed_batch(normal, 5.0)
+    with_slow = normal[:10] + [slow] + normal[10:]
+    done, total, verdicts = _timed_batch(with_slow, 5.0)
+    others = [t for i, t in done.items() if i != 10]
+    return {
+        "n_items": len(normal),
+        "deadline_s": 5.0,
+        "pool_workers": max(2, os.cpu_count() or 1),
+        "without_pathological": {
+            "total_s": round(base_total, 3),
+            "item_done_max_s": round(max(base_done.values()), 3),
+            "item_done_mean_s": round(statistics.mean(base_done.values()), 3),
+        },
+        "with_pathological": {
+            "total_s": round(total, 3),
+            "pathological_done_s": round(done[10], 3),
+            "pathological_error": verdicts[10].error,
+            "others_done_max_s": round(max(others), 3),
+            "others_done_mean_s": round(statistics.mean(others), 3),
+        },
+    }
+
+
+def main() -> None:
+    results = {
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "load_avg_at_start": os.getloadavg(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        },
+        "points24": bench_points24(),
+        "math_latency": bench_math_latency(),
+        "math_batch_pathological": bench_batch(),
+    }
+    results["verifier_stats"] = verifier_stats()
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
