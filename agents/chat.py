@@ -83,10 +83,17 @@ class ChatFormat:
                 text_only(messages), tokenize=False, add_generation_prompt=add_generation_prompt
             )
         parts = [
-            {**m, "content": [{"type": "text", "text": m["content"]}] if isinstance(m["content"], str) else m["content"]}
+            {
+                **m,
+                "content": [{"type": "text", "text": m["content"]}]
+                if isinstance(m["content"], str)
+                else m["content"],
+            }
             for m in messages
         ]
-        return self.processor.apply_chat_template(parts, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return self.processor.apply_chat_template(
+            parts, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
 
     def encode(self, text: str) -> list[int]:
         """Token ids of template text (special tokens are already written out in it)."""
@@ -111,7 +118,9 @@ class ChatFormat:
         conv = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
         text = self.render(conv, add_generation_prompt=False)
         if _SENTINEL not in text:
-            raise ValueError("the chat template does not write the assistant content verbatim; cannot find deltas")
+            raise ValueError(
+                "the chat template does not write the assistant content verbatim; cannot find deltas"
+            )
         return text.split(_SENTINEL, 1)[1]
 
     def action_text(self, sampled_ids: Sequence[int], eos_ids: Sequence[int]) -> str:

@@ -41,11 +41,15 @@ class EpisodeSpec:
     group_id: int = 0
 
 
-def grouped_specs(env_id: str, kwargs: dict[str, Any], seeds: Sequence[int], group_size: int) -> list[EpisodeSpec]:
+def grouped_specs(
+    env_id: str, kwargs: dict[str, Any], seeds: Sequence[int], group_size: int
+) -> list[EpisodeSpec]:
     """``group_size`` episodes per seed (group ``g`` = ``seeds[g]``), for group-based baselines."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
-    return [EpisodeSpec(env_id, dict(kwargs), int(s), g) for g, s in enumerate(seeds) for _ in range(group_size)]
+    return [
+        EpisodeSpec(env_id, dict(kwargs), int(s), g) for g, s in enumerate(seeds) for _ in range(group_size)
+    ]
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,9 @@ class RolloutLimits:
 
     def __post_init__(self) -> None:
         if self.max_turns < 1 or self.max_context < 2:
-            raise ValueError(f"need max_turns >= 1 and max_context >= 2, got {self.max_turns}, {self.max_context}")
+            raise ValueError(
+                f"need max_turns >= 1 and max_context >= 2, got {self.max_turns}, {self.max_context}"
+            )
 
 
 def jsonable(value: Any) -> Any:
@@ -99,7 +105,9 @@ class _Episode:
         self.done = self.terminated = self.truncated = False
         self.stop_reason: str | None = None
         if fmt.processor is not None:
-            ids, inputs = fmt.encode_multimodal(fmt.prompt_text(self.messages), [image] if image is not None else [])
+            ids, inputs = fmt.encode_multimodal(
+                fmt.prompt_text(self.messages), [image] if image is not None else []
+            )
             self._extend(ids, -1)
             self._add_vision(inputs)
         else:
@@ -233,7 +241,9 @@ def rollout(
             if not live:
                 break
             budgets = [min(per_turn, limits.max_context - len(ep.ids)) for ep in live]
-            results = backend.generate([ep.request(turn, b) for ep, b in zip(live, budgets)], sampling, generator)
+            results = backend.generate(
+                [ep.request(turn, b) for ep, b in zip(live, budgets)], sampling, generator
+            )
             for ep, res in zip(live, results):
                 ep.apply(turn, res, eos, limits)
                 if ep.done:

@@ -59,7 +59,9 @@ class SamplingParams:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if isinstance(self.stop, str):
-            raise TypeError(f"stop must be a tuple of strings, got the string {self.stop!r}; write stop=({self.stop!r},)")
+            raise TypeError(
+                f"stop must be a tuple of strings, got the string {self.stop!r}; write stop=({self.stop!r},)"
+            )
 
     @classmethod
     def greedy(cls, max_new_tokens: int = 256, stop: tuple[str, ...] = ()) -> SamplingParams:

@@ -47,12 +47,19 @@ class ScriptedPolicy:
         return self.replies[turn]
 
     def generate(
-        self, requests: Sequence[GenRequest], sampling: SamplingParams, generator: torch.Generator | None = None
+        self,
+        requests: Sequence[GenRequest],
+        sampling: SamplingParams,
+        generator: torch.Generator | None = None,
     ) -> list[GenResult]:
         self.calls.append(len(requests))
         out = []
         for req in requests:
-            ids = list(self.tokenizer(self.reply(req.turn, req.observation, req.task), add_special_tokens=False)["input_ids"])
+            ids = list(
+                self.tokenizer(self.reply(req.turn, req.observation, req.task), add_special_tokens=False)[
+                    "input_ids"
+                ]
+            )
             if self.end_with_eos:
                 ids.append(int(self.tokenizer.eos_token_id))
             finish = "eos" if self.end_with_eos else "stop"

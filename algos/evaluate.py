@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import veriloop.envs  # noqa: F401  (registers the environments the splits name)
 from veriloop.agents.rollout import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory
@@ -94,7 +95,12 @@ def task_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "limit_stop_rate": sum(t.stop_reason is not None for t in trajs) / n,
         "turns/mean": sum(t.num_turns for t in trajs) / n,
     }
-    recog = [float(tr.info["recognition"]) for t in trajs for tr in t.turns if tr.info.get("recognition") is not None]
+    recog = [
+        float(tr.info["recognition"])
+        for t in trajs
+        for tr in t.turns
+        if tr.info.get("recognition") is not None
+    ]
     if any("recognition" in tr.info for t in trajs for tr in t.turns):
         out["recognition_acc"] = _nanmean(recog)
     stats = [_solve_verify_stats(t) for t in trajs]
@@ -125,7 +131,9 @@ def _chunks(specs: Sequence[EpisodeSpec], size: int) -> Iterator[Sequence[Episod
         yield specs[i : i + size]
 
 
-def _play(policy: Any, specs: Sequence[EpisodeSpec], sampling: SamplingParams, batch: int, **kw: Any) -> list[Trajectory]:
+def _play(
+    policy: Any, specs: Sequence[EpisodeSpec], sampling: SamplingParams, batch: int, **kw: Any
+) -> list[Trajectory]:
     """Roll out ``specs`` in batches of ``batch`` episodes; batch ``b`` samples with seed ``seed + b``."""
     out: list[Trajectory] = []
     for b, chunk in enumerate(_chunks(specs, batch)):
@@ -190,7 +198,9 @@ def evaluate_policy(
                          f"n_samples={n_samples}, batch_episodes={batch_episodes}")  # fmt: skip
     bad = [k for k in k_list if not 1 <= k <= n_samples]
     if bad:
-        raise ValueError(f"k_list values {bad} are not in [1, n_samples={n_samples}]: raise n_samples or drop them")
+        raise ValueError(
+            f"k_list values {bad} are not in [1, n_samples={n_samples}]: raise n_samples or drop them"
+        )
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=sampling_seed)
     kw = {"limits": limits, "system_prompt": system_prompt}
     t0 = time.perf_counter()
@@ -231,7 +241,9 @@ def report_gap(results: Mapping[str, Mapping[str, float]], reference_split: str 
     return gap
 
 
-def evaluate_config(cfg: Any, policy: Any, *, step: int | None = None, batch_episodes: int = 64) -> dict[str, Any]:
+def evaluate_config(
+    cfg: Any, policy: Any, *, step: int | None = None, batch_episodes: int = 64
+) -> dict[str, Any]:
     """:func:`evaluate_policy` as ``cfg`` (an ``ExperimentConfig``) describes it; ``step`` goes into meta."""
     r, e = cfg.rollout, cfg.eval
     report = evaluate_policy(
@@ -286,7 +298,12 @@ def report_markdown(report: Mapping[str, Any], title: str = "Evaluation") -> str
     head = f"## {title}\n\n" + (f"step {meta['step']}, " if meta.get("step") is not None else "")
     head += f"{meta.get('num_problems', '?')} problems x {meta.get('n_samples', '?')} samples, "
     head += f"T = {meta.get('temperature', '?')}, policy {meta.get('policy', '?')}\n\n"
-    return head + markdown_table(report["splits"], meta.get("reference_split", REFERENCE_SPLIT)) + "\n" + task_table(report["splits"])
+    return (
+        head
+        + markdown_table(report["splits"], meta.get("reference_split", REFERENCE_SPLIT))
+        + "\n"
+        + task_table(report["splits"])
+    )
 
 
 def write_report(report: Mapping[str, Any], out_dir: str | Path, name: str) -> dict[str, Path]:
@@ -302,7 +319,9 @@ def write_report(report: Mapping[str, Any], out_dir: str | Path, name: str) -> d
 def read_report(path: str | Path) -> dict[str, Any]:
     """Load a report written by :func:`write_report` (``null`` metrics come back as ``nan``)."""
     report = json.loads(Path(path).read_text())
-    report["splits"] = {s: {k: math.nan if v is None else v for k, v in m.items()} for s, m in report["splits"].items()}
+    report["splits"] = {
+        s: {k: math.nan if v is None else v for k, v in m.items()} for s, m in report["splits"].items()
+    }
     return report
 
 
@@ -360,7 +379,9 @@ def _label(checkpoint: str) -> str:
     return path.name if path.parent.name != "checkpoints" else f"{path.parent.parent.name}-{path.name}"
 
 
-def run_eval_cli(config_path: str | None, checkpoints: Sequence[str], overrides: Sequence[str], out_dir: str | Path) -> dict[str, dict]:
+def run_eval_cli(
+    config_path: str | None, checkpoints: Sequence[str], overrides: Sequence[str], out_dir: str | Path
+) -> dict[str, dict]:
     """Evaluate each checkpoint as the config says; write per-checkpoint and combined reports and the
     pass@k-vs-k plot (``pass_at_k.png``). Returns ``{label: report}``."""
     from veriloop.algos.plots import plot_pass_at_k

@@ -22,6 +22,7 @@ JSONL, one example per line (:func:`save_examples`, :func:`load_examples`).
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,7 +72,11 @@ class SFTExample:
             raise SFTDataError(problem)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"messages": [dict(m) for m in self.messages], "trainable": list(self.trainable), "meta": dict(self.meta)}
+        return {
+            "messages": [dict(m) for m in self.messages],
+            "trainable": list(self.trainable),
+            "meta": dict(self.meta),
+        }
 
 
 def _problem(messages: Any, trainable: Any, meta: Any) -> str | None:
@@ -123,7 +128,9 @@ def load_examples(path: str | Path) -> list[SFTExample]:
             raise SFTDataError(f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
         if not isinstance(row, dict) or not {"messages", "trainable"} <= set(row):
             got = sorted(row) if isinstance(row, dict) else type(row).__name__
-            raise SFTDataError(f"{path}:{lineno}: expected an object with 'messages' and 'trainable' (and 'meta'), got {got}")
+            raise SFTDataError(
+                f"{path}:{lineno}: expected an object with 'messages' and 'trainable' (and 'meta'), got {got}"
+            )
         problem = _problem(row["messages"], row["trainable"], row.get("meta", {}))
         if problem:
             raise SFTDataError(f"{path}:{lineno}: {problem}")
@@ -166,7 +173,9 @@ def _verified(info: Mapping[str, Any], what: str, env_id: str, seed: int) -> Non
     verdict = info.get("verdict")
     if verdict is None or not verdict.correct:
         reason = getattr(verdict, "reason", None) or info.get("verifier_error")
-        raise RuntimeError(f"{what} for {env_id} seed {seed} did not verify (reason {reason!r}); this is a bug")
+        raise RuntimeError(
+            f"{what} for {env_id} seed {seed} did not verify (reason {reason!r}); this is a bug"
+        )
 
 
 # ------------------------------------------------------------------------------ solver / generator
@@ -236,10 +245,14 @@ def _wrong_math(task: Mapping[str, Any], rng: np.random.Generator, used: set[str
     try:
         gold = Fraction(str(raw))
     except (ValueError, ZeroDivisionError):
-        raise SFTDataError(f"cannot make a wrong answer near gold {task['answer']!r}: not a plain number") from None
+        raise SFTDataError(
+            f"cannot make a wrong answer near gold {task['answer']!r}: not a plain number"
+        ) from None
     steps = str(task.get("solution") or "").splitlines()[:-1]
     for _ in range(100):
-        delta = Fraction(int(rng.choice([-3, -2, -1, 1, 2, 3])), gold.denominator if rng.random() < 0.5 else 1)
+        delta = Fraction(
+            int(rng.choice([-3, -2, -1, 1, 2, 3])), gold.denominator if rng.random() < 0.5 else 1
+        )
         wrong = latex(gold + delta)
         if wrong not in used:
             used.add(wrong)
@@ -295,14 +308,18 @@ def s2r_traces(
     inner = env.unwrapped
     assert isinstance(inner, SolveVerifyEnv)
     if p_wrong_first > 0 and inner.max_attempts < 2:
-        raise ValueError("hard traces need max_attempts >= 2 (a wrong solve, then a right one); raise it or set p_wrong_first=0")
+        raise ValueError(
+            "hard traces need max_attempts >= 2 (a wrong solve, then a right one); raise it or set p_wrong_first=0"
+        )
     try:
         return [_s2r_trace(env, task, int(seed), rng, p_wrong_first, inner.max_attempts) for seed in seeds]
     finally:
         env.close()
 
 
-def _s2r_trace(env: gym.Env, task: str, seed: int, rng: np.random.Generator, p_wrong: float, max_attempts: int) -> SFTExample:
+def _s2r_trace(
+    env: gym.Env, task: str, seed: int, rng: np.random.Generator, p_wrong: float, max_attempts: int
+) -> SFTExample:
     ep = _Episode(env, seed)
     n_wrong = int(rng.integers(1, max_attempts)) if rng.random() < p_wrong else 0
     used: set[str] = set()
@@ -319,7 +336,9 @@ def _s2r_trace(env: gym.Env, task: str, seed: int, rng: np.random.Generator, p_w
         correct.append(info["solve_correct"] if info["action_kind"] == "solve" else None)
     expected = [False, None] * n_wrong + [True, None]
     if kinds != ["solve", "verify"] * (n_wrong + 1) or correct != expected or not ep.done:
-        raise RuntimeError(f"S2R trace for {task} seed {seed} did not play as planned: kinds {kinds}, correct {correct}")
+        raise RuntimeError(
+            f"S2R trace for {task} seed {seed} did not play as planned: kinds {kinds}, correct {correct}"
+        )
     meta = {"source": "s2r", "env_id": S2R_ENV_ID, "task": task, "seed": seed, "wrong_attempts": n_wrong}
     return SFTExample(tuple(ep.messages), tuple(s2r_trainable_actions(kinds, correct)), meta)
 
@@ -365,12 +384,96 @@ def rejection_examples(
     from veriloop.agents.rollout import grouped_specs, rollout
 
     specs = grouped_specs(env_id, dict(env_kwargs or {}), list(seeds), samples)
-    trajs = rollout(policy, specs, sampling=sampling, limits=limits, backend=backend, system_prompt=system_prompt)
+    trajs = rollout(
+        policy, specs, sampling=sampling, limits=limits, backend=backend, system_prompt=system_prompt
+    )
     kept = [t for t in trajs if final_correct(t)]
     out = []
     for t in kept:
         messages = tuple({"role": m["role"], "content": m["content"]} for m in t.messages)
         flags = tuple(_turn_trainable(turn) for turn in t.turns)
-        meta = {"source": "rejection", "env_id": env_id, "seed": t.seed, "kept": len(kept), "sampled": len(trajs)}
+        meta = {
+            "source": "rejection",
+            "env_id": env_id,
+            "seed": t.seed,
+            "kept": len(kept),
+            "sampled": len(trajs),
+        }
         out.append(SFTExample(messages, flags, meta))
     return out
+
+
+# ------------------------------------------------------------------------------ one entry point
+SOURCES = ("solver", "generator", "s2r", "rejection")
+#: S2R traces: share of problems treated as hard (wrong solves before the right one).
+DEFAULT_P_WRONG_FIRST = 0.5
+
+
+def build_examples(
+    source: str,
+    env_id: str,
+    env_kwargs: Mapping[str, Any] | None,
+    seeds: Sequence[int],
+    *,
+    seed: int = 0,
+    system_prompt: str | None = None,
+    policy: Any = None,
+    samples: int = 1,
+    sampling: Any = None,
+    limits: Any = None,
+) -> list[SFTExample]:
+    """Demonstrations from ``source`` for the training env (dispatch for ``SFTConfig.source``).
+
+    ``solver`` needs a Points24 text env, ``generator`` a math env, ``s2r`` ``SolveVerify-v0`` (its
+    ``task`` kwarg picks the task; ``seed`` seeds hardness and wrong answers), ``rejection`` a
+    ``policy``, ``samples`` per seed and ``sampling``. ``system_prompt`` is put first in every
+    chat, as the rollout does, so warm-up and RL see the same context.
+    """
+    kwargs = dict(env_kwargs or {})
+    if source not in SOURCES:
+        hint = difflib.get_close_matches(str(source), SOURCES, n=1)
+        raise ValueError(
+            f"unknown SFT source {source!r}; choose one of {SOURCES}"
+            + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        )
+    if source == "rejection":
+        if policy is None or sampling is None:
+            raise ValueError("source 'rejection' needs the policy and sampling settings to draw episodes")
+        return rejection_examples(
+            policy,
+            env_id,
+            kwargs,
+            seeds,
+            samples=samples,
+            sampling=sampling,
+            limits=limits,
+            system_prompt=system_prompt,
+        )
+    if source == "s2r":
+        if env_id != S2R_ENV_ID:
+            raise ValueError(
+                f"source 's2r' builds traces for {S2R_ENV_ID}, but the env is {env_id!r}; use 'solver' or 'generator'"
+            )
+        task = kwargs.pop("task", "math")
+        out = s2r_traces(
+            task,
+            seeds,
+            rng=np.random.default_rng(seed),
+            p_wrong_first=DEFAULT_P_WRONG_FIRST,
+            env_kwargs=kwargs,
+        )
+    else:
+        entry = gym.spec(env_id).entry_point
+        is_p24 = isinstance(entry, str) and "points24" in entry
+        if (source == "solver") != is_p24:
+            want = "a Points24 text env" if source == "solver" else "a math env"
+            other = "generator" if source == "solver" else "solver"
+            raise ValueError(
+                f"source {source!r} needs {want}, got {env_id!r}; try source {other!r} (or 's2r' for {S2R_ENV_ID})"
+            )
+        build = points24_solver_examples if is_p24 else math_generator_examples
+        out = build(env_id, kwargs, seeds)
+    if system_prompt is None:
+        return out
+    system = {"role": "system", "content": system_prompt}
+    return [SFTExample((system, *ex.messages), ex.trainable, ex.meta) for ex in out]

@@ -48,12 +48,12 @@ class SFTSettings:
             memory changes, not the loss.
         max_len: Longest token sequence; longer examples are cut (and counted).
         warmup: Steps of linear learning-rate warm-up from ``lr / warmup`` to ``lr``.
-        max_grad_norm: Global gradient-norm clip.
+        max_grad_norm: Global gradient-norm clip; 0 = no clipping (the norm is still logged).
         weight_decay: AdamW weight decay.
         epochs: Most passes over the examples (``None`` = no limit, ``steps`` decides).
         seed: Seeds the data order.
         log_every: Log metrics every this many steps (the last step is always logged).
-        checkpoint_every: Checkpoint every this many steps; 0 = none (the final policy is saved anyway).
+        checkpoint_every: Checkpoint every this many steps; 0 = only at the end (with ``run_dir``).
         keep_last: Complete checkpoints kept.
         tensorboard: Also write TensorBoard scalars into ``run_dir/tb``.
     """
@@ -74,14 +74,22 @@ class SFTSettings:
     tensorboard: bool = True
 
     def __post_init__(self) -> None:
-        ints = {"steps": 0, "batch_size": 1, "max_len": 2, "warmup": 0, "log_every": 1, "checkpoint_every": 0, "keep_last": 1}
+        ints = {
+            "steps": 0,
+            "batch_size": 1,
+            "max_len": 2,
+            "warmup": 0,
+            "log_every": 1,
+            "checkpoint_every": 0,
+            "keep_last": 1,
+        }
         bad = [f"{k}={getattr(self, k)} (need >= {lo})" for k, lo in ints.items() if getattr(self, k) < lo]
         if self.micro_batch_size is not None and not 1 <= self.micro_batch_size <= self.batch_size:
             bad.append(f"micro_batch_size={self.micro_batch_size} (need 1..batch_size)")
         if self.epochs is not None and self.epochs < 1:
             bad.append(f"epochs={self.epochs} (need >= 1 or None)")
-        if not self.lr > 0 or not self.max_grad_norm > 0:
-            bad.append(f"lr={self.lr}, max_grad_norm={self.max_grad_norm} (need > 0)")
+        if not self.lr > 0 or not self.max_grad_norm >= 0:
+            bad.append(f"lr={self.lr} (need > 0), max_grad_norm={self.max_grad_norm} (need >= 0)")
         if bad:
             raise ValueError("invalid SFT settings: " + "; ".join(bad))
 
@@ -181,7 +189,9 @@ def _resume(run_dir: Path, policy: Any, optimizer: Any, scheduler: Any, fingerpr
     params = dict(policy.model.named_parameters())
     missing = [n for n in weights if n not in params]
     if missing:
-        raise ValueError(f"{path}: checkpoint has weights the policy lacks (e.g. {missing[0]}); load the same model")
+        raise ValueError(
+            f"{path}: checkpoint has weights the policy lacks (e.g. {missing[0]}); load the same model"
+        )
     with torch.no_grad():
         for name, value in weights.items():
             params[name].copy_(value.to(params[name].device))
@@ -191,7 +201,9 @@ def _resume(run_dir: Path, policy: Any, optimizer: Any, scheduler: Any, fingerpr
 
 
 # ---------------------------------------------------------------------------------- the loop
-def _one_step(policy: Any, data: Tokenised, idx: list[int], s: SFTSettings, pad_id: int) -> tuple[float, float, int]:
+def _one_step(
+    policy: Any, data: Tokenised, idx: list[int], s: SFTSettings, pad_id: int
+) -> tuple[float, float, int]:
     """Forward/backward over the micro-batches of one batch: (loss, tokens seen, loss tokens)."""
     n_loss = sum(sum(data.masks[i][1:]) for i in idx)  # position 0 is never predicted
     loss_sum, seen = 0.0, 0
@@ -255,10 +267,14 @@ def run_sft(
     total = s.steps if s.epochs is None else min(s.steps, math.ceil(s.epochs * n / s.batch_size))
     params = policy.trainable_parameters()
     if not params:
-        raise ValueError("the policy has no trainable parameters; load it with lora=LoraSettings() or for full fine-tuning")
+        raise ValueError(
+            "the policy has no trainable parameters; load it with lora=LoraSettings() or for full fine-tuning"
+        )
     optimizer = torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay)
     # linear warm-up: lr·(k+1)/warmup for the first `warmup` steps, then lr
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / s.warmup) if s.warmup else 1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: min(1.0, (k + 1) / s.warmup) if s.warmup else 1.0
+    )
     fingerprint = data.fingerprint()
     run = Path(run_dir) if run_dir is not None else None
     state = _resume(run, policy, optimizer, scheduler, fingerprint) if run is not None else {}
@@ -267,7 +283,8 @@ def run_sft(
     if run is not None:
         from veriloop.algos.run_log import RunLog
 
-        log = RunLog(run, tensorboard=s.tensorboard, resume_from_step=start)
+        # rows are logged under the number of completed steps; keep those up to the checkpoint's
+        log = RunLog(run, tensorboard=s.tensorboard, resume_from_step=start + 1 if start else None)
         (run / "sft_settings.json").write_text(json.dumps(asdict(s), indent=1) + "\n")
     pad_id = policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else 0
     losses: list[float] = []
@@ -278,8 +295,10 @@ def run_sft(
         for step in range(start, total):
             t0 = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
-            loss, seen, n_loss = _one_step(policy, data, batch_indices(n, s.batch_size, step, s.seed), s, pad_id)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm))
+            loss, seen, n_loss = _one_step(
+                policy, data, batch_indices(n, s.batch_size, step, s.seed), s, pad_id
+            )
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm or math.inf))
             finite = math.isfinite(loss) and math.isfinite(grad_norm)
             if finite:
                 optimizer.step()
@@ -327,7 +346,16 @@ def run_sft(
     }  # fmt: skip
 
 
-def _checkpoint(run: Path, step: int, policy: Any, optimizer: Any, scheduler: Any, skipped: int, fingerprint: str, keep_last: int) -> None:
+def _checkpoint(
+    run: Path,
+    step: int,
+    policy: Any,
+    optimizer: Any,
+    scheduler: Any,
+    skipped: int,
+    fingerprint: str,
+    keep_last: int,
+) -> None:
     from veriloop.algos.checkpoint import save_checkpoint
 
     state = {"step": step, "skipped_nonfinite": skipped, "data_fingerprint": fingerprint}
@@ -335,3 +363,59 @@ def _checkpoint(run: Path, step: int, policy: Any, optimizer: Any, scheduler: An
         run, step, model=policy.model, save_model=lambda d: _save_trainable(policy.model, d),
         optimizer=optimizer, scheduler=scheduler, trainer_state=state, keep_last=keep_last,
     )  # fmt: skip
+
+
+#: Warm-up constants the typed config does not (yet) expose.
+SFT_BATCH_SIZE = 8
+SFT_WARMUP_FRACTION = 0.05
+
+
+def warmup_from_config(cfg: Any, policy: Any, *, run_dir: str | Path | None = None) -> dict[str, Any]:
+    """``veriloop sft`` / the SFT stage of ``veriloop train`` from an ``ExperimentConfig``.
+
+    Demonstrations come from ``cfg.sft.source`` on the training env, with env seeds
+    ``rollout.seed .. rollout.seed + sft.examples - 1`` (RL problems start after them). Batch size
+    :data:`SFT_BATCH_SIZE`, micro-batches of ``train.micro_batch_size``, sequences cut at
+    ``rollout.max_context``, warm-up over :data:`SFT_WARMUP_FRACTION` of ``sft.steps``; clipping,
+    logging and checkpointing follow ``train`` and ``run``. Returns :func:`run_sft`'s summary
+    without the per-step losses (they are in ``run_dir/metrics.jsonl``).
+    """
+    from veriloop.algos.sft_data import build_examples
+
+    sft, r = cfg.sft, cfg.rollout
+    seeds = range(r.seed, r.seed + sft.examples)
+    extra: dict[str, Any] = {}
+    if sft.source == "rejection":
+        from veriloop.agents.rollout import RolloutLimits
+        from veriloop.agents.sampling_params import SamplingParams
+
+        extra = {
+            "policy": policy, "samples": r.group_size,
+            "sampling": SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                       max_new_tokens=r.max_new_tokens, seed=r.seed),
+            "limits": RolloutLimits(max_new_tokens=r.max_new_tokens, max_context=r.max_context, max_turns=r.max_turns),
+        }  # fmt: skip
+    examples = build_examples(
+        sft.source,
+        cfg.env.id,
+        cfg.env.kwargs,
+        seeds,
+        seed=r.seed,
+        system_prompt=cfg.env.system_prompt,
+        **extra,
+    )
+    if not examples:
+        raise ValueError(
+            f"SFT source {sft.source!r} produced no example from {sft.examples} seeds (rejection sampling "
+            "kept nothing?); warm up with 'solver'/'generator' first or sample more"
+        )
+    batch = min(SFT_BATCH_SIZE, len(examples))
+    settings = SFTSettings(
+        steps=sft.steps, lr=sft.lr, batch_size=batch, micro_batch_size=min(cfg.train.micro_batch_size, batch),
+        max_len=r.max_context, warmup=int(SFT_WARMUP_FRACTION * sft.steps), max_grad_norm=cfg.train.max_grad_norm,
+        weight_decay=cfg.train.weight_decay, epochs=sft.epochs, seed=r.seed, log_every=cfg.train.log_every,
+        checkpoint_every=cfg.run.checkpoint_every, keep_last=cfg.run.keep_last, tensorboard=cfg.run.tensorboard,
+    )  # fmt: skip
+    out = run_sft(policy, examples, settings, run_dir=run_dir)
+    out.pop("losses")
+    return out

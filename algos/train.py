@@ -7,7 +7,9 @@ loop; which parts it uses was decided by ``cfg.algo`` before the loop starts.
 
 from __future__ import annotations
 
+import inspect
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,14 +25,17 @@ from veriloop.agents.policy import Policy
 from veriloop.agents.rollout import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory
-from veriloop.algos.batch import minibatches
-from veriloop.algos.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from veriloop.algos.batch import TokenBatch, minibatches
+from veriloop.algos.checkpoint import check_finite, latest_checkpoint, load_checkpoint, save_checkpoint
 from veriloop.algos.critic import ValueModel
+from veriloop.algos.distributed import DistContext, init_distributed, shutdown_distributed
 from veriloop.algos.run_log import RunLog
 from veriloop.algos.sampling import dynamic_sampling, verifier_failed
 from veriloop.algos.update import prepare_batch, update_step
 from veriloop.configs.loader import config_to_yaml
 from veriloop.configs.schema import ExperimentConfig
+
+SINGLE_PROCESS = DistContext()
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -58,7 +63,9 @@ def build_policy(cfg: ExperimentConfig) -> Policy:
     if p.model == "tiny":  # a tiny random model with the real tokenizer: for tests and smoke runs
         from veriloop.agents.testing import tiny_policy
 
-        return tiny_policy(lora=p.lora, seed=cfg.rollout.seed, keep_reference=cfg.keep_reference and not p.lora)
+        return tiny_policy(
+            lora=p.lora, seed=cfg.rollout.seed, keep_reference=cfg.keep_reference and not p.lora
+        )
     lora = LoraSettings(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
                         target_modules=p.target_modules) if p.lora else None  # fmt: skip
     return load_policy(p.model, lora=lora, dtype=p.dtype, keep_reference=cfg.keep_reference and not p.lora)
@@ -72,7 +79,9 @@ def build_critic(cfg: ExperimentConfig, policy: Policy) -> ValueModel | None:
     return ValueModel(policy.model)  # value head on the policy's own backbone
 
 
-def build_optimizer(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | None) -> torch.optim.Optimizer:
+def build_optimizer(
+    cfg: ExperimentConfig, policy: Policy, critic: ValueModel | None
+) -> torch.optim.Optimizer:
     params = {id(p): p for p in policy.trainable_parameters()}
     if critic is not None:  # the shared backbone's parameters are already in; add the head (or model)
         params.update({id(p): p for p in critic.parameters() if p.requires_grad})
@@ -115,17 +124,19 @@ def _load_trainable_state(policy: Policy, critic: ValueModel | None, state: dict
             scope, name = key.split(".", 1)
             table = targets if scope == "policy" else heads
             if name not in table:
-                raise KeyError(f"checkpoint holds {key!r}, which this model does not have: wrong config for resume?")
+                raise KeyError(
+                    f"checkpoint holds {key!r}, which this model does not have: wrong config for resume?"
+                )
             table[name].copy_(value)
 
 
 # ---------------------------------------------------------------------------------------- rollout
 
 
-def _sampling(cfg: ExperimentConfig, step: int) -> SamplingParams:
+def _sampling(cfg: ExperimentConfig, stream: int) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          max_new_tokens=r.max_new_tokens, seed=r.seed * 100_003 + step)  # fmt: skip
+                          max_new_tokens=r.max_new_tokens, seed=r.seed * 100_003 + stream)  # fmt: skip
 
 
 def _limits(cfg: ExperimentConfig) -> RolloutLimits:
@@ -133,43 +144,59 @@ def _limits(cfg: ExperimentConfig) -> RolloutLimits:
     return RolloutLimits(max_new_tokens=r.max_new_tokens, max_context=r.max_context, max_turns=r.max_turns)
 
 
-def collect(cfg: ExperimentConfig, policy: Policy, state: TrainerState) -> tuple[list[Trajectory], dict[str, float]]:
+def collect(
+    cfg: ExperimentConfig, policy: Policy, state: TrainerState, dist: DistContext = SINGLE_PROCESS
+) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
     """One step's experience: ``prompts_per_step`` groups of ``group_size`` episodes.
 
     Each group is one env seed (same problem); seeds advance monotonically so training never
     repeats a problem and a resumed run continues where it stopped. With dynamic sampling,
-    all-equal-reward groups are dropped and more are sampled (DAPO).
+    all-equal-reward groups are dropped and more are sampled (DAPO). With several processes each
+    rank plays its share of the groups and every rank ends up with all of them, in seed order.
+
+    Returns:
+        the episodes to train on, every episode sampled (for metrics: verifier failures that
+        dynamic sampling removed still count), and the sampling metrics.
     """
     rounds = 0
+    sampled: list[Trajectory] = []
+    g = cfg.rollout.group_size
 
     def sample_groups(n: int) -> list[list[Trajectory]]:
         nonlocal rounds
-        seeds = range(state.next_seed, state.next_seed + n)
+        seeds = dist.shard(range(state.next_seed, state.next_seed + n))  # this rank's problems
         state.next_seed += n
-        specs = [EpisodeSpec(cfg.env.id, dict(cfg.env.kwargs), s, s) for s in seeds for _ in range(cfg.rollout.group_size)]
-        trajs = rollout(policy, specs, sampling=_sampling(cfg, state.step * 16 + rounds), limits=_limits(cfg),
-                        system_prompt=cfg.env.system_prompt)  # fmt: skip
+        specs = [EpisodeSpec(cfg.env.id, dict(cfg.env.kwargs), s, s) for s in seeds for _ in range(g)]
+        # one sampling stream per (step, round, rank): reproducible, and distinct across ranks
+        stream = (state.step * 16 + rounds) * 64 + dist.rank
+        mine = rollout(policy, specs, sampling=_sampling(cfg, stream), limits=_limits(cfg),
+                       system_prompt=cfg.env.system_prompt) if specs else []  # fmt: skip
         rounds += 1
-        g = cfg.rollout.group_size
-        return [trajs[i : i + g] for i in range(0, len(trajs), g)]
+        groups = dist.gather_shards([mine[i : i + g] for i in range(0, len(mine), g)])
+        sampled.extend(t for group in groups for t in group)
+        return groups
 
     n = cfg.rollout.prompts_per_step
     if cfg.algo.dynamic_sampling:
         groups, stats = dynamic_sampling(sample_groups, num_groups=n, max_rounds=cfg.algo.max_sampling_rounds,
                                          reward_fn=lambda t: t.total_reward)  # fmt: skip
-        metrics = {f"sampling/{k}": v for k, v in stats.items()}
+        metrics = {"sampling/rounds": stats["rounds"], "sampling/kept_fraction": stats["kept_fraction"],
+                   "sampling/short_batch": stats["short_batch"]}  # fmt: skip
     else:
         groups = sample_groups(n)
-        metrics = {"sampling/rounds": 1.0, "sampling/kept_fraction": 1.0}
-    return [t for group in groups for t in group], metrics
+        metrics = {"sampling/rounds": 1.0, "sampling/kept_fraction": 1.0, "sampling/short_batch": 0.0}
+    return [t for group in groups for t in group], sampled, metrics
 
 
 def rollout_metrics(trajs: Sequence[Trajectory], tokenizer: Any) -> dict[str, float]:
-    """The same names for every algorithm (reward, success, length, truncation, verifier, drift)."""
+    """The same names for every algorithm (reward, success, length, truncation, verifier, drift).
+
+    Verifier errors and timeouts count episodes with a failed verification on any turn.
+    """
     rewards = torch.tensor([t.total_reward for t in trajs], dtype=torch.float64)
     lengths = torch.tensor([t.num_generated_tokens for t in trajs], dtype=torch.float64)
     final = [t.turns[-1].verdict if t.turns else {} for t in trajs]
-    errors = [v.get("error") for v in final]
+    errors = [{(tr.verdict or {}).get("error") for tr in t.turns} for t in trajs]
     drift_sample = trajs[: min(8, len(trajs))]
     return {
         "reward/mean": float(rewards.mean()),
@@ -180,7 +207,7 @@ def rollout_metrics(trajs: Sequence[Trajectory], tokenizer: Any) -> dict[str, fl
         "truncation_rate": sum(any(tr.hit_token_limit for tr in t.turns) for t in trajs) / len(trajs),
         "turns/mean": sum(t.num_turns for t in trajs) / len(trajs),
         "verifier/errors": float(sum(verifier_failed(t) for t in trajs)),
-        "verifier/timeouts": float(sum(e == "timeout" for e in errors)),
+        "verifier/timeouts": float(sum("timeout" in e for e in errors)),
         "drift_rate": sum(drift_rate(tokenizer, t) for t in drift_sample) / max(len(drift_sample), 1),
     }
 
@@ -188,21 +215,61 @@ def rollout_metrics(trajs: Sequence[Trajectory], tokenizer: Any) -> dict[str, fl
 # ------------------------------------------------------------------------------------------ update
 
 
+def _reference(cfg: ExperimentConfig, policy: Policy) -> dict[str, Any]:
+    """Where reference log-probs come from: the frozen copy (full fine-tuning) or the same model
+    with its adapter disabled (LoRA); nothing when the algorithm has no KL term."""
+    if not cfg.algo.needs_reference:
+        return {}
+    if policy.is_lora:
+        return {"ref_model_ctx": policy.model.disable_adapter}
+    if policy.frozen_reference is None:
+        raise RuntimeError(
+            "algo.kl_coef > 0 with full fine-tuning needs policy.keep_reference (a frozen copy)"
+        )
+    return {"ref_model": policy.frozen_reference}
+
+
+def kl_to_reference(batch: TokenBatch) -> float | None:
+    """Approximate KL(pi_old || pi_ref) over the sampled tokens (k3 estimator, Schulman 2020):
+    mean over loss-mask tokens of exp(d) - d - 1 with d = log pi_ref - log pi_old. None without a
+    reference (the metric is then written as null, never as a made-up 0)."""
+    if batch.ref_logprobs is None:
+        return None
+    m = batch.loss_mask.bool()  # [B, T]
+    d = (batch.ref_logprobs - batch.old_logprobs).double()[m]
+    return float((d.exp() - d - 1).mean()) if d.numel() else 0.0
+
+
+def _share(cfg: ExperimentConfig, mb: TokenBatch, part: TokenBatch) -> float:
+    """``part``'s fraction of ``mb``'s loss normaliser: tokens (token-mean) or sequences."""
+    if cfg.algo.loss_agg == "token_mean":
+        return float(part.loss_mask.sum()) / max(float(mb.loss_mask.sum()), 1.0)
+    return float((part.loss_mask.sum(1) > 0).sum()) / max(float((mb.loss_mask.sum(1) > 0).sum()), 1.0)
+
+
 def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | None, optimizer: torch.optim.Optimizer,
-                   trajs: list[Trajectory], generator: torch.Generator) -> dict[str, float]:  # fmt: skip
-    """Advantages once per rollout, then ``algo.epochs`` passes of mini-batch updates."""
+                   trajs: list[Trajectory], generator: torch.Generator,
+                   dist: DistContext = SINGLE_PROCESS) -> dict[str, float]:  # fmt: skip
+    """Advantages once per rollout, then ``algo.epochs`` passes of mini-batch updates.
+
+    Every rank holds the whole batch (same advantages, same mini-batch order); with several
+    ranks each trains rows ``rank::world`` of a mini-batch and the gradients are summed.
+    """
     pad = policy.tokenizer.pad_token_id or 0
-    ref_ctx = policy.reference if cfg.algo.needs_reference else None
+    ref = _reference(cfg, policy)
     policy.model.eval()  # reference / old values without dropout
-    batch, adv_metrics = prepare_batch(trajs, cfg.algo, model=policy.model, critic=critic, ref_model_ctx=ref_ctx, pad_id=pad)
+    batch, adv_metrics = prepare_batch(trajs, cfg.algo, model=policy.model, critic=critic, pad_id=pad, **ref)
     policy.model.train()
     sums: dict[str, float] = {}
     updates = 0
     for _ in range(cfg.algo.epochs):
         for mb in minibatches(batch, cfg.mini_batch_size, shuffle=generator):
-            m = update_step(policy.model, optimizer, mb, cfg.algo, micro_batch_size=cfg.train.micro_batch_size,
-                            max_grad_norm=cfg.train.max_grad_norm or float("inf"), ref_model_ctx=ref_ctx,
-                            critic=critic, max_new_tokens=cfg.rollout.max_new_tokens)  # fmt: skip
+            part = mb.select(torch.arange(dist.rank, mb.size, dist.world_size)) if dist.enabled else mb
+            sync = {"on_before_step": dist.grad_sync(_share(cfg, mb, part))} if dist.enabled else {}
+            m = update_step(policy.model, optimizer, part, cfg.algo, micro_batch_size=cfg.train.micro_batch_size,
+                            max_grad_norm=cfg.train.max_grad_norm or float("inf"),
+                            ref_model_ctx=ref.get("ref_model_ctx"), critic=critic,
+                            max_new_tokens=cfg.rollout.max_new_tokens, **sync)  # fmt: skip
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
             updates += 1
@@ -211,6 +278,7 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
     out["skipped"] = sums.get("skipped", 0.0)  # count, not mean
     out["updates"] = float(updates)
     out["train_tokens"] = float(batch.loss_mask.sum())
+    out["kl_ref"] = kl_to_reference(batch)  # type: ignore[assignment]
     return {**out, **adv_metrics}
 
 
@@ -218,21 +286,31 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
 
 
 def train(cfg: ExperimentConfig, *, resume: bool = False, quiet: bool = False) -> Path:
-    """Run ``cfg`` and return the run folder (metrics.jsonl, config.yaml, checkpoints/, final/)."""
+    """Run ``cfg`` and return the run folder (metrics.jsonl, config.yaml, checkpoints/, final/).
+
+    Under ``accelerate launch`` / ``torchrun`` with several processes this is data-parallel (see
+    :mod:`veriloop.algos.distributed`); only rank 0 writes anything.
+    """
     cfg.validate()
+    dist = init_distributed()
+    _check_distributed(cfg, dist)
+    quiet = quiet or not dist.is_main
     run_dir = Path(cfg.run.out_dir) / cfg.run_name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
     torch.manual_seed(cfg.rollout.seed)
     policy = build_policy(cfg)
     critic = build_critic(cfg, policy)
     optimizer = build_optimizer(cfg, policy, critic)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    state = TrainerState(next_seed=cfg.rollout.seed)
+    # SFT demonstrations use env seeds seed .. seed + examples - 1; RL problems come after them
+    sft_seeds = cfg.sft.examples if cfg.sft.steps > 0 else 0
+    state = TrainerState(next_seed=cfg.rollout.seed + sft_seeds)
     generator = torch.Generator().manual_seed(cfg.rollout.seed)
 
-    ckpt = latest_checkpoint(run_dir) if resume else None
-    if ckpt is not None:
+    ckpt = dist.broadcast_object(latest_checkpoint(run_dir) if resume and dist.is_main else None)
+    if ckpt is not None:  # every rank reads the same folder (shared file system)
         loaded = load_checkpoint(ckpt)  # also restores the python/numpy/torch RNG states
         _load_trainable_state(policy, critic, loaded["model_state"])
         optimizer.load_state_dict(loaded["optimizer"])
@@ -251,33 +329,50 @@ def train(cfg: ExperimentConfig, *, resume: bool = False, quiet: bool = False) -
         state.history["sft"] = sft_metrics
         _say(quiet, f"SFT warm-up done: {sft_metrics}")
 
-    log = RunLog(run_dir, tensorboard=cfg.run.tensorboard, resume_from_step=state.step if ckpt else None,
-                 wandb_project="veriloop" if cfg.run.wandb else None)  # fmt: skip
-    if state.step == 0 and cfg.eval.num_problems > 0:  # the base policy's numbers, for comparison
-        log.log(0, _evaluate(cfg, policy, 0, quiet))
+    # a resumed run keeps the rows up to its checkpoint's step; a fresh run starts an empty file
+    log = RunLog(run_dir, tensorboard=cfg.run.tensorboard, resume_from_step=state.step + 1 if ckpt else 0,
+                 wandb_project="veriloop" if cfg.run.wandb else None) if dist.is_main else None  # fmt: skip
     try:
-        _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_dir, quiet)
+        if (
+            state.step == 0 and cfg.eval.num_problems > 0 and log is not None
+        ):  # the base policy, for comparison
+            log.log(0, _evaluate(cfg, policy, 0, quiet))
+        _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_dir, quiet, dist)
+        if dist.is_main:
+            save_policy(policy, run_dir / "final")
     finally:
-        log.close()
-    save_policy(policy, run_dir / "final")
+        if log is not None:
+            log.close()
+        dist.barrier()
+        shutdown_distributed(dist)
     return run_dir
 
 
-def _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_dir, quiet) -> None:  # type: ignore[no-untyped-def]
+def _check_distributed(cfg: ExperimentConfig, dist: DistContext) -> None:
+    if not dist.enabled:
+        return
+    if "on_before_step" not in inspect.signature(update_step).parameters:
+        raise RuntimeError(
+            "data-parallel training needs update_step(on_before_step=...) in algos/update.py "
+            "(gradient all-reduce before clipping); run with one process until it is there"
+        )
+
+
+def _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_dir, quiet, dist) -> None:  # type: ignore[no-untyped-def]
     from tqdm import tqdm
 
     bar = tqdm(range(state.step, cfg.train.steps), initial=state.step, total=cfg.train.steps,
                desc="train", disable=quiet, dynamic_ncols=True)  # fmt: skip
     for step in bar:
         t0 = time.perf_counter()
-        trajs, metrics = collect(cfg, policy, state)
+        trajs, sampled, metrics = collect(cfg, policy, state, dist)
         t_rollout = time.perf_counter() - t0
-        metrics.update(rollout_metrics(trajs, policy.tokenizer))
+        metrics.update(rollout_metrics(sampled, policy.tokenizer))
         t1 = time.perf_counter()
-        metrics.update(train_on_batch(cfg, policy, critic, optimizer, trajs, generator))
+        metrics.update(train_on_batch(cfg, policy, critic, optimizer, trajs, generator, dist))
         t_train = time.perf_counter() - t1
         scheduler.step()
-        gen_tokens = sum(t.num_generated_tokens for t in trajs)
+        gen_tokens = sum(t.num_generated_tokens for t in sampled)
         metrics.update({
             "lr": scheduler.get_last_lr()[0],
             "time/rollout_s": t_rollout, "time/train_s": t_train,
@@ -288,15 +383,15 @@ def _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_
         _guard_nonfinite(cfg, state, metrics)
         state.step = step + 1
         every_eval = cfg.eval.every
-        if (every_eval and state.step % every_eval == 0) or state.step == cfg.train.steps:
+        if dist.is_main and ((every_eval and state.step % every_eval == 0) or state.step == cfg.train.steps):
             metrics.update(_evaluate(cfg, policy, state.step, quiet))
-        if state.step % cfg.train.log_every == 0 or state.step == cfg.train.steps:
+        if log is not None and (state.step % cfg.train.log_every == 0 or state.step == cfg.train.steps):
             log.log(state.step, metrics)
         bar.set_postfix_str(_summary(metrics))
         if not quiet:
             tqdm.write(f"step {state.step:4d} | {_summary(metrics)}")
         every = cfg.run.checkpoint_every
-        if (every and state.step % every == 0) or state.step == cfg.train.steps:
+        if dist.is_main and ((every and state.step % every == 0) or state.step == cfg.train.steps):
             _checkpoint(cfg, policy, critic, optimizer, scheduler, state, generator, run_dir)
 
 
@@ -316,12 +411,22 @@ def _guard_nonfinite(cfg: ExperimentConfig, state: TrainerState, metrics: dict[s
         )
 
 
+#: Test hook: seconds to sleep inside a checkpoint save, after the weights are written and before
+#: the rest, so a test can ``kill -9`` the process mid-save (tests/algos/test_train_resume.py).
+SAVE_DELAY_ENV = "VERILOOP_TEST_SAVE_DELAY"
+
+
 def _checkpoint(cfg, policy, critic, optimizer, scheduler, state, generator, run_dir) -> None:  # type: ignore[no-untyped-def]
-    trainer_state = {"state": state.__dict__, "generator": generator.get_state().tolist()}
+    """Atomic save (see ``algos/checkpoint.py``); refuses non-finite weights, keeps the last K."""
+    trainer_state = {"state": dict(state.__dict__), "generator": generator.get_state().tolist()}
     weights = _trainable_state(policy, critic)
+    check_finite(weights.items())  # the critic too; save_checkpoint checks the policy model again
+    delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
 
     def save_model(folder: Path) -> None:
         torch.save(weights, folder / "model.pt")
+        if delay > 0:
+            time.sleep(delay)
 
     save_checkpoint(run_dir, state.step, model=policy.model, save_model=save_model, optimizer=optimizer,
                     scheduler=scheduler, trainer_state=trainer_state, keep_last=cfg.run.keep_last)  # fmt: skip
@@ -334,7 +439,8 @@ def _evaluate(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool) -> 
     write_report(report, Path(cfg.run.out_dir) / cfg.run_name / "eval", f"step-{step:06d}")
     flat = {f"eval/{split}/{k}": float(v) for split, m in report["splits"].items()
             for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)}  # fmt: skip
-    _say(quiet, "eval @%d: %s" % (step, ", ".join(f"{k}={v:.3f}" for k, v in flat.items() if k.endswith("avg@n"))))
+    shown = ", ".join(f"{k}={v:.3f}" for k, v in flat.items() if k.endswith("avg@n"))
+    _say(quiet, f"eval @{step}: {shown}")
     return flat
 
 

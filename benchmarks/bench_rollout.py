@@ -11,7 +11,10 @@ Three ways to produce tokens, in one run, reported in generated tokens per secon
 Also: RSS after every turn of (b) and (c), the sampling-cost micro-benchmark (multinomial vs
 exponential race) and the drift rate of the sampled text. Writes benchmarks/results/rollout.json.
 
-    python benchmarks/bench_rollout.py [--episodes 32] [--new-tokens 64] [--no-kv-ablation]
+    OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_rollout.py [--episodes 32] [--threads 1]
+
+Measured on a shared 2-core machine: one torch thread was 5-10x faster than two while other jobs
+ran (OpenMP threads spin-wait for a busy core), so ``--threads 1`` is the default.
 """
 
 from __future__ import annotations
@@ -49,7 +52,11 @@ def first_prompts(tokenizer, n: int) -> list[str]:
     out = []
     for seed in range(n):
         obs, _ = gym.make(ENV, max_attempts=3).reset(seed=seed)
-        out.append(tokenizer.apply_chat_template([{"role": "user", "content": obs}], tokenize=False, add_generation_prompt=True))
+        out.append(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": obs}], tokenize=False, add_generation_prompt=True
+            )
+        )
     return out
 
 
@@ -81,7 +88,9 @@ def bench_naive(policy, n: int, new_tokens: int, attempts: int) -> dict:
     convs = [[{"role": "user", "content": e.reset(seed=s)[0]}] for s, e in enumerate(envs)]
     live, generated, rss, start = list(range(n)), 0, [rss_mb()], time.perf_counter()
     for turn in range(attempts):
-        prompts = [tok.apply_chat_template(convs[i], tokenize=False, add_generation_prompt=True) for i in live]
+        prompts = [
+            tok.apply_chat_template(convs[i], tokenize=False, add_generation_prompt=True) for i in live
+        ]
         gen = hf_generate(policy, prompts, new_tokens, force_length=False, seed=turn)
         still = []
         for row, i in enumerate(live):
@@ -99,7 +108,12 @@ def bench_naive(policy, n: int, new_tokens: int, attempts: int) -> dict:
         if not live:
             break
     secs = time.perf_counter() - start
-    return {"seconds": secs, "generated_tokens": generated, "tokens_per_s": generated / secs, "rss_mb_per_turn": rss}
+    return {
+        "seconds": secs,
+        "generated_tokens": generated,
+        "tokens_per_s": generated / secs,
+        "rss_mb_per_turn": rss,
+    }
 
 
 def bench_engine(policy, n: int, new_tokens: int, attempts: int, **backend_kwargs) -> dict:
@@ -144,7 +158,11 @@ def bench_sampling(batch: int, vocab: int, reps: int = 50) -> dict:
         return (time.perf_counter() - start) / reps * 1e3
 
     multinomial = timed(lambda: torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
-    race = timed(lambda: torch.argmax(torch.log_softmax(logits, -1) - torch.empty_like(logits).exponential_(generator=gen).log(), -1))
+    race = timed(
+        lambda: torch.argmax(
+            torch.log_softmax(logits, -1) - torch.empty_like(logits).exponential_(generator=gen).log(), -1
+        )
+    )
     return {"batch": batch, "vocab": vocab, "multinomial_ms": multinomial, "exponential_race_ms": race}
 
 
@@ -154,7 +172,11 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--attempts", type=int, default=3)
     parser.add_argument("--no-kv-ablation", action="store_true", help="skip (c) without KV reuse")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1 is fastest on a busy 2-core box)"
+    )
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     policy = load_policy("default")
     policy.model.eval()
     n, k, a = args.episodes, args.new_tokens, args.attempts

@@ -90,7 +90,9 @@ def eos_token_ids(tokenizer: Any, model: Any = None) -> tuple[int, ...]:
     elif extra:
         ids.update(int(i) for i in extra)
     if not ids:
-        raise ValueError("the tokenizer has no eos_token_id; set tokenizer.eos_token to the end-of-turn token")
+        raise ValueError(
+            "the tokenizer has no eos_token_id; set tokenizer.eos_token to the end-of-turn token"
+        )
     return tuple(sorted(ids))
 
 

@@ -79,7 +79,9 @@ class HFBackend:
         self.model = policy.model
         self.tokenizer = policy.tokenizer
         self.eos = set(eos_token_ids(policy.tokenizer, policy.model))
-        self.pad_id = policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else min(self.eos)
+        self.pad_id = (
+            policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else min(self.eos)
+        )
         self.reuse_kv = reuse_kv and not policy.is_vision
         self.max_batch_size = max_batch_size
         self.compact_fraction = compact_fraction
@@ -156,7 +158,12 @@ class HFBackend:
             finished = [b for b, r in enumerate(active) if rows[r].finish is not None]
             if finished and len(finished) >= self.compact_fraction * len(active):
                 keep = [b for b in range(len(active)) if rows[active[b]].finish is None]
-                self._save(cache, [rows[active[b]] for b in finished], [reqs[active[b]].key for b in finished], finished)
+                self._save(
+                    cache,
+                    [rows[active[b]] for b in finished],
+                    [reqs[active[b]].key for b in finished],
+                    finished,
+                )
                 done += [active[b] for b in finished]
                 index = torch.tensor(keep)
                 cache.batch_select_indices(index)
@@ -179,7 +186,13 @@ class HFBackend:
             row.finish = "length"
 
     def _forward(
-        self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any, device: torch.device, **extra: Any
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        pos: torch.Tensor,
+        cache: Any,
+        device: torch.device,
+        **extra: Any,
     ) -> torch.Tensor:
         """One forward pass; returns the last column's logits [B, V]."""
         self.stats["forward_calls"] += 1
@@ -216,14 +229,19 @@ class HFBackend:
             layers.append((k, v))
         return DynamicCache(ddp_cache_data=layers)
 
-    def _save(self, cache: Any, rows: Sequence[_Row], keys: Sequence[Hashable], batch_rows: Sequence[int]) -> None:
+    def _save(
+        self, cache: Any, rows: Sequence[_Row], keys: Sequence[Hashable], batch_rows: Sequence[int]
+    ) -> None:
         """Store each finished row's K/V: its context plus all sampled tokens but the last (never fed)."""
         if not self.reuse_kv:
             return
         for row, key, b in zip(rows, keys, batch_rows):
             ids = row.context + row.sampled[:-1]
             start, end = row.pad, row.pad + len(ids)
-            kv = [(layer.keys[b, :, start:end].clone(), layer.values[b, :, start:end].clone()) for layer in cache.layers]
+            kv = [
+                (layer.keys[b, :, start:end].clone(), layer.values[b, :, start:end].clone())
+                for layer in cache.layers
+            ]
             self._slots[key] = _Slot(ids, kv)
 
     def _vision_inputs(self, reqs: Sequence[GenRequest]) -> dict[str, Any]:
@@ -232,4 +250,6 @@ class HFBackend:
             return {}
         names = set().union(*(r.model_inputs.keys() for r in reqs))
         device = self.policy.device
-        return {n: torch.cat([r.model_inputs[n] for r in reqs if n in r.model_inputs]).to(device) for n in names}
+        return {
+            n: torch.cat([r.model_inputs[n] for r in reqs if n in r.model_inputs]).to(device) for n in names
+        }

@@ -94,7 +94,9 @@ class VLLMBackend:
             version = next(self._lora_ids)
             path = Path(self._tmp.name) / f"v{version}"
             self.policy.model.save_pretrained(path)
-            self._lora_request = self.vllm.lora.request.LoRARequest(f"veriloop-v{version}", version, str(path))
+            self._lora_request = self.vllm.lora.request.LoRARequest(
+                f"veriloop-v{version}", version, str(path)
+            )
             return
         state = [(name, p.detach()) for name, p in self.policy.model.state_dict().items()]
 
@@ -132,7 +134,9 @@ class VLLMBackend:
         ids = list(completion.token_ids)
         logprobs = [float(step[tok].logprob) for tok, step in zip(ids, completion.logprobs or [])]
         if len(logprobs) != len(ids):
-            raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(ids)} tokens; need logprobs=0")
+            raise RuntimeError(
+                f"vLLM returned {len(logprobs)} log-probs for {len(ids)} tokens; need logprobs=0"
+            )
         if completion.finish_reason == "length":
             finish = "length"
         elif isinstance(completion.stop_reason, str):

@@ -38,7 +38,10 @@ def test_delta_closes_the_assistant_turn_only_where_the_sample_did_not(tokenizer
 def test_system_prompt_and_observation_messages(tokenizer):
     fmt = ChatFormat(tokenizer, system_prompt="Be brief.")
     msgs = fmt.first_messages(observation_message("Q?")[0])
-    assert fmt.prompt_text(msgs) == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        fmt.prompt_text(msgs)
+        == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\n"
+    )
     msg, image = observation_message({"text": "look", "image": torch.zeros(2, 2, 3)})
     assert msg["content"][0] == {"type": "image"} and image is not None
     with pytest.raises(TypeError, match="str or a dict"):
@@ -73,7 +76,9 @@ def test_scripted_policy_tokens_masks_and_calls(tokenizer):
     assert script.calls == [4, 4, 4]
     for tr in trajs:
         for t in tr.turns:
-            assert tr.token_ids[t.start : t.end] == tokenizer("try " + str(t.index))["input_ids"] + [tokenizer.eos_token_id]
+            assert tr.token_ids[t.start : t.end] == tokenizer("try " + str(t.index))["input_ids"] + [
+                tokenizer.eos_token_id
+            ]
             assert set(tr.loss_mask[t.start : t.end]) == {1} and set(tr.logprobs[t.start : t.end]) == {0.0}
         assert sum(tr.loss_mask) == sum(t.end - t.start for t in tr.turns)
     with pytest.raises(KeyError, match="covers turns"):
@@ -86,7 +91,9 @@ def test_drift_detects_a_non_canonical_tokenization(tokenizer):
     turn = tr.turns[0]
     split = [tokenizer.convert_tokens_to_ids(c) for c in ["H", "e", "l", "l", "o"]]
     assert None not in split and tokenizer.unk_token_id not in split
-    ids = tr.token_ids[: turn.start] + split + tr.token_ids[turn.start + 1 :]  # "Hello" spelled letter by letter
+    ids = (
+        tr.token_ids[: turn.start] + split + tr.token_ids[turn.start + 1 :]
+    )  # "Hello" spelled letter by letter
     from dataclasses import replace
 
     drifted = replace(tr, token_ids=ids)

@@ -38,9 +38,17 @@ class CountdownEnv(gym.Env):
     def step(self, action):
         self.t += 1
         ok = "ok" in action
-        verdict = Verdict(correct=ok, feedback="fine" if ok else "say ok", reason="correct" if ok else "wrong")
+        verdict = Verdict(
+            correct=ok, feedback="fine" if ok else "say ok", reason="correct" if ok else "wrong"
+        )
         obs = f"Step {self.t} of {self.length}: {verdict.feedback}."
-        return obs, float(ok), self.t >= self.length, False, {"verdict": verdict, "reward_components": {"ok": ok}}
+        return (
+            obs,
+            float(ok),
+            self.t >= self.length,
+            False,
+            {"verdict": verdict, "reward_components": {"ok": ok}},
+        )
 
 
 if COUNTDOWN not in gym.registry:
@@ -92,7 +100,9 @@ def test_masks_logprobs_and_turns_line_up_over_four_turns(policy):
         assert all(lp == 0.0 for lp, m in zip(tr.logprobs, tr.loss_mask) if m == 0)
         assert tr.turn_index[: tr.turns[0].start] == [-1] * tr.turns[0].start
         assert tr.turn_index == sorted(tr.turn_index)
-        assert [t.verdict["reason"] for t in tr.turns] == ["correct" if "ok" in t.text else "wrong" for t in tr.turns]
+        assert [t.verdict["reason"] for t in tr.turns] == [
+            "correct" if "ok" in t.text else "wrong" for t in tr.turns
+        ]
 
 
 def test_environment_tokens_are_never_trainable(policy):
@@ -103,7 +113,9 @@ def test_environment_tokens_are_never_trainable(policy):
         if ids[-1] == tok.eos_token_id:
             ids = ids[:-1]
         assert tok.decode(ids, skip_special_tokens=False) == turn.text
-    env_text = tok.decode([i for i, m in zip(tr.token_ids, tr.loss_mask) if m == 0], skip_special_tokens=False)
+    env_text = tok.decode(
+        [i for i, m in zip(tr.token_ids, tr.loss_mask) if m == 0], skip_special_tokens=False
+    )
     for k in (1, 2):  # every observation after an action sits in the untrainable part, with its header
         assert f"<|im_start|>user\nStep {k} of 3:" in env_text
     assert env_text.count("<|im_start|>assistant\n") == 3
@@ -123,7 +135,9 @@ def test_kv_reuse_gives_the_same_tokens_as_recomputing(policy):
     sampling = SamplingParams(max_new_tokens=12, seed=5)
     a = rollout(policy, countdown([3, 1, 2]), sampling=sampling, backend=HFBackend(policy, reuse_kv=True))
     b = rollout(policy, countdown([3, 1, 2]), sampling=sampling, backend=HFBackend(policy, reuse_kv=False))
-    c = rollout(policy, countdown([3, 1, 2]), sampling=sampling, backend=HFBackend(policy, compact_fraction=2.0))
+    c = rollout(
+        policy, countdown([3, 1, 2]), sampling=sampling, backend=HFBackend(policy, compact_fraction=2.0)
+    )
     for x, y, z in zip(a, b, c):
         assert x.token_ids == y.token_ids == z.token_ids
         torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4, rtol=0)
@@ -151,7 +165,9 @@ def test_group_episodes_share_their_start_state(policy):
 
 
 def test_same_seed_same_episodes_and_other_seed_differs(policy):
-    run = lambda seed: rollout(policy, countdown([2, 2]), sampling=SamplingParams(max_new_tokens=8, seed=seed))  # noqa: E731
+    def run(seed):
+        return rollout(policy, countdown([2, 2]), sampling=SamplingParams(max_new_tokens=8, seed=seed))
+
     assert [t.token_ids for t in run(4)] == [t.token_ids for t in run(4)]
     assert [t.token_ids for t in run(4)] != [t.token_ids for t in run(5)]
 
@@ -159,14 +175,26 @@ def test_same_seed_same_episodes_and_other_seed_differs(policy):
 def test_limits_are_recorded_never_silent(policy):
     sampling = SamplingParams(max_new_tokens=64, seed=0)
     tok_limit = rollout(policy, countdown([2]), sampling=sampling, limits=RolloutLimits(max_new_tokens=3))[0]
-    assert all(t.hit_token_limit == (t.end - t.start == 3 and tok_limit.token_ids[t.end - 1] != 2) for t in tok_limit.turns)
+    assert all(
+        t.hit_token_limit == (t.end - t.start == 3 and tok_limit.token_ids[t.end - 1] != 2)
+        for t in tok_limit.turns
+    )
     assert any(t.hit_token_limit for t in tok_limit.turns)
 
     turns = rollout(policy, countdown([5]), sampling=sampling, limits=RolloutLimits(max_turns=2))[0]
-    assert (turns.num_turns, turns.truncated, turns.terminated, turns.stop_reason) == (2, True, False, "max_turns")
+    assert (turns.num_turns, turns.truncated, turns.terminated, turns.stop_reason) == (
+        2,
+        True,
+        False,
+        "max_turns",
+    )
 
-    prompt_len = len(rollout(policy, countdown([1]), sampling=sampling)[0].token_ids) - 1  # a bound on the prompt
-    ctx = rollout(policy, countdown([5]), sampling=sampling, limits=RolloutLimits(max_context=prompt_len + 20))[0]
+    prompt_len = (
+        len(rollout(policy, countdown([1]), sampling=sampling)[0].token_ids) - 1
+    )  # a bound on the prompt
+    ctx = rollout(
+        policy, countdown([5]), sampling=sampling, limits=RolloutLimits(max_context=prompt_len + 20)
+    )[0]
     assert ctx.truncated and ctx.stop_reason == "max_context" and not ctx.terminated
     assert len(ctx.token_ids) <= prompt_len + 20
 
@@ -186,5 +214,21 @@ def test_episode_log_replays_identically(policy, tmp_path):
         again = replay(line)
         assert [a["reward"] for a in again] == [t["reward"] for t in record["turns"]]
         assert [a["verdict"] for a in again] == [t["verdict"] for t in record["turns"]]
-    assert json.loads(lines[0])["turns"][0]["ids"] == trajs[0].token_ids[trajs[0].turns[0].start : trajs[0].turns[0].end]
+    assert (
+        json.loads(lines[0])["turns"][0]["ids"]
+        == trajs[0].token_ids[trajs[0].turns[0].start : trajs[0].turns[0].end]
+    )
     assert trajs[0].turns[1].verdict["correct"] and trajs[0].terminated
+
+
+def test_stop_strings_end_a_turn_and_keep_the_completing_token(policy):
+    from veriloop.agents.backends import GenRequest
+
+    backend = HFBackend(policy)
+    prompt = policy.tokenizer("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    greedy = SamplingParams.greedy(max_new_tokens=8)
+    (free,) = backend.generate([GenRequest("a", prompt, 8)], greedy, torch.Generator())
+    stop = policy.tokenizer.decode(free.token_ids[2:3])
+    (cut,) = backend.generate([GenRequest("b", prompt, 8)], SamplingParams.greedy(8, stop=(stop,)), torch.Generator())
+    assert cut.finish == "stop" and 1 <= len(cut.token_ids) <= 3
+    assert cut.token_ids == free.token_ids[: len(cut.token_ids)] and stop in policy.tokenizer.decode(cut.token_ids)

@@ -40,7 +40,12 @@ def test_greedy_records_model_logprobs_and_seeds_reproduce():
     tokens, lps = sample_next(logits, SamplingParams.greedy(), None)
     assert torch.equal(tokens, logits.argmax(-1))
     torch.testing.assert_close(lps, torch.log_softmax(logits, -1).max(-1).values)
-    draw = lambda seed: sample_next(logits.expand(64, 3, 50).reshape(-1, 50), SamplingParams(), torch.Generator().manual_seed(seed))[0]  # noqa: E731
+
+    def draw(seed):
+        return sample_next(
+            logits.expand(64, 3, 50).reshape(-1, 50), SamplingParams(), torch.Generator().manual_seed(seed)
+        )[0]
+
     assert torch.equal(draw(3), draw(3)) and not torch.equal(draw(3), draw(4))
 
 

@@ -37,7 +37,9 @@ def test_images_reach_the_model_on_every_turn(vlm):
     vlm.model.forward = spy
     try:
         specs = grouped_specs("veriloop/Points24-vision-v0", {"max_attempts": 3}, [0], 2)
-        trajs = rollout(vlm, specs, sampling=SamplingParams(max_new_tokens=6, seed=2), limits=RolloutLimits(max_turns=3))
+        trajs = rollout(
+            vlm, specs, sampling=SamplingParams(max_new_tokens=6, seed=2), limits=RolloutLimits(max_turns=3)
+        )
     finally:
         del vlm.model.forward
     per_image = 16  # 32x32 image, patch 8

@@ -1,0 +1,153 @@
+"""Data parallelism for the training loop: several processes, one model copy each, same weights.
+
+Launch with ``accelerate launch --num_processes N -m veriloop.cli.main train ...`` or ``torchrun``;
+both set ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` / ``MASTER_PORT``, which is all we read. A
+plain ``python`` run is one process and nothing here communicates.
+
+How a step is split (see ``algos/train.py``)::
+
+    groups of the step       g0 g1 g2 g3          (env seeds next_seed .. next_seed + 3)
+    rank r rolls out         g_r, g_{r+W}, ...    (its own seeds; its own sampling generator)
+    all_gather               every rank holds g0 g1 g2 g3 in seed order
+    advantages, mini-batch order: computed identically on every rank (same data, same generator)
+    each mini-batch          rank r trains rows r, r+W, ...; gradients summed with all_reduce,
+                             each rank's share weighted by its fraction of the mini-batch's tokens
+                             (token-mean loss) or sequences (sequence-mean losses)
+
+The summed gradient equals the single-process gradient of the whole mini-batch, so clipping, the
+non-finite check and AdamW see the same numbers on every rank and the weights stay identical.
+Only rank 0 writes logs, evaluates and saves checkpoints.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Who this process is among the data-parallel workers.
+
+    Attributes:
+        rank: This process's index, 0 .. world_size - 1.
+        world_size: Number of processes (1 = not distributed).
+    """
+
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 logs, evaluates and checkpoints."""
+        return self.rank == 0
+
+    def shard(self, items: Sequence[T]) -> list[T]:
+        """This rank's items: ``items[rank::world_size]``."""
+        return list(items[self.rank :: self.world_size])
+
+    def gather_shards(self, mine: Sequence[T]) -> list[T]:
+        """Inverse of :meth:`shard` across ranks: every rank gets all items in the original order."""
+        if not self.enabled:
+            return list(mine)
+        parts: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(parts, list(mine))
+        out: list[T] = []
+        for i in range(max(len(p) for p in parts)):
+            out += [p[i] for p in parts if i < len(p)]
+        return out
+
+    def barrier(self) -> None:
+        if self.enabled:
+            torch.distributed.barrier()
+
+    def broadcast_object(self, obj: T) -> T:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def grad_sync(self, weight: float) -> Callable[[list[torch.nn.Parameter], bool], bool]:
+        """A ``update_step(on_before_step=...)`` hook: sum ``weight * grad`` over ranks.
+
+        ``weight`` is this rank's share of the mini-batch's loss normaliser (its tokens / all
+        tokens, or its sequences / all sequences), so the sum is the whole mini-batch's gradient.
+        Parameters without a gradient on this rank (it had no training tokens) take part as zeros,
+        so every rank makes the same collective calls. Returns whether every rank's loss was finite:
+        one rank's NaN makes all ranks skip the step together.
+        """
+
+        def sync(params: list[torch.nn.Parameter], finite: bool) -> bool:
+            if not self.enabled:
+                return finite
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad.mul_(weight)
+            flat = torch.cat([p.grad.reshape(-1) for p in params])  # one collective, not one per tensor
+            torch.distributed.all_reduce(flat)
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+                offset += n
+            ok = torch.tensor([0.0 if finite else 1.0])
+            torch.distributed.all_reduce(ok)
+            return bool(ok.item() == 0.0)
+
+        return sync
+
+
+def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> DistContext:
+    """Join the process group that ``accelerate launch`` / ``torchrun`` describe in the environment.
+
+    Returns ``DistContext()`` (rank 0 of 1) when ``WORLD_SIZE`` is unset or 1. The backend is
+    ``nccl`` when CUDA is available and ``gloo`` otherwise, unless given.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistContext()
+    rank = int(os.environ.get("RANK", "0"))
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"WORLD_SIZE={world} but {', '.join(missing)} is not set: start the run with "
+            "`accelerate launch --num_processes N ...` or `torchrun --nproc_per_node N ...`"
+        )
+    if not torch.distributed.is_initialized():
+        chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        torch.distributed.init_process_group(
+            chosen, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
+        )
+    return DistContext(rank=torch.distributed.get_rank(), world_size=torch.distributed.get_world_size())
+
+
+def shutdown_distributed(ctx: DistContext) -> None:
+    """Leave the process group (call once, at the end of training)."""
+    if ctx.enabled and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def check_params_equal(ctx: DistContext, params: Sequence[torch.Tensor]) -> bool:
+    """True when every rank holds bitwise the same ``params`` (compares a checksum; for tests/debug)."""
+    if not ctx.enabled:
+        return True
+    flat = torch.cat([p.detach().reshape(-1).double() for p in params])
+    mine = torch.stack([flat.sum(), (flat * torch.arange(1, flat.numel() + 1, dtype=flat.dtype)).sum()])
+    lo, hi = mine.clone(), mine.clone()
+    torch.distributed.all_reduce(lo, op=torch.distributed.ReduceOp.MIN)
+    torch.distributed.all_reduce(hi, op=torch.distributed.ReduceOp.MAX)
+    return bool(torch.equal(lo, hi))

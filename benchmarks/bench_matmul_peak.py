@@ -1,0 +1,112 @@
+"""This machine's fp32 matmul peak (GFLOP/s): the ceiling that training and rollout throughput are judged against.
+
+``torch.matmul`` on square fp32 matrices of sizes 512..4096 with a fixed number of torch threads
+(default 2). One product of two n x n matrices costs ``2 n^3`` FLOPs (n^3 multiply-adds). For each
+size: a few warm-up products, then ``--reps`` timed ones; we keep the best and the median rate. The
+machine's peak is the best rate over all sizes (what a well-shaped GEMM can reach here).
+
+    OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_matmul_peak.py [--threads 2]
+
+Writes benchmarks/results/matmul_peak.json (read by bench_vs_trl.py). On a shared machine other
+jobs lower the numbers: run it when the machine is quiet, or compare the median with the best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+OUT = Path(__file__).parent / "results" / "matmul_peak.json"
+SIZES = (512, 1024, 2048, 4096)
+
+
+def machine_info() -> dict[str, object]:
+    """CPU model, core count, load and library versions, for the results file."""
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+        "load_avg_1_5_15": list(os.getloadavg()),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "omp_env": {k: os.environ.get(k) for k in ("OMP_PROC_BIND", "OMP_PLACES", "OMP_NUM_THREADS")},
+    }
+
+
+def time_matmul(n: int, reps: int, warmup: int = 2) -> list[float]:
+    """Seconds of each of ``reps`` timed ``[n, n] @ [n, n]`` fp32 products."""
+    gen = torch.Generator().manual_seed(n)
+    a = torch.randn(n, n, generator=gen)  # [n, n]
+    b = torch.randn(n, n, generator=gen)  # [n, n]
+    out = torch.empty(n, n)
+    for _ in range(warmup):
+        torch.matmul(a, b, out=out)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.matmul(a, b, out=out)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def measure(sizes: tuple[int, ...], reps: int) -> dict[str, dict[str, float]]:
+    """Per size: best and median GFLOP/s (``2 n^3 / seconds / 1e9``) and the raw times."""
+    results = {}
+    for n in sizes:
+        times = time_matmul(n, reps if n < 4096 else max(3, reps // 2))
+        flops = 2.0 * n**3
+        results[str(n)] = {
+            "best_gflops": flops / min(times) / 1e9,
+            "median_gflops": flops / statistics.median(times) / 1e9,
+            "times_s": times,
+        }
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--reps", type=int, default=8, help="timed products per size (half at 4096)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    info = machine_info()
+    results = measure(SIZES, args.reps)
+    peak = max(r["best_gflops"] for r in results.values())
+    peak_median = max(r["median_gflops"] for r in results.values())
+    report = {
+        "benchmark": "fp32 square matmul peak",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": info,
+        "threads": args.threads,
+        "dtype": "float32",
+        "flops_per_matmul": "2 * n^3",
+        "peak_gflops": peak,
+        "peak_median_gflops": peak_median,
+        "sizes": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{'n':>6} {'best GFLOP/s':>13} {'median GFLOP/s':>15}")
+    for n, r in results.items():
+        print(f"{n:>6} {r['best_gflops']:>13.1f} {r['median_gflops']:>15.1f}")
+    print(
+        f"peak {peak:.1f} GFLOP/s (best), {peak_median:.1f} (best median); {args.threads} threads -> {args.out}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,473 @@
+"""veriloop vs TRL's ``GRPOTrainer``: the same GRPO step on this CPU, alternating step by step.
+
+Configuration shared by both (defaults; see ``--help``): SmolLM2-135M-Instruct from veriloop's
+cache, fp32, LoRA r=16 / alpha=32 / dropout 0.05 on all linear layers, 4 prompts x 8 completions
+per step, <= 64 new tokens, temperature 1.0, no KL (beta = 0, no reference model), lr 1e-4
+constant, AdamW, grad-norm clip 1.0, one optimizer step per rollout batch in micro-batches of 4,
+GRPO loss (per-sequence token mean, then mean; clip 0.2; group-normalised advantages). Task:
+single-turn level-1 math from ``veriloop/MathVerify-v0``; both see the same problems (env seeds)
+rendered with the model's chat template (one user message, the template's default system prompt).
+
+* veriloop: ``veriloop.algos.train.train(cfg)`` with ``load_config("quickstart", overrides)``.
+  Evaluation is switched off by replacing ``veriloop.algos.train._evaluate`` with a no-op in the
+  worker process (it would run before the first and after the last step).
+* TRL: ``GRPOTrainer`` with a ``datasets.Dataset`` of the env's reset observations and a reward
+  function that calls ``veriloop.envs.verifiers.check_math`` on the gold answer from
+  ``info["task"]`` (+1 correct, -1 otherwise, like the env). ``use_vllm=False``, ``use_cpu=True``,
+  ``gradient_checkpointing=False`` (TRL's default is True; off is faster and matches veriloop, which
+  does not checkpoint; ``--trl-gradient-checkpointing`` turns it back on).
+
+Each framework runs in its own worker process (so its peak RSS, ``VmHWM``, is its own). The parent
+holds both at a barrier and releases one step at a time, alternating (round r: TRL then veriloop
+when r is even, veriloop then TRL when odd) so that load from other jobs on the machine hits both
+alike. A step's time is measured by the parent from "go" to "done" (both frameworks the same way);
+each worker also reports where its time went. The first step of each is a warm-up and discarded.
+
+FLOP accounting (N = parameters the forward pass multiplies by, i.e. all base weights, the tied
+embedding counted once as the output head; LoRA's extra FLOPs and attention are ignored):
+    rollout:  2 N FLOPs per generated token (the prompt's prefill is not counted);
+    training: 4 N FLOPs per processed token (prompt + completion): 2 N forward + 2 N backward for
+              the activation gradients through the frozen weights; the weight-gradient GEMMs
+              (another 2 N for full fine-tuning, hence the usual 6 N) are skipped by LoRA.
+Both are reported as a fraction of this machine's fp32 matmul peak (bench_matmul_peak.py).
+
+    OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_vs_trl.py [--steps 7] [--threads 2]
+
+Writes benchmarks/results/vs_trl.json and prints a table. Needs ``pip install trl`` (benchmark-only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+OUT = HERE / "results" / "vs_trl.json"
+PEAK = HERE / "results" / "matmul_peak.json"
+ENV_ID = "veriloop/MathVerify-v0"
+FRAMEWORKS = ("trl", "veriloop")
+
+
+# --------------------------------------------------------------------------------- worker channel
+
+
+class Channel:
+    """The worker's side of the barrier: JSON lines out, one "go" line in per step."""
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.inp = os.fdopen(read_fd, "r")
+        self.out = os.fdopen(write_fd, "w")
+
+    def send(self, **msg: Any) -> None:
+        self.out.write(json.dumps(msg) + "\n")
+        self.out.flush()
+
+    def wait_go(self) -> None:
+        line = self.inp.readline()
+        if line.strip() != "go":
+            raise SystemExit(f"bench worker: expected 'go' from the parent, got {line!r}")
+
+
+def vm_hwm_mb() -> float:
+    """This process's resident-set high-water mark (``VmHWM``), MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def problems(seed0: int, n: int) -> list[dict[str, Any]]:
+    """The first observation and gold answer of env seeds ``seed0 .. seed0 + n - 1``."""
+    import gymnasium as gym
+
+    import veriloop.envs  # noqa: F401  (registers the environments)
+
+    env = gym.make(ENV_ID, level=1)
+    out = []
+    for seed in range(seed0, seed0 + n):
+        obs, info = env.reset(seed=seed)
+        out.append({"seed": seed, "prompt": obs, "gold": info["task"]["answer"]})
+    return out
+
+
+# --------------------------------------------------------------------------------------- veriloop
+
+
+def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
+    """``train(cfg)`` with a barrier before each step; per-step numbers come from its own metrics."""
+    import veriloop.algos.train as vt
+    from veriloop.configs.loader import load_config
+
+    overrides = [
+        f"policy.lora_r={args.lora_r}", f"policy.lora_alpha={2 * args.lora_r}", "policy.lora_dropout=0.05",
+        "policy.target_modules=all-linear", "policy.dtype=float32",
+        f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
+        f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0", "rollout.top_p=1.0",
+        "rollout.top_k=0", f"rollout.seed={args.seed}", "algo.kl_coef=0.0", f"train.steps={args.steps}",
+        f"train.lr={args.lr}", "train.schedule=constant", "train.warmup_steps=0", "train.weight_decay=0.0",
+        "train.max_grad_norm=1.0", f"train.micro_batch_size={args.micro_batch}", "run.checkpoint_every=0",
+        f"run.out_dir={workdir}", "run.name=veriloop", "run.tensorboard=false",
+    ]  # fmt: skip
+    cfg = load_config("quickstart", overrides=overrides)
+    vt._evaluate = lambda cfg, policy, step, quiet: {}  # no evaluation: only training steps are compared
+    inner_loop, inner_guard = vt._loop, vt._guard_nonfinite
+
+    def loop(*a: Any, **k: Any) -> None:  # the policy is built: wait for the first "go"
+        chan.send(event="ready", hwm_mb=vm_hwm_mb())
+        chan.wait_go()
+        inner_loop(*a, **k)
+
+    def guard(cfg: Any, state: Any, metrics: dict[str, float]) -> None:  # the last call of each step
+        inner_guard(cfg, state, metrics)
+        chan.send(
+            event="step", hwm_mb=vm_hwm_mb(), rollout_s=metrics["time/rollout_s"], train_s=metrics["time/train_s"],
+            gen_tokens=metrics["throughput/rollout_tokens_per_s"] * metrics["time/rollout_s"],
+            train_tokens=metrics["train_tokens"], reward=metrics["reward/mean"],
+        )  # fmt: skip
+        if state.step + 1 < cfg.train.steps:
+            chan.wait_go()
+
+    vt._loop, vt._guard_nonfinite = loop, guard
+    vt.train(cfg, quiet=True)
+
+
+# -------------------------------------------------------------------------------------------- TRL
+
+
+def run_trl(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
+    """``GRPOTrainer`` with a callback barrier; generation/reward time measured by wrapping its methods."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from veriloop.agents.default_model import default_model_path
+    from veriloop.envs.verifiers import check_math
+
+    path = default_model_path()
+    rows = problems(args.seed, args.prompts * args.steps)
+    data = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": r["prompt"]}], "gold": r["gold"]} for r in rows]
+    )
+
+    def math_reward(completions: list[list[dict[str, str]]], gold: list[str], **_: Any) -> list[float]:
+        return [
+            1.0 if check_math(c[0]["content"], g).correct else -1.0
+            for c, g in zip(completions, gold, strict=True)
+        ]
+
+    config = GRPOConfig(
+        output_dir=str(workdir), max_steps=args.steps, per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=args.prompts * args.group // args.micro_batch, num_generations=args.group,
+        max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, beta=0.0,
+        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        optim="adamw_torch", loss_type="grpo", scale_rewards="group", epsilon=0.2, num_iterations=1,
+        use_vllm=False, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=args.trl_gradient_checkpointing,
+        shuffle_dataset=False, seed=args.seed, logging_steps=1, save_strategy="no", report_to="none",
+        disable_tqdm=True, dataloader_num_workers=0,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    lora = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.05, target_modules="all-linear",
+                      task_type="CAUSAL_LM")  # fmt: skip
+    trainer = GRPOTrainer(model=model, reward_funcs=math_reward, args=config, train_dataset=data,
+                          processing_class=AutoTokenizer.from_pretrained(path), peft_config=lora)  # fmt: skip
+    timing = {"gen_s": 0.0, "reward_s": 0.0, "score_s": 0.0, "gen_tokens": 0.0}
+
+    def timed(name: str, fn: Any) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            out = fn(*a, **k)
+            timing[name] += time.perf_counter() - t0
+            if name == "score_s":  # completion_mask: [B, T]; B = the whole generation batch
+                timing["gen_tokens"] += float(out["completion_mask"].sum())
+            return out
+
+        return wrapper
+
+    trainer._generate = timed("gen_s", trainer._generate)  # tokenize prompts + model.generate + decode
+    trainer._calculate_rewards = timed("reward_s", trainer._calculate_rewards)
+    trainer._generate_and_score_completions = timed("score_s", trainer._generate_and_score_completions)
+
+    class Barrier(TrainerCallback):
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            for key in timing:
+                timing[key] = 0.0
+            if trainer.state.global_step == 0:
+                chan.send(event="ready", hwm_mb=vm_hwm_mb())
+            chan.wait_go()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            # rollout = generate + rewards + advantages (what TRL does before its first backward pass)
+            chan.send(event="step", hwm_mb=vm_hwm_mb(), rollout_s=timing["score_s"], generate_s=timing["gen_s"],
+                      reward_s=timing["reward_s"], gen_tokens=timing["gen_tokens"],
+                      train_tokens=timing["gen_tokens"])  # fmt: skip
+
+    trainer.add_callback(Barrier())
+    trainer.train()
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    chan = Channel(args.fd_in, args.fd_out)
+    with tempfile.TemporaryDirectory(prefix=f"bench-{args.worker}-") as tmp:
+        (run_trl if args.worker == "trl" else run_veriloop)(args, chan, Path(tmp))
+    chan.send(event="exit", hwm_mb=vm_hwm_mb())
+
+
+# ----------------------------------------------------------------------------------------- parent
+
+
+class Worker:
+    """A framework's worker process and the parent's side of its barrier."""
+
+    def __init__(self, name: str, args: argparse.Namespace, log_dir: Path) -> None:
+        to_child_r, self.to_child = os.pipe()
+        self.from_child, from_child_w = os.pipe()
+        argv = [
+            sys.executable,
+            __file__,
+            "--worker",
+            name,
+            "--fd-in",
+            str(to_child_r),
+            "--fd-out",
+            str(from_child_w),
+        ]
+        argv += _shared_argv(args)
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"}
+        self.log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115  (closed in finish)
+        self.proc = subprocess.Popen(argv, pass_fds=(to_child_r, from_child_w), stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=env)  # fmt: skip
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self.name, self.log_path = name, log_dir / f"{name}.log"
+        self.inp, self.out = os.fdopen(self.from_child, "r"), os.fdopen(self.to_child, "w")
+
+    def receive(self, event: str) -> dict[str, Any]:
+        line = self.inp.readline()
+        if not line:
+            tail = self.log_path.read_text()[-3000:] if self.log_path.exists() else ""
+            raise RuntimeError(f"{self.name} worker exited (rc={self.proc.wait()}) while we waited for "
+                               f"{event!r}; end of its log {self.log_path}:\n{tail}")  # fmt: skip
+        msg = json.loads(line)
+        if msg["event"] != event:
+            raise RuntimeError(f"{self.name} worker sent {msg['event']!r}, expected {event!r}")
+        return msg
+
+    def step(self) -> dict[str, Any]:
+        """Release one step and wait for it; ``wall_s`` is the parent's go-to-done time."""
+        t0 = time.perf_counter()
+        self.out.write("go\n")
+        self.out.flush()
+        msg = self.receive("step")
+        msg["wall_s"] = time.perf_counter() - t0
+        return msg
+
+    def finish(self) -> dict[str, Any]:
+        msg = self.receive("exit")
+        rc = self.proc.wait()
+        self.log.close()
+        if rc != 0:
+            raise RuntimeError(f"{self.name} worker failed with rc={rc}; see {self.log_path}")
+        return msg
+
+
+def _shared_argv(args: argparse.Namespace) -> list[str]:
+    out = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+           if k in ("steps", "prompts", "group", "max_new_tokens", "lr", "lora_r", "micro_batch", "threads", "seed")]  # fmt: skip
+    return out + (["--trl-gradient-checkpointing"] if args.trl_gradient_checkpointing else [])
+
+
+def prompt_token_counts(args: argparse.Namespace) -> list[int]:
+    """Chat-templated prompt length (tokens) of every problem, in the order both frameworks use them."""
+    from veriloop.agents.default_model import load_default_tokenizer
+
+    tok = load_default_tokenizer()
+    rows = problems(args.seed, args.prompts * args.steps)
+    return [len(tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=True,
+                                        add_generation_prompt=True, return_dict=True)["input_ids"]) for r in rows]  # fmt: skip
+
+
+def base_param_count() -> int:
+    """N: parameters of the default model (tied embedding counted once = the output head's GEMM)."""
+    import json as _json
+
+    from veriloop.agents.default_model import default_model_path
+
+    c = _json.loads((default_model_path() / "config.json").read_text())
+    d, f, v, layers = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
+    kv = c["num_key_value_heads"] * (d // c["num_attention_heads"])
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * f + 2 * d  # q, o, k, v, gate/up/down, two norms
+    return layers * per_layer + v * d + d
+
+
+def summarize(records: list[dict[str, Any]], prompt_tokens: list[int], args: argparse.Namespace,
+              n_params: int, peak_gflops: float | None) -> dict[str, Any]:  # fmt: skip
+    """Mean/median/spread over the measured steps (the first, warm-up, step dropped)."""
+    for i, r in enumerate(records):
+        r["step"] = i
+        r.setdefault("train_s", r["wall_s"] - r["rollout_s"])
+        r["other_s"] = r["wall_s"] - r["rollout_s"] - r["train_s"]
+        step_prompts = prompt_tokens[i * args.prompts : (i + 1) * args.prompts]
+        r["processed_tokens"] = args.group * sum(step_prompts) + r["train_tokens"]
+    kept = records[1:] or records
+    walls = [r["wall_s"] for r in kept]
+    total = {
+        k: sum(r[k] for r in kept)
+        for k in ("rollout_s", "train_s", "gen_tokens", "processed_tokens", "wall_s")
+    }
+    gen_tps = total["gen_tokens"] / total["rollout_s"]
+    train_tps = total["processed_tokens"] / total["train_s"]
+    out: dict[str, Any] = {
+        "step_s": {"mean": statistics.mean(walls), "median": statistics.median(walls), "min": min(walls),
+                   "max": max(walls), "stdev": statistics.stdev(walls) if len(walls) > 1 else 0.0},
+        "rollout_s_mean": total["rollout_s"] / len(kept), "train_s_mean": total["train_s"] / len(kept),
+        "rollout_fraction": total["rollout_s"] / total["wall_s"],
+        "gen_tokens_per_step": total["gen_tokens"] / len(kept),
+        "rollout_gen_tokens_per_s": gen_tps,
+        "train_processed_tokens_per_s": train_tps,
+        "train_completion_tokens_per_s": sum(r["train_tokens"] for r in kept) / total["train_s"],
+        "peak_rss_mb": max(r["hwm_mb"] for r in records),
+        "measured_steps": len(kept),
+    }  # fmt: skip
+    if peak_gflops:
+        out["rollout_fraction_of_matmul_peak"] = 2 * n_params * gen_tps / (peak_gflops * 1e9)
+        out["train_fraction_of_matmul_peak"] = 4 * n_params * train_tps / (peak_gflops * 1e9)
+    return out
+
+
+def run_parent(args: argparse.Namespace) -> None:
+    from bench_matmul_peak import machine_info
+
+    prompt_tokens = prompt_token_counts(args)
+    n_params = base_param_count()
+    peak = json.loads(PEAK.read_text())["peak_gflops"] if PEAK.exists() else None
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-vs-trl-"))
+    t_start = time.perf_counter()
+    workers = {name: Worker(name, args, log_dir) for name in FRAMEWORKS}
+    ready = {name: w.receive("ready") for name, w in workers.items()}
+    records: dict[str, list[dict[str, Any]]] = {name: [] for name in FRAMEWORKS}
+    for rnd in range(args.steps):
+        order = FRAMEWORKS if rnd % 2 == 0 else FRAMEWORKS[::-1]
+        for name in order:
+            rec = workers[name].step()
+            records[name].append(rec)
+            print(f"round {rnd} {name:8s} {rec['wall_s']:7.2f} s  rollout {rec['rollout_s']:6.2f} s  "
+                  f"gen tokens {rec['gen_tokens']:5.0f}  rss {rec['hwm_mb']:6.0f} MB", flush=True)  # fmt: skip
+    exits = {name: w.finish() for name, w in workers.items()}
+    for name in FRAMEWORKS:
+        records[name][-1]["hwm_mb"] = max(records[name][-1]["hwm_mb"], exits[name]["hwm_mb"])
+    summary = {name: summarize(records[name], prompt_tokens, args, n_params, peak) for name in FRAMEWORKS}
+    speedup = summary["trl"]["step_s"]["mean"] / summary["veriloop"]["step_s"]["mean"]
+    report = {
+        "benchmark": "veriloop vs TRL GRPOTrainer, alternating steps",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_info(),
+        "versions": _versions(),
+        "settings": {
+            **{k: v for k, v in vars(args).items() if not k.startswith("fd_") and k != "worker"},
+            "model": "SmolLM2-135M-Instruct (veriloop default, fp32)",
+            "env": f"{ENV_ID} level 1",
+            "lora_alpha": 2 * args.lora_r,
+            "lora_dropout": 0.05,
+            "target_modules": "all-linear",
+            "kl": "off (beta = 0, no reference model)",
+            "loss": "GRPO seq-mean-token-mean, clip 0.2",
+            "veriloop_eval": "off: veriloop.algos.train._evaluate replaced by a no-op",
+            "warmup_steps_discarded": 1,
+        },  # fmt: skip
+        "flops": {
+            "n_params": n_params,
+            "rollout": "2 N per generated token",
+            "train": "4 N per processed (prompt + completion) token: forward + activation grads, LoRA",
+            "matmul_peak_gflops": peak,
+        },  # fmt: skip
+        "speedup_step_mean": speedup,
+        "memory_ratio_veriloop_over_trl": summary["veriloop"]["peak_rss_mb"] / summary["trl"]["peak_rss_mb"],
+        "summary": summary,
+        "ready": ready,
+        "steps": records,
+        "prompt_tokens": prompt_tokens,
+        "total_wall_s": time.perf_counter() - t_start,
+        "worker_logs": str(log_dir),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print_table(summary, speedup, args.out)
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    return {p: version(p) for p in ("torch", "transformers", "peft", "trl", "accelerate", "datasets")}
+
+
+def print_table(summary: dict[str, Any], speedup: float, out: Path) -> None:
+    rows = [("s/step mean", "step_s", "mean", "{:.2f}"), ("s/step median", "step_s", "median", "{:.2f}"),
+            ("s/step min..max", None, None, None), ("rollout s/step", "rollout_s_mean", None, "{:.2f}"),
+            ("train s/step", "train_s_mean", None, "{:.2f}"), ("gen tokens/step", "gen_tokens_per_step", None, "{:.0f}"),
+            ("gen tokens/s", "rollout_gen_tokens_per_s", None, "{:.1f}"),
+            ("train tokens/s (prompt+compl.)", "train_processed_tokens_per_s", None, "{:.1f}"),
+            ("rollout % of matmul peak", "rollout_fraction_of_matmul_peak", None, "{:.1%}"),
+            ("train % of matmul peak", "train_fraction_of_matmul_peak", None, "{:.1%}"),
+            ("peak RSS MB", "peak_rss_mb", None, "{:.0f}")]  # fmt: skip
+    print(f"\n{'':32s} {'TRL':>14s} {'veriloop':>14s}")
+    for label, key, sub, fmt in rows:
+        cells = []
+        for name in FRAMEWORKS:
+            s = summary[name]
+            if key is None:
+                cells.append(f"{s['step_s']['min']:.1f}..{s['step_s']['max']:.1f}")
+            elif key in s:
+                cells.append(fmt.format(s[key][sub] if sub else s[key]))
+            else:
+                cells.append("n/a")
+        print(f"{label:32s} {cells[0]:>14s} {cells[1]:>14s}")
+    print(f"\nveriloop speed-up (mean s/step): {speedup:.2f}x -> {out}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--steps", type=int, default=7, help="steps per framework, the first one a discarded warm-up"
+    )
+    parser.add_argument("--prompts", type=int, default=4, help="problems per step")
+    parser.add_argument("--group", type=int, default=8, help="completions per problem (GRPO group size)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--lora-r", type=int, default=16, help="LoRA rank (alpha = 2 r)")
+    parser.add_argument("--micro-batch", type=int, default=4, help="completions per forward/backward pass")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads in each worker")
+    parser.add_argument("--seed", type=int, default=0, help="first env seed (and sampling seed)")
+    parser.add_argument("--trl-gradient-checkpointing", action="store_true", help="TRL's default; off here")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
+    parser.add_argument("--fd-in", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--fd-out", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if (args.prompts * args.group) % args.micro_batch:
+        parser.error(
+            f"--micro-batch ({args.micro_batch}) must divide prompts x group ({args.prompts * args.group})"
+        )
+    return args
+
+
+if __name__ == "__main__":
+    _args = parse_args()
+    if _args.worker:
+        worker_main(_args)
+    else:
+        sys.path.insert(0, str(HERE))
+        run_parent(_args)

