@@ -35,7 +35,9 @@ def token_logprobs(
         entropy [B, T] or None: entropy of p(. | x_<t) at position t; position 0 is 0.
     """
     if input_ids.shape != attention_mask.shape:
-        raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} differ")
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} differ"
+        )
     logits = model(input_ids=input_ids, attention_mask=attention_mask, **model_inputs).logits  # [B, T, V]
     logits = logits[:, :-1].float() / temperature  # predicts tokens 1..T-1
     logp_all = torch.log_softmax(logits, dim=-1)  # [B, T-1, V]

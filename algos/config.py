@@ -106,7 +106,9 @@ class AlgoConfig:
         if self.advantage == "gae" and self.critic == "none":
             raise ValueError("advantage='gae' (PPO) needs a critic: set algo.critic=value_head or separate")
         if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError(f"clip bounds must be >= 0, got clip_low={self.clip_low}, clip_high={self.clip_high}")
+            raise ValueError(
+                f"clip bounds must be >= 0, got clip_low={self.clip_low}, clip_high={self.clip_high}"
+            )
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1 (e.g. 3.0) or null, got {self.dual_clip}")
         if self.overlong_penalty and not 0 < self.overlong_cache_len < self.overlong_max_len:

@@ -80,6 +80,14 @@ class DistContext:
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
 
+    def broadcast_params(self, params: Sequence[torch.Tensor]) -> None:
+        """Copy rank 0's values into ``params`` on every rank (start from identical weights)."""
+        if not self.enabled:
+            return
+        with torch.no_grad():
+            for p in params:
+                torch.distributed.broadcast(p.data, src=0)
+
     def grad_sync(self, weight: float) -> Callable[[list[torch.nn.Parameter], bool], bool]:
         """A ``update_step(on_before_step=...)`` hook: sum ``weight * grad`` over ranks.
 
@@ -93,17 +101,17 @@ class DistContext:
         def sync(params: list[torch.nn.Parameter], finite: bool) -> bool:
             if not self.enabled:
                 return finite
+            grads = []
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                p.grad.mul_(weight)
-            flat = torch.cat([p.grad.reshape(-1) for p in params])  # one collective, not one per tensor
+                grads.append(p.grad.mul_(weight))
+            flat = torch.cat([g.reshape(-1) for g in grads])  # one collective, not one per tensor
             torch.distributed.all_reduce(flat)
             offset = 0
-            for p in params:
-                n = p.numel()
-                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-                offset += n
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
             ok = torch.tensor([0.0 if finite else 1.0])
             torch.distributed.all_reduce(ok)
             return bool(ok.item() == 0.0)

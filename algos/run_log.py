@@ -21,8 +21,14 @@ class RunLog:
     the resumed step are dropped so the file never holds two copies of a step.
     """
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, wandb_project: str | None = None,
-                 resume_from_step: int | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        wandb_project: str | None = None,
+        resume_from_step: int | None = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"

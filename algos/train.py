@@ -31,7 +31,7 @@ from veriloop.algos.critic import ValueModel
 from veriloop.algos.distributed import DistContext, init_distributed, shutdown_distributed
 from veriloop.algos.run_log import RunLog
 from veriloop.algos.sampling import dynamic_sampling, verifier_failed
-from veriloop.algos.update import prepare_batch, update_step
+from veriloop.algos.update import METRIC_NAMES, prepare_batch, update_step
 from veriloop.configs.loader import config_to_yaml
 from veriloop.configs.schema import ExperimentConfig
 
@@ -324,19 +324,21 @@ def train(cfg: ExperimentConfig, *, resume: bool = False, quiet: bool = False) -
     if cfg.sft.steps > 0 and not state.sft_done:
         from veriloop.algos.sft_train import warmup_from_config
 
-        sft_metrics = warmup_from_config(cfg, policy, run_dir=run_dir / "sft")
+        # every rank runs the same warm-up; only rank 0 saves it, and its weights are broadcast below
+        sft_metrics = warmup_from_config(cfg, policy, run_dir=run_dir / "sft" if dist.is_main else None)
         state.sft_done = True
         state.history["sft"] = sft_metrics
         _say(quiet, f"SFT warm-up done: {sft_metrics}")
 
+    dist.broadcast_params(list(_trainable_state(policy, critic).values()))  # all ranks: rank 0's weights
     # a resumed run keeps the rows up to its checkpoint's step; a fresh run starts an empty file
     log = RunLog(run_dir, tensorboard=cfg.run.tensorboard, resume_from_step=state.step + 1 if ckpt else 0,
                  wandb_project="veriloop" if cfg.run.wandb else None) if dist.is_main else None  # fmt: skip
     try:
-        if (
-            state.step == 0 and cfg.eval.num_problems > 0 and log is not None
-        ):  # the base policy, for comparison
-            log.log(0, _evaluate(cfg, policy, 0, quiet))
+        if state.step == 0 and log is not None:  # the base policy's numbers, for comparison
+            base = _evaluate(cfg, policy, 0, quiet)
+            if base:
+                log.log(0, base)
         _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_dir, quiet, dist)
         if dist.is_main:
             save_policy(policy, run_dir / "final")
@@ -365,11 +367,16 @@ def _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_
                desc="train", disable=quiet, dynamic_ncols=True)  # fmt: skip
     for step in bar:
         t0 = time.perf_counter()
-        trajs, sampled, metrics = collect(cfg, policy, state, dist)
+        trajs, sampled, sampling = collect(cfg, policy, state, dist)
+        metrics: dict[str, Any] = dict(sampling)
         t_rollout = time.perf_counter() - t0
         metrics.update(rollout_metrics(sampled, policy.tokenizer))
         t1 = time.perf_counter()
-        metrics.update(train_on_batch(cfg, policy, critic, optimizer, trajs, generator, dist))
+        # dynamic sampling may keep no group at all (every group had equal rewards): nothing to learn
+        if trajs:
+            metrics.update(train_on_batch(cfg, policy, critic, optimizer, trajs, generator, dist))
+        else:
+            metrics.update(_no_update())
         t_train = time.perf_counter() - t1
         scheduler.step()
         gen_tokens = sum(t.num_generated_tokens for t in sampled)
@@ -393,6 +400,17 @@ def _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_
         every = cfg.run.checkpoint_every
         if dist.is_main and ((every and state.step % every == 0) or state.step == cfg.train.steps):
             _checkpoint(cfg, policy, critic, optimizer, scheduler, state, generator, run_dir)
+
+
+def _no_update() -> dict[str, float | None]:
+    """Update metrics of a step without a batch: the same keys, null values, zero updates."""
+    return {
+        **dict.fromkeys(METRIC_NAMES),
+        "kl_ref": None,
+        "skipped": 0.0,
+        "updates": 0.0,
+        "train_tokens": 0.0,
+    }
 
 
 def _guard_nonfinite(cfg: ExperimentConfig, state: TrainerState, metrics: dict[str, float]) -> None:
@@ -448,7 +466,7 @@ def _summary(m: dict[str, float]) -> str:
     keys = [("reward/mean", "R"), ("success_rate", "acc"), ("response_length/mean", "len"),
             ("entropy", "H"), ("clip_frac_high", "clip+"), ("grad_norm", "|g|"), ("time/rollout_s", "t_roll"),
             ("time/train_s", "t_train")]  # fmt: skip
-    return " ".join(f"{short}={m[k]:.3g}" for k, short in keys if k in m)
+    return " ".join(f"{short}={m[k]:.3g}" for k, short in keys if m.get(k) is not None)
 
 
 def _say(quiet: bool, text: str) -> None:

@@ -104,6 +104,8 @@ def problems(seed0: int, n: int) -> list[dict[str, Any]]:
 
 def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
     """``train(cfg)`` with a barrier before each step; per-step numbers come from its own metrics."""
+    import torch
+
     import veriloop.algos.train as vt
     from veriloop.configs.loader import load_config
 
@@ -122,7 +124,7 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
     inner_loop, inner_guard = vt._loop, vt._guard_nonfinite
 
     def loop(*a: Any, **k: Any) -> None:  # the policy is built: wait for the first "go"
-        chan.send(event="ready", hwm_mb=vm_hwm_mb())
+        chan.send(event="ready", hwm_mb=vm_hwm_mb(), torch_threads=torch.get_num_threads())
         chan.wait_go()
         inner_loop(*a, **k)
 
@@ -203,7 +205,7 @@ def run_trl(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
             for key in timing:
                 timing[key] = 0.0
             if trainer.state.global_step == 0:
-                chan.send(event="ready", hwm_mb=vm_hwm_mb())
+                chan.send(event="ready", hwm_mb=vm_hwm_mb(), torch_threads=torch.get_num_threads())
             chan.wait_go()
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
@@ -354,6 +356,7 @@ def run_parent(args: argparse.Namespace) -> None:
     prompt_tokens = prompt_token_counts(args)
     n_params = base_param_count()
     peak = json.loads(PEAK.read_text())["peak_gflops"] if PEAK.exists() else None
+    machine = machine_info()  # load averages before the run; the end's are recorded separately
     log_dir = Path(tempfile.mkdtemp(prefix="bench-vs-trl-"))
     t_start = time.perf_counter()
     workers = {name: Worker(name, args, log_dir) for name in FRAMEWORKS}
@@ -374,10 +377,14 @@ def run_parent(args: argparse.Namespace) -> None:
     report = {
         "benchmark": "veriloop vs TRL GRPOTrainer, alternating steps",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine_info(),
+        "machine": machine,
         "versions": _versions(),
         "settings": {
-            **{k: v for k, v in vars(args).items() if not k.startswith("fd_") and k != "worker"},
+            **{
+                k: str(v) if isinstance(v, Path) else v
+                for k, v in vars(args).items()
+                if k not in ("fd_in", "fd_out", "worker")
+            },
             "model": "SmolLM2-135M-Instruct (veriloop default, fp32)",
             "env": f"{ENV_ID} level 1",
             "lora_alpha": 2 * args.lora_r,
@@ -401,6 +408,7 @@ def run_parent(args: argparse.Namespace) -> None:
         "steps": records,
         "prompt_tokens": prompt_tokens,
         "total_wall_s": time.perf_counter() - t_start,
+        "load_avg_1_5_15_at_end": list(os.getloadavg()),
         "worker_logs": str(log_dir),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

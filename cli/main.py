@@ -59,15 +59,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     run_dir = train(cfg, resume=args.resume)  # type: ignore[arg-type]
-    print(f"run folder: {run_dir}  (metrics.jsonl, eval/, checkpoints/, final/); plot with: veriloop plot {run_dir}")
+    print(
+        f"run folder: {run_dir}  (metrics.jsonl, eval/, checkpoints/, final/); plot with: veriloop plot {run_dir}"
+    )
     return 0
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from veriloop.algos.train import build_policy
-    from veriloop.algos.sft_train import warmup_from_config
-    from veriloop.agents.loading import save_policy
     from pathlib import Path
+
+    from veriloop.agents.loading import save_policy
+    from veriloop.algos.sft_train import warmup_from_config
+    from veriloop.algos.train import build_policy
 
     cfg = _load(args)
     if cfg.sft.steps <= 0:  # type: ignore[attr-defined]
@@ -111,7 +114,9 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="experiment YAML file, or the name of a shipped one (e.g. points24_grpo)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. algo.clip_high=0.3")
+    p.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. algo.clip_high=0.3"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,10 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="pass@k / avg@k / maj@k per split for checkpoints (or the base model)")
     p.add_argument("config", help="experiment config naming the splits (env.eval_splits) and eval.* settings")
-    p.add_argument("--checkpoints", nargs="+", default=["base"],
-                   help="saved policy folders (e.g. RUN/final) or 'base' for policy.model (default: base)")
+    p.add_argument(
+        "--checkpoints",
+        nargs="+",
+        default=["base"],
+        help="saved policy folders (e.g. RUN/final) or 'base' for policy.model (default: base)",
+    )
     p.add_argument("--out", default=None, help="output folder (default: RUN_DIR/eval-cli)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. eval.n_samples=16")
+    p.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. eval.n_samples=16"
+    )
     p.set_defaults(handler=_cmd_eval)
 
     p = sub.add_parser("plot", help="draw a run's training curves to PNG files")
@@ -155,7 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_plot)
 
     p = sub.add_parser("quickstart", help="train the default model for a few CPU minutes, evaluate, plot")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides of configs/experiments/quickstart.yaml")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="dotted overrides of configs/experiments/quickstart.yaml",
+    )
     p.add_argument("--resume", action="store_true", help="continue an interrupted quickstart")
     p.set_defaults(handler=_cmd_quickstart)
     return parser

@@ -229,6 +229,10 @@ def test_stop_strings_end_a_turn_and_keep_the_completing_token(policy):
     greedy = SamplingParams.greedy(max_new_tokens=8)
     (free,) = backend.generate([GenRequest("a", prompt, 8)], greedy, torch.Generator())
     stop = policy.tokenizer.decode(free.token_ids[2:3])
-    (cut,) = backend.generate([GenRequest("b", prompt, 8)], SamplingParams.greedy(8, stop=(stop,)), torch.Generator())
+    (cut,) = backend.generate(
+        [GenRequest("b", prompt, 8)], SamplingParams.greedy(8, stop=(stop,)), torch.Generator()
+    )
     assert cut.finish == "stop" and 1 <= len(cut.token_ids) <= 3
-    assert cut.token_ids == free.token_ids[: len(cut.token_ids)] and stop in policy.tokenizer.decode(cut.token_ids)
+    assert cut.token_ids == free.token_ids[: len(cut.token_ids)] and stop in policy.tokenizer.decode(
+        cut.token_ids
+    )

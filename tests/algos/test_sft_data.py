@@ -27,7 +27,7 @@ def _replay(env_id, kwargs, example):
     msgs = list(example.messages)
     assert msgs[0] == {"role": "user", "content": obs}
     infos = []
-    for i, m in enumerate(msgs[1:], start=1):
+    for m in msgs[1:]:
         if m["role"] == "assistant":
             obs, _, term, trunc, info = env.step(m["content"])
             infos.append(info)

@@ -37,11 +37,11 @@ def _weights(policy) -> dict[str, torch.Tensor]:
 
 def test_sft_on_points24_solver_examples_lowers_the_loss(tiny_text_policy):
     examples = points24_solver_examples("veriloop/Points24-text-v0", {}, range(2))
-    out = train_sft(tiny_text_policy, examples, steps=12, lr=1e-2, batch_size=2, log_every=100)
+    out = train_sft(tiny_text_policy, examples, steps=10, lr=1e-2, batch_size=1, log_every=100)
     assert out["skipped_nonfinite"] == 0 and out["truncated"] == 0
     # a random model starts near log(vocab) ~ 10.8 nats per token
     assert out["loss_first"] > 9.0
-    assert out["loss_last"] < 0.5 * out["loss_first"], out["losses"]
+    assert max(out["losses"][-2:]) < 0.5 * out["loss_first"], out["losses"]
     assert not tiny_text_policy.model.training  # the caller's train/eval mode is restored
 
 
@@ -149,24 +149,24 @@ def test_checkpoint_resume_matches_an_uninterrupted_run(tmp_path):
         return tiny_policy(lora=True, seed=2)
 
     straight = fresh()
-    train_sft(straight, _short(3), steps=4, run_dir=tmp_path / "a", **kw)
+    train_sft(straight, _short(3), steps=3, run_dir=tmp_path / "a", **kw)
 
     first = fresh()
     train_sft(first, _short(3), steps=2, run_dir=tmp_path / "b", **kw)
     assert latest_checkpoint(tmp_path / "b").name == "step-000002"
     torch.manual_seed(99)  # other LoRA weights: everything must come from the checkpoint
     resumed = tiny_policy(lora=True, seed=2)
-    out = train_sft(resumed, _short(3), steps=4, run_dir=tmp_path / "b", **kw)
-    assert out["start_step"] == 2 and len(out["losses"]) == 2
+    out = train_sft(resumed, _short(3), steps=3, run_dir=tmp_path / "b", **kw)
+    assert out["start_step"] == 2 and len(out["losses"]) == 1
     for name, w in _weights(straight).items():
         torch.testing.assert_close(_weights(resumed)[name], w)
     rows = read_metrics(tmp_path / "b")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows] == [1, 2, 3]
     assert {"loss/sft", "sft/grad_norm", "perf/tokens_per_s", "sft/truncated"} <= set(rows[-1])
     final = tmp_path / "b" / "final"
     assert json.loads((final / "veriloop.json").read_text())["kind"] == "lora-adapter"
     with pytest.raises(ValueError, match="different SFT data"):
-        train_sft(tiny_policy(lora=True, seed=2), _short(4), steps=6, run_dir=tmp_path / "b", **kw)
+        train_sft(tiny_policy(lora=True, seed=2), _short(4), steps=5, run_dir=tmp_path / "b", **kw)
 
 
 def test_settings_validation_lists_every_problem():
