@@ -135,7 +135,8 @@ def _read_yaml(file: Path, ctx: _Context) -> dict[str, Any]:
         raise ConfigError(
             f"{file}: the top level must be a mapping of sections (env:, rollout:, ...), got {type(data).__name__}"
         )
-    _record_marks(node, (), str(file), ctx)
+    if node is not None:
+        _record_marks(node, (), str(file), ctx)
     if ctx.errors:
         raise ConfigError(_summary(ctx.errors))
     return data
