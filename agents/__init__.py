@@ -21,6 +21,11 @@ _EXPORTS = {
     "TurnRecord": "trajectory",
     "Trajectory": "trajectory",
     "token_logprobs": "forward",
+    "rollout": "rollout",
+    "EpisodeSpec": "rollout",
+    "RolloutLimits": "rollout",
+    "SamplingParams": "sampling_params",
+    "ScriptedPolicy": "scripted",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -18,6 +18,7 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    first_position: int = 1,
     **model_inputs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probability of each token given the tokens before it.
@@ -28,6 +29,9 @@ def token_logprobs(
         attention_mask: [B, T], 1 on real tokens.
         temperature: Logits are divided by it, matching the sampler.
         with_entropy: Also return the per-position entropy of the distribution.
+        first_position: The first position whose log-prob is needed (e.g. the first sampled
+            token of the batch). Logits are computed only from there on (``logits_to_keep``): the
+            vocabulary projection over a long prompt is most of the cost. Earlier positions are 0.
         **model_inputs: Extra inputs (e.g. ``pixel_values``) passed to the model.
 
     Returns:
@@ -38,14 +42,37 @@ def token_logprobs(
         raise ValueError(
             f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} differ"
         )
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, **model_inputs).logits  # [B, T, V]
-    logits = logits[:, :-1].float() / temperature  # predicts tokens 1..T-1
-    logp_all = torch.log_softmax(logits, dim=-1)  # [B, T-1, V]
-    picked = torch.gather(logp_all, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [B, T-1]
-    zeros = picked.new_zeros(input_ids.shape[0], 1)
+    T = input_ids.shape[1]
+    first = min(max(int(first_position), 1), max(T - 1, 1))
+    keep = T - first + 1  # logits at positions first-1 .. T-1
+    logits = _logits(model, input_ids, attention_mask, keep if first > 1 else 0, model_inputs)
+    logits = logits[:, -keep:-1].float() / temperature  # [B, T-first, V]: predicts tokens first..T-1
+    logp_all = torch.log_softmax(logits, dim=-1)
+    picked = torch.gather(logp_all, -1, input_ids[:, first:].unsqueeze(-1)).squeeze(-1)  # [B, T-first]
+    zeros = picked.new_zeros(input_ids.shape[0], first)
     logprobs = torch.cat([zeros, picked], dim=1)  # [B, T]
     entropy = None
     if with_entropy:
-        ent = -(logp_all.exp() * logp_all).sum(-1)  # [B, T-1]
+        ent = -(logp_all.exp() * logp_all).sum(-1)
         entropy = torch.cat([zeros, ent], dim=1)
     return logprobs, entropy
+
+
+def first_loss_position(loss_mask: torch.Tensor) -> int:
+    """The first column where any row of ``loss_mask`` [B, T] is set (1 if none is)."""
+    cols = loss_mask.bool().any(0).nonzero()
+    return int(cols[0]) if len(cols) else 1
+
+
+def _logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int,
+            model_inputs: dict[str, Any]) -> torch.Tensor:  # fmt: skip
+    """``model(...).logits``, for the last ``keep`` positions only when ``keep`` > 0 and the model
+    takes ``logits_to_keep`` (transformers' causal LMs do); all positions otherwise."""
+    if keep > 0:
+        try:
+            return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep,
+                         **model_inputs).logits  # fmt: skip
+        except TypeError as e:
+            if "logits_to_keep" not in str(e):
+                raise
+    return model(input_ids=input_ids, attention_mask=attention_mask, **model_inputs).logits

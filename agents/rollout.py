@@ -22,6 +22,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
+import veriloop.envs  # noqa: F401  (registers the environments that specs name)
 from veriloop.agents.backends import Backend, GenRequest, GenResult, eos_token_ids
 from veriloop.agents.chat import ChatFormat, observation_message
 from veriloop.agents.sampling_params import SamplingParams

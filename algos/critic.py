@@ -77,8 +77,12 @@ class ValueModel(nn.Module):
     ) -> torch.Tensor:
         """Values [B, T] aligned with token log-probs (see the module docstring)."""
         out = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, **model_inputs
-        )
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=True,
+            logits_to_keep=1,
+            **model_inputs,
+        )  # the values come from the hidden states: skip the vocabulary projection
         hidden = out.hidden_states[-1]  # [B, T, H]
         v = self.head(hidden)  # [B, T], value of the state ending at position t
         return torch.cat([v.new_zeros(v.shape[0], 1), v[:, :-1]], dim=1)  # state before token t

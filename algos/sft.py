@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import torch
 
-from veriloop.agents.forward import token_logprobs
+from veriloop.agents.forward import first_loss_position, token_logprobs
 
 ActionKind = Literal["solve", "verify"]
 
@@ -40,7 +40,9 @@ def sft_loss(
         )
     if bool((loss_mask[:, 0] != 0).any()):
         raise ValueError("loss_mask[:, 0] must be 0: the first token has no context to be predicted from")
-    logp, _ = token_logprobs(model, input_ids, attention_mask, **model_inputs)  # [B, T]
+    logp, _ = token_logprobs(
+        model, input_ids, attention_mask, first_position=first_loss_position(loss_mask), **model_inputs
+    )  # [B, T]
     m = loss_mask.to(logp.dtype)
     n = m.sum()
     if n == 0:

@@ -7,7 +7,6 @@ loop; which parts it uses was decided by ``cfg.algo`` before the loop starts.
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import time
@@ -29,6 +28,7 @@ from veriloop.algos.batch import TokenBatch, minibatches
 from veriloop.algos.checkpoint import check_finite, latest_checkpoint, load_checkpoint, save_checkpoint
 from veriloop.algos.critic import ValueModel
 from veriloop.algos.distributed import DistContext, init_distributed, shutdown_distributed
+from veriloop.algos.evaluate import final_sample
 from veriloop.algos.run_log import RunLog
 from veriloop.algos.sampling import dynamic_sampling, verifier_failed
 from veriloop.algos.update import METRIC_NAMES, prepare_batch, update_step
@@ -195,13 +195,13 @@ def rollout_metrics(trajs: Sequence[Trajectory], tokenizer: Any) -> dict[str, fl
     """
     rewards = torch.tensor([t.total_reward for t in trajs], dtype=torch.float64)
     lengths = torch.tensor([t.num_generated_tokens for t in trajs], dtype=torch.float64)
-    final = [t.turns[-1].verdict if t.turns else {} for t in trajs]
+    final = [final_sample(t) for t in trajs]  # the last judged response (verify turns have none)
     errors = [{(tr.verdict or {}).get("error") for tr in t.turns} for t in trajs]
     drift_sample = trajs[: min(8, len(trajs))]
     return {
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if len(trajs) > 1 else 0.0,
-        "success_rate": sum(bool(v.get("correct")) for v in final) / len(trajs),
+        "success_rate": sum(f.correct for f in final) / len(trajs),
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "truncation_rate": sum(any(tr.hit_token_limit for tr in t.turns) for t in trajs) / len(trajs),
@@ -293,7 +293,6 @@ def train(cfg: ExperimentConfig, *, resume: bool = False, quiet: bool = False) -
     """
     cfg.validate()
     dist = init_distributed()
-    _check_distributed(cfg, dist)
     quiet = quiet or not dist.is_main
     run_dir = Path(cfg.run.out_dir) / cfg.run_name
     if dist.is_main:
@@ -348,16 +347,6 @@ def train(cfg: ExperimentConfig, *, resume: bool = False, quiet: bool = False) -
         dist.barrier()
         shutdown_distributed(dist)
     return run_dir
-
-
-def _check_distributed(cfg: ExperimentConfig, dist: DistContext) -> None:
-    if not dist.enabled:
-        return
-    if "on_before_step" not in inspect.signature(update_step).parameters:
-        raise RuntimeError(
-            "data-parallel training needs update_step(on_before_step=...) in algos/update.py "
-            "(gradient all-reduce before clipping); run with one process until it is there"
-        )
 
 
 def _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_dir, quiet, dist) -> None:  # type: ignore[no-untyped-def]

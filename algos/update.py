@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from veriloop.agents.forward import token_logprobs
+from veriloop.agents.forward import first_loss_position, token_logprobs
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos import advantages as A
 from veriloop.algos.batch import TokenBatch, collate, minibatches
@@ -236,8 +236,11 @@ def _ref_logprobs(
         raise ValueError(
             "kl_coef > 0 needs a reference: precompute batch.ref_logprobs, or pass ref_model or ref_model_ctx"
         )
-    with ctx, torch.no_grad():
-        lp, _ = token_logprobs(net, batch.input_ids, batch.attention_mask, **batch.extras)
+    with ctx as yielded, torch.no_grad():
+        if yielded is not None and ref_model is None and callable(yielded):
+            net = yielded  # a context that yields the reference model uses it
+        lp, _ = token_logprobs(net, batch.input_ids, batch.attention_mask,
+                               first_position=first_loss_position(batch.loss_mask), **batch.extras)  # fmt: skip
     return lp.detach()
 
 
@@ -264,9 +267,8 @@ def policy_loss(
         scalar loss (with grad) and the metrics named in ``METRIC_NAMES`` (except grad_norm).
     """
     mask = batch.loss_mask
-    logp, ent = token_logprobs(
-        model, batch.input_ids, batch.attention_mask, with_entropy=True, **batch.extras
-    )
+    logp, ent = token_logprobs(model, batch.input_ids, batch.attention_mask, with_entropy=True,
+                               first_position=first_loss_position(mask), **batch.extras)  # fmt: skip
     assert ent is not None
     constant = cfg.loss_agg_constant or agg_constant
     agg = partial(aggregate, mask=mask, mode=cfg.loss_agg, constant=constant,
@@ -320,11 +322,16 @@ def update_step(
     ref_model_ctx: Callable[[], Any] | None = None,
     critic: ValueModel | None = None,
     max_new_tokens: int | None = None,
+    on_before_step: Callable[[list[torch.nn.Parameter], bool], bool] | None = None,
 ) -> dict[str, float]:
     """One optimizer step on ``batch``: gradient accumulation over micro-batches, grad-norm clipping
     over the optimizer's parameters, and a non-finite guard (a NaN/inf loss or gradient norm skips
     the step and reports ``skipped=1``). The accumulated gradient equals the full-batch gradient:
     each micro-batch loss is normalised by the whole batch's token / sequence counts.
+
+    ``on_before_step(params, finite) -> finite`` runs after the last backward and before clipping
+    (data parallelism: the gradient all-reduce, see ``DistContext.grad_sync``); it receives every
+    trainable parameter of the optimizer and whether this process's loss was finite.
 
     Returns:
         ``METRIC_NAMES`` metrics (losses summed over micro-batches, rates token-weighted) + ``skipped``.
@@ -347,6 +354,9 @@ def update_step(
         loss.backward()
         for k, v in m.items():
             sums[k] += v if k in _SUMMED else v * n_tok / total_tokens
+    if on_before_step is not None:
+        trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        finite = on_before_step(trainable, finite)
     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)) if params else 0.0
     skipped = not finite or not math.isfinite(grad_norm)

@@ -10,6 +10,13 @@ import importlib.util
 
 import pytest
 
+try:  # two pytest-xdist workers on two cores: one thread each, no oversubscription
+    import torch
+
+    torch.set_num_threads(1)
+except ImportError:  # the environments alone install and test without torch
+    pass
+
 
 def _smollm2_tokenizer_available() -> bool:
     from veriloop.agents.default_model import cache_root, is_complete
