@@ -21,9 +21,9 @@ _EXPORTS = {
     "TurnRecord": "trajectory",
     "Trajectory": "trajectory",
     "token_logprobs": "forward",
-    "rollout": "rollout",
-    "EpisodeSpec": "rollout",
-    "RolloutLimits": "rollout",
+    "rollout": "engine",
+    "EpisodeSpec": "engine",
+    "RolloutLimits": "engine",
     "SamplingParams": "sampling_params",
     "ScriptedPolicy": "scripted",
 }

@@ -1,6 +1,6 @@
 """A policy that answers from a script, for tests and documentation.
 
-``ScriptedPolicy`` plays the role of both policy and backend in :func:`veriloop.agents.rollout.rollout`:
+``ScriptedPolicy`` plays the role of both policy and backend in :func:`veriloop.agents.engine.rollout`:
 each turn it looks up a reply (by turn number, or by calling a function of the turn, the latest
 observation and the task), tokenizes it with the real tokenizer and appends the end-of-turn token,
 so trajectories carry real token ids: ``loss_mask = 1`` on reply tokens (as if sampled), log-prob

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import veriloop.envs  # noqa: F401  (registers the environments the splits name)
-from veriloop.agents.rollout import EpisodeSpec, RolloutLimits, rollout
+from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.eval_metrics import Sample, generalization_gap, markdown_table, summarize_split
@@ -188,7 +188,7 @@ def evaluate_policy(
         n_samples: Samples per problem (``n`` of pass@k); every k in ``k_list`` must be <= n.
         temperature: Sampling temperature of the ``n`` samples (> 0).
         greedy: Also play each problem once greedily and report ``greedy_acc``.
-        limits, max_new_tokens, system_prompt: As for :func:`~veriloop.agents.rollout.rollout`.
+        limits, max_new_tokens, system_prompt: As for :func:`~veriloop.agents.engine.rollout`.
         batch_episodes: Episodes per rollout call (memory vs speed).
         sampling_seed: Seed of the first rollout batch (batch ``b`` uses ``sampling_seed + b``).
         reference_split: Split the generalization gap is measured against.

@@ -381,7 +381,7 @@ def rejection_examples(
     Wrong attempts inside a kept multi-turn episode stay as context but are not trainable (as in
     S2R); ``meta["kept"]`` / ``meta["sampled"]`` on every example record the acceptance rate.
     """
-    from veriloop.agents.rollout import grouped_specs, rollout
+    from veriloop.agents.engine import grouped_specs, rollout
 
     specs = grouped_specs(env_id, dict(env_kwargs or {}), list(seeds), samples)
     trajs = rollout(

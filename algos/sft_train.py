@@ -389,7 +389,7 @@ def warmup_from_config(cfg: Any, policy: Any, *, run_dir: str | Path | None = No
     seeds = range(r.seed, r.seed + sft.examples)
     extra: dict[str, Any] = {}
     if sft.source == "rejection":
-        from veriloop.agents.rollout import RolloutLimits
+        from veriloop.agents.engine import RolloutLimits
         from veriloop.agents.sampling_params import SamplingParams
 
         extra = {

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 
 import veriloop.envs  # noqa: F401  (registers the environments)
+from veriloop.agents.backends import Backend, make_backend
 from veriloop.agents.drift import drift_rate
+from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.loading import LoraSettings, load_policy, save_policy
 from veriloop.agents.policy import Policy
-from veriloop.agents.rollout import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.batch import TokenBatch, minibatches
@@ -145,7 +146,11 @@ def _limits(cfg: ExperimentConfig) -> RolloutLimits:
 
 
 def collect(
-    cfg: ExperimentConfig, policy: Policy, state: TrainerState, dist: DistContext = SINGLE_PROCESS
+    cfg: ExperimentConfig,
+    policy: Policy,
+    state: TrainerState,
+    dist: DistContext = SINGLE_PROCESS,
+    backend: Backend | None = None,
 ) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
     """One step's experience: ``prompts_per_step`` groups of ``group_size`` episodes.
 
@@ -169,7 +174,7 @@ def collect(
         specs = [EpisodeSpec(cfg.env.id, dict(cfg.env.kwargs), s, s) for s in seeds for _ in range(g)]
         # one sampling stream per (step, round, rank): reproducible, and distinct across ranks
         stream = (state.step * 16 + rounds) * 64 + dist.rank
-        mine = rollout(policy, specs, sampling=_sampling(cfg, stream), limits=_limits(cfg),
+        mine = rollout(policy, specs, sampling=_sampling(cfg, stream), limits=_limits(cfg), backend=backend,
                        system_prompt=cfg.env.system_prompt) if specs else []  # fmt: skip
         rounds += 1
         groups = dist.gather_shards([mine[i : i + g] for i in range(0, len(mine), g)])
@@ -323,6 +328,9 @@ def train(cfg: ExperimentConfig, *, resume: bool = False, quiet: bool = False) -
     if cfg.sft.steps > 0 and not state.sft_done:
         from veriloop.algos.sft_train import warmup_from_config
 
+        if dist.is_main and cfg.eval.before_sft:  # the base model, logged with step 0 as eval_base/...
+            state.history["eval_base"] = _evaluate(cfg, policy, 0, quiet, tag="base", prefix="eval_base")
+
         # every rank runs the same warm-up; only rank 0 saves it, and its weights are broadcast below
         sft_metrics = warmup_from_config(cfg, policy, run_dir=run_dir / "sft" if dist.is_main else None)
         state.sft_done = True
@@ -336,8 +344,7 @@ def train(cfg: ExperimentConfig, *, resume: bool = False, quiet: bool = False) -
     try:
         if state.step == 0 and log is not None:  # the base policy's numbers, for comparison
             base = _evaluate(cfg, policy, 0, quiet)
-            if base:
-                log.log(0, base)
+            log.log(0, {**state.history.get("eval_base", {}), **base})
         _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_dir, quiet, dist)
         if dist.is_main:
             save_policy(policy, run_dir / "final")
@@ -352,11 +359,15 @@ def train(cfg: ExperimentConfig, *, resume: bool = False, quiet: bool = False) -
 def _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_dir, quiet, dist) -> None:  # type: ignore[no-untyped-def]
     from tqdm import tqdm
 
+    # vLLM: one engine for the run, updated in place after every optimizer step
+    backend = (
+        make_backend("vllm", policy, **cfg.rollout.vllm_kwargs) if cfg.rollout.backend == "vllm" else None
+    )
     bar = tqdm(range(state.step, cfg.train.steps), initial=state.step, total=cfg.train.steps,
                desc="train", disable=quiet, dynamic_ncols=True)  # fmt: skip
     for step in bar:
         t0 = time.perf_counter()
-        trajs, sampled, sampling = collect(cfg, policy, state, dist)
+        trajs, sampled, sampling = collect(cfg, policy, state, dist, backend)
         metrics: dict[str, Any] = dict(sampling)
         t_rollout = time.perf_counter() - t0
         metrics.update(rollout_metrics(sampled, policy.tokenizer))
@@ -364,6 +375,8 @@ def _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_
         # dynamic sampling may keep no group at all (every group had equal rewards): nothing to learn
         if trajs:
             metrics.update(train_on_batch(cfg, policy, critic, optimizer, trajs, generator, dist))
+            if backend is not None:
+                backend.sync()  # type: ignore[attr-defined]
         else:
             metrics.update(_no_update())
         t_train = time.perf_counter() - t1
@@ -439,15 +452,16 @@ def _checkpoint(cfg, policy, critic, optimizer, scheduler, state, generator, run
                     scheduler=scheduler, trainer_state=trainer_state, keep_last=cfg.run.keep_last)  # fmt: skip
 
 
-def _evaluate(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool) -> dict[str, float]:
+def _evaluate(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool, *, tag: str | None = None,
+              prefix: str = "eval") -> dict[str, float]:  # fmt: skip
     from veriloop.algos.evaluate import evaluate_config, write_report
 
     report = evaluate_config(cfg, policy, step=step)
-    write_report(report, Path(cfg.run.out_dir) / cfg.run_name / "eval", f"step-{step:06d}")
-    flat = {f"eval/{split}/{k}": float(v) for split, m in report["splits"].items()
+    write_report(report, Path(cfg.run.out_dir) / cfg.run_name / "eval", tag or f"step-{step:06d}")
+    flat = {f"{prefix}/{split}/{k}": float(v) for split, m in report["splits"].items()
             for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)}  # fmt: skip
     shown = ", ".join(f"{k}={v:.3f}" for k, v in flat.items() if k.endswith("avg@n"))
-    _say(quiet, f"eval @{step}: {shown}")
+    _say(quiet, f"{prefix} @{step}: {shown}")
     return flat
 
 

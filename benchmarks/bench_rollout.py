@@ -5,7 +5,7 @@ Three ways to produce tokens, in one run, reported in generated tokens per secon
     (a) raw   ``model.generate`` at batch 32, 64 new tokens each, from the first Points24 prompts;
     (b) naive 32 concurrent Points24-text episodes (up to 3 attempts), calling ``model.generate``
               on every episode's full re-rendered conversation each turn;
-    (c) ours  ``veriloop.agents.rollout`` on the same 32 episodes (KV reuse across turns,
+    (c) ours  ``veriloop.agents.engine`` on the same 32 episodes (KV reuse across turns,
               finished rows dropped, exponential-race sampling).
 
 Also: RSS after every turn of (b) and (c), the sampling-cost micro-benchmark (multinomial vs
@@ -33,7 +33,7 @@ import veriloop.envs  # noqa: F401
 from veriloop.agents import load_policy
 from veriloop.agents.backends.hf import HFBackend
 from veriloop.agents.drift import drift_rate
-from veriloop.agents.rollout import EpisodeSpec, RolloutLimits, rollout
+from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.sampling_params import SamplingParams
 
 ENV = "veriloop/Points24-text-v0"

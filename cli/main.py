@@ -178,9 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
+    from veriloop.configs.schema import ConfigError
+
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
-    return handler(args)
+    try:
+        return handler(args)
+    except ConfigError as e:  # a bad config or override: the message says what and how to fix it
+        print(f"veriloop {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

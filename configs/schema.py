@@ -134,6 +134,10 @@ class RolloutConfig:
         max_turns: Model turns per episode (1 = single turn; > 1 lets the verifier's feedback
             prompt another attempt).
         seed: First environment seed of training problems (also seeds sampling).
+        backend: Generation backend for training rollouts: ``hf`` (transformers, CPU or GPU) or
+            ``vllm`` (GPU only, ``pip install veriloop[vllm]``; weights pushed after every update;
+            untested on CPU-only machines). Evaluation always uses ``hf``.
+        vllm_kwargs: Extra ``vllm.LLM`` arguments (e.g. ``gpu_memory_utilization: 0.4``).
     """
 
     prompts_per_step: int = 8
@@ -145,6 +149,8 @@ class RolloutConfig:
     max_context: int = 2048
     max_turns: int = 1
     seed: int = 0
+    backend: Literal["hf", "vllm"] = "hf"
+    vllm_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
@@ -228,6 +234,8 @@ class EvalConfig:
         greedy: Also decode each problem once greedily and report its accuracy.
         seed_offset: Env seed of the first evaluation problem; must keep evaluation seeds
             disjoint from training seeds.
+        before_sft: With an SFT warm-up, also evaluate the model before it (logged at step 0
+            as ``eval_base/...``, report ``eval/base``), so RL and SFT gains can be told apart.
     """
 
     every: int = 50
@@ -237,6 +245,7 @@ class EvalConfig:
     temperature: float = 0.6
     greedy: bool = True
     seed_offset: int = 1_000_000
+    before_sft: bool = True
 
     def validate(self) -> None:
         _positive("eval", self, "num_problems", "n_samples")

@@ -8,7 +8,7 @@ import torch
 import veriloop.envs  # noqa: F401  (registers veriloop/...)
 from veriloop.agents.chat import ChatFormat, observation_message
 from veriloop.agents.drift import drift_rate, mismatch_rate
-from veriloop.agents.rollout import EpisodeSpec, grouped_specs, rollout
+from veriloop.agents.engine import EpisodeSpec, grouped_specs, rollout
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.scripted import ScriptedPolicy
 

@@ -10,9 +10,9 @@ import torch
 
 import veriloop.envs  # noqa: F401  (registers veriloop/...)
 from veriloop.agents.backends.hf import HFBackend
+from veriloop.agents.engine import EpisodeSpec, RolloutLimits, grouped_specs, rollout
 from veriloop.agents.episode_log import read_episodes, replay
 from veriloop.agents.forward import token_logprobs
-from veriloop.agents.rollout import EpisodeSpec, RolloutLimits, grouped_specs, rollout
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.scripted import ScriptedPolicy
 from veriloop.envs.verifiers.verdict import Verdict

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import veriloop.envs  # noqa: F401  (registers veriloop/...)
+from veriloop.agents.engine import RolloutLimits, grouped_specs, rollout
 from veriloop.agents.forward import token_logprobs
-from veriloop.agents.rollout import RolloutLimits, grouped_specs, rollout
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.scripted import ScriptedPolicy
 

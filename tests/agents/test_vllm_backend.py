@@ -29,7 +29,7 @@ def test_vllm_rollout_returns_tokens_and_logprobs(tmp_path):
     from veriloop.agents import load_policy
     from veriloop.agents.backends.vllm import VLLMBackend
     from veriloop.agents.default_model import default_model_path
-    from veriloop.agents.rollout import grouped_specs, rollout
+    from veriloop.agents.engine import grouped_specs, rollout
     from veriloop.agents.sampling_params import SamplingParams
 
     policy = load_policy("default")

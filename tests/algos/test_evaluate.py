@@ -17,7 +17,7 @@ import gymnasium as gym
 import pytest
 
 import veriloop.envs  # noqa: F401  (registers the environments)
-from veriloop.agents.rollout import RolloutLimits
+from veriloop.agents.engine import RolloutLimits
 from veriloop.agents.scripted import ScriptedPolicy
 from veriloop.agents.trajectory import Trajectory, TurnRecord
 from veriloop.algos.evaluate import (

@@ -1,0 +1,256 @@
+"""Does RL learn here? Training runs on the default model, on this CPU, with held-out evaluation.
+
+Each *arm* is an experiment config plus overrides, run with ``veriloop train`` in its own process
+(one per seed) so that a crash or a kill loses only that run (rerunning resumes it). The held-out
+evaluations the trainer logs (step 0 = the starting policy, then every ``eval.every`` steps) are
+gathered into ``benchmarks/results/learning_<suite>.json`` with a plot of accuracy vs step per split.
+
+Suites:
+  math      GRPO and DAPO (LoRA) on level-1 generated math; held-out avg@n by step, several seeds.
+  points24  "SFT memorizes, RL generalizes" at toy scale: SFT on solver solutions only, vs the same
+            SFT warm-up followed by multi-turn GRPO; in-distribution (J/Q/K = 10) and rule-OOD
+            (J/Q/K = 11/12/13) success by step.
+
+Usage (from the repository root, in the venv):
+  OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_learning.py math --seeds 0 1
+  python benchmarks/bench_learning.py points24 --seeds 0
+  python benchmarks/bench_learning.py math --report-only   # re-collect finished runs, re-plot
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+# Small on purpose: 2 CPU cores. Each arm: (label, config, overrides). The math arms are the
+# quickstart (SFT warm-up on generator solutions, then RL with LoRA; see configs/experiments/quickstart.yaml).
+SUITES: dict[str, dict] = {
+    "math": {
+        "steps": 12,
+        "eval_every": 4,
+        "arms": [
+            ("grpo", "quickstart", []),
+            (
+                "dapo",
+                "quickstart",
+                [
+                    "algo.preset=dapo",
+                    "algo.max_sampling_rounds=2",
+                    "algo.overlong_max_len=128",
+                    "algo.overlong_cache_len=32",
+                ],
+            ),
+        ],  # fmt: skip
+        "common": ["run.checkpoint_every=4"],
+    },
+    "points24": {
+        "steps": 10,
+        "eval_every": 5,
+        "arms": [
+            # SFT only, on as many solver examples as the RL arm's warm-up plus its RL episodes
+            ("sft_only", "points24_sft", ["sft.steps=60", "sft.examples=480", "train.steps=0"]),
+            (
+                "sft_then_grpo",
+                "points24_grpo",
+                [
+                    "sft.steps=30",
+                    "sft.examples=240",
+                    "rollout.prompts_per_step=4",
+                    "rollout.group_size=6",
+                    "algo.kl_coef=0.0",
+                    "train.lr=1.0e-4",
+                    "train.warmup_steps=0",
+                    "train.micro_batch_size=8",
+                ],
+            ),
+        ],  # fmt: skip
+        "common": [
+            "policy.lora=true",
+            "policy.lora_r=16",
+            "policy.lora_alpha=32",
+            "sft.lr=2.0e-4",
+            "rollout.max_new_tokens=64",
+            "rollout.max_context=768",
+            "eval.num_problems=32",
+            "eval.n_samples=4",
+            "eval.k_list=[1,4]",
+            "eval.greedy=false",
+            "eval.temperature=0.6",
+            "run.checkpoint_every=5",
+            "run.tensorboard=false",
+        ],  # fmt: skip
+    },
+}
+
+
+def run_arm(suite: str, label: str, config: str, overrides: list[str], seed: int, out: Path) -> Path:
+    """``veriloop train`` one arm/seed (resuming if a previous attempt was cut) and return its run folder."""
+    spec = SUITES[suite]
+    name = f"{label}-s{seed}"
+    args = [sys.executable, "-m", "veriloop.cli", "train", config, *overrides, *spec.get("common", []),
+            f"train.steps={spec['steps']}" if not any(o.startswith("train.steps=") for o in overrides) else "",
+            f"eval.every={spec['eval_every']}", f"rollout.seed={1000 * seed}",
+            f"run.out_dir={out}", f"run.name={name}"]  # fmt: skip
+    args = [a for a in args if a]
+    run_dir = out / name
+    if (run_dir / "final").exists():
+        print(f"[{name}] already finished: {run_dir}", flush=True)
+        return run_dir
+    if (run_dir / "checkpoints").exists():
+        args.append("--resume")
+    print(f"[{name}] {' '.join(args[2:])}", flush=True)
+    t0 = time.time()
+    with (out / f"{name}.log").open("a") as log:
+        rc = subprocess.call(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    print(f"[{name}] exit {rc} after {time.time() - t0:.0f} s", flush=True)
+    if rc != 0:
+        raise SystemExit(f"{name} failed (exit {rc}); see {out / f'{name}.log'}")
+    return run_dir
+
+
+def collect(run_dir: Path) -> dict:
+    """Held-out evaluations by step, the SFT warm-up's evaluation and the training curves of one run."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals: dict[str, dict[int, dict[str, float]]] = {}
+    base: dict[str, dict[str, float]] = {}  # before any SFT warm-up (eval.before_sft)
+    train_curves: dict[str, list] = {"step": [], "reward/mean": [], "entropy": [], "response_length/mean": [],
+                                     "time/rollout_s": [], "time/train_s": []}  # fmt: skip
+    for row in rows:
+        for key, value in row.items():
+            if key.startswith("eval/"):
+                _, split, metric = key.split("/", 2)
+                evals.setdefault(split, {}).setdefault(row["step"], {})[metric] = value
+            elif key.startswith("eval_base/"):
+                _, split, metric = key.split("/", 2)
+                base.setdefault(split, {})[metric] = value
+        if "reward/mean" in row:
+            for k in train_curves:
+                train_curves[k].append(row.get(k))
+    return {"evals": {s: {str(k): v for k, v in sorted(d.items())} for s, d in evals.items()}, "base": base,
+            "train": train_curves}  # fmt: skip
+
+
+def summarize(runs: dict[str, dict[int, dict]], metric: str = "avg@n") -> dict:
+    """Per arm and split: metric at the first and last evaluation, mean and spread over seeds."""
+    out: dict[str, dict] = {}
+    for label, by_seed in runs.items():
+        splits = sorted({s for r in by_seed.values() for s in r["evals"]})
+        out[label] = {}
+        for split in splits:
+            firsts, lasts, bases = [], [], []
+            for r in by_seed.values():
+                if split in r.get("base", {}):
+                    bases.append(r["base"][split].get(metric))
+                ev = r["evals"].get(split, {})
+                if ev:
+                    steps = sorted(ev, key=int)
+                    firsts.append(ev[steps[0]].get(metric))
+                    lasts.append(ev[steps[-1]].get(metric))
+            out[label][split] = {
+                f"{metric} base model, before SFT (per seed)": bases,
+                f"{metric} start (per seed)": firsts,
+                f"{metric} end (per seed)": lasts,
+                "start mean": statistics.fmean(firsts) if firsts else None,
+                "end mean": statistics.fmean(lasts) if lasts else None,
+                "end stdev": statistics.stdev(lasts) if len(lasts) > 1 else None,
+            }
+    return out
+
+
+def plot(suite: str, runs: dict[str, dict[int, dict]], path: Path, metric: str = "avg@n") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    splits = sorted({s for by_seed in runs.values() for r in by_seed.values() for s in r["evals"]})
+    fig, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 3.6), squeeze=False)
+    for ax, split in zip(axes[0], splits):
+        for i, (label, by_seed) in enumerate(runs.items()):
+            for j, (_seed, r) in enumerate(sorted(by_seed.items())):
+                ev = r["evals"].get(split, {})
+                steps = sorted(ev, key=int)
+                ys = [ev[s].get(metric) for s in steps]
+                ax.plot([int(s) for s in steps], ys, marker="o", color=f"C{i}", alpha=0.9 if j == 0 else 0.5,
+                        label=label if j == 0 else None)  # fmt: skip
+        for i, by_seed in enumerate(runs.values()):
+            bases = [r["base"][split].get(metric) for r in by_seed.values() if split in r.get("base", {})]
+            if bases:
+                ax.axhline(statistics.fmean(bases), color=f"C{i}", ls=":", lw=1)
+        ax.set_title(f"{suite}: {split} ({metric}, held-out)")
+        ax.set_xlabel("RL step (0 = after the SFT warm-up; dotted = base model)")
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("suite", choices=sorted(SUITES))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--arms", nargs="+", help="run only these arms (labels)")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_learning")
+    ap.add_argument("--report-only", action="store_true", help="collect finished runs without training")
+    args = ap.parse_args()
+    spec = SUITES[args.suite]
+    out = args.out / args.suite
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    runs: dict[str, dict[int, dict]] = {}
+    for label, config, overrides in spec["arms"]:
+        if args.arms and label not in args.arms:
+            continue
+        for seed in args.seeds:
+            run_dir = out / f"{label}-s{seed}"
+            if not args.report_only:
+                run_arm(args.suite, label, config, overrides, seed, out)
+            if (run_dir / "metrics.jsonl").exists():
+                runs.setdefault(label, {})[seed] = collect(run_dir)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result = {
+        "benchmark": f"learning: {args.suite}",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join(["python", "benchmarks/bench_learning.py", *sys.argv[1:]]),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg": os.getloadavg()},
+        "settings": {
+            "steps": spec["steps"],
+            "eval_every": spec["eval_every"],
+            "seeds": args.seeds,
+            "arms": {
+                label: {"config": c, "overrides": [*o, *spec.get("common", [])]}
+                for label, c, o in spec["arms"]
+            },
+        },  # fmt: skip
+        "wall_s": time.time() - t0,
+        "summary": summarize(runs),
+        "runs": {label: {str(s): r for s, r in by_seed.items()} for label, by_seed in runs.items()},
+    }
+    path = RESULTS / f"learning_{args.suite}.json"
+    if args.arms and path.exists():  # keep the other arms' results
+        old = json.loads(path.read_text())
+        for label, by_seed in old.get("runs", {}).items():
+            if label not in result["runs"]:
+                result["runs"][label] = by_seed
+                runs[label] = {int(s): r for s, r in by_seed.items()}
+        result["summary"] = summarize(runs)
+    path.write_text(json.dumps(result, indent=1))
+    plot(args.suite, runs, RESULTS / f"learning_{args.suite}.png")
+    print(json.dumps(result["summary"], indent=1))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
