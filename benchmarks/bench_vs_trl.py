@@ -120,7 +120,8 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
         f"run.out_dir={workdir}", "run.name=veriloop", "run.tensorboard=false",
     ]  # fmt: skip
     cfg = load_config("quickstart", overrides=overrides)
-    vt._evaluate = lambda cfg, policy, step, quiet: {}  # no evaluation: only training steps are compared
+    # no evaluation: only training steps are compared
+    vt._evaluate = lambda cfg, policy, step, quiet, **kw: {}
     inner_loop, inner_guard = vt._loop, vt._guard_nonfinite
 
     def loop(*a: Any, **k: Any) -> None:  # the policy is built: wait for the first "go"

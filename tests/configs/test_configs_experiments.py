@@ -40,7 +40,8 @@ def test_experiment_loads_and_envs_exist(name: str) -> None:
 def test_quickstart_is_small() -> None:
     cfg = load_config("quickstart")
     assert cfg.policy.model == "default" and cfg.policy.lora
-    assert cfg.rollout.batch_size <= 16 and cfg.rollout.max_new_tokens <= 96 and cfg.train.steps <= 10
+    # the README's main command must stay a short CPU run (see the timing quoted in the README)
+    assert cfg.rollout.batch_size <= 32 and cfg.rollout.max_new_tokens <= 128 and cfg.train.steps <= 12
 
 
 def test_points24_splits_follow_the_paper() -> None:
