@@ -116,7 +116,8 @@ def sample_next(
     Args:
         logits: [B, V] next-token logits.
         params: Sampling settings.
-        generator: Source of randomness (ignored when greedy).
+        generator: Source of randomness (ignored when greedy); may live on another device
+            than ``logits`` (the rollout's generator is a CPU one).
 
     Returns:
         tokens [B] (int64) and their recorded log-probs [B] (float32).
@@ -125,6 +126,9 @@ def sample_next(
     if params.is_greedy:
         tokens = torch.argmax(logq, dim=-1)
     else:
-        race = torch.empty_like(logq).exponential_(generator=generator)  # E_v ~ Exp(1)
+        # E_v ~ Exp(1), drawn where the generator lives (a CPU generator cannot fill a CUDA
+        # tensor), so a seed gives the same draws whatever device the model runs on.
+        where = generator.device if generator is not None else logq.device
+        race = torch.empty(logq.shape, device=where).exponential_(generator=generator).to(logq.device)
         tokens = torch.argmax(logq - race.log(), dim=-1)  # argmax q_v / E_v
     return tokens, logq.gather(-1, tokens[:, None]).squeeze(-1)

@@ -19,11 +19,16 @@ batch once ``compact_fraction`` of the rows are done, so stragglers decode in a 
 
 Vision policies (``policy.processor`` set) are served without cross-turn reuse: each turn the
 whole context, with every image so far (``GenRequest.model_inputs``), is re-encoded.
+
+Sampling always runs in eval mode (dropout off, e.g. LoRA dropout, which peft leaves in training
+mode), so recorded log-probs are those of the deterministic policy that training recomputes; each
+module's mode is restored afterwards.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import contextlib
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +60,18 @@ class _Row:
     sampled: list[int]
     logprobs: list[float]
     finish: str | None = None
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Dropout off inside the block; every module's own training flag restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, mode in modes:
+            module.training = mode
 
 
 class HFBackend:
@@ -97,10 +114,13 @@ class HFBackend:
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].context_ids))
         size = self.max_batch_size or max(1, len(order))
         results: list[GenResult | None] = [None] * len(requests)
-        for start in range(0, len(order), size):
-            chunk = order[start : start + size]
-            for i, res in zip(chunk, self._generate_batch([requests[i] for i in chunk], sampling, generator)):
-                results[i] = res
+        with eval_mode(self.model):
+            for start in range(0, len(order), size):
+                chunk = order[start : start + size]
+                for i, res in zip(
+                    chunk, self._generate_batch([requests[i] for i in chunk], sampling, generator)
+                ):
+                    results[i] = res
         return [r for r in results if r is not None]
 
     # ---- one batch -------------------------------------------------------------------------

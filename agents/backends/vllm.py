@@ -3,7 +3,7 @@
 Install with ``pip install veriloop[vllm]`` (needs CUDA). vLLM is imported only when this backend
 is built, so the rest of veriloop never needs it.
 
-What this relies on (vLLM >= 0.8 public API; not runnable on the CPU machines where veriloop is
+What this relies on (vLLM >= 0.10.2 public API; not runnable on the CPU machines where veriloop is
 developed, so the tests in ``tests/agents/test_vllm_backend.py`` skip without CUDA + vLLM):
 
 * ``LLM.generate(prompts=[TokensPrompt(prompt_token_ids=ids)], sampling_params=..., lora_request=...)``:
@@ -13,20 +13,28 @@ developed, so the tests in ``tests/agents/test_vllm_backend.py`` skip without CU
   distribution actually sampled from (veriloop's convention, see ``sampling_params``), build the
   ``LLM`` with ``logprobs_mode="processed_logprobs"`` (vLLM >= 0.10.2); this backend passes it
   when ``processed_logprobs=True`` (the default).
-* Weight sync after each update:
+* Weight sync (:meth:`VLLMBackend.sync`; also once at start, since the policy may already differ
+  from the checkpoint on disk, e.g. after an SFT warm-up):
   - LoRA: the adapter is saved to a fresh folder and a new ``LoRARequest(name, int_id, path)`` with
-    a new id is used from then on (vLLM caches adapters by id, so ids are never reused).
-  - Full fine-tuning: ``LLM.collective_rpc`` runs a function on every worker that calls
-    ``worker.model_runner.model.load_weights(weights=[(name, tensor), ...])``. For in-process
-    engines this needs ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so tensors need not be pickled across
-    processes.
+    a new name and id is used from then on (vLLM caches adapters, and keys its prefix cache, by
+    them, so they are never reused); the previous folder is deleted. ``max_lora_rank`` is set to
+    the smallest rank vLLM accepts that holds the adapter's (vLLM's default, 16, would refuse r=32).
+  - Full fine-tuning: ``LLM.collective_rpc(fn, args=(weights,))`` runs ``fn(worker, weights)`` on
+    every worker, which calls ``worker.model_runner.model.load_weights(weights=[(name, tensor),
+    ...])``; then ``LLM.reset_prefix_cache()``, because cached KV blocks were computed with the
+    old weights. The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set unless
+    already set) so the tensors are handed over, not pickled to another process.
 * No KV state is kept here: vLLM's prefix caching (``enable_prefix_caching=True``) reuses the
   shared prefix of each episode's growing context across turns.
+* ``"default"`` (the name :func:`~veriloop.agents.loading.load_policy` gives SmolLM2) is resolved
+  to the cached checkpoint folder: vLLM would look it up on the Hub.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
 import tempfile
 from collections.abc import Hashable, Sequence
 from pathlib import Path
@@ -53,6 +61,35 @@ def import_vllm() -> Any:
     return vllm
 
 
+#: The LoRA ranks vLLM accepts for ``max_lora_rank`` (``vllm.config.lora.MaxLoRARanks``).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_rank_bound(peft_model: Any) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds every adapter rank of ``peft_model``."""
+    ranks = [int(r) for cfg in peft_model.peft_config.values() for r in [cfg.r, *cfg.rank_pattern.values()]]
+    need = max(ranks)
+    fits = [r for r in VLLM_LORA_RANKS if r >= need]
+    if not fits:
+        raise ValueError(f"LoRA rank {need} is above the largest rank vLLM serves ({VLLM_LORA_RANKS[-1]})")
+    return fits[0]
+
+
+def vllm_model_path(policy: Policy, model_path: str | None) -> str:
+    """Folder vLLM loads the base weights and tokenizer from (``"default"`` resolved to the cache)."""
+    path = model_path or policy.meta.get("base_model") or policy.name
+    if path == "default":
+        from veriloop.agents import default_model
+
+        return str(default_model.default_model_path())
+    return str(path)
+
+
+def _load_weights(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs on each vLLM worker (via ``collective_rpc``): load HF-named weights in place."""
+    worker.model_runner.model.load_weights(weights=weights)
+
+
 class VLLMBackend:
     """Backend that samples with ``vllm.LLM``.
 
@@ -75,15 +112,18 @@ class VLLMBackend:
         if policy.is_vision:
             raise NotImplementedError("the vLLM backend serves text policies only; use backend='hf' for VLMs")
         self.policy = policy
-        kwargs = {"enable_prefix_caching": True, "enable_lora": policy.is_lora, **llm_kwargs}
+        kwargs: dict[str, Any] = {"enable_prefix_caching": True, "enable_lora": policy.is_lora, **llm_kwargs}
         if processed_logprobs:
             kwargs.setdefault("logprobs_mode", "processed_logprobs")
-        self.llm = self.vllm.LLM(model=model_path or policy.meta.get("base_model") or policy.name, **kwargs)
+        if policy.is_lora:
+            kwargs.setdefault("max_lora_rank", lora_rank_bound(policy.model))
+        else:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # see module docstring
+        self.llm = self.vllm.LLM(model=vllm_model_path(policy, model_path), **kwargs)
         self._lora_ids = itertools.count(1)
         self._lora_request: Any = None
         self._tmp = tempfile.TemporaryDirectory(prefix="veriloop-lora-")
-        if policy.is_lora:
-            self.sync()
+        self.sync()
 
     def release(self, key: Hashable) -> None:
         """Nothing to free: vLLM manages its own (prefix) cache."""
@@ -91,19 +131,18 @@ class VLLMBackend:
     def sync(self) -> None:
         """Push the policy's current weights to vLLM (call after every optimizer step)."""
         if self.policy.is_lora:
+            from vllm.lora.request import LoRARequest
+
             version = next(self._lora_ids)
             path = Path(self._tmp.name) / f"v{version}"
             self.policy.model.save_pretrained(path)
-            self._lora_request = self.vllm.lora.request.LoRARequest(
-                f"veriloop-v{version}", version, str(path)
-            )
+            if self._lora_request is not None:  # served already; never requested again
+                shutil.rmtree(self._lora_request.lora_path, ignore_errors=True)
+            self._lora_request = LoRARequest(f"veriloop-v{version}", version, str(path))
             return
-        state = [(name, p.detach()) for name, p in self.policy.model.state_dict().items()]
-
-        def load(worker: Any) -> None:
-            worker.model_runner.model.load_weights(weights=state)
-
-        self.llm.collective_rpc(load)
+        weights = [(name, p.detach()) for name, p in self.policy.model.state_dict().items()]
+        self.llm.collective_rpc(_load_weights, args=(weights,))
+        self.llm.reset_prefix_cache()
 
     def _params(self, sampling: SamplingParams, max_new_tokens: int, seed: int) -> Any:
         return self.vllm.SamplingParams(

