@@ -31,10 +31,13 @@ class AlgoConfig:
             ``batch_norm`` = REINFORCE++ (normalised over the whole batch); ``gae`` = PPO with a
             critic; ``process`` = S2R process-level (per-action rewards, per-action baselines).
         reward_level: How per-turn rewards become the learning signal. ``outcome``: the last
-            turn's reward for the whole episode; ``sum``: the sum of turn rewards for the whole
-            episode; ``turn``: each turn credited with its discounted return-to-go.
+            turn's reward for the whole episode (its ``info["outcome_reward"]`` when the
+            environment reports one, as S2R's does); ``sum``: the sum of turn rewards for the
+            whole episode; ``turn``: each turn credited with its discounted return-to-go, against
+            a leave-one-out baseline by turn index (``advantages.turn_level``).
         turn_gamma: Discount across turns for ``reward_level="turn"``.
-        process_baseline: For ``advantage="process"``: which actions share a baseline.
+        process_baseline: For ``advantage="process"`` (rewards from ``info["process_reward"]``
+            when present, else the step reward): which actions share a baseline.
             ``position_kind`` (default) = same problem, same action index and kind (solve/verify);
             ``kind`` = same problem and kind; ``group`` = all actions of the problem's group.
         gamma, lam: GAE discount and trace parameters (token level, PPO only).
@@ -58,6 +61,9 @@ class AlgoConfig:
         overlong_filter: Mask out the loss of samples whose generation was truncated (DAPO).
         overlong_penalty: Add DAPO's soft overlong punishment to the reward.
         overlong_max_len, overlong_cache_len: L_max and L_cache of the soft punishment (tokens).
+        format_reward: DeepSeek-R1-Zero format reward added to every turn whose text is
+            ``<think>...</think><answer>...</answer>`` (0 = off). For environments that do not
+            score format themselves (MathVerify's ``reward="r1"`` does: do not use both).
         dynamic_sampling: Keep only groups whose rewards are not all equal, resampling until the
             batch holds the requested number of groups (DAPO).
         max_sampling_rounds: Cap on rollout rounds per step under dynamic sampling.
@@ -88,6 +94,7 @@ class AlgoConfig:
     overlong_penalty: bool = False
     overlong_max_len: int = 256
     overlong_cache_len: int = 64
+    format_reward: float = 0.0
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4
     epochs: int = 1
@@ -115,6 +122,10 @@ class AlgoConfig:
             raise ValueError(
                 "overlong_penalty needs 0 < overlong_cache_len < overlong_max_len, got "
                 f"{self.overlong_cache_len} and {self.overlong_max_len}"
+            )
+        if self.format_reward < 0:
+            raise ValueError(
+                f"format_reward is a bonus for well-formed turns: need >= 0, got {self.format_reward}"
             )
         if self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")

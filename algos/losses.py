@@ -49,7 +49,9 @@ def clipped_pg_loss(
     Dual clip (Ye et al. 2020), for A_t < 0 only: loss_t = min(loss_t, -c A_t), c = ``dual_clip``.
 
     The clip is "active" (the token gets no gradient) when A > 0 and r > 1 + clip_high ("high"),
-    or A < 0 and r < 1 - clip_low ("low").
+    or A < 0 and r < 1 - clip_low ("low"); elsewhere d loss_t / d log pi_theta = -A_t r_t, also
+    for ratios outside the range on the other side (A > 0, r < 1 - clip_low: still pushed up).
+    Positions with mask == 0 get loss 0 and exactly zero gradient, whatever their inputs hold.
 
     Args:
         logprobs: [B, T] log pi_theta (with grad); old_logprobs: [B, T] log pi_old (sampling);
@@ -61,13 +63,16 @@ def clipped_pg_loss(
         ``approx_kl`` = mean over masked tokens of (r - 1) - log r, an estimate of KL(pi_old || pi_theta).
     """
     _check_same(("logprobs", "old_logprobs", "advantages", "mask"), logprobs, old_logprobs, advantages, mask)
-    log_ratio = logprobs - old_logprobs.detach()
+    m = mask.bool()
+    # Off the mask the log-ratio and advantage are set to 0 *before* exp: a masked-out position
+    # with an extreme old log-prob (padding, an environment token) would otherwise give
+    # exp(...) = inf and a 0 * inf = NaN gradient through the torch.where below.
+    log_ratio = torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
     ratio = torch.exp(log_ratio)
-    adv = advantages.detach()
+    adv = torch.where(m, advantages.detach(), torch.zeros_like(advantages))
     surr = -adv * ratio
     surr_clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(surr, surr_clipped)
-    m = mask.bool()
     dual_active = torch.zeros_like(m)
     if dual_clip is not None:
         bound = -adv * dual_clip
@@ -108,7 +113,9 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind 
 def entropy_bonus(entropy: torch.Tensor, *, coef: float) -> torch.Tensor:
     """Per-token entropy loss term: -coef * H_t (minimising it raises the entropy), [B, T].
 
-    ``entropy`` is the second output of ``token_logprobs(..., with_entropy=True)``.
+    The c_2 S[pi_theta](s_t) bonus of PPO's combined objective (Schulman et al. 2017, eq. 9).
+    ``entropy`` [B, T] is the second output of ``token_logprobs(..., with_entropy=True)``; mask and
+    reduce the result with ``aggregate`` like the policy term.
     """
     if entropy.dim() != 2:
         raise ValueError(f"entropy must be [B, T], got {tuple(entropy.shape)}")
@@ -123,21 +130,26 @@ def value_loss(
     *,
     clip: float | None = None,
 ) -> torch.Tensor:
-    """Per-token critic loss (PPO): 0.5 (V - R)^2, or with ``clip`` = eps_v the clipped form
-    0.5 max((V - R)^2, (V_old + clip(V - V_old, -eps_v, eps_v) - R)^2).
+    """Per-token critic loss (PPO, Schulman et al. 2017): 0.5 (V - R)^2, or with ``clip`` = eps_v
+    the clipped form of OpenAI baselines' PPO2,
+    0.5 max((V - R)^2, (V_old + clip(V - V_old, -eps_v, eps_v) - R)^2): once V has moved more
+    than eps_v from V_old towards R, the clipped branch is the larger one and the gradient is 0,
+    so one batch cannot drag the critic far from its rollout-time values.
 
     Args:
         values: [B, T] (with grad); old_values: [B, T] values at rollout time; returns: [B, T];
         mask: [B, T]. Returns: [B, T], 0 where mask == 0; aggregate it with ``aggregate``.
     """
     _check_same(("values", "old_values", "returns", "mask"), values, old_values, returns, mask)
-    ret = returns.detach()
+    m = mask.bool()
+    v_now = values.detach()
+    ret = torch.where(m, returns.detach(), v_now)  # off the mask: no error, hence no gradient
     loss = (values - ret) ** 2
     if clip is not None:
-        old = old_values.detach()
+        old = torch.where(m, old_values.detach(), v_now)
         clipped = old + torch.clamp(values - old, -clip, clip)
         loss = torch.maximum(loss, (clipped - ret) ** 2)
-    return torch.where(mask.bool(), 0.5 * loss, torch.zeros_like(loss))
+    return torch.where(m, 0.5 * loss, torch.zeros_like(loss))
 
 
 def aggregate(
@@ -158,10 +170,15 @@ def aggregate(
 
     For gradient accumulation, pass the whole batch's ``total_tokens`` (token_mean) or
     ``total_seqs`` (sequence modes) so that the micro-batch losses sum to the full-batch loss.
+    Entries where mask == 0 are selected away (not multiplied by 0), so a NaN or inf there
+    (e.g. the entropy of a padding position) neither reaches the loss nor its gradient.
+
+    Args:
+        per_token: [B, T] per-token loss; mask: [B, T] 1 on tokens that count.
     """
     _check_same(("per_token", "mask"), per_token, mask)
     m = mask.to(per_token.dtype)
-    lm = per_token * m
+    lm = torch.where(mask.bool(), per_token, torch.zeros_like(per_token))
     if mode == "token_mean":
         denom = m.sum().clamp(min=1) if total_tokens is None else total_tokens
         return lm.sum() / denom

@@ -44,15 +44,23 @@ def dynamic_sampling(
     equal (``is_informative``). Never returns a zero-variance group. If the rounds run out first,
     returns what it has and sets the ``short_batch`` stat to 1 (and logs a warning).
 
+    Args:
+        sample_groups: ``n -> groups``, each group a list of episodes sharing a start state.
+        num_groups: informative groups wanted; max_rounds: cap on calls to ``sample_groups``.
+        reward_fn: the scalar reward of one episode that decides informativeness.
+
     Returns:
         kept groups (at most ``num_groups``), and stats: ``rounds``, ``sampled_groups``,
-        ``kept_groups``, ``kept_fraction`` (kept / sampled), ``zero_variance_groups``,
-        ``verifier_failed`` (episodes dropped), ``short_batch`` (0 or 1).
+        ``kept_groups``, ``kept_fraction`` (kept / sampled), ``informative_fraction``
+        (informative / sampled: differs from ``kept_fraction`` when ``sample_groups`` over-samples
+        and surplus informative groups are dropped), ``zero_variance_groups``, ``verifier_failed``
+        (episodes dropped), ``short_batch`` (0 or 1).
     """
     if num_groups < 1 or max_rounds < 1:
         raise ValueError(f"need num_groups >= 1 and max_rounds >= 1, got {num_groups} and {max_rounds}")
     kept: list[list[T]] = []
     sampled = zero_var = failed = rounds = 0
+    informative = 0
     while len(kept) < num_groups and rounds < max_rounds:
         rounds += 1
         groups = sample_groups(num_groups - len(kept))
@@ -61,6 +69,7 @@ def dynamic_sampling(
             good = [t for t in group if not verifier_failed(t)]
             failed += len(group) - len(good)
             if is_informative([float(reward_fn(t)) for t in good]):
+                informative += 1
                 kept.append(good)
             else:
                 zero_var += 1
@@ -73,6 +82,7 @@ def dynamic_sampling(
         "sampled_groups": float(sampled),
         "kept_groups": float(len(kept)),
         "kept_fraction": len(kept) / sampled if sampled else 0.0,
+        "informative_fraction": informative / sampled if sampled else 0.0,
         "zero_variance_groups": float(zero_var),
         "verifier_failed": float(failed),
         "short_batch": float(short),

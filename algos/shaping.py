@@ -1,10 +1,14 @@
-"""Reward shaping and sample filtering: DAPO's overlong handling and the KL-in-reward penalty."""
+"""Reward shaping and sample filtering: DAPO's overlong handling, the R1 format reward and the
+KL-in-reward penalty."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 import torch
 
 from veriloop.algos.losses import KLKind, kl_penalty
+from veriloop.envs.math_env import r1_format_ok
 
 
 def overlong_penalty(lengths: torch.Tensor, *, max_len: int, cache_len: int) -> torch.Tensor:
@@ -38,6 +42,22 @@ def overlong_filter_mask(hit_token_limit: torch.Tensor) -> torch.Tensor:
     if hit_token_limit.dim() != 1:
         raise ValueError(f"hit_token_limit must be [N], got {tuple(hit_token_limit.shape)}")
     return (~hit_token_limit.bool()).to(torch.float32)
+
+
+def format_reward(
+    texts: Sequence[str], *, bonus: float, check: Callable[[str], bool] = r1_format_ok
+) -> torch.Tensor:
+    """DeepSeek-R1-Zero's format reward (DeepSeek-AI 2025): ``bonus`` for a response shaped
+    ``<think>...</think><answer>...</answer>`` (``check``, by default the same rule that
+    ``MathVerify-v0``'s ``reward="r1"`` scheme uses), else 0.
+
+    For environments that do not score format themselves; MathVerify with ``reward="r1"`` already
+    adds it, so turning both on would count it twice.
+
+    Args:
+        texts: N responses (one per turn). Returns: [N] float rewards in {0, bonus}.
+    """
+    return torch.tensor([bonus if check(t) else 0.0 for t in texts], dtype=torch.float32)
 
 
 def kl_reward_penalty(

@@ -23,14 +23,14 @@ from typing import Any
 import torch
 
 from veriloop.agents.forward import first_loss_position, token_logprobs
-from veriloop.agents.trajectory import Trajectory
+from veriloop.agents.trajectory import Trajectory, TurnRecord
 from veriloop.algos import advantages as A
 from veriloop.algos.batch import TokenBatch, collate, minibatches
 from veriloop.algos.config import AlgoConfig
 from veriloop.algos.critic import ValueModel, values
 from veriloop.algos.losses import aggregate, clipped_pg_loss, entropy_bonus, kl_penalty, value_loss
 from veriloop.algos.sampling import verifier_failed
-from veriloop.algos.shaping import kl_reward_penalty, overlong_filter_mask, overlong_penalty
+from veriloop.algos.shaping import format_reward, kl_reward_penalty, overlong_filter_mask, overlong_penalty
 
 METRIC_NAMES = (
     "loss/policy", "loss/kl", "loss/entropy", "loss/value", "clip_frac_low", "clip_frac_high",
@@ -64,15 +64,37 @@ class Advantages:
     metrics: dict[str, float]
 
 
+def _turn_reward(turn: TurnRecord, cfg: AlgoConfig, last: bool) -> float:
+    """The reward of one turn that ``cfg`` learns from.
+
+    S2R environments (``SolveVerify-v0``) report both signals in ``info`` whatever their
+    ``reward_mode``: ``process_reward`` on every action and ``outcome_reward`` on the final one.
+    ``advantage="process"`` reads the former and ``reward_level="outcome"`` the latter, so neither
+    preset silently learns from the other signal when the env returns it as the step reward.
+    Any other environment: the step reward.
+    """
+    value = None
+    if cfg.advantage == "process":
+        value = turn.info.get("process_reward")
+    elif cfg.reward_level == "outcome" and last:
+        value = turn.info.get("outcome_reward")
+    return float(turn.reward if value is None else value)
+
+
 def _turn_tensors(trajs: Sequence[Trajectory], cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-turn rewards [N, K] (with DAPO's soft overlong punishment per turn if on) and mask [N, K]."""
+    """Per-turn rewards [N, K] (``_turn_reward``, plus the R1 format reward and DAPO's soft
+    overlong punishment per turn if on) and the turn mask [N, K]."""
     k = max(1, max(t.num_turns for t in trajs))
     rewards = torch.zeros(len(trajs), k, dtype=torch.float64)
     mask = torch.zeros(len(trajs), k)
     for i, t in enumerate(trajs):
         for j, turn in enumerate(t.turns):
-            rewards[i, j] = turn.reward
+            rewards[i, j] = _turn_reward(turn, cfg, last=j == t.num_turns - 1)
             mask[i, j] = 1.0
+    if cfg.format_reward > 0:  # R1-Zero format bonus per turn
+        for i, t in enumerate(trajs):
+            bonus = format_reward([tr.text for tr in t.turns], bonus=cfg.format_reward)
+            rewards[i, : t.num_turns] += bonus.double()
     if cfg.overlong_penalty:  # each turn's generation is one response y in DAPO's formula
         lengths = torch.tensor(
             [[tr.end - tr.start for tr in t.turns] + [0] * (k - t.num_turns) for t in trajs]
@@ -102,15 +124,27 @@ def _turn_end_rewards(trajs: Sequence[Trajectory], per_turn: torch.Tensor, shape
 
 
 def _action_kinds(trajs: Sequence[Trajectory], k: int) -> torch.Tensor:
-    """[N, K] 0 = solve, 1 = verify, read from ``turn.info["action_kind"]`` (S2R environments)."""
+    """[N, K] 0 = solve, 1 = verify, read from ``turn.info["action_kind"]`` (S2R environments).
+
+    An ``"invalid"`` action (a verify with no solve to judge, a malformed ``<verify>`` tag) is
+    counted as a failed attempt at the action the protocol expected at that point: a verify right
+    after a valid solve, a solve otherwise. It is then baselined against those actions (its
+    process reward -1 against their +-1), so the model is taught to stop emitting it; a kind of its
+    own would share a baseline only with other invalid actions, all -1, and learn nothing.
+    """
     kinds = torch.zeros(len(trajs), k, dtype=torch.long)
     for i, t in enumerate(trajs):
+        awaiting_verify = False  # the environment's state: has a solve not been judged yet?
         for j, turn in enumerate(t.turns):
             kind = turn.info.get("action_kind")
-            if kind not in ("solve", "verify"):
+            if kind == "invalid":
+                kind = "verify" if awaiting_verify else "solve"
+            elif kind in ("solve", "verify"):
+                awaiting_verify = kind == "solve"
+            else:
                 raise ValueError(
-                    f"advantage='process' needs turn.info['action_kind'] in ('solve', 'verify'), got {kind!r} "
-                    f"(turn {j}, group {t.group_id}); use an S2R environment or another estimator"
+                    "advantage='process' needs turn.info['action_kind'] in ('solve', 'verify', 'invalid'), "
+                    f"got {kind!r} (turn {j}, group {t.group_id}); use an S2R environment or another estimator"
                 )
             kinds[i, j] = int(kind == "verify")
     return kinds
@@ -155,9 +189,13 @@ def compute_advantages(
     * ``overlong_filter``: episodes with a turn cut at the token limit get ``sample_mask`` 0 (their
       reward still enters the group baseline; only their loss is masked, as in DAPO).
     * ``overlong_penalty``: DAPO's soft punishment is added to each turn's reward (per-turn length).
-    * ``kl_mode="reward"``: -kl_coef * KL_t is added as token rewards; for critic-free estimators
-      its return-to-go sum_{s >= t} is added to the advantage (REINFORCE++), then ``batch_norm``
-      whitens over all tokens; for GAE it enters the token chain.
+    * ``kl_mode="reward"``: -kl_coef * KL_t is added as token rewards; for GAE it enters the
+      token chain. For ``batch_norm`` (REINFORCE++, Hu 2025) the token's return is the raw reward
+      (episode reward, or the turn's return-to-go at ``reward_level="turn"``) plus the KL
+      penalty's return-to-go sum_{s >= t}, and that sum is normalised over all valid tokens of
+      the batch. Other critic-free estimators add the KL return-to-go to their advantage.
+    * ``reward_level="outcome"`` / ``advantage="process"`` read ``info["outcome_reward"]`` /
+      ``info["process_reward"]`` when the environment reports them (S2R), see ``_turn_reward``.
     * ``whiten_advantages``: whiten over the training tokens of the batch at the end.
     * GAE: each turn's reward sits on its last sampled token (``reward_level="outcome"``: only the
       last turn's); critic-free ``turn`` level uses ``turn_level`` (leave-one-out by turn index).
@@ -197,11 +235,14 @@ def compute_advantages(
         tok_r = (_turn_end_rewards(trajectories, per_turn, loss_mask.shape) + kl_tokens) * loss_mask
         adv, returns = A.gae(tok_r, values.double(), loss_mask, gamma=cfg.gamma, lam=cfg.lam)
     else:
-        adv = _critic_free(cfg, trajectories, turn_r, turn_m, groups, valid, turn_index, loss_mask).double()
         kl_to_go, _ = A.gae(kl_tokens * loss_mask, torch.zeros_like(kl_tokens), loss_mask, gamma=1.0, lam=1.0)
-        adv = adv + kl_to_go
         if cfg.advantage == "batch_norm" and cfg.kl_mode == "reward" and cfg.kl_coef > 0:
-            adv = A.whiten(adv, loss_mask * keep.unsqueeze(1), eps=1e-6)
+            # REINFORCE++: normalise (reward + KL penalty to go), not a normalised reward plus KL
+            raw = _raw_returns(cfg, turn_r, turn_m, turn_index, loss_mask)  # [N, T]
+            adv = A.whiten(raw + kl_to_go, loss_mask * valid.unsqueeze(1).to(loss_mask.dtype), eps=1e-6)
+        else:
+            adv = _critic_free(cfg, trajectories, turn_r, turn_m, groups, valid, turn_index, loss_mask)
+            adv = adv.double() + kl_to_go
     tok_keep = loss_mask * keep.unsqueeze(1).to(loss_mask.dtype)
     if cfg.whiten_advantages:
         adv = A.whiten(adv, tok_keep.double(), eps=1e-6)
@@ -215,6 +256,22 @@ def compute_advantages(
     return Advantages(adv, ret, keep.float(), metrics)
 
 
+def _raw_returns(
+    cfg: AlgoConfig,
+    turn_r: torch.Tensor,
+    turn_m: torch.Tensor,
+    turn_index: torch.Tensor,
+    loss_mask: torch.Tensor,
+) -> torch.Tensor:
+    """[N, T] un-normalised return of every sampled token: its episode's reward (``outcome`` /
+    ``sum``) or its turn's discounted return-to-go (``turn``); turn tensors are [N, K]."""
+    if cfg.reward_level == "turn":
+        per = A.turn_returns(turn_r, turn_m, gamma=cfg.turn_gamma)
+    else:
+        per = A.episode_rewards(turn_r, turn_m, cfg.reward_level)
+    return A.broadcast_to_tokens(per, turn_index, loss_mask).double()
+
+
 def _last_turn_only(turn_r: torch.Tensor, turn_m: torch.Tensor) -> torch.Tensor:
     """[N, K] keeping only the last real turn's reward (reward_level='outcome')."""
     last = (turn_m.sum(1).long() - 1).clamp(min=0)
@@ -224,10 +281,15 @@ def _last_turn_only(turn_r: torch.Tensor, turn_m: torch.Tensor) -> torch.Tensor:
 
 
 def _ref_logprobs(
-    model: Any, batch: TokenBatch, ref_model: Any, ref_model_ctx: Callable[[], Any] | None
+    model: Any,
+    batch: TokenBatch,
+    ref_model: Any,
+    ref_model_ctx: Callable[[], Any] | None,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """Reference log-probs [B, T]: from ``ref_model``, or from ``model`` inside ``ref_model_ctx()``
-    (e.g. ``peft_model.disable_adapter``: the LoRA base model is the reference)."""
+    """Reference log-probs [B, T] at the sampling ``temperature``: from ``ref_model``, or from
+    ``model`` inside ``ref_model_ctx()`` (e.g. ``peft_model.disable_adapter``: the LoRA base model
+    is the reference)."""
     if ref_model is not None:
         net, ctx = ref_model, contextlib.nullcontext()
     elif ref_model_ctx is not None:
@@ -239,7 +301,7 @@ def _ref_logprobs(
     with ctx as yielded, torch.no_grad():
         if yielded is not None and ref_model is None and callable(yielded):
             net = yielded  # a context that yields the reference model uses it
-        lp, _ = token_logprobs(net, batch.input_ids, batch.attention_mask,
+        lp, _ = token_logprobs(net, batch.input_ids, batch.attention_mask, temperature=temperature,
                                first_position=first_loss_position(batch.loss_mask), **batch.extras)  # fmt: skip
     return lp.detach()
 
@@ -254,6 +316,7 @@ def policy_loss(
     agg_constant: float | None = None,
     total_tokens: float | None = None,
     total_seqs: float | None = None,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of one (micro-)batch: aggregate(clipped surrogate + kl_coef KL - entropy_coef H) + vf_coef V-loss.
 
@@ -263,12 +326,19 @@ def policy_loss(
     ``cfg.loss_agg_constant`` is None; ``total_tokens``/``total_seqs`` are the full batch's counts
     when this is one micro-batch of several (see ``aggregate``).
 
+    ``temperature`` must be the rollout's sampling temperature: ``batch.old_logprobs`` are
+    log-probs of softmax(logits / T) (``veriloop.agents.sampling_params``), so the new log-probs
+    of the ratio r_t = pi_theta / pi_old must be taken at the same T, or r_t != 1 before any update
+    and the clip fires on a policy that has not moved. (Top-k / top-p filtering cannot be
+    recomputed here; with it on, r_t is measured against the filtered distribution.)
+
     Returns:
         scalar loss (with grad) and the metrics named in ``METRIC_NAMES`` (except grad_norm).
     """
     mask = batch.loss_mask
     logp, ent = token_logprobs(model, batch.input_ids, batch.attention_mask, with_entropy=True,
-                               first_position=first_loss_position(mask), **batch.extras)  # fmt: skip
+                               temperature=temperature, first_position=first_loss_position(mask),
+                               **batch.extras)  # fmt: skip
     assert ent is not None
     constant = cfg.loss_agg_constant or agg_constant
     agg = partial(aggregate, mask=mask, mode=cfg.loss_agg, constant=constant,
@@ -282,7 +352,7 @@ def policy_loss(
         ref = (
             batch.ref_logprobs
             if batch.ref_logprobs is not None
-            else _ref_logprobs(model, batch, None, ref_model_ctx)
+            else _ref_logprobs(model, batch, None, ref_model_ctx, temperature)
         )
         ref = torch.where(mask.bool(), ref, logp.detach())  # d = 0 off the mask: no inf * 0 = nan
         loss_kl = cfg.kl_coef * agg(kl_penalty(logp, ref, cfg.kl_estimator))
@@ -323,6 +393,7 @@ def update_step(
     critic: ValueModel | None = None,
     max_new_tokens: int | None = None,
     on_before_step: Callable[[list[torch.nn.Parameter], bool], bool] | None = None,
+    temperature: float = 1.0,
 ) -> dict[str, float]:
     """One optimizer step on ``batch``: gradient accumulation over micro-batches, grad-norm clipping
     over the optimizer's parameters, and a non-finite guard (a NaN/inf loss or gradient norm skips
@@ -332,6 +403,7 @@ def update_step(
     ``on_before_step(params, finite) -> finite`` runs after the last backward and before clipping
     (data parallelism: the gradient all-reduce, see ``DistContext.grad_sync``); it receives every
     trainable parameter of the optimizer and whether this process's loss was finite.
+    ``temperature``: the rollout's sampling temperature (see ``policy_loss``).
 
     Returns:
         ``METRIC_NAMES`` metrics (losses summed over micro-batches, rates token-weighted) + ``skipped``.
@@ -347,7 +419,7 @@ def update_step(
         if n_tok == 0:
             continue  # nothing to train on in these rows
         loss, m = policy_loss(model, mb, cfg, ref_model_ctx=ref_model_ctx, critic=critic, agg_constant=max_new_tokens,
-                              total_tokens=total_tokens, total_seqs=total_seqs)  # fmt: skip
+                              total_tokens=total_tokens, total_seqs=total_seqs, temperature=temperature)  # fmt: skip
         if not torch.isfinite(loss):
             finite = False
             break
@@ -377,13 +449,17 @@ def prepare_batch(
     ref_model: Any = None,
     ref_model_ctx: Callable[[], Any] | None = None,
     pad_id: int = 0,
+    temperature: float = 1.0,
 ) -> tuple[TokenBatch, dict[str, float]]:
     """Collate a rollout batch and attach everything the update needs, once per rollout:
     reference log-probs (if ``cfg.needs_reference``), rollout-time values (if a critic), the
-    advantages and returns from ``compute_advantages``, and the sample mask."""
+    advantages and returns from ``compute_advantages``, and the sample mask. ``temperature``: the
+    rollout's sampling temperature, used for the reference log-probs (see ``policy_loss``)."""
     base = collate(trajectories, [[0.0] * len(t.token_ids) for t in trajectories], pad_id=pad_id)
     ref = (
-        _ref_logprobs(model, base, ref_model, ref_model_ctx) * base.loss_mask if cfg.needs_reference else None
+        _ref_logprobs(model, base, ref_model, ref_model_ctx, temperature) * base.loss_mask
+        if cfg.needs_reference
+        else None
     )
     old_v = None
     if cfg.needs_critic:

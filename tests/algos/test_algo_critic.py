@@ -47,3 +47,38 @@ def test_separate_value_model_from_config(make_traj):
     )
     vm = ValueModel.separate(cfg)
     assert values(vm, _batch(make_traj)).shape == (2, 7)
+
+
+def test_ppo_step_with_value_head_on_a_lora_policy(tiny_llama, make_traj, with_logprobs):
+    """critic="value_head" on a LoRA policy: the value loss trains the head and the adapters (the
+    shared backbone's only trainable weights) and never the frozen base weights."""
+    from peft import LoraConfig, get_peft_model
+
+    from veriloop.agents.forward import token_logprobs
+    from veriloop.algos.presets import load_preset
+    from veriloop.algos.update import prepare_batch, update_step
+
+    lora = get_peft_model(tiny_llama, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    critic = ValueModel(lora)
+    trajs = [
+        make_traj([([10, 11], [20], 1.0), ([12], [], 0.0)]),
+        make_traj([([13, 14], [20], 0.0), ([15], [], 0.0)]),
+    ]
+    base = collate(trajs, [[0.0] * len(t.token_ids) for t in trajs])
+    with torch.no_grad():
+        lp, _ = token_logprobs(lora, base.input_ids, base.attention_mask)
+    trajs = [with_logprobs(t, lp[i, : len(t.token_ids)]) for i, t in enumerate(trajs)]
+    cfg = load_preset("ppo", kl_coef=0.0)
+    batch, _ = prepare_batch(trajs, cfg, model=lora, critic=critic)
+    assert batch.returns is not None and batch.old_values is not None
+    params = {id(p): p for p in critic.parameters() if p.requires_grad}  # adapters + head
+    named = dict(lora.named_parameters())
+    frozen = {n: p.detach().clone() for n, p in named.items() if not p.requires_grad}
+    adapters = {n: p.detach().clone() for n, p in named.items() if p.requires_grad}
+    head = critic.head.proj.weight.detach().clone()
+    opt = torch.optim.SGD(list(params.values()), lr=0.1)
+    m = update_step(lora, opt, batch, cfg, micro_batch_size=2, max_grad_norm=1e9, critic=critic)
+    assert m["skipped"] == 0 and m["loss/value"] > 0
+    assert not torch.equal(head, critic.head.proj.weight)
+    assert any(not torch.equal(v, named[n]) for n, v in adapters.items())
+    assert all(torch.equal(v, named[n]) for n, v in frozen.items())

@@ -111,3 +111,52 @@ def test_aggregate_micro_batches_sum_to_full_batch():
         assert float(parts) == pytest.approx(float(full), rel=1e-5)
     with pytest.raises(ValueError, match="constant"):
         L.aggregate(x, m, "seq_sum_constant")
+
+
+def test_dual_clip_leaves_moderate_negative_advantage_losses_alone():
+    # A = -1: r = 2 -> loss 2 < c = 3, unbounded branch, gradient -A r = 2; r = 0.5 is clipped
+    # low (1 - 0.2 = 0.8): loss 0.8, gradient 0; r = 4 -> bounded at 3, gradient 0
+    loss, stats, grad = _pg([2.0, 0.5, 4.0], [-1.0, -1.0, -1.0], dual_clip=3.0)
+    assert torch.allclose(loss, torch.tensor([[2.0, 0.8, 3.0]]), atol=1e-6)
+    assert torch.allclose(grad, torch.tensor([[2.0, 0.0, 0.0]]), atol=1e-6)
+    assert float(stats["dual_clip_frac"]) == pytest.approx(1 / 3)
+
+
+def test_clipped_value_loss_gradient():
+    # V_old 0.5, R 2, eps 0.2. V = 1.0 moved 0.5 towards R: clipped value 0.7, (0.7-2)^2 > (1-2)^2,
+    # gradient 0. V = 0.6 inside the range: gradient V - R = -1.4. V = 0 moved away from R:
+    # (0-2)^2 = 4 > (0.3-2)^2, unclipped branch, gradient -2.
+    v = torch.tensor([[1.0, 0.6, 0.0]], requires_grad=True)
+    old, ret, m = torch.full((1, 3), 0.5), torch.full((1, 3), 2.0), torch.ones(1, 3)
+    loss = L.value_loss(v, old, ret, m, clip=0.2)
+    assert torch.allclose(loss.detach(), torch.tensor([[0.845, 0.98, 2.0]]), atol=1e-6)
+    loss.sum().backward()
+    assert torch.allclose(v.grad, torch.tensor([[0.0, -1.4, -2.0]]), atol=1e-6)
+
+
+def test_masked_positions_get_exactly_zero_gradient_with_extreme_inputs():
+    # Off the mask: an old log-prob of -1e4 (ratio e^1e4 = inf), a huge advantage, a NaN entropy and
+    # an inf return. None of it may reach the loss or the gradient (0 * inf would be NaN).
+    mask = torch.tensor([[1.0, 0.0, 1.0]])
+    lp = torch.tensor([[-0.5, -2.0, -1.0]], requires_grad=True)
+    clean_old, clean_adv = torch.tensor([[-0.6, 0.0, -1.0]]), torch.tensor([[1.0, 0.0, -2.0]])
+    wild_old, wild_adv = torch.tensor([[-0.6, -1e4, -1.0]]), torch.tensor([[1.0, 1e30, -2.0]])
+    grads = []
+    for old, adv in ((clean_old, clean_adv), (wild_old, wild_adv)):
+        for mode in ("token_mean", "seq_mean_token_mean", "seq_sum_constant"):
+            pg, _ = L.clipped_pg_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+            (g,) = torch.autograd.grad(L.aggregate(pg, mask, mode, constant=4), lp)
+            assert torch.isfinite(g).all() and g[0, 1] == 0
+            grads.append(g)
+    for clean, wild in zip(grads[:3], grads[3:]):
+        assert torch.equal(clean, wild)
+    ent = torch.tensor([[1.0, float("nan"), 2.0]], requires_grad=True)
+    agg = L.aggregate(L.entropy_bonus(ent, coef=0.1), mask, "token_mean")
+    assert float(agg.detach()) == pytest.approx(-0.15)
+    agg.backward()
+    assert torch.isfinite(ent.grad).all() and ent.grad[0, 1] == 0
+    v = torch.zeros(1, 3, requires_grad=True)
+    ret = torch.tensor([[1.0, float("inf"), 1.0]])
+    vl = L.value_loss(v, torch.zeros(1, 3), ret, mask, clip=0.2)
+    L.aggregate(vl, mask, "token_mean").backward()
+    assert torch.isfinite(v.grad).all() and v.grad[0, 1] == 0

@@ -59,3 +59,12 @@ def test_never_returns_zero_variance_group_random():
     for g in kept:
         rewards = [t.reward for t in g]
         assert len(g) >= 2 and max(rewards) != min(rewards)
+
+
+def test_over_sampling_keeps_the_target_and_reports_both_fractions():
+    # asked for 2, the sampler returns 4 groups: 3 informative, 1 all-correct -> keep the first 2
+    groups = [[ep(1), ep(0)], [ep(1), ep(1)], [ep(0), ep(1)], [ep(1), ep(0)]]
+    kept, stats = dynamic_sampling(lambda n: groups, num_groups=2, max_rounds=3, reward_fn=lambda t: t.reward)
+    assert kept == [groups[0], groups[2]] and stats["rounds"] == 1
+    assert stats["kept_fraction"] == pytest.approx(2 / 4)
+    assert stats["informative_fraction"] == pytest.approx(3 / 4) and stats["zero_variance_groups"] == 1

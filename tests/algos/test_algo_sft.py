@@ -87,3 +87,31 @@ def test_sft_loss_is_token_mean_cross_entropy(tiny_llama):
     loss.backward()
     with pytest.raises(ValueError, match="first token"):
         sft_loss(tiny_llama, ids, attn, torch.ones_like(lm))
+
+
+def test_s2r_masked_sft_trains_verifications_and_the_correction_not_the_mistake(tiny_llama):
+    """S2R behaviour initialisation on a solve -> verify -> solve -> verify trace: the wrong first
+    solve is context only; both verifications and the final (right) solve are learned."""
+    chat = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "S1"},  # wrong solve
+        {"role": "user", "content": "v?"},
+        {"role": "assistant", "content": "V1"},  # "incorrect": a right judgement
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "S2"},  # right solve: the correction
+        {"role": "user", "content": "v?"},
+        {"role": "assistant", "content": "V2"},  # "correct"
+    ]
+    keep = s2r_trainable_actions(["solve", "verify", "solve", "verify"], [False, None, True, None])
+    ids, mask = build_sft_example(CharChat(), chat, trainable_turns=keep)
+    assert _trained_text(ids, mask) == "V1|S2|V2|"
+    # the SFT loss is the mean cross-entropy over exactly those 9 tokens (the mistake is context)
+    x = torch.tensor([[i % 64 for i in ids]])
+    lm = torch.tensor([mask])
+    loss, m = sft_loss(tiny_llama, x, torch.ones_like(x), lm)
+    logits = tiny_llama(input_ids=x).logits[0, :-1]
+    ce = F.cross_entropy(logits, x[0, 1:], reduction="none")
+    want = ce[lm[0, 1:].bool()].mean()
+    assert m["tokens"] == len("V1|S2|V2|") and float(loss.detach()) == pytest.approx(
+        float(want.detach()), rel=1e-5
+    )

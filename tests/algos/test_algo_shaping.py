@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from veriloop.algos.shaping import kl_reward_penalty, overlong_filter_mask, overlong_penalty
+from veriloop.algos.shaping import format_reward, kl_reward_penalty, overlong_filter_mask, overlong_penalty
 
 
 def test_overlong_penalty_piecewise():
@@ -30,3 +30,32 @@ def test_kl_reward_penalty_only_on_sampled_tokens():
     got = kl_reward_penalty(r, lp, ref, m, coef=0.1, kind="k1")
     d = math.log(2.0)
     assert torch.allclose(got, torch.tensor([[0.0, -0.1 * d, 1.0 - 0.1 * d]]))
+
+
+def test_format_reward_r1_shape():
+    texts = [
+        "<think>6*7</think><answer>42</answer>",
+        " <think>a</think>\n<answer>b</answer> ",  # whitespace around the tags is allowed
+        "<answer>42</answer><think>x</think>",  # wrong order
+        "<think>6*7</think> so 42",  # no answer tag
+        "42",
+    ]
+    assert format_reward(texts, bonus=0.1).tolist() == pytest.approx([0.1, 0.1, 0.0, 0.0, 0.0])
+    assert format_reward(["ok", "no"], bonus=0.5, check=lambda t: t == "ok").tolist() == [0.5, 0.0]
+
+
+def test_format_reward_enters_the_advantages(make_traj):
+    from dataclasses import replace
+
+    from veriloop.algos.config import AlgoConfig
+    from veriloop.algos.update import compute_advantages
+
+    a = make_traj([([10], [], 1.0)])
+    b = make_traj([([11], [], 1.0)])
+    a = replace(a, turns=(replace(a.turns[0], text="<think>t</think><answer>1</answer>"),))
+    b = replace(b, turns=(replace(b.turns[0], text="1"),))
+    cfg = AlgoConfig(advantage="group_mean", format_reward=0.2)
+    # rewards 1.2 and 1.0: R - mean = +0.1 / -0.1 (without the bonus both would be 0)
+    assert compute_advantages([a, b], cfg).advantages[:, 3].tolist() == pytest.approx([0.1, -0.1])
+    with pytest.raises(ValueError, match="format_reward"):
+        AlgoConfig(format_reward=-1.0).validate()
