@@ -132,12 +132,23 @@ def _chunks(specs: Sequence[EpisodeSpec], size: int) -> Iterator[Sequence[Episod
 
 
 def _play(
-    policy: Any, specs: Sequence[EpisodeSpec], sampling: SamplingParams, batch: int, **kw: Any
+    policy: Any,
+    specs: Sequence[EpisodeSpec],
+    sampling: SamplingParams,
+    batch: int,
+    desc: str = "eval",
+    **kw: Any,
 ) -> list[Trajectory]:
     """Roll out ``specs`` in batches of ``batch`` episodes; batch ``b`` samples with seed ``seed + b``."""
+    from tqdm import tqdm
+
     out: list[Trajectory] = []
+    # a bar for people at a terminal (tqdm turns itself off when stderr is not one)
+    bar = tqdm(total=len(specs), desc=desc, unit="episode", leave=False, disable=None, dynamic_ncols=True)
     for b, chunk in enumerate(_chunks(specs, batch)):
         out += rollout(policy, chunk, sampling=sampling.with_seed(sampling.seed + b), **kw)
+        bar.update(len(chunk))
+    bar.close()
     return out
 
 
@@ -209,12 +220,12 @@ def evaluate_policy(
         for name, split in splits.items():
             specs = [EpisodeSpec(split.id, dict(split.kwargs), int(s), j) for j, s in enumerate(seeds)
                      for _ in range(n_samples)]  # fmt: skip
-            trajs = _play(policy, specs, sampling, batch_episodes, **kw)
+            trajs = _play(policy, specs, sampling, batch_episodes, f"eval {name}", **kw)
             metrics = dict(summarize_split(_by_problem(trajs, len(seeds)), list(k_list)))
             if greedy:
                 one = [EpisodeSpec(split.id, dict(split.kwargs), int(s), j) for j, s in enumerate(seeds)]
                 judged = [s for s in map(final_sample, _play(policy, one, SamplingParams.greedy(max_new_tokens),
-                                                              batch_episodes, **kw)) if s.error is None]  # fmt: skip
+                                                              batch_episodes, f"eval {name} greedy", **kw)) if s.error is None]  # fmt: skip
                 metrics["greedy_acc"] = _nanmean([float(s.correct) for s in judged])
             metrics.update(task_metrics(trajs))
             results[name] = metrics

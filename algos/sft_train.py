@@ -293,7 +293,12 @@ def run_sft(
     was_training = policy.model.training
     policy.model.train()
     try:
-        for step in range(start, total):
+        from tqdm import tqdm
+
+        # a bar for people at a terminal (tqdm turns itself off when stderr is not one)
+        steps = tqdm(range(start, total), initial=start, total=total, desc="sft warm-up", leave=False,
+                     disable=None, dynamic_ncols=True)  # fmt: skip
+        for step in steps:
             t0 = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             loss, seen, n_loss = _one_step(

@@ -263,7 +263,11 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
     pad = policy.tokenizer.pad_token_id or 0
     ref = _reference(cfg, policy)
     policy.model.eval()  # reference / old values without dropout
-    batch, adv_metrics = prepare_batch(trajs, cfg.algo, model=policy.model, critic=critic, pad_id=pad, **ref)
+    r = cfg.rollout
+    # top-k / top-p: the recorded log-probs are of the filtered distribution; take the model's own
+    truncated = r.top_k > 0 or r.top_p < 1.0
+    batch, adv_metrics = prepare_batch(trajs, cfg.algo, model=policy.model, critic=critic, pad_id=pad,
+                                       temperature=r.temperature, recompute_old_logprobs=truncated, **ref)  # fmt: skip
     policy.model.train()
     sums: dict[str, float] = {}
     updates = 0
@@ -274,7 +278,7 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
             m = update_step(policy.model, optimizer, part, cfg.algo, micro_batch_size=cfg.train.micro_batch_size,
                             max_grad_norm=cfg.train.max_grad_norm or float("inf"),
                             ref_model_ctx=ref.get("ref_model_ctx"), critic=critic,
-                            max_new_tokens=cfg.rollout.max_new_tokens, **sync)  # fmt: skip
+                            max_new_tokens=r.max_new_tokens, temperature=r.temperature, **sync)  # fmt: skip
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
             updates += 1

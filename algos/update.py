@@ -450,12 +450,30 @@ def prepare_batch(
     ref_model_ctx: Callable[[], Any] | None = None,
     pad_id: int = 0,
     temperature: float = 1.0,
+    recompute_old_logprobs: bool = False,
 ) -> tuple[TokenBatch, dict[str, float]]:
     """Collate a rollout batch and attach everything the update needs, once per rollout:
     reference log-probs (if ``cfg.needs_reference``), rollout-time values (if a critic), the
     advantages and returns from ``compute_advantages``, and the sample mask. ``temperature``: the
-    rollout's sampling temperature, used for the reference log-probs (see ``policy_loss``)."""
+    rollout's sampling temperature, used for the reference log-probs (see ``policy_loss``).
+
+    ``recompute_old_logprobs``: replace the recorded sampling log-probs with ``model``'s own at
+    ``temperature``. Needed when the sampler truncated the distribution (top-k / top-p): the
+    recorded numbers are then log-probs of the *filtered* distribution, which the update's
+    forward pass (unfiltered) cannot reproduce, so the ratio would start away from 1.
+    """
     base = collate(trajectories, [[0.0] * len(t.token_ids) for t in trajectories], pad_id=pad_id)
+    if recompute_old_logprobs:
+        if model is None:
+            raise ValueError("recompute_old_logprobs=True needs the policy model (model=...)")
+        with torch.no_grad():
+            old, _ = token_logprobs(model, base.input_ids, base.attention_mask, temperature=temperature,
+                                    first_position=first_loss_position(base.loss_mask), **base.extras)  # fmt: skip
+        trajectories = [
+            replace(t, logprobs=[float(x) if m else lp for x, m, lp in zip(row, t.loss_mask, t.logprobs)])
+            for t, row in zip(trajectories, old.tolist())
+        ]
+        base = collate(trajectories, [[0.0] * len(t.token_ids) for t in trajectories], pad_id=pad_id)
     ref = (
         _ref_logprobs(model, base, ref_model, ref_model_ctx, temperature) * base.loss_mask
         if cfg.needs_reference

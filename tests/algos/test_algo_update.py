@@ -342,3 +342,19 @@ def test_s2r_presets_read_their_signal_from_info(make_traj):
     process = compute_advantages([a0, b0], load_preset("s2r_process_grpo"))
     # solves -1 vs +1 at position 0 -> -S / +S; verifies +1 vs +1 -> 0 (step rewards would give +-S)
     assert torch.allclose(process.advantages[:, [3, 5]], torch.tensor([[-S, 0.0], [S, 0.0]]), atol=1e-5)
+
+
+def test_recompute_old_logprobs_replaces_filtered_sampling_logprobs(tiny_llama, make_traj):
+    """top-k / top-p sampling records filtered log-probs; the update needs the model's own at T."""
+    a = make_traj([([10, 11], [30, 31], 1.0), ([12], [], 0.0)])
+    b = make_traj([([13, 14, 15], [], 0.0)])
+    cfg = AlgoConfig(advantage="rloo")
+    kept, _ = prepare_batch([a, b], cfg, model=tiny_llama)
+    assert torch.all(kept.old_logprobs[kept.loss_mask.bool()] == -1.0)  # the fixture's recorded values
+    fresh, _ = prepare_batch([a, b], cfg, model=tiny_llama, temperature=0.7, recompute_old_logprobs=True)
+    want, _ = token_logprobs(tiny_llama, fresh.input_ids, fresh.attention_mask, temperature=0.7)
+    m = fresh.loss_mask.bool()
+    assert torch.allclose(fresh.old_logprobs[m], want[m], atol=1e-5)
+    assert torch.all(fresh.old_logprobs[~m] == kept.old_logprobs[~m])  # off the mask: untouched
+    with pytest.raises(ValueError, match="needs the policy model"):
+        prepare_batch([a, b], cfg, recompute_old_logprobs=True)
