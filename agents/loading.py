@@ -42,7 +42,7 @@ class LoraSettings:
 
     r: int = 16
     alpha: int = 32
-    dropout: float = 0.05
+    dropout: float = 0.0
     target_modules: str | tuple[str, ...] = "all-linear"
 
     def __post_init__(self) -> None:

@@ -13,12 +13,12 @@ what :func:`veriloop.agents.forward.token_logprobs` recomputes (tested). Greedy 
 (``temperature == 0``) records the untempered model log-probability ``log softmax(logits)[x]``
 (a point mass would record 0 for every token, which helps nobody).
 
-Sampling uses the exponential race (equivalent to the Gumbel-max trick):
-
-    x = argmax_v  q(v) / E_v,   E_v ~ Exponential(1) i.i.d.
-
-which draws exactly from ``q`` (P[argmax = v] = q(v)) with one vectorised random draw and an
-argmax, and no ``torch.multinomial`` call.
+Sampling inverts the cumulative distribution: with C(v) = q(1) + ... + q(v) (float64) and one
+uniform U per row, x = the first v with C(v) > U * C(V). That draws exactly from ``q`` (P[x = v]
+= q(v); tokens with q = 0 never come up) with one random number per row. The alternatives cost
+far more at decode time, where this runs once per generated token over the whole vocabulary:
+measured at batch 32 x 49,152 on 2 CPU threads, 2.5 ms for this, 33 ms for the exponential race
+(Gumbel-max: one random draw per vocabulary entry) and 27 ms for ``torch.multinomial``.
 """
 
 from __future__ import annotations
@@ -126,9 +126,12 @@ def sample_next(
     if params.is_greedy:
         tokens = torch.argmax(logq, dim=-1)
     else:
-        # E_v ~ Exp(1), drawn where the generator lives (a CPU generator cannot fill a CUDA
-        # tensor), so a seed gives the same draws whatever device the model runs on.
+        # U ~ Uniform[0, 1) per row, drawn where the generator lives (a CPU generator cannot fill
+        # a CUDA tensor), so a seed gives the same draws whatever device the model runs on.
         where = generator.device if generator is not None else logq.device
-        race = torch.empty(logq.shape, device=where).exponential_(generator=generator).to(logq.device)
-        tokens = torch.argmax(logq - race.log(), dim=-1)  # argmax q_v / E_v
+        u = torch.rand(logq.shape[0], 1, device=where, dtype=torch.float64, generator=generator)
+        cdf = logq.double().exp().cumsum(dim=-1)  # [B, V], non-decreasing
+        tokens = torch.searchsorted(cdf, u.to(logq.device) * cdf[:, -1:], right=True).squeeze(-1)
+        # U * C(V) rounding up to C(V) finds no token: take the last one with q > 0
+        tokens = torch.where(tokens < logq.shape[-1], tokens, cdf.argmax(dim=-1))
     return tokens, logq.gather(-1, tokens[:, None]).squeeze(-1)

@@ -74,6 +74,32 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
             module.training = mode
 
 
+@contextlib.contextmanager
+def merged_lora(model: torch.nn.Module) -> Iterator[None]:
+    """LoRA adapters folded into the base weights inside the block (peft's merge/unmerge).
+
+    Sampling through unmerged adapters runs two extra small matmuls per adapted layer; at decode
+    time (one token per row) those cost more than the layer itself: measured on the default
+    model, batch 32, 2 CPU threads, 462 ms per decode step unmerged vs 192 ms merged. Unmerging
+    subtracts the same delta, so the base weights come back up to fp32 rounding (a few ulps;
+    tests/agents/test_rollout.py checks the drift). Anything that is not a peft model, or is
+    already merged, or has its adapters disabled, is left alone.
+    """
+    merge = getattr(model, "merge_adapter", None)
+    layers = [m for m in model.modules() if hasattr(m, "merged") and hasattr(m, "lora_A")]
+    # adapters switched off (``disable_adapter()``, e.g. sampling the reference) must stay off
+    if merge is None or not layers or any(m.merged or getattr(m, "disable_adapters", False) for m in layers):
+        yield
+        return
+    with torch.no_grad():
+        merge()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            model.unmerge_adapter()  # type: ignore[operator]
+
+
 class HFBackend:
     """Generation backend for a transformers causal LM (or a VLM, without KV reuse).
 
@@ -114,7 +140,7 @@ class HFBackend:
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].context_ids))
         size = self.max_batch_size or max(1, len(order))
         results: list[GenResult | None] = [None] * len(requests)
-        with eval_mode(self.model):
+        with eval_mode(self.model), merged_lora(self.model):
             for start in range(0, len(order), size):
                 chunk = order[start : start + size]
                 for i, res in zip(

@@ -307,3 +307,37 @@ def test_stop_strings_end_a_turn_and_keep_the_completing_token(policy):
     assert cut.token_ids == free.token_ids[: len(cut.token_ids)] and stop in policy.tokenizer.decode(
         cut.token_ids
     )
+
+
+def test_lora_rollouts_sample_merged_and_give_the_base_weights_back():
+    """Sampling folds the adapter in (fast decode); log-probs still match the unmerged model and the
+    base weights come back to within fp32 rounding, even after many merge/unmerge cycles."""
+    from veriloop.agents.backends.hf import merged_lora
+    from veriloop.agents.testing import tiny_policy
+
+    p = tiny_policy(lora=True, seed=1)
+    with torch.no_grad():  # peft starts lora_B at 0, which would make merging a no-op
+        for name, w in p.model.named_parameters():
+            if "lora_B" in name:
+                w.normal_(std=0.5)
+    base = {n: w.detach().clone() for n, w in p.model.named_parameters() if "lora_" not in n}
+    layers = [m for m in p.model.modules() if hasattr(m, "merged") and hasattr(m, "lora_A")]
+    with merged_lora(p.model):
+        assert layers and all(m.merged for m in layers)
+    with p.model.disable_adapter(), merged_lora(p.model):  # sampling the reference: adapters stay off
+        assert not any(m.merged for m in layers)
+
+    trajs = rollout(p, countdown([3, 2, 3]), sampling=SamplingParams(max_new_tokens=16, seed=7))
+    assert not any(m.merged for m in layers)
+    for tr in trajs:
+        ids = torch.tensor([tr.token_ids])
+        with torch.no_grad():
+            fresh, _ = token_logprobs(p.model, ids, torch.ones_like(ids))  # unmerged adapters
+        mask = torch.tensor(tr.loss_mask, dtype=torch.bool)
+        torch.testing.assert_close(fresh[0][mask], torch.tensor(tr.logprobs)[mask], atol=2e-4, rtol=1e-4)
+    for _ in range(50):
+        with merged_lora(p.model):
+            pass
+    for n, w in p.model.named_parameters():
+        if n in base:
+            torch.testing.assert_close(w.detach(), base[n], atol=1e-5, rtol=1e-5)

@@ -23,7 +23,7 @@ def test_top_k_and_top_p_keep_the_documented_sets():
     torch.testing.assert_close(hot, torch.softmax(logits / 2, -1))
 
 
-def test_exponential_race_samples_the_filtered_distribution():
+def test_sampler_draws_from_the_filtered_distribution():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = probs.log().expand(40_000, 4)
     gen = torch.Generator().manual_seed(0)
@@ -33,6 +33,10 @@ def test_exponential_race_samples_the_filtered_distribution():
     torch.testing.assert_close(lps, probs.log()[tokens])
     tokens, _ = sample_next(logits, SamplingParams(top_k=1), gen)
     assert (tokens == 0).all()
+    # filtered-out tokens (q = 0) never come up, wherever they sit in the vocabulary
+    holes = torch.tensor([0.0, 0.6, 0.0, 0.4, 0.0]).log().expand(20_000, 5)
+    tokens, lps = sample_next(holes, SamplingParams(), gen)
+    assert set(tokens.tolist()) == {1, 3} and torch.isfinite(lps).all()
 
 
 def test_greedy_records_model_logprobs_and_seeds_reproduce():
