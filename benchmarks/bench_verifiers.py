@@ -9,8 +9,9 @@ Run: ``python benchmarks/bench_verifiers.py``
    seen once) and cleared before every check (worst case).
 2. Math check latency (deadline 5 s) over 200 realistic responses through the warm worker pool:
    p50 / p95 / p99 / max, plus the cold first call (pool start-up).
-3. A batch of 40 ordinary items with and without one pathological item (a legitimate integral that
-   sympy needs ~10 s for): completion time of the ordinary items in each batch.
+3. A batch of 40 ordinary items with and without one pathological item (a legitimate binomial
+   coefficient with 300 million digits, which sympy needs minutes for): completion time of the
+   ordinary items in each batch.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def _timed_batch(pairs: list[tuple[str, str]], timeout: float) -> tuple[dict[int
 
 def bench_batch() -> dict[str, Any]:
     normal = math_mix(40, seed=2)
-    slow = ("<think>hmm</think>\\boxed{\\int_0^{10^9} x^{10^5} dx}", "3")
+    slow = ("<think>hmm</think>\\boxed{\\binom{10^{9}}{5 \\cdot 10^{8}}}", "3")
     check_math("\\boxed{1}", "1")  # warm
     base_done, base_total, _ = _timed_batch(normal, 5.0)
     with_slow = normal[:10] + [slow] + normal[10:]
@@ -212,6 +213,34 @@ def bench_batch() -> dict[str, Any]:
     }
 
 
+def targets(results: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets, each with the measured figure and whether it is met.
+
+    One core: the Points24 loop is single-threaded, so checks per CPU second is the rate of one core
+    even when other processes share the machine; the wall-clock rate is reported next to it.
+    "Never delays the others": no ordinary item of the batch finishes after the pathological one (none
+    waits for it); the slowdown from having one worker fewer for the deadline is reported as a ratio.
+    """
+    p24, lat, batch = results["points24"], results["math_latency"], results["math_batch_pathological"]
+    base, slow = batch["without_pathological"], batch["with_pathological"]
+    return {
+        "points24_checks_per_s_one_core_ge_20000": {
+            "cpu_s": p24["checks_per_cpu_s"],
+            "wall_s": p24["checks_per_wall_s"],
+            "uncached_cpu_s": p24["uncached_checks_per_cpu_s"],
+            "met": p24["checks_per_cpu_s"] >= 20_000 and p24["uncached_checks_per_cpu_s"] >= 20_000,
+        },
+        "math_p99_below_1s_at_deadline_5s": {"p99_ms": lat["p99_ms"], "met": lat["p99_ms"] < 1000.0},
+        "pathological_item_blocks_no_other": {
+            "others_done_max_s": slow["others_done_max_s"],
+            "pathological_done_s": slow["pathological_done_s"],
+            "slowdown_vs_clean_batch": round(slow["others_done_max_s"] / base["item_done_max_s"], 2),
+            "met": slow["pathological_error"] == "timeout"
+            and slow["others_done_max_s"] < slow["pathological_done_s"] - 1.0,
+        },
+    }
+
+
 def main() -> None:
     results = {
         "machine": {
@@ -226,6 +255,7 @@ def main() -> None:
         "math_batch_pathological": bench_batch(),
     }
     results["verifier_stats"] = verifier_stats()
+    results["targets"] = targets(results)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

@@ -90,11 +90,17 @@ def parse_row(row: Any, *, where: str) -> MathProblem:
         raise ValueError(f'{where}: missing "answer" (keys present: {sorted(row)})')
     if isinstance(answer, bool) or not isinstance(answer, (str, int)):
         raise ValueError(f'{where}: "answer" must be a string (or integer), got {type(answer).__name__}')
+    if not str(answer).strip():
+        raise ValueError(f'{where}: "answer" is empty; every problem needs a gold answer')
     if level is not None and (isinstance(level, bool) or not isinstance(level, int)):
         raise ValueError(f'{where}: "level" must be an integer or absent, got {level!r}')
+    for key in ("solution", "kind", "source"):
+        value = row.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f'{where}: "{key}" must be a string or absent, got {type(value).__name__}')
+    if row.get("meta") is not None and not isinstance(row["meta"], Mapping):
+        raise ValueError(f'{where}: "meta" must be a JSON object or absent, got {type(row["meta"]).__name__}')
     solution = row.get("solution")
-    if solution is not None and not isinstance(solution, str):
-        raise ValueError(f'{where}: "solution" must be a string or absent, got {type(solution).__name__}')
     known = {"question", "answer", "level", "solution", "kind", "source", "meta"}
     meta = dict(row.get("meta") or {})
     meta.update({k: v for k, v in row.items() if k not in known})
@@ -113,21 +119,28 @@ def load_jsonl(path: str | Path) -> list[MathProblem]:
     """Read problems from a JSONL file: one object per line with ``question`` and ``answer``.
 
     Optional keys: ``level`` (int), ``solution`` (str), anything else goes to ``meta``.
-    Blank lines are skipped. Raises ``ValueError("<file>:<line>: <reason>")`` on a bad row.
+    Blank lines are skipped. Raises ``ValueError("<file>:<line>: <reason>")`` on a bad row (invalid
+    UTF-8 or JSON, a missing or empty question or answer, a field of the wrong type).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"math data file not found: {path} (expected a .jsonl file)")
     problems = []
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            except RecursionError:
+                raise ValueError(f"{where}: invalid JSON (nested too deeply)") from None
             problems.append(parse_row(row, where=where))
     if not problems:
         raise ValueError(f"{path}: no problems found (file is empty)")

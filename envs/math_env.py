@@ -12,7 +12,6 @@ Reward schemes (``reward=`` kwarg; components go to ``info["reward_components"]`
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -22,12 +21,29 @@ from veriloop.envs.math_data import KINDS, Kind, MathProblem, generate_problem, 
 from veriloop.envs.verifiers import Verdict, check_math
 
 RewardScheme = Literal["dapo", "r1"]
-_R1_SHAPE = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL)
 
 
 def r1_format_ok(response: str) -> bool:
-    """True when the response is exactly ``<think>…</think>`` then ``<answer>…</answer>``."""
-    return _R1_SHAPE.fullmatch(response) is not None
+    """True when the response is exactly ``<think>…</think>`` then ``<answer>…</answer>``.
+
+    The same language as the regex ``\\s*<think>.*?</think>\\s*<answer>.*?</answer>\\s*`` (DOTALL,
+    full match): whitespace may surround the blocks, and either block may contain anything. Decided
+    in one linear pass: that regex backtracks over every ``</think>`` and ``</answer>`` pair, which
+    takes minutes on a hostile megabyte.
+    """
+    text = response.strip()
+    if not (text.startswith("<think>") and text.endswith("</answer>")):
+        return False
+    answer_end = len(text) - len("</answer>")  # the final </answer> closes the answer block
+    close = text.find("</think>", len("<think>"))
+    while close >= 0:
+        after = rest = close + len("</think>")
+        while rest < answer_end and text[rest].isspace():  # runs after different </think> are disjoint
+            rest += 1
+        if text.startswith("<answer>", rest) and rest + len("<answer>") <= answer_end:
+            return True
+        close = text.find("</think>", after)
+    return False
 
 
 class MathVerifyEnv(VerifierEnv[MathProblem]):

@@ -10,9 +10,11 @@ Each step the model takes one action:
   judges the immediately preceding solve. ``correct`` ends the episode (``terminated``);
   ``incorrect`` is answered with :data:`SOLVE_AGAIN` while solve attempts remain.
 * **invalid**: a verify with no solve to judge (first action, or right after another verify), an
-  unclosed ``<verify>`` tag, or a tag holding anything but correct/incorrect. Process reward -1.
+  unclosed ``<verify>`` tag, a tag holding anything but correct/incorrect, or a solve after
+  ``max_attempts`` solves were used (it is not checked; the episode is truncated). Process reward -1.
 
-``truncated`` is set when a verify says "incorrect" after ``max_attempts`` solves, when
+``truncated`` is set when a verify says "incorrect" after ``max_attempts`` solves, when the model
+tries to solve again after ``max_attempts`` solves, when
 ``max_steps`` actions were taken (default ``2 * max_attempts``), or when the verifier failed
 (``verdict.error``: reward 0, ``info["verifier_error"]``). ``I give up`` has no special meaning here.
 
@@ -35,7 +37,6 @@ At reset: ``{"task": ...}`` as in the underlying task env.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -51,15 +52,35 @@ VERIFY_PROMPT = (
     "or <verify>incorrect</verify> if it is wrong."
 )
 SOLVE_AGAIN = "Solve again."
-_VERIFY_TAG = re.compile(r"<verify>(.*?)</verify>", re.IGNORECASE | re.DOTALL)
+NO_SOLVES_LEFT = "No solve attempts left: you could only verify your last solution. Episode over."
+VERIFY_OPEN, VERIFY_CLOSE = "<verify>", "</verify>"
+
+
+def last_verify_tag(text: str) -> str | None:
+    """Content of the last ``<verify>...</verify>`` pair (case-insensitive), ``None`` if none closes.
+
+    Pairs are read left to right, each ``<verify>`` closed by the nearest ``</verify>`` after it (what
+    the regex ``<verify>(.*?)</verify>`` finds), but in one linear pass of ``str.find``: a lazy regex
+    rescans to the end from every unclosed ``<verify>``, which takes minutes on a megabyte of them.
+    """
+    lower = text.lower()
+    content, start = None, 0
+    while True:
+        open_ = lower.find(VERIFY_OPEN, start)
+        if open_ < 0:
+            return content
+        close = lower.find(VERIFY_CLOSE, open_ + len(VERIFY_OPEN))
+        if close < 0:  # no later pair can close either
+            return content
+        content, start = lower[open_ + len(VERIFY_OPEN) : close], close + len(VERIFY_CLOSE)
 
 
 def parse_action(response: str) -> tuple[ActionKind, bool | None]:
     """Classify a response: ``("verify", True/False)``, ``("solve", None)`` or ``("invalid", None)``."""
-    tags = _VERIFY_TAG.findall(response)
-    if not tags:
-        return ("invalid", None) if "<verify>" in response.lower() else ("solve", None)
-    word = tags[-1].strip().lower()
+    tag = last_verify_tag(response)
+    if tag is None:
+        return ("invalid", None) if VERIFY_OPEN in response.lower() else ("solve", None)
+    word = tag.strip()
     if word in ("correct", "incorrect"):
         return "verify", word == "correct"
     return "invalid", None
@@ -167,7 +188,8 @@ class SolveVerifyEnv(VerifierEnv[Any]):
     def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         task = self._check_can_step(action)
         kind, says = parse_action(action)
-        if kind == "verify" and not self._awaiting_verify:
+        out_of_solves = kind == "solve" and self._attempt >= self.max_attempts
+        if (kind == "verify" and not self._awaiting_verify) or out_of_solves:
             kind = "invalid"
         info: dict[str, Any] = {
             "action_kind": kind,
@@ -206,6 +228,9 @@ class SolveVerifyEnv(VerifierEnv[Any]):
             terminated = bool(says)
             truncated = not terminated and self._attempt >= self.max_attempts
             text = "Episode over." if terminated or truncated else SOLVE_AGAIN
+        elif out_of_solves:  # the solve budget is a limit outside the task: truncate
+            process, truncated, text = -1.0, True, NO_SOLVES_LEFT
+            self._history.append({"kind": "invalid"})
         else:
             process = -1.0
             self._history.append({"kind": "invalid"})

@@ -26,13 +26,24 @@ from typing import Any, TextIO
 def _parse(latex: str) -> list[Any] | None:
     """math-verify parse; ``None`` when it raises an ordinary error (bad LaTeX is the model's fault).
 
+    Only math-verify's LaTeX extraction is used. Its default also tries ``ExprExtractionConfig``,
+    which (a) hands plain-text matches to sympy's ``parse_expr`` -- an ``eval`` underneath -- and
+    (b) when the LaTeX does not parse, falls back to the LAST NUMBER in the text, so ``2 ** 3``
+    would count as ``3``. Our answers always arrive wrapped in ``$...$``, which the LaTeX
+    extractor reads (``1/2``, ``0.5``, ``x = 3``, ``1,000`` included).
+
     ``MemoryError`` and ``RecursionError`` propagate: they are verifier failures, not wrong answers.
     (math-verify also swallows exceptions internally; those cannot be told apart from "no match".)
     """
-    from math_verify import parse
+    from math_verify import LatexExtractionConfig, parse
 
     try:
-        return parse(latex, parsing_timeout=None, raise_on_error=True)  # type: ignore[arg-type]
+        return parse(  # type: ignore[no-any-return]
+            latex,
+            extraction_config=[LatexExtractionConfig()],
+            parsing_timeout=None,  # type: ignore[arg-type]
+            raise_on_error=True,
+        )
     except (MemoryError, RecursionError):
         raise
     except Exception:  # noqa: BLE001 - an unparseable answer is judged, not crashed on
@@ -77,11 +88,11 @@ def _limit_memory(max_bytes: int) -> None:
 def _warm_up() -> None:
     import logging
 
-    from math_verify import parse
+    from math_verify import LatexExtractionConfig, parse
 
     # math-verify warns that its own signal-based timeout is off: the parent enforces deadlines.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    parse("$\\frac{1}{2}$", parsing_timeout=None)  # type: ignore[arg-type]
+    parse("$\\frac{1}{2}$", [LatexExtractionConfig()], parsing_timeout=None)  # type: ignore[arg-type]
 
 
 def _handle(request: Any) -> list[Any]:

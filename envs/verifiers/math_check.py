@@ -8,8 +8,9 @@ Pipeline for one response (everything before step 4 runs in-process, in linear t
 3. Screens (:mod:`.screen`): hedged answers (``3 or 4``, ``\\pm``, a list when the gold is one value)
    -> ``"hedged"``; nesting deeper than :data:`.extract.MAX_NESTING` or an obvious evaluation bomb
    (power tower, huge factorial) -> ``"unparseable"`` with ``details["guard"]`` naming the screen.
-4. Equivalence: math-verify ``parse`` + ``verify`` in a sandboxed worker process (:mod:`.pool`) with a
-   hard deadline ``timeout``. A worker that overruns is SIGKILLed: the verdict then has
+4. Equivalence: math-verify ``parse`` (LaTeX extraction only: its plain-expression mode would hand the
+   text to sympy's ``parse_expr`` and fall back to the last number in it) + ``verify`` in a sandboxed
+   worker process (:mod:`.pool`) with a hard deadline ``timeout``. A worker that overruns is SIGKILLed: the verdict then has
    ``error="timeout"`` and ``reason="verifier_error"``; a worker that raised or died gives
    ``error="crash"``, one that hit its memory cap ``error="memory"``. These are verifier failures,
    never scored as wrong answers, and are counted in :func:`.stats.verifier_stats`.

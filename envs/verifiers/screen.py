@@ -1,4 +1,8 @@
-"""Cheap, linear-time checks on an extracted math answer before it reaches a sandboxed worker.
+"""Cheap checks on an extracted math answer before it reaches a sandboxed worker.
+
+They only ever see answers already capped at :data:`.extract.MAX_ANSWER_CHARS` characters and
+:data:`.extract.MAX_NESTING` levels, so even the walks that look back from every ``^`` stay far
+below a millisecond.
 
 Two kinds of screen, both decided relative to the gold answer (a screen never fires on a feature the
 gold itself has, so a legitimate answer shaped like the gold always reaches math-verify):
@@ -10,19 +14,23 @@ gold itself has, so a legitimate answer shaped like the gold always reaches math
   list-shaped answer is legitimate and math-verify compares the shapes.
 * **Bombs** -- expressions whose exact evaluation can take minutes or gigabytes in sympy: power towers
   of height >= 3 (``2^{2^{2^{2}}}``, ``9^9^9``), literal exponents above :data:`MAX_EXPONENT`
-  (``10^{100000000}``) and factorials of literals above :data:`MAX_FACTORIAL` or of powers
+  (``10^{100000000}``) or exponents that are literal powers above it (``9^{9^{9}}``, ``2^{2^{100}}``)
+  and factorials of literals above :data:`MAX_FACTORIAL` or of powers
   (``10000000!``, ``(10^{6})!``). These are rejected as wrong at once. The worker deadline remains the
   real guarantee; this screen only saves a worker from burning its full deadline on the obvious cases.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 MAX_EXPONENT = 100_000
 MAX_FACTORIAL = 1_000
 HEDGE_WORDS = ("or", "and")
 HEDGE_SIGNS = ("\\pm", "±", "\\mp", "∓")
+#: Commands whose ``^`` is an upper limit, not an exponent.
+BIG_OPERATORS = ("\\sum", "\\prod", "\\int", "\\iint", "\\iiint", "\\oint", "\\coprod")
 _WORD_BREAKERS = (
     "\\text{",
     "\\textbf{",
@@ -56,8 +64,11 @@ def _without_thousands_separators(text: str) -> str:
 
 
 def is_list_shaped(text: str) -> bool:
-    """True when ``text`` holds a comma/semicolon separated list of several values."""
-    cleaned = _without_thousands_separators(text)
+    """True when ``text`` holds a comma/semicolon separated list of several values.
+
+    The LaTeX spaces ``\\,`` and ``\\;`` (``\\int_0^1 2x \\, dx``, ``1\\,000``) are not separators.
+    """
+    cleaned = _without_thousands_separators(text.replace("\\,", " ").replace("\\;", " "))
     return "," in cleaned or ";" in cleaned
 
 
@@ -128,12 +139,80 @@ def tower_height(text: str) -> int:
     return best
 
 
+def _unwrap(text: str) -> str:
+    """``text`` without whitespace and without ONE pair of ``{}``/``()`` enclosing all of it."""
+    text = text.strip()
+    if len(text) >= 2 and (text[0], text[-1]) in (("{", "}"), ("(", ")")):
+        depth = 0
+        for i, ch in enumerate(text):
+            depth += (ch == text[0]) - (ch == text[-1])
+            if depth == 0:
+                return text[1:-1].strip() if i == len(text) - 1 else text
+    return text
+
+
+def literal_log10(text: str, depth: int = 0) -> float | None:
+    """log10 of ``text`` when it is an integer literal or a literal power (``9^{9}``, ``{10^{10}}``).
+
+    ``None`` for anything else (a variable, a sum, a fraction ...): only plain literals are judged.
+    Values below 1 count as 1 (log 0). Towers are read right to left, so the result may be ``inf``.
+    """
+    text = _unwrap(text)
+    if depth > 4 or not text:
+        return None
+    digits = len(text) - len(text.lstrip("0123456789"))
+    if digits == 0 or digits > 400:
+        return None
+    base = max(1, int(text[:digits]))
+    if digits == len(text):
+        return math.log10(base)
+    if text[digits:].lstrip()[:1] != "^":
+        return None
+    exponent = literal_log10(text[digits:].lstrip()[1:], depth + 1)
+    if exponent is None or base == 1:
+        return None if exponent is None else 0.0
+    return math.log10(base) * (math.inf if exponent > 300 else 10.0**exponent)
+
+
+def _is_bound(text: str, i: int) -> bool:
+    """True when the ``^`` at ``i`` is the upper limit of ``\\sum``/``\\int``/... (not a power).
+
+    Handles ``\\sum_{k=1}^{n}``, ``\\int_0^{n}``, ``\\int\\limits_0^{n}`` and ``\\sum^{n}``.
+    """
+    j = len(text[:i].rstrip())
+    if j >= 1 and text[j - 1] == "}":  # a braced subscript _{...}
+        depth, k = 0, j - 1
+        while k >= 0:
+            depth += (text[k] == "}") - (text[k] == "{")
+            if depth == 0:
+                break
+            k -= 1
+        if k >= 1 and text[k - 1] == "_":
+            j = k - 1
+    elif j >= 2 and text[j - 2] == "_":  # a one-character subscript _0
+        j -= 2
+    head = text[:j].rstrip()
+    for modifier in ("\\limits", "\\nolimits"):
+        if head.endswith(modifier):
+            head = head[: -len(modifier)].rstrip()
+    return head.endswith(BIG_OPERATORS)
+
+
 def _has_huge_exponent(text: str) -> bool:
+    """A literal exponent above :data:`MAX_EXPONENT`: ``10^{100000000}`` or ``9^{9^{9}}``.
+
+    The upper limit of a sum, product or integral (``\\sum_{k=1}^{10^{12}}``) is not an exponent.
+    """
     for i, ch in enumerate(text):
-        if ch == "^":
+        if ch == "^" and not _is_bound(text, i):
             exponent = _exponent(text, i + 1)[0].strip()
-            if exponent.isdigit() and (len(exponent) > 6 or int(exponent) > MAX_EXPONENT):
-                return True
+            if exponent.isdigit():
+                if len(exponent) > 6 or int(exponent) > MAX_EXPONENT:
+                    return True
+            elif "^" in exponent:  # the exponent is itself a power: 2^{2^{100}}, 10^{10^{10}}
+                size = literal_log10(exponent)
+                if size is not None and size > math.log10(MAX_EXPONENT) + 1e-9:
+                    return True
     return False
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import random
+import re
+import time
 from fractions import Fraction
 
 import gymnasium
@@ -95,6 +98,13 @@ def test_jsonl_loading_and_env(tmp_path):
         ("[1, 2]", "expected a JSON object"),
         ('{"question": "q", "answer": [1]}', '"answer" must be a string'),
         ('{"question": "q", "answer": "1", "level": "hard"}', '"level" must be an integer'),
+        ('{"question": "q", "answer": ""}', '"answer" is empty'),
+        ('{"question": "q", "answer": "  "}', '"answer" is empty'),
+        ('{"question": "q", "answer": "1", "meta": "x"}', '"meta" must be a JSON object'),
+        ('{"question": "q", "answer": "1", "meta": 5}', '"meta" must be a JSON object'),
+        ('{"question": "q", "answer": "1", "kind": 5}', '"kind" must be a string'),
+        ('{"question": "q", "answer": "1", "solution": ["a"]}', '"solution" must be a string'),
+        ("[" * 100_000, "nested too deeply"),
     ],
 )
 def test_jsonl_errors_name_file_and_line(tmp_path, line, reason):
@@ -102,6 +112,13 @@ def test_jsonl_errors_name_file_and_line(tmp_path, line, reason):
     with pytest.raises(ValueError) as err:
         load_jsonl(path)
     assert f"{path}:3:" in str(err.value) and reason in str(err.value)
+
+
+def test_jsonl_bad_encoding_names_file_and_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"question": "ok", "answer": "1"}\n{"question": "caf\xe9", "answer": "1"}\n')
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))}:2: not UTF-8 text"):
+        load_jsonl(path)
 
 
 def test_dapo_and_r1_rewards():
@@ -139,3 +156,31 @@ def test_retry_episode(script):
     assert [i["verdict"].reason for i in out["infos"]] == ["wrong_value", "no_answer", "correct"]
     out = script(env, 4, ["\\boxed{987654321}"] * 3)
     assert out["truncated"] == [False, False, True] and not any(out["terminated"])
+
+
+_R1 = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL)
+
+
+def test_r1_format_matches_the_regex_rule_on_random_texts():
+    pieces = ["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "x", "<", "</"]
+    rng = random.Random(0)
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 9)))
+        assert r1_format_ok(text) == (_R1.fullmatch(text) is not None), text
+
+
+def test_r1_format_is_linear_on_hostile_text():
+    baits = [
+        "<think>" + "</think><answer></answer>x" * 10_000 + "</answer>x",  # the regex took ~7 s on this
+        "<think>" + "</think> x" * 100_000 + "</think> <answer>1</answer>",  # walks every </think>
+        "<think></think>" + " " * 1_000_000 + "x</answer>",
+    ]
+    start = time.monotonic()
+    assert [r1_format_ok(b) for b in baits] == [False, True, False]
+    assert time.monotonic() - start < 0.5
+    env = MathVerifyEnv(reward="r1")
+    env.reset(seed=0)
+    start = time.monotonic()
+    _, reward, terminated, _, info = env.step(baits[0] * 4)  # a megabyte through the whole env
+    assert time.monotonic() - start < 1.0
+    assert (reward, terminated, info["verdict"].reason) == (0.0, True, "too_long")

@@ -164,3 +164,40 @@ def test_unsolvable_target_fails_loudly(monkeypatch):
     env = Points24Env(target=100000, solvable_only=False)
     _, info = env.reset(seed=0)
     assert info["task"]["solution"] is None
+
+
+@pytest.mark.parametrize(
+    ("response", "reason", "reward"),
+    [
+        (_answer(["3", "3", "8", "8"], "8/(3-8/3)"), "correct", 10.0),
+        (_answer(["3", "3", "8", "8"], "3+3+8+8"), "wrong_value", -1.0),
+        (_answer(["3", "3", "8", "8"], "3*8"), "illegal_numbers", -5.0),
+        (_answer(["3", "3", "8", "9"], "8/(3-8/3)"), "wrong_cards", -5.0),
+        (_answer(["3", "3", "8", "8"], "3**2+8+8-3"), "unparseable", -1.0),
+        (_answer(["3", "3", "8", "8"], "8/(3-3)*8"), "division_by_zero", -1.0),
+        (_answer(["3", "3", "8", "8"], "3*8*8/8 or 8*3*(8-8+1)"), "hedged", -1.0),
+        ("I would need more time.", "no_answer", -1.0),
+        ("x" * 20_001, "too_long", -1.0),
+        ("I give up.", "gave_up", -1.0),
+    ],
+)
+def test_reward_per_verdict(response, reason, reward):
+    """GeneralPoints' rewards: +10 correct, -1 wrong value, -5 numbers not the cards, -1 unparseable."""
+    env = gymnasium.make("veriloop/Points24-text-v0")
+    env.reset(options={"task": ["3S", "3C", "8S", "8C"]})
+    _, got, terminated, truncated, info = env.step(response)
+    assert (info["verdict"].reason, got) == (reason, reward)
+    assert info["reward_components"] == {"verdict": reward}
+    assert terminated == (reason in ("correct", "gave_up")) and not truncated  # 4 attempts are left
+
+
+@pytest.mark.parametrize(
+    ("env_id", "reason"),
+    [("veriloop/Points24-text-ruleood-v0", "correct"), ("veriloop/Points24-text-v0", "illegal_numbers")],
+)
+def test_face_card_rule_decides_the_verdict(env_id, reason):
+    """12*(13-11)*1 uses Q, K, J, A as 12, 13, 11, 1: right under rule OOD, wrong when J = Q = K = 10."""
+    env = gymnasium.make(env_id)
+    env.reset(options={"task": ["KS", "QC", "JS", "AC"]})
+    _, _, _, _, info = env.step(_answer(["K", "Q", "J", "A"], "12*(13-11)*1"))
+    assert info["verdict"].reason == reason and info["recognition"] == 1.0

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import random
+import re
+import time
 
 import gymnasium
 import pytest
 
-from veriloop.envs.solve_verify import VERIFY_PROMPT, correction_stats, parse_action
+from veriloop.envs.solve_verify import NO_SOLVES_LEFT, VERIFY_PROMPT, correction_stats, parse_action
 
 OK, BAD = "<verify>correct</verify>", "<verify>incorrect</verify>"
 
@@ -25,6 +28,34 @@ OK, BAD = "<verify>correct</verify>", "<verify>incorrect</verify>"
 )
 def test_parse_action(text, expected):
     assert parse_action(text) == expected
+
+
+_TAG = re.compile(r"<verify>(.*?)</verify>", re.IGNORECASE | re.DOTALL)
+
+
+def _reference_parse(text):
+    """The documented rule as a regex (fine for short strings; quadratic on hostile ones)."""
+    tags = _TAG.findall(text)
+    if not tags:
+        return ("invalid", None) if "<verify>" in text.lower() else ("solve", None)
+    word = tags[-1].strip().lower()
+    return ("verify", word == "correct") if word in ("correct", "incorrect") else ("invalid", None)
+
+
+def test_parse_action_matches_the_regex_rule_on_random_texts():
+    pieces = ["<verify>", "</verify>", "<VERIFY>", "</Verify>", "correct", "incorrect", " ", "\n", "x", "</"]
+    rng = random.Random(0)
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+        assert parse_action(text) == _reference_parse(text), text
+
+
+def test_parse_action_is_linear_on_hostile_text():
+    bait = "<verify>" * 8_000 + "<verify>correct</verify>"  # the lazy regex took ~3 s on this
+    start = time.monotonic()
+    assert parse_action(bait) == ("invalid", None)  # the first <verify> pairs with the only </verify>
+    assert parse_action("<verify>" * 125_000) == ("invalid", None)  # one megabyte
+    assert time.monotonic() - start < 0.5
 
 
 def _math_env(**kwargs):
@@ -77,6 +108,20 @@ def test_attempts_exhausted_truncates(script):
     out = script(env, 2, ["\\boxed{987654321}", BAD] * 3)
     assert out["truncated"] == [False] * 5 + [True] and not any(out["terminated"])
     assert out["infos"][-1]["attempt"] == 3 and out["infos"][-1]["outcome_reward"] == -1.0
+
+
+def test_no_solve_after_the_last_attempt(script):
+    env, gold = _math_env(max_attempts=2)
+    out = script(env, 2, ["\\boxed{987654321}", "\\boxed{987654320}", f"\\boxed{{{gold}}}"])
+    infos = out["infos"]
+    assert [i["action_kind"] for i in infos] == ["solve", "solve", "invalid"]
+    assert [i["attempt"] for i in infos] == [1, 2, 2]  # the third solve is neither checked nor counted
+    assert infos[-1]["verdict"] is None and infos[-1]["process_reward"] == -1.0
+    assert out["truncated"] == [False, False, True] and not any(out["terminated"])
+    assert out["obs"][-1] == NO_SOLVES_LEFT
+    assert infos[-1]["outcome_reward"] == -1.0 and infos[-1]["stats"]["solves"] == 2
+    out = script(env, 2, ["\\boxed{987654321}", BAD, f"\\boxed{{{gold}}}", OK])  # verifying is still fine
+    assert out["terminated"][-1] and out["rewards"] == [-1.0, 1.0, 1.0, 1.0]
 
 
 def test_invalid_actions_and_step_budget(script):

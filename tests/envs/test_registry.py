@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import subprocess
 import sys
+import typing
 import warnings
 
 import gymnasium
@@ -15,17 +18,19 @@ from veriloop.envs import ENVS, SPLITS, VerifierEnv, registered_ids, split_env
 from veriloop.envs.verifiers import Verdict
 
 OURS = sorted(ENVS)
+#: Walked from Gymnasium's registry itself, so an env registered any other way is checked too.
+REGISTERED = registered_ids()
 
 
 def test_registry_lists_every_env():
-    ids = registered_ids()
-    assert set(OURS) <= set(ids)
+    assert REGISTERED == sorted(i for i in gymnasium.registry if i.startswith("veriloop/"))
+    assert set(OURS) <= set(REGISTERED)
     assert len(OURS) == 8
     for env_id in OURS:
         assert gymnasium.registry[env_id].disable_env_checker is False
 
 
-@pytest.mark.parametrize("env_id", OURS)
+@pytest.mark.parametrize("env_id", REGISTERED)
 def test_check_env(env_id):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a checker warning is a failure too
@@ -123,3 +128,38 @@ def test_no_torch_import():
 
 def test_package_exports():
     assert set(veriloop.envs.__all__) >= {"VerifierEnv", "UnicodeText", "SPLITS", "registered_ids"}
+
+
+def test_public_verifier_api():
+    """The signatures other code may rely on (issue: "Verifiers are public")."""
+    from collections.abc import Sequence
+
+    from veriloop.envs.verifiers import check_math, check_points24
+
+    math_sig = inspect.signature(check_math)
+    assert list(math_sig.parameters)[:2] == ["response", "gold"]
+    assert all(p.kind is p.KEYWORD_ONLY for p in list(math_sig.parameters.values())[2:])
+    assert typing.get_type_hints(check_math) == {
+        "response": str,
+        "gold": str,
+        "timeout": float,
+        "return": Verdict,
+    }
+    p24_sig = inspect.signature(check_points24)
+    assert list(p24_sig.parameters) == ["response", "cards", "target"]
+    assert p24_sig.parameters["target"].default == 24
+    assert typing.get_type_hints(check_points24) == {
+        "response": str,
+        "cards": Sequence[int],
+        "target": int,
+        "return": Verdict,
+    }
+    fields = {f.name: f for f in dataclasses.fields(Verdict)}
+    assert {"correct", "error", "feedback", "parsed"} <= set(fields)
+    hints = typing.get_type_hints(Verdict)
+    assert hints["correct"] is bool and hints["feedback"] is str
+    assert hints["parsed"] == (str | None)
+    assert all(isinstance(kind, str) for kind in typing.get_args(typing.get_args(hints["error"])[0]))
+    assert type(None) in typing.get_args(hints["error"])
+    verdict = Verdict(correct=False)
+    assert (verdict.error, verdict.feedback, verdict.parsed) == (None, "", None)

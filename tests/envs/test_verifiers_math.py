@@ -21,8 +21,8 @@ from veriloop.envs.verifiers import (
 )
 from veriloop.envs.verifiers.pool import WorkerPool, get_pool
 
-# A legitimate but slow comparison (sympy integrates x^100000 symbolically: ~10 s on one core).
-SLOW_BUT_LEGIT = "\\boxed{\\int_0^{10^9} x^{10^5} dx}"
+# A legitimate but slow comparison (an exact 300-million-digit binomial: minutes in sympy).
+SLOW_BUT_LEGIT = "\\boxed{\\binom{10^{9}}{5 \\cdot 10^{8}}}"
 
 
 # ---------------------------------------------------------------- extraction (in-process, no worker)
@@ -84,6 +84,8 @@ def test_extract_answer_none(response: str) -> None:
         ("1,000", "1000"),
         ("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}"),
         ("2\\pi", "2 \\pi"),
+        ("\\int_0^{1} 2x \\, dx", "1"),  # a thin space is not a list separator
+        ("12\\;\\text{cm}", "12"),
     ],
 )
 def test_accepts_equivalent_forms(answer: str, gold: str) -> None:
@@ -186,7 +188,7 @@ def test_timeout_kills_worker_and_is_counted() -> None:
     verdict = check_math(SLOW_BUT_LEGIT, "3", timeout=0.5)
     elapsed = time.monotonic() - start
     assert (verdict.correct, verdict.error, verdict.reason) == (False, "timeout", "verifier_error")
-    assert verdict.parsed is not None and "\\int" in verdict.parsed
+    assert verdict.parsed is not None and "\\binom" in verdict.parsed
     assert elapsed < 3.0
     stats = verifier_stats()
     assert (stats["timeouts"], stats["math_checks"], stats["crashes"]) == (1, 1, 0)
@@ -199,7 +201,7 @@ def test_worker_killed_mid_check_is_a_crash() -> None:
         pool.run("math", ("$1$", "$1$"), 30)  # start and warm the worker
         (pid,) = pool.worker_pids
         threading.Timer(0.3, os.kill, args=(pid, signal.SIGKILL)).start()
-        status, message = pool.run("math", ("$\\int_0^{10^9} x^{10^5} dx$", "$3$"), 20)
+        status, message = pool.run("math", ("$\\binom{10^{9}}{5 \\cdot 10^{8}}$", "$3$"), 20)
         assert status == "crash" and "died" in message
         assert pool.run("math", ("$2$", "$2$"), 30) == ("ok", ["correct", "2"])  # replaced
     finally:
@@ -244,3 +246,16 @@ def test_worker_failures_map_to_verdict_errors(
 def test_unparseable_gold_is_a_verifier_error_not_a_wrong_answer() -> None:
     verdict = check_math("\\boxed{3}", "")
     assert (verdict.error, verdict.reason) == ("crash", "verifier_error")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/limits"), reason="reads Linux /proc/<pid>/limits")
+def test_workers_run_under_the_memory_cap() -> None:
+    from veriloop.envs.verifiers.pool import DEFAULT_MEMORY_BYTES
+
+    check_math("\\boxed{1}", "1")
+    pids = get_pool().worker_pids
+    assert pids
+    for pid in pids:
+        with open(f"/proc/{pid}/limits", encoding="ascii") as handle:
+            row = next(line for line in handle if line.startswith("Max address space"))
+        assert row.split()[3] == str(DEFAULT_MEMORY_BYTES), row  # the soft limit, in bytes
