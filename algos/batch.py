@@ -70,6 +70,20 @@ class TokenBatch:
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask.sum().item())
 
+    def trimmed(self) -> TokenBatch:
+        """The same rows without the trailing columns that are padding in every row.
+
+        A mini-batch cut from a padded batch keeps the batch's width; its own longest row is
+        often much shorter, and every padding column still costs a full forward/backward column.
+        """
+        used = self.attention_mask.bool().any(0).nonzero()  # [n, 1] columns with a real token
+        width = int(used[-1]) + 1 if len(used) else 1
+        if width == self.input_ids.shape[1]:
+            return self
+        vals = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extras"}
+        cut = {k: v[:, :width] if isinstance(v, torch.Tensor) else v for k, v in vals.items()}
+        return TokenBatch(**cut, extras=self.extras)
+
     def select(self, rows: slice | torch.Tensor) -> TokenBatch:
         """Rows of the batch (a slice or an index tensor), extras included."""
         b = self.size
@@ -169,11 +183,22 @@ def collate(
 
 
 def minibatches(
-    batch: TokenBatch, size: int, *, shuffle: torch.Generator | None = None
+    batch: TokenBatch, size: int, *, shuffle: torch.Generator | None = None, by_length: bool = False
 ) -> Iterator[TokenBatch]:
-    """Consecutive row chunks of at most ``size`` rows (a random order if a generator is given)."""
+    """Consecutive row chunks of at most ``size`` rows (a random order if a generator is given).
+
+    ``by_length``: rows sorted by length and each chunk trimmed to its own longest row (see
+    :meth:`TokenBatch.trimmed`), for gradient-accumulation micro-batches, whose order does not
+    change the summed gradient but whose padding costs compute.
+    """
     if size < 1:
         raise ValueError(f"mini-batch size must be >= 1, got {size}")
-    order = torch.randperm(batch.size, generator=shuffle) if shuffle is not None else torch.arange(batch.size)
+    if by_length:
+        order = torch.argsort(batch.attention_mask.sum(1), stable=True)
+    elif shuffle is not None:
+        order = torch.randperm(batch.size, generator=shuffle)
+    else:
+        order = torch.arange(batch.size)
     for start in range(0, batch.size, size):
-        yield batch.select(order[start : start + size])
+        chunk = batch.select(order[start : start + size])
+        yield chunk.trimmed() if by_length else chunk

@@ -414,7 +414,7 @@ def update_step(
     total_seqs = float((lengths > 0).sum())
     sums = dict.fromkeys(METRIC_NAMES, 0.0)
     finite = True
-    for mb in minibatches(batch, micro_batch_size):
+    for mb in minibatches(batch, micro_batch_size, by_length=True):  # similar lengths, little padding
         n_tok = float(mb.loss_mask.sum())
         if n_tok == 0:
             continue  # nothing to train on in these rows

@@ -54,3 +54,18 @@ def test_minibatches_and_extras(make_traj):
     )
     shuffled = list(minibatches(batch, 1, shuffle=torch.Generator().manual_seed(0)))
     assert sorted(int(p.attention_mask.sum()) for p in shuffled) == [4, 7, 7]
+
+
+def test_micro_batches_by_length_drop_shared_padding(make_traj):
+    a, b = _two(make_traj)  # 7 and 4 tokens
+    batch = collate([a, b, a, b], [[0.0] * 7, [0.0] * 4, [0.0] * 7, [0.0] * 4])
+    assert batch.input_ids.shape == (4, 7)
+    parts = list(minibatches(batch, 2, by_length=True))
+    assert [tuple(p.input_ids.shape) for p in parts] == [(2, 4), (2, 7)]  # the short pair: 3 columns fewer
+    short = parts[0]
+    assert short.input_ids.tolist() == [batch.input_ids[1, :4].tolist()] * 2
+    for f in ("attention_mask", "loss_mask", "old_logprobs", "turn_index", "advantages"):
+        assert getattr(short, f).shape == (2, 4)
+    assert batch.trimmed() is batch  # nothing to drop
+    # every row and every loss token is still there
+    assert sum(float(p.loss_mask.sum()) for p in parts) == float(batch.loss_mask.sum())
