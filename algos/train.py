@@ -186,10 +186,14 @@ def collect(
         groups, stats = dynamic_sampling(sample_groups, num_groups=n, max_rounds=cfg.algo.max_sampling_rounds,
                                          reward_fn=lambda t: t.total_reward)  # fmt: skip
         metrics = {"sampling/rounds": stats["rounds"], "sampling/kept_fraction": stats["kept_fraction"],
+                   "sampling/informative_fraction": stats["informative_fraction"],
                    "sampling/short_batch": stats["short_batch"]}  # fmt: skip
     else:
         groups = sample_groups(n)
-        metrics = {"sampling/rounds": 1.0, "sampling/kept_fraction": 1.0, "sampling/short_batch": 0.0}
+        rewards = [[t.total_reward for t in grp] for grp in groups]
+        informative = sum(len(set(r)) > 1 for r in rewards) / max(len(groups), 1)
+        metrics = {"sampling/rounds": 1.0, "sampling/kept_fraction": 1.0,
+                   "sampling/informative_fraction": informative, "sampling/short_batch": 0.0}  # fmt: skip
     return [t for group in groups for t in group], sampled, metrics
 
 

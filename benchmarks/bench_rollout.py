@@ -6,10 +6,10 @@ Three ways to produce tokens, in one run, reported in generated tokens per secon
     (b) naive 32 concurrent Points24-text episodes (up to 3 attempts), calling ``model.generate``
               on every episode's full re-rendered conversation each turn;
     (c) ours  ``veriloop.agents.engine`` on the same 32 episodes (KV reuse across turns,
-              finished rows dropped, exponential-race sampling).
+              finished rows dropped, inverse-CDF sampling).
 
 Also: RSS after every turn of (b) and (c), the sampling-cost micro-benchmark (multinomial vs
-exponential race) and the drift rate of the sampled text. Writes benchmarks/results/rollout.json.
+exponential race vs our inverse-CDF ``sample_next``) and the drift rate of the sampled text. Writes benchmarks/results/rollout.json.
 
     OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_rollout.py [--episodes 32] [--threads 1]
 
@@ -34,7 +34,7 @@ from veriloop.agents import load_policy
 from veriloop.agents.backends.hf import HFBackend
 from veriloop.agents.drift import drift_rate
 from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
-from veriloop.agents.sampling_params import SamplingParams
+from veriloop.agents.sampling_params import SamplingParams, sample_next
 
 ENV = "veriloop/Points24-text-v0"
 OUT = Path(__file__).parent / "results" / "rollout.json"
@@ -163,7 +163,9 @@ def bench_sampling(batch: int, vocab: int, reps: int = 50) -> dict:
             torch.log_softmax(logits, -1) - torch.empty_like(logits).exponential_(generator=gen).log(), -1
         )
     )
-    return {"batch": batch, "vocab": vocab, "multinomial_ms": multinomial, "exponential_race_ms": race}
+    ours = timed(lambda: sample_next(logits, SamplingParams(), gen))  # inverse CDF, what the engine uses
+    return {"batch": batch, "vocab": vocab, "multinomial_ms": multinomial, "exponential_race_ms": race,
+            "sample_next_inverse_cdf_ms": ours}  # fmt: skip
 
 
 def main() -> None:

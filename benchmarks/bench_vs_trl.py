@@ -1,7 +1,7 @@
 """veriloop vs TRL's ``GRPOTrainer``: the same GRPO step on this CPU, alternating step by step.
 
 Configuration shared by both (defaults; see ``--help``): SmolLM2-135M-Instruct from veriloop's
-cache, fp32, LoRA r=16 / alpha=32 / dropout 0.05 on all linear layers, 4 prompts x 8 completions
+cache, fp32, LoRA r=16 / alpha=32 / dropout 0 (peft's default) on all linear layers, 4 prompts x 8 completions
 per step, <= 64 new tokens, temperature 1.0, no KL (beta = 0, no reference model), lr 1e-4
 constant, AdamW, grad-norm clip 1.0, one optimizer step per rollout batch in micro-batches of 4,
 GRPO loss (per-sequence token mean, then mean; clip 0.2; group-normalised advantages). Task:
@@ -110,7 +110,7 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
     from veriloop.configs.loader import load_config
 
     overrides = [
-        f"policy.lora_r={args.lora_r}", f"policy.lora_alpha={2 * args.lora_r}", "policy.lora_dropout=0.05",
+        f"policy.lora_r={args.lora_r}", f"policy.lora_alpha={2 * args.lora_r}", "policy.lora_dropout=0.0",
         "policy.target_modules=all-linear", "policy.dtype=float32",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0", "rollout.top_p=1.0",
@@ -118,6 +118,7 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
         f"train.lr={args.lr}", "train.schedule=constant", "train.warmup_steps=0", "train.weight_decay=0.0",
         "train.max_grad_norm=1.0", f"train.micro_batch_size={args.micro_batch}", "run.checkpoint_every=0",
         f"run.out_dir={workdir}", "run.name=veriloop", "run.tensorboard=false",
+        "sft.steps=0",  # the quickstart's SFT warm-up would change the policy and shift the problems
     ]  # fmt: skip
     cfg = load_config("quickstart", overrides=overrides)
     # no evaluation: only training steps are compared
@@ -180,7 +181,7 @@ def run_trl(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
         disable_tqdm=True, dataloader_num_workers=0,
     )  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    lora = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.05, target_modules="all-linear",
+    lora = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, target_modules="all-linear",
                       task_type="CAUSAL_LM")  # fmt: skip
     trainer = GRPOTrainer(model=model, reward_funcs=math_reward, args=config, train_dataset=data,
                           processing_class=AutoTokenizer.from_pretrained(path), peft_config=lora)  # fmt: skip
@@ -220,6 +221,10 @@ def run_trl(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
 
 
 def worker_main(args: argparse.Namespace) -> None:
+    # The parent imported torch under OMP_PROC_BIND=true, which pins its main thread to one core;
+    # a child inherits that mask, and both frameworks would then run on a single core.
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
     import torch
 
     torch.set_num_threads(args.threads)
@@ -389,7 +394,7 @@ def run_parent(args: argparse.Namespace) -> None:
             "model": "SmolLM2-135M-Instruct (veriloop default, fp32)",
             "env": f"{ENV_ID} level 1",
             "lora_alpha": 2 * args.lora_r,
-            "lora_dropout": 0.05,
+            "lora_dropout": 0.0,
             "target_modules": "all-linear",
             "kl": "off (beta = 0, no reference model)",
             "loss": "GRPO seq-mean-token-mean, clip 0.2",

@@ -1,8 +1,11 @@
 """No package code may evaluate text as code: model output is hostile (style guide, "Real or nothing").
 
 Scans every ``.py`` file under the package folders for calls to the builtins ``eval``/``exec``/
-``compile`` and to sympy's ``sympify``/``parse_expr``/``lambdify`` (as a name or an attribute).
-math-verify parses LaTeX with sympy inside the sandboxed verifier workers; that is its code, not ours.
+``compile`` and to sympy's ``sympify``/``parse_expr``/``lambdify``/``S`` (as a name or an
+attribute, through ``getattr(..., "eval")``, or imported under another name). math-verify parses
+LaTeX with sympy inside the sandboxed verifier workers, with its LaTeX extraction only (its plain
+expression mode goes through ``parse_expr``; tests/envs/test_hostile_inputs.py watches for that at
+run time).
 """
 
 from __future__ import annotations
@@ -16,15 +19,31 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = ("envs", "agents", "algos", "cli", "configs")
 BUILTINS = frozenset({"eval", "exec", "compile"})
 SYMPY_EVALUATORS = frozenset({"sympify", "parse_expr", "lambdify"})
+NAMES = BUILTINS | SYMPY_EVALUATORS
 
 
 def forbidden_calls(source: str, filename: str = "<src>") -> list[str]:
     """``"line: name"`` for every forbidden call in ``source``."""
     hits = []
     for node in ast.walk(ast.parse(source, filename=filename)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in {"sympy", "builtins"}:
+            hits += [f"{node.lineno}: import {a.name}" for a in node.names if a.name in NAMES | {"S"}]
+            continue
         if not isinstance(node, ast.Call):
             continue
         func = node.func
+        if isinstance(func, ast.Name) and func.id == "getattr" and len(node.args) > 1:
+            obj, name = node.args[0], node.args[1]
+            on_builtins = isinstance(obj, ast.Name) and obj.id in {"builtins", "__builtins__"}
+            if isinstance(name, ast.Constant) and (
+                name.value in SYMPY_EVALUATORS or (on_builtins and name.value in BUILTINS)
+            ):
+                hits.append(f"{node.lineno}: getattr {name.value}")
+            continue
+        if isinstance(func, ast.Attribute) and func.attr == "S":
+            if isinstance(func.value, ast.Name) and func.value.id in {"sympy", "sp"}:
+                hits.append(f"{node.lineno}: S")
+            continue
         if isinstance(func, ast.Name) and func.id in BUILTINS | SYMPY_EVALUATORS:
             hits.append(f"{node.lineno}: {func.id}")
         elif isinstance(func, ast.Attribute):
@@ -49,6 +68,11 @@ def _package_files() -> list[Path]:
         "from sympy.parsing.sympy_parser import parse_expr\nparse_expr(s)",
         "sp.lambdify(x, e)",
         "builtins.eval(s)",
+        "from sympy import sympify as s\ns(x)",
+        "from sympy.parsing.sympy_parser import parse_expr as p",
+        "sympy.S(s)",
+        "getattr(builtins, 'eval')(s)",
+        "getattr(__builtins__, 'exec')",
     ],
 )
 def test_scanner_catches(snippet: str) -> None:
@@ -56,7 +80,16 @@ def test_scanner_catches(snippet: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "snippet", ["re.compile('a')", "ast.parse(s, mode='eval')", "model.eval()", "x = 'eval(1)'"]
+    "snippet",
+    [
+        "re.compile('a')",
+        "ast.parse(s, mode='eval')",
+        "model.eval()",
+        "x = 'eval(1)'",
+        "getattr(m, 'eval')",
+        "from sympy import Rational",
+        "torch.S",
+    ],  # fmt: skip
 )
 def test_scanner_allows_lookalikes(snippet: str) -> None:
     assert forbidden_calls(snippet) == []

@@ -119,6 +119,10 @@ def serve(requests: TextIO, replies: TextIO) -> None:
 
 def main(argv: list[str]) -> None:
     """Process entry point: protocol on the original stdout, stray prints go to stderr."""
+    # A parent running torch with OMP_PROC_BIND=true has its main thread pinned to one core, and a
+    # child inherits that mask: the worker would then share that core with the training thread.
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
     _limit_memory(int(argv[0]))
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
