@@ -5,8 +5,9 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.veriloop-installed
 TORCH   ?= torch==2.13.0
-export OMP_PROC_BIND ?= true
-export OMP_PLACES ?= cores
+# Pin OpenMP threads for the single-process jobs only (it avoided stalls there). Pinning binds every
+# process's main thread to the first core, so the test runner's two worker processes would share it.
+PIN     := OMP_PROC_BIND=true OMP_PLACES=cores
 
 .PHONY: setup quickstart demo test test-all lint bench clean
 
@@ -23,10 +24,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 quickstart: setup
-	$(BIN)/veriloop quickstart
+	$(PIN) $(BIN)/veriloop quickstart
 
 demo: setup
-	$(BIN)/veriloop demo
+	$(PIN) $(BIN)/veriloop demo
 
 test: setup
 	$(BIN)/python -m pytest -q -n 2 -m "not slow" -p no:cacheprovider
