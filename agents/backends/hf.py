@@ -261,7 +261,9 @@ class HFBackend:
 
         if past == 0:
             return DynamicCache(config=self.model.config)
-        slots = [self._slots[k] if k in self._slots else None for k in keys]
+        # each slot leaves the store as it is copied into the batch (and is saved again at the end
+        # of the turn): holding both would keep every episode's keys/values twice during a turn
+        slots = [self._slots.pop(k, None) for k in keys]
         ref = next(s for s in slots if s is not None).kv
         layers = []
         for layer, (k0, v0) in enumerate(ref):

@@ -214,6 +214,19 @@ def test_kv_reuse_gives_the_same_tokens_as_recomputing(policy):
         torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4, rtol=0)
 
 
+def test_kv_of_an_episode_is_held_once_while_it_decodes(policy):
+    """An episode's cached keys/values move into the batch for its turn (not copied beside it)."""
+    backend = HFBackend(policy)
+    held: list[tuple[int, int]] = []  # (stored slots, reused tokens so far) at each forward call
+    inner = backend._forward
+    backend._forward = lambda *a, **k: (
+        held.append((len(backend._slots), backend.stats["reused_tokens"])) or inner(*a, **k)
+    )
+    rollout(policy, countdown([3, 3]), sampling=SamplingParams(max_new_tokens=6), backend=backend)
+    assert backend.stats["reused_tokens"] > 0  # later turns did start from the cache
+    assert all(slots == 0 for slots, _ in held)  # both episodes decode together: nothing stored meanwhile
+
+
 def test_finished_episodes_drop_out_of_the_batch(policy):
     backend = HFBackend(policy)
     sizes = []
