@@ -71,6 +71,16 @@ def policy():
     return tiny_policy(seed=0)
 
 
+def assert_recorded_logprobs_match(model, trajs):
+    """Every sampled token's recorded log-prob equals a fresh full-sequence forward pass of ``model``."""
+    for tr in trajs:
+        ids = torch.tensor([tr.token_ids])
+        with torch.no_grad():
+            fresh, _ = token_logprobs(model, ids, torch.ones_like(ids))
+        mask = torch.tensor(tr.loss_mask, dtype=torch.bool)
+        torch.testing.assert_close(fresh[0][mask], torch.tensor(tr.logprobs)[mask], atol=2e-4, rtol=1e-4)
+
+
 def countdown(lengths, seed=0):
     return [EpisodeSpec(COUNTDOWN, {"length": n}, seed + i, i) for i, n in enumerate(lengths)]
 
@@ -123,12 +133,7 @@ def test_environment_tokens_are_never_trainable(policy):
 
 def test_recorded_logprobs_match_a_fresh_forward_pass(policy):
     trajs = rollout(policy, countdown([3, 2, 3]), sampling=SamplingParams(max_new_tokens=16, seed=7))
-    for tr in trajs:
-        ids = torch.tensor([tr.token_ids])
-        with torch.no_grad():
-            fresh, _ = token_logprobs(policy.model, ids, torch.ones_like(ids))
-        mask = torch.tensor(tr.loss_mask, dtype=torch.bool)
-        torch.testing.assert_close(fresh[0][mask], torch.tensor(tr.logprobs)[mask], atol=2e-4, rtol=1e-4)
+    assert_recorded_logprobs_match(policy.model, trajs)
 
 
 def test_tempered_truncated_logprobs_match_the_filtered_forward_pass(policy):
@@ -194,12 +199,7 @@ def test_sampling_runs_without_dropout_and_restores_training_mode():
     trajs = rollout(lora, countdown([2, 2]), sampling=SamplingParams(max_new_tokens=8, seed=1))
     assert lora.model.training and all(m.training for m in lora.model.modules())
     lora.model.eval()
-    for tr in trajs:
-        ids = torch.tensor([tr.token_ids])
-        with torch.no_grad():
-            fresh, _ = token_logprobs(lora.model, ids, torch.ones_like(ids))
-        mask = torch.tensor(tr.loss_mask, dtype=torch.bool)
-        torch.testing.assert_close(fresh[0][mask], torch.tensor(tr.logprobs)[mask], atol=2e-4, rtol=1e-4)
+    assert_recorded_logprobs_match(lora.model, trajs)
 
 
 def test_kv_reuse_gives_the_same_tokens_as_recomputing(policy):
