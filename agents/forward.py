@@ -19,6 +19,7 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     first_position: int = 1,
+    shared_prefix: int = 0,
     **model_inputs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probability of each token given the tokens before it.
@@ -32,6 +33,11 @@ def token_logprobs(
         first_position: The first position whose log-prob is needed (e.g. the first sampled
             token of the batch). Logits are computed only from there on (``logits_to_keep``): the
             vocabulary projection over a long prompt is most of the cost. Earlier positions are 0.
+        shared_prefix: The first ``shared_prefix`` tokens are the same real tokens in every row
+            (a GRPO group's prompt; see :func:`shared_prefix_length`). They are run once, as
+            one row, and their keys/values are shared by every row's continuation: the same
+            numbers (up to float rounding) and gradients for a fraction of the compute. Used only
+            for text models (no ``model_inputs``) and when ``shared_prefix <= first_position``.
         **model_inputs: Extra inputs (e.g. ``pixel_values``) passed to the model.
 
     Returns:
@@ -45,7 +51,10 @@ def token_logprobs(
     T = input_ids.shape[1]
     first = min(max(int(first_position), 1), max(T - 1, 1))
     keep = T - first + 1  # logits at positions first-1 .. T-1
-    logits = _logits(model, input_ids, attention_mask, keep if first > 1 else 0, model_inputs)
+    if 1 < shared_prefix <= first and not model_inputs and input_ids.shape[0] > 1:
+        logits = _shared_prefix_logits(model, input_ids, attention_mask, shared_prefix, keep)
+    else:
+        logits = _logits(model, input_ids, attention_mask, keep if first > 1 else 0, model_inputs)
     logits = logits[:, -keep:-1].float() / temperature  # [B, T-first, V]: predicts tokens first..T-1
     logp_all = torch.log_softmax(logits, dim=-1)
     picked = torch.gather(logp_all, -1, input_ids[:, first:].unsqueeze(-1)).squeeze(-1)  # [B, T-first]
@@ -76,3 +85,30 @@ def _logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, k
             if "logits_to_keep" not in str(e):
                 raise
     return model(input_ids=input_ids, attention_mask=attention_mask, **model_inputs).logits
+
+
+def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit: int) -> int:
+    """How many leading columns of ``input_ids`` [B, T] hold the same real token in every row
+    (at most ``limit``, e.g. the first loss position, so no sampled token is shared)."""
+    same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # [T]
+    return min(int(same.long().cumprod(0).sum()), limit)
+
+
+def _shared_prefix_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int,
+                          keep: int) -> torch.Tensor:  # fmt: skip
+    """Logits of the last ``keep`` positions, with columns ``0 .. prefix-2`` run once for all rows.
+
+    The prefix's keys/values (one row, with their autograd graph) are expanded to B rows, so the
+    backward pass sums every row's gradient into the one prefix computation. The continuation
+    starts at column ``prefix - 1``, whose logits predict the first token after the prefix.
+    """
+    b, t = input_ids.shape
+    head = model(input_ids=input_ids[:1, : prefix - 1], use_cache=True, logits_to_keep=1)
+    cache = head.past_key_values
+    for layer in cache.layers:  # [1, H, P-1, D] -> [B, H, P-1, D], no copy
+        layer.keys = layer.keys.expand(b, -1, -1, -1)
+        layer.values = layer.values.expand(b, -1, -1, -1)
+    positions = torch.arange(prefix - 1, t, device=input_ids.device).expand(b, -1)  # [B, T-P+1]
+    out = model(input_ids=input_ids[:, prefix - 1 :], attention_mask=attention_mask, position_ids=positions,
+                past_key_values=cache, use_cache=True, logits_to_keep=keep)  # fmt: skip
+    return out.logits

@@ -187,14 +187,21 @@ def minibatches(
 ) -> Iterator[TokenBatch]:
     """Consecutive row chunks of at most ``size`` rows (a random order if a generator is given).
 
-    ``by_length``: rows sorted by length and each chunk trimmed to its own longest row (see
-    :meth:`TokenBatch.trimmed`), for gradient-accumulation micro-batches, whose order does not
-    change the summed gradient but whose padding costs compute.
+    ``by_length``: for gradient-accumulation micro-batches, whose order does not change the summed
+    gradient but whose make-up costs compute. Rows are ordered by prompt (the tokens before the
+    first sampled one), then by length: a group's rows land in the same chunk, where they share
+    the prompt's forward pass (``token_logprobs(shared_prefix=...)``), and each chunk is trimmed
+    to its own longest row (see :meth:`TokenBatch.trimmed`).
     """
     if size < 1:
         raise ValueError(f"mini-batch size must be >= 1, got {size}")
     if by_length:
-        order = torch.argsort(batch.attention_mask.sum(1), stable=True)
+        lengths = batch.attention_mask.sum(1).tolist()
+        firsts = batch.loss_mask.bool().int().argmax(1).tolist()  # 0 for a row with nothing to train
+        prompts = [tuple(batch.input_ids[i, :f].tolist()) for i, f in enumerate(firsts)]
+        order = torch.tensor(
+            sorted(range(batch.size), key=lambda i: (prompts[i], lengths[i])), dtype=torch.long
+        )
     elif shuffle is not None:
         order = torch.randperm(batch.size, generator=shuffle)
     else:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from veriloop.agents.forward import first_loss_position, token_logprobs
+from veriloop.agents.forward import first_loss_position, shared_prefix_length, token_logprobs
 from veriloop.agents.trajectory import Trajectory, TurnRecord
 from veriloop.algos import advantages as A
 from veriloop.algos.batch import TokenBatch, collate, minibatches
@@ -36,6 +36,8 @@ METRIC_NAMES = (
     "loss/policy", "loss/kl", "loss/entropy", "loss/value", "clip_frac_low", "clip_frac_high",
     "approx_kl", "entropy", "mean_token_prob", "grad_norm",
 )  # fmt: skip
+#: Shortest common prompt worth running once for a whole micro-batch (see ``token_logprobs``).
+MIN_SHARED_PREFIX = 8
 _SUMMED = ("loss/policy", "loss/kl", "loss/entropy", "loss/value")  # already globally normalised
 
 #: Critic-free episode-level estimators: (rewards [N], group_ids [N], valid [N]) -> [N].
@@ -336,9 +338,12 @@ def policy_loss(
         scalar loss (with grad) and the metrics named in ``METRIC_NAMES`` (except grad_norm).
     """
     mask = batch.loss_mask
+    first = first_loss_position(mask)
+    # rows of one group share their prompt: run it once (same numbers and gradients, less compute)
+    prefix = shared_prefix_length(batch.input_ids, batch.attention_mask, limit=first)
     logp, ent = token_logprobs(model, batch.input_ids, batch.attention_mask, with_entropy=True,
-                               temperature=temperature, first_position=first_loss_position(mask),
-                               **batch.extras)  # fmt: skip
+                               temperature=temperature, first_position=first,
+                               shared_prefix=prefix if prefix >= MIN_SHARED_PREFIX else 0, **batch.extras)  # fmt: skip
     assert ent is not None
     constant = cfg.loss_agg_constant or agg_constant
     agg = partial(aggregate, mask=mask, mode=cfg.loss_agg, constant=constant,

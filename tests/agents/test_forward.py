@@ -44,3 +44,46 @@ def test_first_loss_position():
     m = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 1, 1, 0]])
     assert first_loss_position(m) == 2
     assert first_loss_position(torch.zeros(2, 4)) == 1
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora):
+    """A group's prompt run once (its K/V expanded to every row) = every row run in full."""
+    from veriloop.agents.forward import shared_prefix_length
+    from veriloop.agents.testing import tiny_policy
+
+    policy = tiny_policy(seed=3, lora=lora)
+    model = policy.model
+    if lora:
+        with torch.no_grad():  # peft starts lora_B at 0: make the adapter matter
+            for name, w in model.named_parameters():
+                if "lora_B" in name:
+                    w.normal_(std=0.3)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 60, (1, 9), generator=g)
+    tails = torch.randint(3, 60, (4, 6), generator=g)
+    ids = torch.cat([prompt.expand(4, -1), tails], dim=1)  # [4, 15]
+    mask = torch.ones_like(ids)
+    mask[1, -2:] = 0  # right padding on two rows
+    mask[3, -4:] = 0
+    prefix = shared_prefix_length(ids, mask, limit=10)
+    assert prefix == 9
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def run(shared):
+        lp, ent = token_logprobs(model, ids, mask, with_entropy=True, first_position=10, shared_prefix=shared)
+        loss = (lp * mask).sum() + 0.1 * (ent * mask).sum()
+        grads = torch.autograd.grad(loss, params)
+        return lp.detach(), ent.detach(), grads
+
+    lp0, ent0, g0 = run(0)
+    lp1, ent1, g1 = run(prefix)
+    m = mask.bool()
+    torch.testing.assert_close(lp1[m], lp0[m], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent1[m], ent0[m], atol=1e-5, rtol=1e-5)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert shared_prefix_length(ids, mask, limit=4) == 4
+    different = ids.clone()
+    different[2, 0] = 1
+    assert shared_prefix_length(different, mask, limit=10) == 0

@@ -69,3 +69,14 @@ def test_micro_batches_by_length_drop_shared_padding(make_traj):
     assert batch.trimmed() is batch  # nothing to drop
     # every row and every loss token is still there
     assert sum(float(p.loss_mask.sum()) for p in parts) == float(batch.loss_mask.sum())
+
+
+def test_micro_batches_keep_a_group_together(make_traj):
+    """Rows sharing a prompt land in the same micro-batch, whatever order the batch came in."""
+    p, q = (5, 6, 7, 8), (5, 6, 9, 9)
+    rows = [make_traj([([10] * n, [], 0.0)], prompt=pr) for pr, n in ((p, 3), (q, 1), (p, 1), (q, 4))]
+    batch = collate(rows, [[0.0] * len(t.token_ids) for t in rows])
+    chunks = list(minibatches(batch, 2, by_length=True))
+    for c in chunks:
+        assert len({tuple(r[:4]) for r in c.input_ids.tolist()}) == 1  # one prompt per chunk
+    assert sorted(int(c.attention_mask.sum()) for c in chunks) == [12, 13]  # (4+3, 4+1), (4+1, 4+4)
