@@ -177,11 +177,23 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1 is fastest on a busy 2-core box)"
     )
+    parser.add_argument(
+        "--engine-memory-only", action="store_true",
+        help="only (c), for its RSS after each turn -> results/rollout_memory.json (timings not comparable)",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     policy = load_policy("default")
     policy.model.eval()
     n, k, a = args.episodes, args.new_tokens, args.attempts
+    if args.engine_memory_only:
+        c = bench_engine(policy, n, k, a)
+        keep = ("rss_mb_per_turn", "batch_sizes_per_turn", "backend_stats", "generated_tokens", "turns")
+        out = {"settings": {"episodes": n, "new_tokens_per_turn": k, "attempts": a}, "threads": args.threads,
+               "load_avg": os.getloadavg(), **{key: c[key] for key in keep}}  # fmt: skip
+        (OUT.parent / "rollout_memory.json").write_text(json.dumps(out, indent=1))
+        print(json.dumps(out))
+        return
     results: dict = {
         "model": policy.name, "dtype": str(next(policy.model.parameters()).dtype),
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
