@@ -31,7 +31,7 @@ from veriloop.algos.critic import ValueModel
 from veriloop.algos.distributed import DistContext, init_distributed, shutdown_distributed
 from veriloop.algos.evaluate import final_sample
 from veriloop.algos.run_log import RunLog
-from veriloop.algos.sampling import dynamic_sampling, verifier_failed
+from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
 from veriloop.algos.update import METRIC_NAMES, prepare_batch, update_step
 from veriloop.configs.loader import config_to_yaml
 from veriloop.configs.schema import ExperimentConfig
@@ -190,8 +190,8 @@ def collect(
                    "sampling/short_batch": stats["short_batch"]}  # fmt: skip
     else:
         groups = sample_groups(n)
-        rewards = [[t.total_reward for t in grp] for grp in groups]
-        informative = sum(len(set(r)) > 1 for r in rewards) / max(len(groups), 1)
+        useful = [is_informative([t.total_reward for t in grp]) for grp in groups]
+        informative = sum(useful) / max(len(useful), 1)
         metrics = {"sampling/rounds": 1.0, "sampling/kept_fraction": 1.0,
                    "sampling/informative_fraction": informative, "sampling/short_batch": 0.0}  # fmt: skip
     return [t for group in groups for t in group], sampled, metrics
