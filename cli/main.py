@@ -165,7 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output folder (default: RUN/plots)")
     p.set_defaults(handler=_cmd_plot)
 
-    p = sub.add_parser("quickstart", help="train the default model for a few CPU minutes, evaluate, plot")
+    p = sub.add_parser(
+        "quickstart", help="train the default model (~10 CPU minutes on 2 cores), evaluate, plot"
+    )
     p.add_argument(
         "overrides",
         nargs="*",
