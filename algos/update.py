@@ -332,7 +332,8 @@ def policy_loss(
     log-probs of softmax(logits / T) (``veriloop.agents.sampling_params``), so the new log-probs
     of the ratio r_t = pi_theta / pi_old must be taken at the same T, or r_t != 1 before any update
     and the clip fires on a policy that has not moved. (Top-k / top-p filtering cannot be
-    recomputed here; with it on, r_t is measured against the filtered distribution.)
+    reproduced by this forward pass: with it on, take the old log-probs from the model itself,
+    ``prepare_batch(..., recompute_old_logprobs=True)``, as the training loop does.)
 
     Returns:
         scalar loss (with grad) and the metrics named in ``METRIC_NAMES`` (except grad_norm).
