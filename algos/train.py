@@ -351,7 +351,8 @@ def train(cfg: ExperimentConfig, *, resume: bool = False, quiet: bool = False) -
                  wandb_project="veriloop" if cfg.run.wandb else None) if dist.is_main else None  # fmt: skip
     try:
         if state.step == 0 and log is not None:  # the base policy's numbers, for comparison
-            base = {**state.history.get("eval_base", {}), **_evaluate(cfg, policy, 0, quiet)}
+            start = _evaluate(cfg, policy, 0, quiet) if cfg.eval.at_start or cfg.train.steps == 0 else {}
+            base = {**state.history.get("eval_base", {}), **start}
             if base:
                 log.log(0, base)
         _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_dir, quiet, dist)

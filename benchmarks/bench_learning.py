@@ -34,6 +34,10 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 # Small on purpose: 2 CPU cores. Each arm: (label, config, overrides). The math arms are the
 # quickstart (SFT warm-up on generator solutions, then RL with LoRA; see configs/experiments/quickstart.yaml).
+# Points24 RL arm: the SFT warm-up (half the SFT-only arm's), then multi-turn GRPO with LoRA
+P24_RL = ["sft.steps=30", "sft.examples=240", "rollout.prompts_per_step=4", "rollout.group_size=6",
+          "algo.kl_coef=0.0", "train.lr=1.0e-4", "train.warmup_steps=0", "train.micro_batch_size=8"]  # fmt: skip
+
 SUITES: dict[str, dict] = {
     "math": {
         "steps": 12,
@@ -58,21 +62,17 @@ SUITES: dict[str, dict] = {
         "eval_every": 5,
         "arms": [
             # SFT only, on as many solver examples as the RL arm's warm-up plus its RL episodes
-            ("sft_only", "points24_sft", ["sft.steps=60", "sft.examples=480", "train.steps=0"]),
-            (
-                "sft_then_grpo",
-                "points24_grpo",
-                [
-                    "sft.steps=30",
-                    "sft.examples=240",
-                    "rollout.prompts_per_step=4",
-                    "rollout.group_size=6",
-                    "algo.kl_coef=0.0",
-                    "train.lr=1.0e-4",
-                    "train.warmup_steps=0",
-                    "train.micro_batch_size=8",
-                ],
-            ),
+            # (30 SFT steps x 8 + 10 RL steps x 24 episodes); the base model is measured by sft_then_grpo
+            ("sft_only", "points24_sft", ["sft.steps=60", "sft.examples=480", "train.steps=0",
+                                          "eval.before_sft=false"]),
+            ("sft_then_grpo", "points24_grpo", P24_RL),
+            # VIter: the verifier's feedback allows 1 or 5 attempts in training (3 above); evaluation
+            # of rule OOD stays at 3 attempts; the in-distribution split follows the training env
+            ("viter1", "points24_grpo", [*P24_RL, "env.kwargs.max_attempts=1", "rollout.max_turns=1",
+                                         "eval.before_sft=false", "eval.at_start=false", "eval.every=10"]),
+            ("viter5", "points24_grpo", [*P24_RL, "env.kwargs.max_attempts=5", "rollout.max_turns=5",
+                                         "rollout.max_context=1024", "eval.before_sft=false",
+                                         "eval.at_start=false", "eval.every=10"]),
         ],  # fmt: skip
         "common": [
             "policy.lora=true",
@@ -81,7 +81,7 @@ SUITES: dict[str, dict] = {
             "sft.lr=2.0e-4",
             "rollout.max_new_tokens=64",
             "rollout.max_context=768",
-            "eval.num_problems=32",
+            "eval.num_problems=24",
             "eval.n_samples=4",
             "eval.k_list=[1,4]",
             "eval.greedy=false",
@@ -97,11 +97,10 @@ def run_arm(suite: str, label: str, config: str, overrides: list[str], seed: int
     """``veriloop train`` one arm/seed (resuming if a previous attempt was cut) and return its run folder."""
     spec = SUITES[suite]
     name = f"{label}-s{seed}"
-    args = [sys.executable, "-m", "veriloop.cli", "train", config, *overrides, *spec.get("common", []),
-            f"train.steps={spec['steps']}" if not any(o.startswith("train.steps=") for o in overrides) else "",
-            f"eval.every={spec['eval_every']}", f"rollout.seed={1000 * seed}",
-            f"run.out_dir={out}", f"run.name={name}"]  # fmt: skip
-    args = [a for a in args if a]
+    # the arm's own overrides come last, so that they win over the suite's
+    args = [sys.executable, "-m", "veriloop.cli", "train", config, *spec.get("common", []),
+            f"train.steps={spec['steps']}", f"eval.every={spec['eval_every']}", *overrides,
+            f"rollout.seed={1000 * seed}", f"run.out_dir={out}", f"run.name={name}"]  # fmt: skip
     run_dir = out / name
     if (run_dir / "final").exists():
         print(f"[{name}] already finished: {run_dir}", flush=True)

@@ -237,6 +237,8 @@ class EvalConfig:
             disjoint from training seeds.
         before_sft: With an SFT warm-up, also evaluate the model before it (logged at step 0
             as ``eval_base/...``, report ``eval/base``), so RL and SFT gains can be told apart.
+        at_start: Evaluate the starting policy (after any SFT warm-up) at step 0; turn off when
+            another run already measured that same policy on the same problems.
     """
 
     every: int = 50
@@ -247,6 +249,7 @@ class EvalConfig:
     greedy: bool = True
     seed_offset: int = 1_000_000
     before_sft: bool = True
+    at_start: bool = True
 
     def validate(self) -> None:
         _positive("eval", self, "num_problems", "n_samples")

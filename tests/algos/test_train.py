@@ -114,6 +114,11 @@ def test_every_preset_trains_two_steps(tmp_path, preset, varied_rewards, no_eval
     assert (run_dir / "final").is_dir()
 
 
+def test_eval_at_start_can_be_skipped(tmp_path, varied_rewards, no_eval) -> None:
+    T.train(config(tmp_path, "grpo", "eval.at_start=false"), quiet=True)
+    assert no_eval == [2]  # only at the end: the starting policy was measured elsewhere
+
+
 def test_metrics_are_correct(tmp_path, varied_rewards) -> None:
     """Real evaluation, KL to the reference (GRPO with LoRA: adapter disabled), values in range."""
     cfg = config(tmp_path, "grpo", "train.steps=1")
