@@ -63,16 +63,39 @@ SUITES: dict[str, dict] = {
         "arms": [
             # SFT only, on as many solver examples as the RL arm's warm-up plus its RL episodes
             # (30 SFT steps x 8 + 10 RL steps x 24 episodes); the base model is measured by sft_then_grpo
-            ("sft_only", "points24_sft", ["sft.steps=60", "sft.examples=480", "train.steps=0",
-                                          "eval.before_sft=false"]),
+            (
+                "sft_only",
+                "points24_sft",
+                ["sft.steps=60", "sft.examples=480", "train.steps=0", "eval.before_sft=false"],
+            ),
             ("sft_then_grpo", "points24_grpo", P24_RL),
             # VIter: the verifier's feedback allows 1 or 5 attempts in training (3 above); evaluation
             # of rule OOD stays at 3 attempts; the in-distribution split follows the training env
-            ("viter1", "points24_grpo", [*P24_RL, "env.kwargs.max_attempts=1", "rollout.max_turns=1",
-                                         "eval.before_sft=false", "eval.at_start=false", "eval.every=10"]),
-            ("viter5", "points24_grpo", [*P24_RL, "env.kwargs.max_attempts=5", "rollout.max_turns=5",
-                                         "rollout.max_context=1024", "eval.before_sft=false",
-                                         "eval.at_start=false", "eval.every=10"]),
+            (
+                "viter1",
+                "points24_grpo",
+                [
+                    *P24_RL,
+                    "env.kwargs.max_attempts=1",
+                    "rollout.max_turns=1",
+                    "eval.before_sft=false",
+                    "eval.at_start=false",
+                    "eval.every=10",
+                ],
+            ),
+            (
+                "viter5",
+                "points24_grpo",
+                [
+                    *P24_RL,
+                    "env.kwargs.max_attempts=5",
+                    "rollout.max_turns=5",
+                    "rollout.max_context=1024",
+                    "eval.before_sft=false",
+                    "eval.at_start=false",
+                    "eval.every=10",
+                ],
+            ),
         ],  # fmt: skip
         "common": [
             "policy.lora=true",
