@@ -38,6 +38,11 @@ RESULTS = ROOT / "benchmarks" / "results"
 P24_RL = ["sft.steps=30", "sft.examples=240", "rollout.prompts_per_step=4", "rollout.group_size=6",
           "algo.kl_coef=0.0", "train.lr=1.0e-4", "train.warmup_steps=0", "train.micro_batch_size=8"]  # fmt: skip
 
+# DAPO ablation arms: evaluated at the end only (step 0 = the grpo arm's)
+ABL = ["eval.before_sft=false", "eval.at_start=false", "eval.every=0"]
+#: The ablation's rows, in order: each adds one of DAPO's parts to the row above.
+ABLATION = ["grpo", "clip_higher", "token_level", "overlong", "dapo"]
+
 SUITES: dict[str, dict] = {
     "math": {
         "steps": 12,
@@ -50,6 +55,23 @@ SUITES: dict[str, dict] = {
                 [
                     "algo.preset=dapo",
                     "algo.max_sampling_rounds=2",
+                    "algo.overlong_max_len=128",
+                    "algo.overlong_cache_len=32",
+                ],
+            ),
+            # DAPO's parts added one at a time to the GRPO arm (its Table 1, at toy scale); the last
+            # step, + dynamic sampling, is the dapo arm. Same SFT warm-up and seed as grpo, whose step-0
+            # evaluation they share, so they evaluate only at the end.
+            ("clip_higher", "quickstart", [*ABL, "algo.clip_high=0.28"]),
+            ("token_level", "quickstart", [*ABL, "algo.clip_high=0.28", "algo.loss_agg=token_mean"]),
+            (
+                "overlong",
+                "quickstart",
+                [
+                    *ABL,
+                    "algo.clip_high=0.28",
+                    "algo.loss_agg=token_mean",
+                    "algo.overlong_penalty=true",
                     "algo.overlong_max_len=128",
                     "algo.overlong_cache_len=32",
                 ],
@@ -112,6 +134,41 @@ SUITES: dict[str, dict] = {
             "run.checkpoint_every=5",
             "run.tensorboard=false",
         ],  # fmt: skip
+    },
+    "s2r": {
+        "steps": 10,
+        "eval_every": 5,
+        "arms": [
+            ("outcome_rloo", "solve_verify_outcome_rloo", []),
+            # same masked-SFT initialisation and problems as outcome_rloo, which measured the base model
+            ("process_grpo", "solve_verify_process_grpo", ["eval.before_sft=false"]),
+        ],
+        "common": [
+            "env.kwargs.level=1",
+            "env.kwargs.max_attempts=2",
+            "policy.lora=true",
+            "policy.lora_r=16",
+            "policy.lora_alpha=32",
+            "sft.steps=30",
+            "sft.examples=240",
+            "sft.lr=2.0e-4",
+            "rollout.prompts_per_step=4",
+            "rollout.group_size=6",
+            "rollout.max_new_tokens=128",
+            "rollout.max_turns=4",
+            "rollout.max_context=1024",
+            "algo.kl_coef=0.0",
+            "train.lr=1.0e-4",
+            "train.warmup_steps=0",
+            "train.micro_batch_size=8",
+            "eval.num_problems=24",
+            "eval.n_samples=4",
+            "eval.k_list=[1,4]",
+            "eval.greedy=false",
+            "eval.temperature=0.6",
+            "run.checkpoint_every=5",
+            "run.tensorboard=false",
+        ],
     },
 }
 
@@ -189,6 +246,63 @@ def summarize(runs: dict[str, dict[int, dict]], metric: str = "avg@n") -> dict:
     return out
 
 
+#: Besides avg@n, the evaluation metrics each suite's summary reports.
+EXTRA_METRICS = {"s2r": ["verify_acc", "wrong_to_right", "right_to_wrong", "attempts/mean"]}
+
+
+def summarize_all(suite: str, runs: dict[str, dict[int, dict]]) -> dict:
+    out = {"avg@n": summarize(runs)}
+    for metric in EXTRA_METRICS.get(suite, []):
+        out[metric] = summarize(runs, metric)
+    if suite == "math":
+        out["dapo_ablation"] = ablation(runs)
+    return out
+
+
+def ablation(runs: dict[str, dict[int, dict]], last: int = 4) -> list[dict]:
+    """DAPO's Table 1 in spirit: one row per added part; accuracy at the end, and the policy's
+    entropy and response length averaged over the last ``last`` training steps (seed 0 and others)."""
+    rows = []
+    for label in ABLATION:
+        by_seed = runs.get(label)
+        if not by_seed:
+            continue
+        ends, ents, lens = [], [], []
+        for r in by_seed.values():
+            ev = r["evals"].get("id", next(iter(r["evals"].values()), {}))
+            if ev:
+                ends.append(ev[max(ev, key=int)].get("avg@n"))
+            tail = [e for e in r["train"]["entropy"] if e is not None][-last:]
+            ents.append(statistics.fmean(tail) if tail else None)
+            ln = [x for x in r["train"]["response_length/mean"] if x is not None][-last:]
+            lens.append(statistics.fmean(ln) if ln else None)
+        rows.append({"arm": label, "seeds": sorted(by_seed), "avg@n end (per seed)": ends,
+                     f"entropy, last {last} steps (per seed)": ents,
+                     f"response length, last {last} steps (per seed)": lens})  # fmt: skip
+    return rows
+
+
+def plot_training(runs: dict[str, dict[int, dict]], labels: list[str], path: Path) -> None:
+    """Entropy and response length by RL step, one line per arm (seed 0)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+    for i, label in enumerate(lb for lb in labels if lb in runs):
+        r = runs[label][min(runs[label])]
+        for ax, key in zip(axes, ["reward/mean", "entropy", "response_length/mean"]):
+            ax.plot(r["train"]["step"], r["train"][key], marker=".", color=f"C{i}", label=label)
+            ax.set_title(key)
+            ax.set_xlabel("RL step")
+            ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot(suite: str, runs: dict[str, dict[int, dict]], path: Path, metric: str = "avg@n") -> None:
     import matplotlib
 
@@ -257,7 +371,7 @@ def main() -> None:
             },
         },  # fmt: skip
         "wall_s": time.time() - t0,
-        "summary": summarize(runs),
+        "summary": summarize_all(args.suite, runs),
         "runs": {label: {str(s): r for s, r in by_seed.items()} for label, by_seed in runs.items()},
     }
     path = RESULTS / f"learning_{args.suite}.json"
@@ -267,9 +381,11 @@ def main() -> None:
             if label not in result["runs"]:
                 result["runs"][label] = by_seed
                 runs[label] = {int(s): r for s, r in by_seed.items()}
-        result["summary"] = summarize(runs)
+        result["summary"] = summarize_all(args.suite, runs)
     path.write_text(json.dumps(result, indent=1))
     plot(args.suite, runs, RESULTS / f"learning_{args.suite}.png")
+    if args.suite == "math":
+        plot_training(runs, ABLATION, RESULTS / "learning_math_dapo_ablation.png")
     print(json.dumps(result["summary"], indent=1))
     print(f"wrote {path} and {path.with_suffix('.png')}")
 
