@@ -33,12 +33,74 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from veriloop.agents.backends import GenRequest, GenResult, eos_token_ids, hit_stop
 from veriloop.agents.policy import Policy
 from veriloop.agents.sampling_params import SamplingParams, sample_next
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [H, L, D]
+
+
+class SpareLayer(DynamicLayer):
+    """A cache layer whose keys/values [B, H, L, D] live in a buffer with spare columns, so that
+    each decode step writes its column in place.
+
+    transformers' ``DynamicLayer`` appends by concatenation: every decode step reallocates and
+    copies the whole cache of every layer (16% of a batch-32 decode step on the default model).
+    Here ``keys``/``values`` are views of the buffer's first ``L`` columns; running past
+    ``capacity`` doubles the buffer.
+
+    Args:
+        capacity: Columns to reserve when the first keys arrive (if no buffer is given).
+        buffers: Preallocated key and value buffers [B, H, C, D] whose first ``length`` columns
+            are already filled.
+    """
+
+    def __init__(
+        self, capacity: int, buffers: tuple[torch.Tensor, torch.Tensor] | None = None, length: int = 0
+    ) -> None:
+        super().__init__()
+        self.capacity = capacity
+        if buffers is not None:
+            self.buf_k, self.buf_v = buffers
+            self.keys, self.values = self.buf_k[:, :, :length], self.buf_v[:, :, :length]
+            self.dtype, self.device, self.is_initialized = self.buf_k.dtype, self.buf_k.device, True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, h, _, d = key_states.shape
+        self.buf_k = key_states.new_empty(b, h, self.capacity, d)
+        self.buf_v = value_states.new_empty(b, h, self.capacity, value_states.shape[-1])
+        self.keys, self.values = self.buf_k[:, :, :0], self.buf_v[:, :, :0]
+        self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
+
+    def update(  # type: ignore[override]
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = self.keys.shape[-2]
+        m = n + key_states.shape[-2]
+        if m > self.buf_k.shape[-2]:  # out of spare columns
+            self.buf_k, self.buf_v = (_grown(t, max(m, 2 * t.shape[-2])) for t in (self.buf_k, self.buf_v))
+        self.buf_k[:, :, n:m] = key_states
+        self.buf_v[:, :, n:m] = value_states
+        self.keys, self.values = self.buf_k[:, :, :m], self.buf_v[:, :, :m]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.keys.shape[-2] if self.is_initialized else 0
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        n = self.keys.shape[-2]
+        self.buf_k, self.buf_v = self.buf_k[indices], self.buf_v[indices]
+        self.keys, self.values = self.buf_k[:, :, :n], self.buf_v[:, :, :n]
+
+
+def _grown(buf: torch.Tensor, columns: int) -> torch.Tensor:
+    out = buf.new_empty(*buf.shape[:2], columns, buf.shape[3])
+    out[:, :, : buf.shape[2]] = buf
+    return out
 
 
 @dataclass
@@ -185,7 +247,7 @@ class HFBackend:
             mask[b, row.pad :] = 1
         cols = torch.arange(past, total)[None, :]  # [1, W]
         pos = (cols - torch.tensor([r.pad for r in rows])[:, None]).clamp(min=0)  # [B, W]
-        cache = self._batched_cache([r.key for r in reqs], rows, past)
+        cache = self._batched_cache([r.key for r in reqs], rows, past, width)
         extra = self._vision_inputs(reqs)
         self.stats["fed_tokens"] += int(mask[:, past:].sum())
         self.stats["reused_tokens"] += sum(max(0, t - width) for t in lengths)
@@ -255,27 +317,35 @@ class HFBackend:
 
     # ---- caches ------------------------------------------------------------------------------
 
-    def _batched_cache(self, keys: Sequence[Hashable], rows: Sequence[_Row], past: int) -> Any:
-        """A DynamicCache holding the first ``past`` columns of every row (zeros on left padding)."""
+    def _batched_cache(self, keys: Sequence[Hashable], rows: Sequence[_Row], past: int, width: int) -> Any:
+        """The turn's cache: the first ``past`` columns of every row (zeros on left padding), in
+        buffers with room for the ``width`` fed columns and every row's token budget."""
         from transformers import DynamicCache
 
+        capacity = past + width + max(r.budget for r in rows)
+        config = self.model.config.get_text_config()
+        cache = DynamicCache()
         if past == 0:
-            return DynamicCache(config=self.model.config)
+            cache.layers = [SpareLayer(capacity) for _ in range(config.num_hidden_layers)]
+            return cache
         # each slot leaves the store as it is copied into the batch (and is saved again at the end
         # of the turn): holding both would keep every episode's keys/values twice during a turn
         slots = [self._slots.pop(k, None) for k in keys]
         ref = next(s for s in slots if s is not None).kv
         layers = []
         for layer, (k0, v0) in enumerate(ref):
-            k = k0.new_zeros(len(rows), k0.shape[0], past, k0.shape[2])  # [B, H, P, D]
-            v = v0.new_zeros(len(rows), v0.shape[0], past, v0.shape[2])
+            k = k0.new_empty(len(rows), k0.shape[0], capacity, k0.shape[2])  # [B, H, C, D]
+            v = v0.new_empty(len(rows), v0.shape[0], capacity, v0.shape[2])
+            k[:, :, :past].zero_()
+            v[:, :, :past].zero_()
             for b, (row, slot) in enumerate(zip(rows, slots)):
                 n = past - row.pad  # cached columns used by this row
                 if n > 0 and slot is not None:
-                    k[b, :, row.pad :] = slot.kv[layer][0][:, :n]
-                    v[b, :, row.pad :] = slot.kv[layer][1][:, :n]
-            layers.append((k, v))
-        return DynamicCache(ddp_cache_data=layers)
+                    k[b, :, row.pad : past] = slot.kv[layer][0][:, :n]
+                    v[b, :, row.pad : past] = slot.kv[layer][1][:, :n]
+            layers.append(SpareLayer(capacity, (k, v), past))
+        cache.layers = layers
+        return cache
 
     def _save(
         self, cache: Any, rows: Sequence[_Row], keys: Sequence[Hashable], batch_rows: Sequence[int]
