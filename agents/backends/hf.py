@@ -62,6 +62,7 @@ class SpareLayer(DynamicLayer):
     ) -> None:
         super().__init__()
         self.capacity = capacity
+        self.length = length
         if buffers is not None:
             self.buf_k, self.buf_v = buffers
             self.keys, self.values = self.buf_k[:, :, :length], self.buf_v[:, :, :length]
@@ -79,8 +80,8 @@ class SpareLayer(DynamicLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        n = self.keys.shape[-2]
-        m = n + key_states.shape[-2]
+        n = self.length
+        m = self.length = n + key_states.shape[-2]
         if m > self.buf_k.shape[-2]:  # out of spare columns
             self.buf_k, self.buf_v = (_grown(t, max(m, 2 * t.shape[-2])) for t in (self.buf_k, self.buf_v))
         self.buf_k[:, :, n:m] = key_states
@@ -89,10 +90,10 @@ class SpareLayer(DynamicLayer):
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
-        return self.keys.shape[-2] if self.is_initialized else 0
+        return self.length
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        n = self.keys.shape[-2]
+        n = self.length
         self.buf_k, self.buf_v = self.buf_k[indices], self.buf_v[indices]
         self.keys, self.values = self.buf_k[:, :, :n], self.buf_v[:, :, :n]
 
@@ -326,13 +327,13 @@ class HFBackend:
         config = self.model.config.get_text_config()
         cache = DynamicCache()
         if past == 0:
-            cache.layers = [SpareLayer(capacity) for _ in range(config.num_hidden_layers)]
+            cache.layers = [SpareLayer(capacity) for _ in range(config.num_hidden_layers)]  # type: ignore[misc]
             return cache
         # each slot leaves the store as it is copied into the batch (and is saved again at the end
         # of the turn): holding both would keep every episode's keys/values twice during a turn
         slots = [self._slots.pop(k, None) for k in keys]
         ref = next(s for s in slots if s is not None).kv
-        layers = []
+        layers: list[Any] = []
         for layer, (k0, v0) in enumerate(ref):
             k = k0.new_empty(len(rows), k0.shape[0], capacity, k0.shape[2])  # [B, H, C, D]
             v = v0.new_empty(len(rows), v0.shape[0], capacity, v0.shape[2])
