@@ -118,13 +118,15 @@ def bench_naive(policy, n: int, new_tokens: int, attempts: int) -> dict:
 
 def bench_engine(policy, n: int, new_tokens: int, attempts: int, **backend_kwargs) -> dict:
     backend = HFBackend(policy, **backend_kwargs)
-    rss, sizes = [rss_mb()], []
+    rss, sizes, live = [rss_mb()], [], [0.0]
     inner = backend.generate
 
     def spy(reqs, *args):
         sizes.append(len(reqs))
         out = inner(reqs, *args)
         rss.append(rss_mb())
+        live.append(sum(t.numel() * t.element_size() for slot in backend._slots.values()
+                        for kv in slot.kv for t in kv) / 2**20)  # fmt: skip
         return out
 
     backend.generate = spy
@@ -139,7 +141,9 @@ def bench_engine(policy, n: int, new_tokens: int, attempts: int, **backend_kwarg
     drift = [drift_rate(policy.tokenizer, t) for t in trajs]
     return {
         "seconds": secs, "generated_tokens": generated, "tokens_per_s": generated / secs,
-        "batch_sizes_per_turn": sizes, "rss_mb_per_turn": rss, "backend_stats": dict(backend.stats),
+        "batch_sizes_per_turn": sizes, "rss_mb_per_turn": rss,
+        # the episodes' cached keys/values held between turns, and what the process holds beyond them
+        "live_kv_mb_per_turn": live, "rss_minus_live_kv_mb_per_turn": [r - k for r, k in zip(rss, live)], "backend_stats": dict(backend.stats),
         "mean_drift_rate_sampled_text": sum(drift) / len(drift),
         "episodes_with_drift": sum(d > 0 for d in drift),
         "hit_token_limit_turns": sum(t.hit_token_limit for tr in trajs for t in tr.turns),
@@ -188,7 +192,15 @@ def main() -> None:
     n, k, a = args.episodes, args.new_tokens, args.attempts
     if args.engine_memory_only:
         c = bench_engine(policy, n, k, a)
-        keep = ("rss_mb_per_turn", "batch_sizes_per_turn", "backend_stats", "generated_tokens", "turns")
+        keep = (
+            "rss_mb_per_turn",
+            "live_kv_mb_per_turn",
+            "rss_minus_live_kv_mb_per_turn",
+            "batch_sizes_per_turn",
+            "backend_stats",
+            "generated_tokens",
+            "turns",
+        )
         out = {"settings": {"episodes": n, "new_tokens_per_turn": k, "attempts": a}, "threads": args.threads,
                "load_avg": os.getloadavg(), **{key: c[key] for key in keep}}  # fmt: skip
         (OUT.parent / "rollout_memory.json").write_text(json.dumps(out, indent=1))
