@@ -171,6 +171,7 @@ class HFBackend:
         reuse_kv: Keep each episode's KV cache between turns (text models only).
         max_batch_size: Most requests per decode loop; requests are sorted by length and split.
         compact_fraction: Drop finished rows from the batch once this fraction has finished.
+        share_prefill: Prefill identical first-turn contexts (a group's prompt) once per batch.
     """
 
     def __init__(
@@ -180,6 +181,7 @@ class HFBackend:
         reuse_kv: bool = True,
         max_batch_size: int | None = None,
         compact_fraction: float = 0.25,
+        share_prefill: bool = True,
     ) -> None:
         self.policy = policy
         self.model = policy.model
@@ -191,8 +193,9 @@ class HFBackend:
         self.reuse_kv = reuse_kv and not policy.is_vision
         self.max_batch_size = max_batch_size
         self.compact_fraction = compact_fraction
+        self.share_prefill = share_prefill
         self._slots: dict[Hashable, _Slot] = {}
-        self.stats = {"forward_calls": 0, "fed_tokens": 0, "reused_tokens": 0}
+        self.stats = {"forward_calls": 0, "fed_tokens": 0, "reused_tokens": 0, "shared_prefill_rows": 0}
 
     def release(self, key: Hashable) -> None:
         self._slots.pop(key, None)
@@ -248,11 +251,22 @@ class HFBackend:
             mask[b, row.pad :] = 1
         cols = torch.arange(past, total)[None, :]  # [1, W]
         pos = (cols - torch.tensor([r.pad for r in rows])[:, None]).clamp(min=0)  # [B, W]
-        cache = self._batched_cache([r.key for r in reqs], rows, past, width)
         extra = self._vision_inputs(reqs)
-        self.stats["fed_tokens"] += int(mask[:, past:].sum())
+        # a group's samples start from the same prompt: prefill each distinct context once, then
+        # copy its keys/values and logits to the rows that share it (first turn, text only)
+        first: dict[tuple[int, ...], int] = {}
+        inverse = [first.setdefault(tuple(r.context_ids), b) for b, r in enumerate(reqs)]
+        share = self.share_prefill and past == 0 and not extra and len(first) < len(reqs)
+        fed = sorted(first.values()) if share else list(range(len(reqs)))
+        cache = self._batched_cache([r.key for r in reqs], [rows[b] for b in fed], past, width)
+        self.stats["fed_tokens"] += int(mask[fed, past:].sum())
         self.stats["reused_tokens"] += sum(max(0, t - width) for t in lengths)
-        logits = self._forward(ids, mask, pos, cache, device, **extra)
+        logits = self._forward(ids[fed], mask[fed], pos[fed], cache, device, **extra)
+        if share:
+            expand = torch.tensor([fed.index(inverse[b]) for b in range(len(reqs))])
+            logits = logits[expand.to(logits.device)]
+            cache.batch_select_indices(expand.to(device))
+            self.stats["shared_prefill_rows"] += len(reqs) - len(fed)
         active = list(range(len(rows)))  # batch row b -> rows[active[b]]
         done: list[int] = []
         next_pos = pos[:, -1] + 1  # [B]

@@ -354,3 +354,17 @@ def test_lora_rollouts_sample_merged_and_give_the_base_weights_back():
     for n, w in p.model.named_parameters():
         if n in base:
             torch.testing.assert_close(w.detach(), base[n], atol=1e-5, rtol=1e-5)
+
+
+def test_a_groups_shared_prompt_is_prefilled_once(policy):
+    """Episodes of one group start from the same context: one prefill row per distinct prompt, the
+    keys/values copied to the others; every recorded log-prob still equals a fresh forward pass."""
+    specs = grouped_specs("veriloop/Points24-text-v0", {"max_attempts": 2}, [3, 4], group_size=3)
+    backend = HFBackend(policy)
+    fed_rows: list[int] = []
+    inner = backend._forward
+    backend._forward = lambda ids, *a, **k: fed_rows.append(len(ids)) or inner(ids, *a, **k)
+    trajs = rollout(policy, specs, sampling=SamplingParams(max_new_tokens=6, seed=3), backend=backend)
+    assert fed_rows[0] == 2 and backend.stats["shared_prefill_rows"] == 4  # 6 episodes, 2 prompts
+    assert len({tuple(t.token_ids) for t in trajs}) > 2  # the copies sampled on their own
+    assert_recorded_logprobs_match(policy.model, trajs)
