@@ -43,6 +43,11 @@ ABL = ["eval.before_sft=false", "eval.at_start=false", "eval.every=0"]
 #: The ablation's rows, in order: each adds one of DAPO's parts to the row above.
 ABLATION = ["grpo", "clip_higher", "token_level", "overlong", "dapo"]
 
+# LoRA and a small evaluation (24 held-out problems x 4 samples, both splits) for the multi-turn suites
+LORA = ["policy.lora=true", "policy.lora_r=16", "policy.lora_alpha=32"]
+SMALL_EVAL = ["eval.num_problems=24", "eval.n_samples=4", "eval.k_list=[1,4]", "eval.greedy=false",
+              "eval.temperature=0.6", "run.checkpoint_every=5", "run.tensorboard=false"]  # fmt: skip
+
 SUITES: dict[str, dict] = {
     "math": {
         "steps": 12,
@@ -120,19 +125,11 @@ SUITES: dict[str, dict] = {
             ),
         ],  # fmt: skip
         "common": [
-            "policy.lora=true",
-            "policy.lora_r=16",
-            "policy.lora_alpha=32",
+            *LORA,
             "sft.lr=2.0e-4",
             "rollout.max_new_tokens=64",
             "rollout.max_context=768",
-            "eval.num_problems=24",
-            "eval.n_samples=4",
-            "eval.k_list=[1,4]",
-            "eval.greedy=false",
-            "eval.temperature=0.6",
-            "run.checkpoint_every=5",
-            "run.tensorboard=false",
+            *SMALL_EVAL,
         ],  # fmt: skip
     },
     "s2r": {
@@ -146,9 +143,7 @@ SUITES: dict[str, dict] = {
         "common": [
             "env.kwargs.level=1",
             "env.kwargs.max_attempts=2",
-            "policy.lora=true",
-            "policy.lora_r=16",
-            "policy.lora_alpha=32",
+            *LORA,
             "sft.steps=30",
             "sft.examples=240",
             "sft.lr=2.0e-4",
@@ -161,13 +156,7 @@ SUITES: dict[str, dict] = {
             "train.lr=1.0e-4",
             "train.warmup_steps=0",
             "train.micro_batch_size=8",
-            "eval.num_problems=24",
-            "eval.n_samples=4",
-            "eval.k_list=[1,4]",
-            "eval.greedy=false",
-            "eval.temperature=0.6",
-            "run.checkpoint_every=5",
-            "run.tensorboard=false",
+            *SMALL_EVAL,
         ],
     },
 }
