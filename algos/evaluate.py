@@ -16,6 +16,9 @@ Per split, next to :func:`summarize_split`'s ``pass@k``, ``avg@n``, ``maj@k``:
   ``max_context``), ``turns/mean``;
 * ``attempts/mean`` and ``attempts/level_<L>`` (by the task's difficulty ``level`` when it has one):
   solve actions for SolveVerify, model turns otherwise;
+* ``reason/<reason>``: the share of judged responses (every turn, not only the last) with each
+  verdict reason, e.g. Points24's ``reason/illegal_numbers`` (numbers that break the split's rule
+  for J/Q/K: what a policy that memorised J = 10 shows on the rule-OOD split);
 * Points24: ``recognition_acc``, the mean of ``info["recognition"]`` over every response that listed
   its cards (Chu et al. 2025);
 * SolveVerify (Ma et al. 2025): ``verify_acc`` (verify actions whose verdict matched the truth, pooled
@@ -103,6 +106,11 @@ def task_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     ]
     if any("recognition" in tr.info for t in trajs for tr in t.turns):
         out["recognition_acc"] = _nanmean(recog)
+    reasons = [
+        str(tr.verdict["reason"]) for t in trajs for tr in t.turns if tr.verdict and tr.verdict.get("reason")
+    ]
+    for reason in sorted(set(reasons)):
+        out[f"reason/{reason}"] = reasons.count(reason) / len(reasons)
     stats = [_solve_verify_stats(t) for t in trajs]
     solve_verify = any(s is not None for s in stats)
     attempts = [float(s["solves"]) if s is not None else float(t.num_turns) for s, t in zip(stats, trajs)]

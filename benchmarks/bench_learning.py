@@ -292,6 +292,55 @@ def plot_training(runs: dict[str, dict[int, dict]], labels: list[str], path: Pat
     plt.close(fig)
 
 
+def _setting(overrides: list[str], key: str, default: int) -> int:
+    """The last ``key=value`` among an arm's overrides, as an int."""
+    values = [o.split("=", 1)[1] for o in overrides if o.startswith(key + "=")]
+    return int(values[-1]) if values else default
+
+
+def plot_by_examples(suite: str, runs: dict[str, dict[int, dict]], path: Path, metric: str = "avg@n") -> None:
+    """Held-out success against training examples seen (SFT demonstrations + RL episodes), one panel
+    per split: SFT-only and SFT-then-RL arms on one axis, at matched data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spec = SUITES[suite]
+    arms = {label: [*spec.get("common", []), *o] for label, _, o in spec["arms"]}
+    splits = sorted({s for by_seed in runs.values() for r in by_seed.values() for s in r["evals"]})
+    fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 3.8), squeeze=False)
+    for ax, split in zip(axes[0], splits):
+        bases = [
+            r["base"][split].get(metric) for bs in runs.values() for r in bs.values() if split in r["base"]
+        ]
+        if bases:
+            ax.plot([0], [statistics.fmean(bases)], "ks", label="base model")
+        for i, (label, by_seed) in enumerate(runs.items()):
+            ov = arms.get(label, [])
+            sft = _setting(ov, "sft.examples", 0) if _setting(ov, "sft.steps", 0) else 0
+            per_step = _setting(ov, "rollout.prompts_per_step", 8) * _setting(ov, "rollout.group_size", 8)
+            for j, (_seed, r) in enumerate(sorted(by_seed.items())):
+                ev = r["evals"].get(split, {})
+                steps = sorted(ev, key=int)
+                xs = (
+                    [0] + [sft + per_step * int(s) for s in steps]
+                    if bases
+                    else [sft + per_step * int(s) for s in steps]
+                )
+                ys = ([statistics.fmean(bases)] if bases else []) + [ev[s].get(metric) for s in steps]
+                ax.plot(xs, ys, marker="o", color=f"C{i}", ls="--" if "sft_only" in label else "-",
+                        alpha=0.9 if j == 0 else 0.5, label=label if j == 0 else None)  # fmt: skip
+        ax.set_title(f"{suite}: {split} ({metric}, held-out)")
+        ax.set_xlabel("training examples (SFT demonstrations + RL episodes)")
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot(suite: str, runs: dict[str, dict[int, dict]], path: Path, metric: str = "avg@n") -> None:
     import matplotlib
 
@@ -373,6 +422,8 @@ def main() -> None:
         result["summary"] = summarize_all(args.suite, runs)
     path.write_text(json.dumps(result, indent=1))
     plot(args.suite, runs, RESULTS / f"learning_{args.suite}.png")
+    if args.suite == "points24":
+        plot_by_examples(args.suite, runs, RESULTS / "learning_points24_by_examples.png")
     if args.suite == "math":
         plot_training(runs, ABLATION, RESULTS / "learning_math_dapo_ablation.png")
     print(json.dumps(result["summary"], indent=1))

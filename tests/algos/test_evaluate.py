@@ -171,6 +171,12 @@ def test_points24_success_recognition_and_rule_ood(tokenizer):
         # 4 one-turn episodes read 4/4 cards; 4 failing episodes read 4/4 then 2/4
         assert m["recognition_acc"] == pytest.approx((4 * 1.0 + 4 * 1.0 + 4 * 0.5) / 12)
         assert m["turns/mean"] == m["attempts/mean"] == pytest.approx(1.5)
+        # 12 judged responses (every turn counts): 4 solutions; the 4 failing episodes' first turns
+        # are legal formulas of the wrong value, their second turns list 2 of the 4 cards
+        reasons = {k: v for k, v in m.items() if k.startswith("reason/")}
+        assert reasons == pytest.approx(
+            {"reason/correct": 1 / 3, "reason/wrong_value": 1 / 3, "reason/wrong_cards": 1 / 3}
+        )
         assert m["limit_stop_rate"] == pytest.approx(0.5)
         assert "greedy_acc" not in m and "verify_acc" not in m
     assert report["gap"]["rule_ood"]["pass@1"] == pytest.approx(0.0)
