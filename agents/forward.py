@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 
 
 def token_logprobs(
@@ -55,16 +56,53 @@ def token_logprobs(
         logits = _shared_prefix_logits(model, input_ids, attention_mask, shared_prefix, keep)
     else:
         logits = _logits(model, input_ids, attention_mask, keep if first > 1 else 0, model_inputs)
-    logits = logits[:, -keep:-1].float() / temperature  # [B, T-first, V]: predicts tokens first..T-1
-    logp_all = torch.log_softmax(logits, dim=-1)
-    picked = torch.gather(logp_all, -1, input_ids[:, first:].unsqueeze(-1)).squeeze(-1)  # [B, T-first]
+    logits = logits[:, -keep:-1]  # [B, T-first, V]: predicts tokens first..T-1
+    picked, ent = _picked_logprobs(logits, input_ids[:, first:], temperature, with_entropy)
     zeros = picked.new_zeros(input_ids.shape[0], first)
     logprobs = torch.cat([zeros, picked], dim=1)  # [B, T]
-    entropy = None
-    if with_entropy:
-        ent = -(logp_all.exp() * logp_all).sum(-1)
-        entropy = torch.cat([zeros, ent], dim=1)
+    entropy = torch.cat([zeros, ent], dim=1) if ent is not None else None
     return logprobs, entropy
+
+
+#: Rows of [rows, V] logits turned into log-probs at once (~200 MB of fp32 for a 49k vocabulary).
+CHUNK_ROWS = 1024
+
+
+def _picked_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log_softmax(logits / T)`` at ``targets`` (and the entropy), a chunk of rows at a time.
+
+    Done at once, the log-softmax, its exponent and their product each hold a [B, L, V] tensor
+    that autograd keeps for the backward pass: with a 49k vocabulary, 8 rows of 600 tokens are
+    ~1 GB per tensor, and long multi-turn batches ran out of memory. Each chunk is computed under
+    activation checkpointing instead (recomputed in the backward pass), so only the model's own
+    logits and their gradient stay [B, L, V].
+    """
+    b, n, v = logits.shape
+    flat, tgt = logits.reshape(b * n, v), targets.reshape(b * n)
+    picks, ents = [], []
+    for start in range(0, b * n, CHUNK_ROWS):
+        chunk, t = flat[start : start + CHUNK_ROWS], tgt[start : start + CHUNK_ROWS]
+        if torch.is_grad_enabled() and chunk.requires_grad:
+            out = torch.utils.checkpoint.checkpoint(_chunk_logprobs, chunk, t, temperature, with_entropy,
+                                                    use_reentrant=False)  # fmt: skip
+        else:
+            out = _chunk_logprobs(chunk, t, temperature, with_entropy)
+        picks.append(out[0])
+        ents.append(out[1])
+    picked = torch.cat(picks).reshape(b, n) if picks else flat.new_zeros(b, n)
+    entropy = (torch.cat(ents).reshape(b, n) if ents else flat.new_zeros(b, n)) if with_entropy else None
+    return picked, entropy
+
+
+def _chunk_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [R, V]
+    picked = torch.gather(logp_all, -1, targets.unsqueeze(-1)).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else picked.new_zeros(0)
+    return picked, ent
 
 
 def first_loss_position(loss_mask: torch.Tensor) -> int:

@@ -87,3 +87,22 @@ def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora):
     different = ids.clone()
     different[2, 0] = 1
     assert shared_prefix_length(different, mask, limit=10) == 0
+
+
+def test_log_probs_in_chunks_equal_the_whole_and_so_do_gradients(monkeypatch):
+    """The vocabulary head runs a chunk of rows at a time under checkpointing (memory): same values
+    and the same gradients as one log-softmax over everything."""
+    import veriloop.agents.forward as F
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11, requires_grad=True)
+    targets = torch.randint(0, 11, (3, 5))
+    lp = torch.log_softmax(logits / 0.7, -1)
+    want_p, want_e = lp.gather(-1, targets[..., None])[..., 0], -(lp.exp() * lp).sum(-1)
+    (g_want,) = torch.autograd.grad(want_p.sum() + 0.3 * want_e.sum(), logits)
+    monkeypatch.setattr(F, "CHUNK_ROWS", 4)  # 15 rows -> 4 chunks, the last one short
+    got_p, got_e = F._picked_logprobs(logits, targets, 0.7, True)
+    (g_got,) = torch.autograd.grad(got_p.sum() + 0.3 * got_e.sum(), logits)
+    torch.testing.assert_close(got_p, want_p)
+    torch.testing.assert_close(got_e, want_e)
+    torch.testing.assert_close(g_got, g_want)
