@@ -208,6 +208,12 @@ def collect(run_dir: Path) -> dict:
             "train": train_curves}  # fmt: skip
 
 
+def _mean(values: list) -> float | None:
+    """Mean of the measured values (older runs lack newer metrics: None)."""
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
+
+
 def summarize(runs: dict[str, dict[int, dict]], metric: str = "avg@n") -> dict:
     """Per arm and split: metric at the first and last evaluation, mean and spread over seeds."""
     out: dict[str, dict] = {}
@@ -228,15 +234,21 @@ def summarize(runs: dict[str, dict[int, dict]], metric: str = "avg@n") -> dict:
                 f"{metric} base model, before SFT (per seed)": bases,
                 f"{metric} start (per seed)": firsts,
                 f"{metric} end (per seed)": lasts,
-                "start mean": statistics.fmean(firsts) if firsts else None,
-                "end mean": statistics.fmean(lasts) if lasts else None,
-                "end stdev": statistics.stdev(lasts) if len(lasts) > 1 else None,
+                "start mean": _mean(firsts),
+                "end mean": _mean(lasts),
+                "end stdev": statistics.stdev(v for v in lasts if v is not None)
+                if sum(v is not None for v in lasts) > 1
+                else None,
             }
     return out
 
 
 #: Besides avg@n, the evaluation metrics each suite's summary reports.
-EXTRA_METRICS = {"s2r": ["verify_acc", "wrong_to_right", "right_to_wrong", "attempts/mean"]}
+EXTRA_METRICS = {
+    "s2r": ["verify_acc", "wrong_to_right", "right_to_wrong", "attempts/mean"],
+    # answers that break the split's rule for J/Q/K vs legal answers of the wrong value (see evaluate.py)
+    "points24": ["reason/illegal_numbers", "reason/wrong_value", "reason/unparseable", "truncation_rate"],
+}
 
 
 def summarize_all(suite: str, runs: dict[str, dict[int, dict]]) -> dict:
@@ -323,12 +335,9 @@ def plot_by_examples(suite: str, runs: dict[str, dict[int, dict]], path: Path, m
             for j, (_seed, r) in enumerate(sorted(by_seed.items())):
                 ev = r["evals"].get(split, {})
                 steps = sorted(ev, key=int)
-                xs = (
-                    [0] + [sft + per_step * int(s) for s in steps]
-                    if bases
-                    else [sft + per_step * int(s) for s in steps]
-                )
-                ys = ([statistics.fmean(bases)] if bases else []) + [ev[s].get(metric) for s in steps]
+                from_base = bool(bases) and "eval.at_start=false" not in ov  # else: markers only
+                xs = [0] * from_base + [sft + per_step * int(s) for s in steps]
+                ys = [statistics.fmean(bases)] * from_base + [ev[s].get(metric) for s in steps]
                 ax.plot(xs, ys, marker="o", color=f"C{i}", ls="--" if "sft_only" in label else "-",
                         alpha=0.9 if j == 0 else 0.5, label=label if j == 0 else None)  # fmt: skip
         ax.set_title(f"{suite}: {split} ({metric}, held-out)")
