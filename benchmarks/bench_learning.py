@@ -118,6 +118,7 @@ SUITES: dict[str, dict] = {
                     "env.kwargs.max_attempts=5",
                     "rollout.max_turns=5",
                     "rollout.max_context=1024",
+                    "train.micro_batch_size=4",  # 5-turn episodes: 8 x 1024 tokens of activations > 12 GB
                     "eval.before_sft=false",
                     "eval.at_start=false",
                     "eval.every=10",
