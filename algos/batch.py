@@ -183,7 +183,12 @@ def collate(
 
 
 def minibatches(
-    batch: TokenBatch, size: int, *, shuffle: torch.Generator | None = None, by_length: bool = False
+    batch: TokenBatch,
+    size: int,
+    *,
+    shuffle: torch.Generator | None = None,
+    by_length: bool = False,
+    max_tokens: int = 0,
 ) -> Iterator[TokenBatch]:
     """Consecutive row chunks of at most ``size`` rows (a random order if a generator is given).
 
@@ -191,7 +196,8 @@ def minibatches(
     gradient but whose make-up costs compute. Rows are ordered by prompt (the tokens before the
     first sampled one), then by length: a group's rows land in the same chunk, where they share
     the prompt's forward pass (``token_logprobs(shared_prefix=...)``), and each chunk is trimmed
-    to its own longest row (see :meth:`TokenBatch.trimmed`).
+    to its own longest row (see :meth:`TokenBatch.trimmed`). ``max_tokens`` (with ``by_length``)
+    also ends a chunk before its rows x longest row would pass it (0 = no cap).
     """
     if size < 1:
         raise ValueError(f"mini-batch size must be >= 1, got {size}")
@@ -206,6 +212,18 @@ def minibatches(
         order = torch.randperm(batch.size, generator=shuffle)
     else:
         order = torch.arange(batch.size)
-    for start in range(0, batch.size, size):
-        chunk = batch.select(order[start : start + size])
-        yield chunk.trimmed() if by_length else chunk
+    if not (by_length and max_tokens > 0):
+        for start in range(0, batch.size, size):
+            chunk = batch.select(order[start : start + size])
+            yield chunk.trimmed() if by_length else chunk
+        return
+    ends = batch.attention_mask.shape[1] - batch.attention_mask.flip(1).int().argmax(1)  # [B] trimmed width
+    rows: list[int] = []
+    for i in order.tolist():
+        widest = max([int(ends[j]) for j in rows] + [int(ends[i])])
+        if rows and (len(rows) == size or (len(rows) + 1) * widest > max_tokens):
+            yield batch.select(torch.tensor(rows)).trimmed()
+            rows = []
+        rows.append(i)
+    if rows:
+        yield batch.select(torch.tensor(rows)).trimmed()

@@ -280,7 +280,7 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
             part = mb.select(torch.arange(dist.rank, mb.size, dist.world_size)) if dist.enabled else mb
             sync = {"on_before_step": dist.grad_sync(_share(cfg, mb, part))} if dist.enabled else {}
             m = update_step(policy.model, optimizer, part, cfg.algo, micro_batch_size=cfg.train.micro_batch_size,
-                            max_grad_norm=cfg.train.max_grad_norm or float("inf"),
+                            micro_batch_tokens=cfg.train.micro_batch_tokens, max_grad_norm=cfg.train.max_grad_norm or float("inf"),
                             ref_model_ctx=ref.get("ref_model_ctx"), critic=critic,
                             max_new_tokens=r.max_new_tokens, temperature=r.temperature, **sync)  # fmt: skip
             for k, v in m.items():

@@ -395,6 +395,7 @@ def update_step(
     *,
     micro_batch_size: int,
     max_grad_norm: float,
+    micro_batch_tokens: int = 0,
     ref_model_ctx: Callable[[], Any] | None = None,
     critic: ValueModel | None = None,
     max_new_tokens: int | None = None,
@@ -420,7 +421,8 @@ def update_step(
     total_seqs = float((lengths > 0).sum())
     sums = dict.fromkeys(METRIC_NAMES, 0.0)
     finite = True
-    for mb in minibatches(batch, micro_batch_size, by_length=True):  # similar lengths, little padding
+    # similar lengths, little padding; at most micro_batch_tokens padded tokens each when set
+    for mb in minibatches(batch, micro_batch_size, by_length=True, max_tokens=micro_batch_tokens):
         n_tok = float(mb.loss_mask.sum())
         if n_tok == 0:
             continue  # nothing to train on in these rows

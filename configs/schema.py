@@ -188,6 +188,9 @@ class TrainConfig:
         max_grad_norm: Gradient clipping norm; 0 = no clipping.
         mini_batch_size: Episodes per optimizer step; None = the whole batch (one step per epoch).
         micro_batch_size: Episodes per forward/backward pass (gradient accumulation unit).
+        micro_batch_tokens: Also cap a micro-batch at this many padded tokens (rows x longest
+            row), which bounds activation memory (~1.5 MB per token for the default model with
+            LoRA); 0 = no cap. A single longer episode still forms its own micro-batch.
         max_consecutive_nonfinite: Stop after this many consecutive steps with a NaN/inf loss or
             gradient (each such step is skipped, not applied).
         log_every: Write metrics every this many steps.
@@ -201,11 +204,16 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     mini_batch_size: int | None = None
     micro_batch_size: int = 4
+    micro_batch_tokens: int = 0
     max_consecutive_nonfinite: int = 3
     log_every: int = 1
 
     def validate(self) -> None:
         _positive("train", self, "micro_batch_size", "max_consecutive_nonfinite", "log_every")
+        if self.micro_batch_tokens < 0:
+            raise ConfigError(
+                f"train.micro_batch_tokens must be >= 0 (0 = no cap), got {self.micro_batch_tokens}"
+            )
         if self.steps < 0:
             raise ConfigError(f"train.steps must be >= 0 (0 = no RL, e.g. SFT only), got {self.steps}")
         if self.lr <= 0:

@@ -80,3 +80,17 @@ def test_micro_batches_keep_a_group_together(make_traj):
     for c in chunks:
         assert len({tuple(r[:4]) for r in c.input_ids.tolist()}) == 1  # one prompt per chunk
     assert sorted(int(c.attention_mask.sum()) for c in chunks) == [12, 13]  # (4+3, 4+1), (4+1, 4+4)
+
+
+def test_micro_batches_capped_by_padded_tokens(make_traj):
+    """``max_tokens`` bounds rows x longest row (activation memory); a longer single row still
+    goes alone; every row is trained exactly once."""
+    a, b = _two(make_traj)  # 7 and 4 tokens
+    batch = collate([a, b, a, b, b], [[0.0] * 7, [0.0] * 4, [0.0] * 7, [0.0] * 4, [0.0] * 4])
+    parts = list(minibatches(batch, 4, by_length=True, max_tokens=8))
+    assert [tuple(p.input_ids.shape) for p in parts] == [(2, 4), (1, 4), (1, 7), (1, 7)]
+    assert all(p.size * p.input_ids.shape[1] <= 8 or p.size == 1 for p in parts)
+    assert sum(float(p.loss_mask.sum()) for p in parts) == float(batch.loss_mask.sum())
+    uncapped = list(minibatches(batch, 4, by_length=True))
+    assert [p.size for p in uncapped] == [4, 1]  # without the cap: by rows only
+    assert [p.size for p in minibatches(batch, 4, by_length=True, max_tokens=100)] == [4, 1]

@@ -358,3 +358,20 @@ def test_recompute_old_logprobs_replaces_filtered_sampling_logprobs(tiny_llama, 
     assert torch.all(fresh.old_logprobs[~m] == kept.old_logprobs[~m])  # off the mask: untouched
     with pytest.raises(ValueError, match="needs the policy model"):
         prepare_batch([a, b], cfg, recompute_old_logprobs=True)
+
+
+def test_token_capped_micro_batches_give_the_same_update(tiny_llama, make_traj, with_logprobs):
+    """Micro-batches cut by ``micro_batch_tokens`` accumulate the same gradient as whole ones."""
+    batch, _ = prepare_batch(_episodes(tiny_llama, make_traj, with_logprobs), AlgoConfig(advantage="rloo"))
+    cfg = AlgoConfig(advantage="rloo", loss_agg="token_mean")
+    models = [copy.deepcopy(tiny_llama) for _ in range(2)]
+    for model, cap in zip(models, (0, 1)):  # cap 1: every row alone
+        update_step(model, torch.optim.SGD(model.parameters(), lr=0.5), batch, cfg, micro_batch_size=4,
+                    micro_batch_tokens=cap, max_grad_norm=1e9)  # fmt: skip
+    moved = False
+    for (name, p0), p1, p in zip(
+        models[0].named_parameters(), models[1].parameters(), tiny_llama.parameters()
+    ):
+        torch.testing.assert_close(p0, p1, atol=1e-6, rtol=1e-5, msg=name)
+        moved |= not torch.equal(p0, p)
+    assert moved
