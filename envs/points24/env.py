@@ -44,6 +44,9 @@ from veriloop.envs.verifiers import Verdict, check_points24
 #: Our choices: a JSON ``cards`` list that does not match the deal counts as illegal numbers (-5);
 #: division by zero is a wrong calculation (-1); any other malformed output (unparseable,
 #: no answer, hedged, too long) and giving up -1.
+#: Measured caveat (benchmarks/bench_learning.py points24, README "Results"): with malformed output
+#: cheaper than illegal numbers, GRPO on a weak policy learned to answer unparseably rather than
+#: legally; pass ``rewards={"unparseable": -5.0, ...}`` to close that loophole.
 DEFAULT_REWARDS: dict[str, float] = {
     "correct": 10.0,
     "wrong_value": -1.0,
