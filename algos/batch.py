@@ -212,18 +212,22 @@ def minibatches(
         order = torch.randperm(batch.size, generator=shuffle)
     else:
         order = torch.arange(batch.size)
-    if not (by_length and max_tokens > 0):
-        for start in range(0, batch.size, size):
-            chunk = batch.select(order[start : start + size])
-            yield chunk.trimmed() if by_length else chunk
-        return
-    ends = batch.attention_mask.shape[1] - batch.attention_mask.flip(1).int().argmax(1)  # [B] trimmed width
-    rows: list[int] = []
+    cap = by_length and max_tokens > 0
+    # each row's width once trimmed (right padding: one past its last real token)
+    ends = (batch.attention_mask.shape[1] - batch.attention_mask.flip(1).int().argmax(1)).tolist()
+    chunk: list[int] = []
+    widest = 0  # the chunk's widest row
     for i in order.tolist():
-        widest = max([int(ends[j]) for j in rows] + [int(ends[i])])
-        if rows and (len(rows) == size or (len(rows) + 1) * widest > max_tokens):
-            yield batch.select(torch.tensor(rows)).trimmed()
-            rows = []
-        rows.append(i)
-    if rows:
-        yield batch.select(torch.tensor(rows)).trimmed()
+        width = max(widest, ends[i])
+        if chunk and (len(chunk) == size or (cap and (len(chunk) + 1) * width > max_tokens)):
+            yield _rows(batch, chunk, by_length)
+            chunk, width = [], ends[i]
+        chunk.append(i)
+        widest = width
+    if chunk:
+        yield _rows(batch, chunk, by_length)
+
+
+def _rows(batch: TokenBatch, rows: list[int], trim: bool) -> TokenBatch:
+    part = batch.select(torch.tensor(rows, dtype=torch.long))
+    return part.trimmed() if trim else part

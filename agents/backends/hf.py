@@ -258,12 +258,13 @@ class HFBackend:
         inverse = [first.setdefault(tuple(r.context_ids), b) for b, r in enumerate(reqs)]
         share = self.share_prefill and past == 0 and not extra and len(first) < len(reqs)
         fed = sorted(first.values()) if share else list(range(len(reqs)))
-        cache = self._batched_cache([r.key for r in reqs], [rows[b] for b in fed], past, width)
+        cache = self._batched_cache([reqs[b].key for b in fed], [rows[b] for b in fed], past, width)
         self.stats["fed_tokens"] += int(mask[fed, past:].sum())
         self.stats["reused_tokens"] += sum(max(0, t - width) for t in lengths)
         logits = self._forward(ids[fed], mask[fed], pos[fed], cache, device, **extra)
         if share:
-            expand = torch.tensor([fed.index(inverse[b]) for b in range(len(reqs))])
+            slot_of = {b: j for j, b in enumerate(fed)}  # request -> its row in the prefill batch
+            expand = torch.tensor([slot_of[b] for b in inverse])
             logits = logits[expand.to(logits.device)]
             cache.batch_select_indices(expand.to(device))
             self.stats["shared_prefill_rows"] += len(reqs) - len(fed)
