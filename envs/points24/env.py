@@ -42,22 +42,22 @@ from veriloop.envs.verifiers import Verdict, check_points24
 
 #: Reward per verdict reason. GeneralPoints: correct +10, wrong value -1, illegal numbers -5.
 #: Our choices: a JSON ``cards`` list that does not match the deal counts as illegal numbers (-5);
-#: division by zero is a wrong calculation (-1); any other malformed output (unparseable,
-#: no answer, hedged, too long) and giving up -1.
-#: Measured caveat (benchmarks/bench_learning.py points24, README "Results"): with malformed output
-#: cheaper than illegal numbers, GRPO on a weak policy learned to answer unparseably rather than
-#: legally; pass ``rewards={"unparseable": -5.0, ...}`` to close that loophole.
+#: division by zero is a wrong calculation (-1); any other malformed output (unparseable, no
+#: answer, hedged, too long) and giving up cost as much as illegal numbers (-5), so that the only
+#: way to lose less than -5 is a legal formula. Measured reason (benchmarks/bench_learning.py
+#: points24, README "Results"): with malformed output at -1, GRPO on a weak policy learned to
+#: answer unparseably instead of legally -- a cheaper failure than an illegal formula.
 DEFAULT_REWARDS: dict[str, float] = {
     "correct": 10.0,
     "wrong_value": -1.0,
     "division_by_zero": -1.0,
     "illegal_numbers": -5.0,
     "wrong_cards": -5.0,
-    "unparseable": -1.0,
-    "no_answer": -1.0,
-    "hedged": -1.0,
-    "too_long": -1.0,
-    "gave_up": -1.0,
+    "unparseable": -5.0,
+    "no_answer": -5.0,
+    "hedged": -5.0,
+    "too_long": -5.0,
+    "gave_up": -5.0,
 }
 MAX_DEALS = 1000
 

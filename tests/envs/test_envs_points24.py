@@ -117,7 +117,7 @@ def test_attempt_three_correct_rewards(script):
 def test_max_attempts_exhausted_truncates(script):
     env = gymnasium.make("veriloop/Points24-vision-v0")
     out = script(env, 2, ["no json at all"] * 5)
-    assert out["rewards"] == [-1.0] * 5
+    assert out["rewards"] == [-5.0] * 5
     assert out["truncated"] == [False] * 4 + [True] and not any(out["terminated"])
     assert all(i["recognition"] is None for i in out["infos"])
     first = out["obs"][0]["image"]
@@ -173,22 +173,31 @@ def test_unsolvable_target_fails_loudly(monkeypatch):
         (_answer(["3", "3", "8", "8"], "3+3+8+8"), "wrong_value", -1.0),
         (_answer(["3", "3", "8", "8"], "3*8"), "illegal_numbers", -5.0),
         (_answer(["3", "3", "8", "9"], "8/(3-8/3)"), "wrong_cards", -5.0),
-        (_answer(["3", "3", "8", "8"], "3**2+8+8-3"), "unparseable", -1.0),
+        (_answer(["3", "3", "8", "8"], "3**2+8+8-3"), "unparseable", -5.0),
         (_answer(["3", "3", "8", "8"], "8/(3-3)*8"), "division_by_zero", -1.0),
-        (_answer(["3", "3", "8", "8"], "3*8*8/8 or 8*3*(8-8+1)"), "hedged", -1.0),
-        ("I would need more time.", "no_answer", -1.0),
-        ("x" * 20_001, "too_long", -1.0),
-        ("I give up.", "gave_up", -1.0),
+        (_answer(["3", "3", "8", "8"], "3*8*8/8 or 8*3*(8-8+1)"), "hedged", -5.0),
+        ("I would need more time.", "no_answer", -5.0),
+        ("x" * 20_001, "too_long", -5.0),
+        ("I give up.", "gave_up", -5.0),
     ],
 )
 def test_reward_per_verdict(response, reason, reward):
-    """GeneralPoints' rewards: +10 correct, -1 wrong value, -5 numbers not the cards, -1 unparseable."""
+    """GeneralPoints' rewards: +10 correct, -1 wrong value, -5 numbers not the cards or malformed."""
     env = gymnasium.make("veriloop/Points24-text-v0")
     env.reset(options={"task": ["3S", "3C", "8S", "8C"]})
     _, got, terminated, truncated, info = env.step(response)
     assert (info["verdict"].reason, got) == (reason, reward)
     assert info["reward_components"] == {"verdict": reward}
     assert terminated == (reason in ("correct", "gave_up")) and not truncated  # 4 attempts are left
+
+
+def test_no_failure_is_cheaper_than_a_legal_formula():
+    """Every failure without a legal formula costs at least as much as illegal numbers: else RL learns it."""
+    legal = {"correct", "wrong_value", "division_by_zero"}
+    worst_legal = min(DEFAULT_REWARDS[r] for r in legal)
+    for reason, reward in DEFAULT_REWARDS.items():
+        if reason not in legal:
+            assert reward <= DEFAULT_REWARDS["illegal_numbers"] < worst_legal, reason
 
 
 @pytest.mark.parametrize(
