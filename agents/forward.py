@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.utils.checkpoint
 
 
 def token_logprobs(
@@ -51,12 +50,18 @@ def token_logprobs(
         )
     T = input_ids.shape[1]
     first = min(max(int(first_position), 1), max(T - 1, 1))
-    keep = T - first + 1  # logits at positions first-1 .. T-1
-    if 1 < shared_prefix <= first and not model_inputs and input_ids.shape[0] > 1:
-        logits = _shared_prefix_logits(model, input_ids, attention_mask, shared_prefix, keep)
-    else:
-        logits = _logits(model, input_ids, attention_mask, keep if first > 1 else 0, model_inputs)
-    logits = logits[:, -keep:-1]  # [B, T-first, V]: predicts tokens first..T-1
+    keep = T - first  # logits at positions first-1 .. T-2 predict tokens first .. T-1
+    if T > 1 and not model_inputs:
+        # the last token predicts nothing we score: leave it out, and the logits come contiguous
+        ids, mask = input_ids[:, :-1], attention_mask[:, :-1]
+        if 1 < shared_prefix <= first and input_ids.shape[0] > 1:
+            logits = _shared_prefix_logits(model, ids, mask, shared_prefix, keep)
+        else:
+            logits = _logits(model, ids, mask, keep, model_inputs)
+        logits = logits[:, -keep:]  # [B, T-first, V]; a view of the whole when the model kept only these
+    else:  # multimodal inputs may be laid out per token: keep every column
+        logits = _logits(model, input_ids, attention_mask, keep + 1 if first > 1 else 0, model_inputs)
+        logits = logits[:, -keep - 1 : -1]
     picked, ent = _picked_logprobs(logits, input_ids[:, first:], temperature, with_entropy)
     zeros = picked.new_zeros(input_ids.shape[0], first)
     logprobs = torch.cat([zeros, picked], dim=1)  # [B, T]
@@ -64,45 +69,88 @@ def token_logprobs(
     return logprobs, entropy
 
 
-#: Rows of [rows, V] logits turned into log-probs at once (~200 MB of fp32 for a 49k vocabulary).
+#: Rows of [rows, V] logits worked on at once (~200 MB of fp32 for a 49k vocabulary).
 CHUNK_ROWS = 1024
 
 
 def _picked_logprobs(
     logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``log_softmax(logits / T)`` at ``targets`` (and the entropy), a chunk of rows at a time.
+    """``log_softmax(logits / T)`` at ``targets`` [B, L] (and the entropy), from logits [B, L, V].
 
-    Done at once, the log-softmax, its exponent and their product each hold a [B, L, V] tensor
-    that autograd keeps for the backward pass: with a 49k vocabulary, 8 rows of 600 tokens are
-    ~1 GB per tensor, and long multi-turn batches ran out of memory. Each chunk is computed under
-    activation checkpointing instead (recomputed in the backward pass), so only the model's own
-    logits and their gradient stay [B, L, V].
+    One autograd node (:class:`_PickedLogprob`) instead of log-softmax, gather, exp and product:
+    autograd would keep several [B, L, V] tensors for the backward pass (with a 49k vocabulary,
+    8 rows of 600 tokens are ~1 GB each; long multi-turn batches ran out of memory) and spend
+    most of the head's time writing them. The node keeps only the logits (which the model's
+    output holds anyway) and one log-sum-exp per row, works a chunk of rows at a time, and in the
+    backward pass computes the softmax once per chunk; the entropy's gradient only when the loss
+    uses the entropy.
     """
     b, n, v = logits.shape
-    flat, tgt = logits.reshape(b * n, v), targets.reshape(b * n)
-    picks, ents = [], []
-    for start in range(0, b * n, CHUNK_ROWS):
-        chunk, t = flat[start : start + CHUNK_ROWS], tgt[start : start + CHUNK_ROWS]
-        if torch.is_grad_enabled() and chunk.requires_grad:
-            out = torch.utils.checkpoint.checkpoint(_chunk_logprobs, chunk, t, temperature, with_entropy,
-                                                    use_reentrant=False)  # fmt: skip
-        else:
-            out = _chunk_logprobs(chunk, t, temperature, with_entropy)
-        picks.append(out[0])
-        ents.append(out[1])
-    picked = torch.cat(picks).reshape(b, n) if picks else flat.new_zeros(b, n)
-    entropy = (torch.cat(ents).reshape(b, n) if ents else flat.new_zeros(b, n)) if with_entropy else None
-    return picked, entropy
+    picked, entropy = _PickedLogprob.apply(logits.reshape(b * n, v), targets.reshape(b * n),
+                                           float(temperature), with_entropy)  # fmt: skip
+    return picked.reshape(b, n), entropy.reshape(b, n) if with_entropy else None
 
 
-def _chunk_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [R, V]
-    picked = torch.gather(logp_all, -1, targets.unsqueeze(-1)).squeeze(-1)
-    ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else picked.new_zeros(0)
-    return picked, ent
+class _PickedLogprob(torch.autograd.Function):
+    """Rows [R, V] of logits -> (log p(target), entropy), p = softmax(logits / T)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        rows = logits.shape[0]
+        lse = logits.new_empty(rows, dtype=torch.float32)
+        picked = logits.new_empty(rows, dtype=torch.float32)
+        entropy = logits.new_zeros(rows if with_entropy else 0, dtype=torch.float32)
+        for start in range(0, rows, CHUNK_ROWS):
+            sl = slice(start, start + CHUNK_ROWS)
+            z = _scaled(logits[sl], temperature)
+            top = z.amax(-1, keepdim=True)
+            e = torch.sub(z, top).exp_()  # softmax numerators, once for both outputs
+            total = e.sum(-1)
+            lse[sl] = top[:, 0] + total.log()
+            picked[sl] = z.gather(-1, targets[sl, None])[:, 0] - lse[sl]
+            if with_entropy:  # H = lse - sum_j p_j z_j
+                entropy[sl] = lse[sl] - e.mul_(z).sum(-1) / total
+        ctx.save_for_backward(logits, targets, lse, entropy)
+        ctx.temperature = temperature
+        ctx.set_materialize_grads(False)
+        return picked, entropy
+
+    @staticmethod
+    def backward(ctx: Any, g_picked: torch.Tensor | None, g_entropy: torch.Tensor | None) -> tuple:
+        logits, targets, lse, entropy = ctx.saved_tensors
+        t = ctx.temperature
+        if g_entropy is not None and entropy.numel() == 0:
+            g_entropy = None
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], CHUNK_ROWS):
+            sl = slice(start, start + CHUNK_ROWS)
+            z = _scaled(logits[sl], t)
+            g = grad[sl] if grad.dtype == torch.float32 else torch.empty_like(z)  # fp32 arithmetic
+            # d log p_y / dz = onehot(y) - p;  dH / dz = -p (log p + H), with log p = z - lse
+            if g_entropy is None:
+                torch.sub(z, lse[sl, None], out=g).exp_()  # p
+                g.mul_(-g_picked[sl, None] if g_picked is not None else 0.0)
+            else:
+                p = torch.sub(z, lse[sl, None]).exp_()
+                torch.sub(z, (lse[sl] - entropy[sl])[:, None], out=g)  # log p + H
+                g.mul_(-g_entropy[sl, None])
+                if g_picked is not None:
+                    g.sub_(g_picked[sl, None])
+                g.mul_(p)
+            if g_picked is not None:
+                g.scatter_add_(-1, targets[sl, None], g_picked[sl, None].to(g.dtype))
+            if t != 1.0:
+                g.div_(t)
+            if g.data_ptr() != grad[sl].data_ptr():
+                grad[sl] = g
+        return grad, None, None, None
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    z = logits.float()
+    return z / temperature if temperature != 1.0 else z
 
 
 def first_loss_position(loss_mask: torch.Tensor) -> int:

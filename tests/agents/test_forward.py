@@ -32,12 +32,13 @@ def test_first_position_asks_model_for_fewer_logits(model):
     seen = []
 
     def spy(*args, **kwargs):
-        seen.append(kwargs.get("logits_to_keep"))
+        seen.append((kwargs["input_ids"].shape[1], kwargs.get("logits_to_keep")))
         return model(*args, **kwargs)
 
     ids = torch.randint(0, model.config.vocab_size, (2, 10))
     token_logprobs(spy, ids, torch.ones_like(ids), first_position=6)
-    assert seen == [5]  # positions 5..9: position 5 predicts token 6
+    # positions 5..8 predict tokens 6..9; the last token predicts nothing scored and is not fed
+    assert seen == [(9, 4)]
 
 
 def test_first_loss_position():
@@ -89,20 +90,44 @@ def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora):
     assert shared_prefix_length(different, mask, limit=10) == 0
 
 
-def test_log_probs_in_chunks_equal_the_whole_and_so_do_gradients(monkeypatch):
-    """The vocabulary head runs a chunk of rows at a time under checkpointing (memory): same values
-    and the same gradients as one log-softmax over everything."""
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+@pytest.mark.parametrize(("w_logp", "w_ent"), [(1.0, 0.3), (1.0, None), (None, 1.0)])
+def test_log_probs_in_chunks_equal_the_whole_and_so_do_gradients(monkeypatch, temperature, w_logp, w_ent):
+    """The vocabulary head's fused log-prob/entropy node, a chunk of rows at a time: the same values
+    and gradients as log-softmax, gather and -sum(p log p) over everything -- also when the loss
+    uses only one of the two outputs (None: left out of the loss, so autograd passes no gradient)."""
     import veriloop.agents.forward as F
 
     torch.manual_seed(0)
-    logits = torch.randn(3, 5, 11, requires_grad=True)
+    logits = (3 * torch.randn(3, 5, 11)).requires_grad_()
     targets = torch.randint(0, 11, (3, 5))
-    lp = torch.log_softmax(logits / 0.7, -1)
+
+    def loss(p, e):
+        return sum(w * t.sum() for w, t in ((w_logp, p), (w_ent, e)) if w is not None)
+
+    lp = torch.log_softmax(logits / temperature, -1)
     want_p, want_e = lp.gather(-1, targets[..., None])[..., 0], -(lp.exp() * lp).sum(-1)
-    (g_want,) = torch.autograd.grad(want_p.sum() + 0.3 * want_e.sum(), logits)
+    (g_want,) = torch.autograd.grad(loss(want_p, want_e), logits)
     monkeypatch.setattr(F, "CHUNK_ROWS", 4)  # 15 rows -> 4 chunks, the last one short
-    got_p, got_e = F._picked_logprobs(logits, targets, 0.7, True)
-    (g_got,) = torch.autograd.grad(got_p.sum() + 0.3 * got_e.sum(), logits)
+    got_p, got_e = F._picked_logprobs(logits, targets, temperature, True)
+    (g_got,) = torch.autograd.grad(loss(got_p, got_e), logits)
     torch.testing.assert_close(got_p, want_p)
     torch.testing.assert_close(got_e, want_e)
     torch.testing.assert_close(g_got, g_want)
+    no_ent_p, no_ent = F._picked_logprobs(logits, targets, temperature, False)
+    assert no_ent is None
+    torch.testing.assert_close(no_ent_p, want_p)
+
+
+def test_half_precision_logits_get_a_half_precision_gradient_computed_in_fp32():
+    import veriloop.agents.forward as F
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 7)
+    targets = torch.randint(0, 7, (2, 3))
+    half = logits.half().requires_grad_()
+    full = logits.half().float().requires_grad_()
+    F._picked_logprobs(half, targets, 1.0, True)[0].sum().backward()
+    F._picked_logprobs(full, targets, 1.0, True)[0].sum().backward()
+    assert half.grad.dtype == torch.float16
+    torch.testing.assert_close(half.grad.float(), full.grad, atol=1e-3, rtol=1e-3)
