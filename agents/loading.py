@@ -95,12 +95,18 @@ def build_policy(
     if _is_peft(model):
         for pname, param in model.named_parameters():
             param.requires_grad_(lora is not None and "lora_" in pname)
+        from veriloop.agents.lora_fused import fuse_lora_linears
+
+        fuse_lora_linears(model)
         return Policy(model, tokenizer, processor, is_lora=True, name=name, meta=meta)
     if lora is not None:
         from peft import get_peft_model
 
+        from veriloop.agents.lora_fused import fuse_lora_linears
+
         model.requires_grad_(False)
         wrapped = get_peft_model(model, lora.to_peft())
+        fuse_lora_linears(wrapped)
         return Policy(wrapped, tokenizer, processor, is_lora=True, name=name, meta=meta)
     model.requires_grad_(True)
     reference = None
