@@ -38,7 +38,7 @@ def test_give_up_terminates_with_penalty():
     env = gymnasium.make("veriloop/Points24-text-v0")
     env.reset(seed=0)
     _, reward, terminated, truncated, info = env.step("This is too hard.\nI give up.")
-    assert (reward, terminated, truncated) == (-1.0, True, False)
+    assert (reward, terminated, truncated) == (-5.0, True, False)  # DEFAULT_REWARDS["gave_up"]
     assert info["verdict"].reason == "gave_up"
 
 
