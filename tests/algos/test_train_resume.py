@@ -101,6 +101,18 @@ def test_kill_during_checkpoint_save_then_resume(tmp_path: Path, reference: Path
     assert_same_run(reference, tmp_path / "run")
 
 
+def test_resume_from_a_late_checkpoint_is_bit_exact(tmp_path: Path, reference: Path) -> None:
+    """Killed while step 3's checkpoint is half written: resumes from step 2 (after two LoRA
+    merge/unmerge cycles of sampling), ends identical to the uninterrupted run."""
+    ckpts = tmp_path / "run" / "checkpoints"
+    proc = start(tmp_path, "run", delay=3.0)
+    wait_for(proc, lambda: any(ckpts.glob(".tmp-step-000003-*/model/model.pt")))
+    kill9(proc)
+    assert sorted(p.name for p in ckpts.glob("step-*")) == ["step-000001", "step-000002"]
+    finish(start(tmp_path, "run"))
+    assert_same_run(reference, tmp_path / "run")
+
+
 @pytest.mark.slow
 def test_kill_between_checkpoints_then_resume(tmp_path: Path, reference: Path) -> None:
     """Killed right after step 1's checkpoint (during step 2's rollout), twice resumed: identical."""
