@@ -34,6 +34,10 @@ class TokenBatch:
         returns: [B, T] float value targets (critic only) or None.
         old_values: [B, T] float critic values at rollout time (critic only) or None.
         ref_logprobs: [B, T] float reference-policy log-probs (KL only) or None.
+        sampler_logprobs: [B, T] float log-probs the sampler recorded (mu), kept when
+            ``old_logprobs`` were recomputed by the trainer for rollout correction; else None.
+        is_weights: [B, T] float rollout-correction weights (pi_old / mu, truncated or masked;
+            ``algos.correction``) multiplying the policy loss; None = no correction.
         extras: extra model inputs (e.g. ``pixel_values``); tensors whose first dim is B are
             sliced with the batch.
     """
@@ -47,6 +51,8 @@ class TokenBatch:
     returns: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    sampler_logprobs: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -57,7 +63,7 @@ class TokenBatch:
             got = tuple(getattr(self, f).shape)
             if got != shape:
                 raise ValueError(f"TokenBatch.{f} has shape {got}, expected input_ids' {shape}")
-        for f in ("returns", "old_values", "ref_logprobs"):
+        for f in ("returns", "old_values", "ref_logprobs", "sampler_logprobs", "is_weights"):
             x = getattr(self, f)
             if x is not None and tuple(x.shape) != shape:
                 raise ValueError(f"TokenBatch.{f} has shape {tuple(x.shape)}, expected {shape}")

@@ -11,7 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Advantage = Literal["group_norm", "group_mean", "rloo", "batch_norm", "gae", "process"]
+Advantage = Literal[
+    "group_norm", "group_mean", "rloo", "batch_norm", "group_mean_batch_norm", "gae", "process"
+]
+PolicyLoss = Literal["ppo_clip", "gspo", "gspo_token", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov"]
+SequenceUnit = Literal["episode", "turn"]
+RolloutIS = Literal["none", "truncate", "mask"]
 RewardLevel = Literal["outcome", "sum", "turn"]
 ProcessBaseline = Literal["position_kind", "kind", "group"]
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"]
@@ -28,8 +33,10 @@ class AlgoConfig:
         name: Preset name, for logs.
         advantage: Estimator. ``group_norm`` = GRPO (R - mean) / std over the group;
             ``group_mean`` = Dr. GRPO (R - mean); ``rloo`` = leave-one-out baseline;
-            ``batch_norm`` = REINFORCE++ (normalised over the whole batch); ``gae`` = PPO with a
-            critic; ``process`` = S2R process-level (per-action rewards, per-action baselines).
+            ``batch_norm`` = REINFORCE++ (return whitened over the batch's tokens);
+            ``group_mean_batch_norm`` = REINFORCE++-baseline (reward minus the group mean, then
+            whitened over the batch's tokens); ``gae`` = PPO with a critic; ``process`` = S2R
+            process-level (per-action rewards, per-action baselines).
         reward_level: How per-turn rewards become the learning signal. ``outcome``: the last
             turn's reward for the whole episode (its ``info["outcome_reward"]`` when the
             environment reports one, as S2R's does); ``sum``: the sum of turn rewards for the
@@ -43,8 +50,33 @@ class AlgoConfig:
         gamma, lam: GAE discount and trace parameters (token level, PPO only).
         whiten_advantages: Normalise advantages over the batch after estimation (PPO).
         clip_low, clip_high: Ratio clip range [1 - clip_low, 1 + clip_high]; DAPO's clip-higher
-            is clip_high > clip_low.
+            is clip_high > clip_low. GSPO clips its sequence ratio with them (narrow: 3e-4 / 4e-4),
+            CISPO its detached IS weight; GMPO reads them in log space, [e^-clip_low, e^clip_high].
         dual_clip: Dual-clip constant c > 1 bounding the loss for negative advantages; None = off.
+        policy_loss: The policy objective (``algos.losses``). ``ppo_clip`` (PPO / GRPO / DAPO
+            clipped surrogate); ``gspo`` (one clipped geometric-mean ratio per sequence, Zheng et
+            al. 2025) and ``gspo_token`` (its token-level form, for per-token advantages);
+            ``cispo`` (clipped, detached IS weight times A log pi; MiniMax-M1); ``sapo`` (soft
+            sigmoid gate, temperature by the sign of A); ``gmpo`` (geometric mean of token ratios,
+            clipped in log space); ``clip_cov`` / ``kl_cov`` (Cui et al. 2025: detach / KL-penalise
+            the tokens with the highest advantage-log-prob covariance).
+        sequence_unit: What "the sequence" is for sequence-level objectives (gspo, gmpo) and the
+            geometric rollout mask: ``episode`` = all sampled tokens of the episode, every turn
+            (environment tokens between turns are not part of it); ``turn`` = each turn's sampled
+            tokens on their own (use it with per-turn credit: ``reward_level=turn``, ``process``).
+        sapo_tau_pos, sapo_tau_neg: SAPO gate temperatures for A > 0 and A < 0 (paper: 1.0, 1.05).
+        cov_ratio: Clip-Cov / KL-Cov share of tokens acted on (paper: 2e-4; KL-Cov 2e-3 at 7B).
+        cov_lb, cov_ub: Clip-Cov covariance window from which tokens are detached (paper: 1, 5).
+        cov_kl_coef: KL-Cov weight of |log ratio| on the selected tokens (paper: 1).
+        rollout_is: Rollout correction per token, with mu the sampler's recorded probability and
+            pi_old the trainer's own (recomputed before the update): ``truncate`` weighs the loss
+            by min(pi_old / mu, rollout_is_cap) (TIS); ``mask`` by pi_old / mu, dropping tokens
+            whose ratio leaves [rollout_is_low, rollout_is_high] (MIS / IcePop); ``none``.
+        rollout_is_cap: C of truncated IS.
+        rollout_is_low, rollout_is_high: Masked IS bounds.
+        rollout_seq_mask: Drop a whole sequence (``sequence_unit``) when the geometric mean of its
+            pi_old / mu leaves [rollout_seq_low, rollout_seq_high]. Combines with ``rollout_is``.
+        rollout_seq_low, rollout_seq_high: Geometric sequence-mask bounds.
         loss_agg: ``token_mean`` (DAPO, every token weighs the same), ``seq_mean_token_mean``
             (GRPO, mean per sequence then over sequences), ``seq_sum_constant`` (Dr. GRPO, token
             sum per sequence divided by ``loss_agg_constant``, then mean over sequences).
@@ -81,6 +113,21 @@ class AlgoConfig:
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
+    policy_loss: PolicyLoss = "ppo_clip"
+    sequence_unit: SequenceUnit = "episode"
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    cov_ratio: float = 2e-4
+    cov_lb: float = 1.0
+    cov_ub: float = 5.0
+    cov_kl_coef: float = 1.0
+    rollout_is: RolloutIS = "none"
+    rollout_is_cap: float = 2.0
+    rollout_is_low: float = 0.5
+    rollout_is_high: float = 2.0
+    rollout_seq_mask: bool = False
+    rollout_seq_low: float = 0.999
+    rollout_seq_high: float = 1.001
     loss_agg: LossAgg = "seq_mean_token_mean"
     loss_agg_constant: int | None = None
     kl_coef: float = 0.0
@@ -108,6 +155,11 @@ class AlgoConfig:
     def needs_critic(self) -> bool:
         return self.advantage == "gae"
 
+    @property
+    def needs_old_recompute(self) -> bool:
+        """Rollout correction compares the trainer's pi_old with the sampler's recorded mu."""
+        return self.rollout_is != "none" or self.rollout_seq_mask
+
     def validate(self) -> None:
         """Cross-field checks, each with a fix-it message."""
         if self.advantage == "gae" and self.critic == "none":
@@ -126,6 +178,32 @@ class AlgoConfig:
         if self.format_reward < 0:
             raise ValueError(
                 f"format_reward is a bonus for well-formed turns: need >= 0, got {self.format_reward}"
+            )
+        if self.policy_loss in ("gspo", "gmpo"):
+            per_token = self.advantage == "gae" or (self.kl_mode == "reward" and self.kl_coef > 0)
+            per_turn = self.advantage == "process" or self.reward_level == "turn"
+            if per_token or (per_turn and self.sequence_unit != "turn"):
+                raise ValueError(
+                    f"policy_loss={self.policy_loss} needs one advantage per sequence, but advantage="
+                    f"{self.advantage}, reward_level={self.reward_level}, kl_mode={self.kl_mode} give "
+                    "per-token or per-turn advantages: use policy_loss=gspo_token"
+                    + (", or sequence_unit=turn" if per_turn and not per_token else "")
+                )
+        if min(self.sapo_tau_pos, self.sapo_tau_neg) <= 0:
+            raise ValueError(f"sapo temperatures must be > 0, got {self.sapo_tau_pos}, {self.sapo_tau_neg}")
+        if not 0 < self.cov_ratio <= 1 or self.cov_lb >= self.cov_ub:
+            raise ValueError(
+                f"need 0 < cov_ratio <= 1 and cov_lb < cov_ub, got {self.cov_ratio}, {self.cov_lb}, {self.cov_ub}"
+            )
+        if self.rollout_is_cap <= 0 or not 0 <= self.rollout_is_low < 1 < self.rollout_is_high:
+            raise ValueError(
+                "rollout correction needs rollout_is_cap > 0 and 0 <= rollout_is_low < 1 < rollout_is_high, "
+                f"got {self.rollout_is_cap}, {self.rollout_is_low}, {self.rollout_is_high}"
+            )
+        if not 0 <= self.rollout_seq_low <= 1 <= self.rollout_seq_high:
+            raise ValueError(
+                "rollout_seq_mask needs 0 <= rollout_seq_low <= 1 <= rollout_seq_high, got "
+                f"{self.rollout_seq_low}, {self.rollout_seq_high}"
             )
         if self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")

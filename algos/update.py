@@ -23,12 +23,14 @@ from typing import Any
 import torch
 
 from veriloop.agents.forward import first_loss_position, shared_prefix_length, token_logprobs
-from veriloop.agents.trajectory import Trajectory, TurnRecord
+from veriloop.agents.trajectory import Trajectory
 from veriloop.algos import advantages as A
+from veriloop.algos import losses as L
 from veriloop.algos.batch import TokenBatch, collate, minibatches
 from veriloop.algos.config import AlgoConfig
+from veriloop.algos.correction import rollout_correction
 from veriloop.algos.critic import ValueModel, values
-from veriloop.algos.losses import aggregate, clipped_pg_loss, entropy_bonus, kl_penalty, value_loss
+from veriloop.algos.losses import aggregate, entropy_bonus, kl_penalty, value_loss
 from veriloop.algos.sampling import verifier_failed
 from veriloop.algos.shaping import format_reward, kl_reward_penalty, overlong_filter_mask, overlong_penalty
 
@@ -45,8 +47,49 @@ EPISODE_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
     "group_norm": partial(A.group_normalized, std_normalize=True),
     "group_mean": partial(A.group_normalized, std_normalize=False),
     "rloo": A.leave_one_out,
-    "batch_norm": lambda r, g, valid: A.batch_normalized(r, valid=valid),
 }
+#: REINFORCE++ family: a raw per-token return (after an optional group-mean baseline) plus the KL
+#: penalty to go, whitened over the batch's valid *tokens* whatever ``kl_coef`` is (OpenRLHF's and
+#: verl's ``masked_whiten``). (cfg, turn_r [N, K], turn_m, groups [N], valid [N], turn_index
+#: [N, T], loss_mask [N, T]) -> [N, T] un-whitened returns.
+TOKEN_WHITENED: dict[str, Callable[..., torch.Tensor]] = {
+    "batch_norm": lambda cfg, r, m, g, v, ti, lm: _raw_returns(cfg, r, m, ti, lm),
+    "group_mean_batch_norm": lambda cfg, r, m, g, v, ti, lm: _group_mean_returns(cfg, r, m, g, v, ti, lm),
+}
+#: Policy objectives, each built once from the config: (cfg) -> fn(logp, old, adv, mask, segments)
+#: -> (per_token_loss [B, T], stats). ``segments`` is the turn index for ``sequence_unit="turn"``.
+POLICY_LOSSES: dict[str, Callable[[AlgoConfig], Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]]] = {
+    "ppo_clip": lambda c: lambda lp, old, adv, m, seg: L.clipped_pg_loss(
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, dual_clip=c.dual_clip),
+    "gspo": lambda c: partial(_with_segments, partial(L.gspo_loss, clip_low=c.clip_low, clip_high=c.clip_high)),
+    "gspo_token": lambda c: partial(_with_segments, partial(L.gspo_loss, clip_low=c.clip_low,
+                                                            clip_high=c.clip_high, level="token")),
+    "cispo": lambda c: lambda lp, old, adv, m, seg: L.cispo_loss(
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high),
+    "sapo": lambda c: lambda lp, old, adv, m, seg: L.sapo_loss(
+        lp, old, adv, m, tau_pos=c.sapo_tau_pos, tau_neg=c.sapo_tau_neg),
+    "gmpo": lambda c: partial(_with_segments, partial(L.gmpo_loss, clip_low=c.clip_low, clip_high=c.clip_high)),
+    "clip_cov": lambda c: lambda lp, old, adv, m, seg: L.clip_cov_loss(
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, cov_ratio=c.cov_ratio,
+        cov_lb=c.cov_lb, cov_ub=c.cov_ub),
+    "kl_cov": lambda c: lambda lp, old, adv, m, seg: L.kl_cov_loss(
+        lp, old, adv, m, cov_ratio=c.cov_ratio, kl_coef=c.cov_kl_coef),
+}  # fmt: skip
+
+
+def _with_segments(fn: Callable[..., Any], lp, old, adv, m, seg):  # type: ignore[no-untyped-def]
+    return fn(lp, old, adv, m, segments=seg)
+
+
+def pick_policy_loss(cfg: AlgoConfig) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+    """The policy objective ``cfg.policy_loss`` names, with its hyperparameters bound."""
+    if cfg.policy_loss not in POLICY_LOSSES:
+        close = difflib.get_close_matches(str(cfg.policy_loss), POLICY_LOSSES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"unknown policy_loss {cfg.policy_loss!r}{hint}; choose one of {tuple(POLICY_LOSSES)}"
+        )
+    return POLICY_LOSSES[cfg.policy_loss](cfg)
 
 
 @dataclass(frozen=True)
@@ -66,37 +109,63 @@ class Advantages:
     metrics: dict[str, float]
 
 
-def _turn_reward(turn: TurnRecord, cfg: AlgoConfig, last: bool) -> float:
-    """The reward of one turn that ``cfg`` learns from.
+def _turn_reward(traj: Trajectory, j: int, cfg: AlgoConfig) -> float:
+    """The reward of turn ``j`` of ``traj`` that ``cfg`` learns from.
 
     S2R environments (``SolveVerify-v0``) report both signals in ``info`` whatever their
     ``reward_mode``: ``process_reward`` on every action and ``outcome_reward`` on the final one.
     ``advantage="process"`` reads the former and ``reward_level="outcome"`` the latter, so neither
     preset silently learns from the other signal when the env returns it as the step reward.
     Any other environment: the step reward.
+
+    An episode the *rollout* cut (``max_context``, ``max_turns``) never reached the env's final
+    step, so its last turn carries ``outcome_reward: None``. Its outcome is then the one the env
+    defines for a finished episode, from what it recorded: +1 if the last solve was correct
+    (``info["solve_correct"]``), else -1 (no solve: -1). Falling back to the last step reward
+    instead would score a cut wrong episode above a finished one (0 or +1 against -1).
     """
+    turn = traj.turns[j]
     value = None
     if cfg.advantage == "process":
         value = turn.info.get("process_reward")
-    elif cfg.reward_level == "outcome" and last:
+    elif cfg.reward_level == "outcome" and j == traj.num_turns - 1:
         value = turn.info.get("outcome_reward")
+        if value is None and "outcome_reward" in turn.info and "verifier_error" not in turn.info:
+            value = _cut_outcome(traj)
     return float(turn.reward if value is None else value)
 
 
+def _cut_outcome(traj: Trajectory) -> float:
+    """S2R outcome of an episode cut before its end: +1 if its last solve was right, else -1."""
+    for turn in reversed(traj.turns):
+        correct = turn.info.get("solve_correct")
+        if correct is not None:
+            return 1.0 if correct else -1.0
+    return -1.0
+
+
 def _turn_tensors(trajs: Sequence[Trajectory], cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-turn rewards [N, K] (``_turn_reward``, plus the R1 format reward and DAPO's soft
-    overlong punishment per turn if on) and the turn mask [N, K]."""
+    """Per-turn rewards [N, K] (``_turn_reward``, plus the R1 format reward on the last turn and
+    DAPO's soft overlong punishment per turn if on) and the turn mask [N, K].
+
+    The format reward is credited once per episode, on its last turn (the answer that counts):
+    paid on every turn, a third-attempt success would out-earn a first-attempt one. For the same
+    reason ``reward_level="sum"`` refuses an episode with a positive reward before its last turn.
+    """
     k = max(1, max(t.num_turns for t in trajs))
     rewards = torch.zeros(len(trajs), k, dtype=torch.float64)
     mask = torch.zeros(len(trajs), k)
     for i, t in enumerate(trajs):
-        for j, turn in enumerate(t.turns):
-            rewards[i, j] = _turn_reward(turn, cfg, last=j == t.num_turns - 1)
+        for j in range(t.num_turns):
+            rewards[i, j] = _turn_reward(t, j, cfg)
             mask[i, j] = 1.0
-    if cfg.format_reward > 0:  # R1-Zero format bonus per turn
+    if cfg.reward_level == "sum" and cfg.advantage != "process":
+        _refuse_paid_attempts(trajs, rewards)
+    if cfg.format_reward > 0:  # R1-Zero format bonus, once per episode
         for i, t in enumerate(trajs):
-            bonus = format_reward([tr.text for tr in t.turns], bonus=cfg.format_reward)
-            rewards[i, : t.num_turns] += bonus.double()
+            if t.num_turns:
+                bonus = format_reward([t.turns[-1].text], bonus=cfg.format_reward)
+                rewards[i, t.num_turns - 1] += float(bonus[0])
     if cfg.overlong_penalty:  # each turn's generation is one response y in DAPO's formula
         lengths = torch.tensor(
             [[tr.end - tr.start for tr in t.turns] + [0] * (k - t.num_turns) for t in trajs]
@@ -106,6 +175,21 @@ def _turn_tensors(trajs: Sequence[Trajectory], cfg: AlgoConfig) -> tuple[torch.T
         )
         rewards = rewards + pen.view_as(rewards).double() * mask.double()
     return rewards, mask
+
+
+def _refuse_paid_attempts(trajs: Sequence[Trajectory], rewards: torch.Tensor) -> None:
+    """``reward_level="sum"`` with a positive reward before the last turn pays for extra turns."""
+    for i, t in enumerate(trajs):
+        early = rewards[i, : max(t.num_turns - 1, 0)]
+        if bool((early > 0).any()):
+            j = int((early > 0).nonzero()[0])
+            raise ValueError(
+                f"reward_level='sum' adds up per-turn rewards, but turn {j} of an episode (group "
+                f"{t.group_id}, {t.env_id}) scored {float(early[j]):+g} before the episode ended: every "
+                "extra attempt would earn it again (e.g. a format bonus per turn makes a third-attempt "
+                "success worth more than a first-attempt one). Use reward_level=outcome (the last turn's "
+                "reward) or reward_level=turn, or make the environment's non-final rewards <= 0"
+            )
 
 
 def _token_tensors(trajs: Sequence[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -163,14 +247,8 @@ def _critic_free(
         )
         return A.broadcast_to_tokens(per_turn, turn_index, loss_mask)
     if cfg.reward_level == "turn":
-        if cfg.advantage == "batch_norm":
-            g = A.turn_returns(turn_r, turn_m, gamma=cfg.turn_gamma)
-            per_turn = A.whiten(g, turn_m * valid.unsqueeze(1).to(turn_m.dtype), eps=1e-6)
-        else:
-            std = cfg.advantage == "group_norm"
-            per_turn = A.turn_level(
-                turn_r, turn_m, groups, gamma=cfg.turn_gamma, std_normalize=std, valid=valid
-            )
+        std = cfg.advantage == "group_norm"
+        per_turn = A.turn_level(turn_r, turn_m, groups, gamma=cfg.turn_gamma, std_normalize=std, valid=valid)
         return A.broadcast_to_tokens(per_turn, turn_index, loss_mask)
     r = A.episode_rewards(turn_r, turn_m, cfg.reward_level)
     return A.broadcast_to_tokens(
@@ -192,10 +270,13 @@ def compute_advantages(
       reward still enters the group baseline; only their loss is masked, as in DAPO).
     * ``overlong_penalty``: DAPO's soft punishment is added to each turn's reward (per-turn length).
     * ``kl_mode="reward"``: -kl_coef * KL_t is added as token rewards; for GAE it enters the
-      token chain. For ``batch_norm`` (REINFORCE++, Hu 2025) the token's return is the raw reward
-      (episode reward, or the turn's return-to-go at ``reward_level="turn"``) plus the KL
-      penalty's return-to-go sum_{s >= t}, and that sum is normalised over all valid tokens of
-      the batch. Other critic-free estimators add the KL return-to-go to their advantage.
+      token chain. Other critic-free estimators add the KL return-to-go to their advantage.
+    * ``batch_norm`` (REINFORCE++, Hu 2025) and ``group_mean_batch_norm`` (REINFORCE++-baseline):
+      the token's return is the raw reward (episode reward, or the turn's return-to-go at
+      ``reward_level="turn"``; minus the group mean for the baseline variant) plus the KL
+      penalty's return-to-go sum_{s >= t} (0 without KL), and it is whitened over all valid
+      *tokens* of the batch, as OpenRLHF and verl do: one rule whatever ``kl_coef`` is, so a
+      long episode weighs by its tokens in the mean and std with or without the KL term.
     * ``reward_level="outcome"`` / ``advantage="process"`` read ``info["outcome_reward"]`` /
       ``info["process_reward"]`` when the environment reports them (S2R), see ``_turn_reward``.
     * ``whiten_advantages``: whiten over the training tokens of the batch at the end.
@@ -209,7 +290,7 @@ def compute_advantages(
     if not trajectories:
         raise ValueError("compute_advantages needs at least one trajectory")
     cfg.validate()
-    known = (*EPISODE_ESTIMATORS, "gae", "process")
+    known = (*EPISODE_ESTIMATORS, *TOKEN_WHITENED, "gae", "process")
     if cfg.advantage not in known:
         close = difflib.get_close_matches(str(cfg.advantage), known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -238,9 +319,9 @@ def compute_advantages(
         adv, returns = A.gae(tok_r, values.double(), loss_mask, gamma=cfg.gamma, lam=cfg.lam)
     else:
         kl_to_go, _ = A.gae(kl_tokens * loss_mask, torch.zeros_like(kl_tokens), loss_mask, gamma=1.0, lam=1.0)
-        if cfg.advantage == "batch_norm" and cfg.kl_mode == "reward" and cfg.kl_coef > 0:
-            # REINFORCE++: normalise (reward + KL penalty to go), not a normalised reward plus KL
-            raw = _raw_returns(cfg, turn_r, turn_m, turn_index, loss_mask)  # [N, T]
+        if cfg.advantage in TOKEN_WHITENED:
+            # REINFORCE++: normalise (reward + KL penalty to go) over tokens, with or without KL
+            raw = TOKEN_WHITENED[cfg.advantage](cfg, turn_r, turn_m, groups, valid, turn_index, loss_mask)
             adv = A.whiten(raw + kl_to_go, loss_mask * valid.unsqueeze(1).to(loss_mask.dtype), eps=1e-6)
         else:
             adv = _critic_free(cfg, trajectories, turn_r, turn_m, groups, valid, turn_index, loss_mask)
@@ -272,6 +353,37 @@ def _raw_returns(
     else:
         per = A.episode_rewards(turn_r, turn_m, cfg.reward_level)
     return A.broadcast_to_tokens(per, turn_index, loss_mask).double()
+
+
+def _group_mean_returns(
+    cfg: AlgoConfig,
+    turn_r: torch.Tensor,
+    turn_m: torch.Tensor,
+    groups: torch.Tensor,
+    valid: torch.Tensor,
+    turn_index: torch.Tensor,
+    loss_mask: torch.Tensor,
+) -> torch.Tensor:
+    """[N, T] REINFORCE++-baseline return before whitening: the episode reward minus its group's
+    mean (``reward_level`` outcome / sum), or each turn's return-to-go minus the mean of the
+    other episodes' at that turn (``turn``, ``advantages.turn_level``)."""
+    if cfg.reward_level == "turn":
+        per = A.turn_level(turn_r, turn_m, groups, gamma=cfg.turn_gamma, valid=valid)
+    else:
+        r = A.episode_rewards(turn_r, turn_m, cfg.reward_level)
+        per = A.group_normalized(r, groups, std_normalize=False, valid=valid)
+    return A.broadcast_to_tokens(per, turn_index, loss_mask).double()
+
+
+def learning_signal(traj: Trajectory, cfg: AlgoConfig) -> tuple[float, ...]:
+    """The rewards of one episode that ``cfg``'s estimator learns from (``_turn_reward`` plus
+    shaping): one number for ``reward_level`` outcome / sum, one per turn (action) for ``turn``
+    and ``process``. Dynamic sampling judges a group on this, not on the raw step rewards: a
+    group whose signals are all equal carries no advantage, whatever its ``total_reward`` says."""
+    turn_r, turn_m = _turn_tensors([traj], cfg)
+    if cfg.advantage == "process" or cfg.reward_level == "turn":
+        return tuple(float(x) for x in turn_r[0, : traj.num_turns])
+    return (float(A.episode_rewards(turn_r, turn_m, cfg.reward_level)[0]),)
 
 
 def _last_turn_only(turn_r: torch.Tensor, turn_m: torch.Tensor) -> torch.Tensor:
@@ -320,13 +432,16 @@ def policy_loss(
     total_seqs: float | None = None,
     temperature: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss of one (micro-)batch: aggregate(clipped surrogate + kl_coef KL - entropy_coef H) + vf_coef V-loss.
+    """Loss of one (micro-)batch: aggregate(w * policy objective + kl_coef KL - entropy_coef H)
+    + vf_coef V-loss.
 
+    The policy objective is ``cfg.policy_loss`` (``POLICY_LOSSES``: PPO clip, GSPO, CISPO, SAPO,
+    GMPO, Clip-Cov, KL-Cov); w is the rollout-correction weight ``batch.is_weights`` (1 when off).
     The KL term is in the loss only for ``kl_mode="loss"`` (GRPO); its reference log-probs come
     from ``batch.ref_logprobs`` or are computed under ``ref_model_ctx()``. The value loss is always
     token-mean. ``agg_constant`` (max new tokens) is used for ``seq_sum_constant`` when
     ``cfg.loss_agg_constant`` is None; ``total_tokens``/``total_seqs`` are the full batch's counts
-    when this is one micro-batch of several (see ``aggregate``).
+    when this is one micro-batch of several (see ``aggregate``), also across data-parallel ranks.
 
     ``temperature`` must be the rollout's sampling temperature: ``batch.old_logprobs`` are
     log-probs of softmax(logits / T) (``veriloop.agents.sampling_params``), so the new log-probs
@@ -336,7 +451,8 @@ def policy_loss(
     ``prepare_batch(..., recompute_old_logprobs=True)``, as the training loop does.)
 
     Returns:
-        scalar loss (with grad) and the metrics named in ``METRIC_NAMES`` (except grad_norm).
+        scalar loss (with grad) and the metrics named in ``METRIC_NAMES`` (except grad_norm),
+        plus ``cov_frac`` for Clip-Cov / KL-Cov.
     """
     mask = batch.loss_mask
     first = first_loss_position(mask)
@@ -349,8 +465,10 @@ def policy_loss(
     constant = cfg.loss_agg_constant or agg_constant
     agg = partial(aggregate, mask=mask, mode=cfg.loss_agg, constant=constant,
                   total_tokens=total_tokens, total_seqs=total_seqs)  # fmt: skip
-    pg, stats = clipped_pg_loss(logp, batch.old_logprobs, batch.advantages, mask,
-                                clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)  # fmt: skip
+    segments = batch.turn_index if cfg.sequence_unit == "turn" else None
+    pg, stats = pick_policy_loss(cfg)(logp, batch.old_logprobs, batch.advantages, mask, segments)
+    if batch.is_weights is not None:  # rollout correction: pi_old / mu, truncated or masked
+        pg = pg * batch.is_weights.detach()
     loss_pg = agg(pg)
     zero = loss_pg.new_zeros(())
     loss_kl = zero
@@ -384,7 +502,19 @@ def policy_loss(
         "entropy": float((ent.detach() * m).sum() / n),
         "mean_token_prob": float((logp.detach().exp() * m).sum() / n),
     }
+    if "cov_frac" in stats:
+        metrics["cov_frac"] = float(stats["cov_frac"])
     return loss, metrics
+
+
+def loss_normalisers(batch: TokenBatch) -> dict[str, float]:
+    """``update_step(**loss_normalisers(mini_batch))`` on each data-parallel rank: the whole
+    mini-batch's token and sequence counts, so every rank's loss (policy *and* value) is already
+    in the mini-batch's units and the ranks' gradients are simply summed (``grad_sync(1.0)``).
+    Weighting each rank by one share instead cannot be right for both the sequence-normalised
+    policy loss and the token-normalised value loss at once."""
+    lengths = batch.loss_mask.sum(1)
+    return {"global_tokens": float(lengths.sum()), "global_seqs": float((lengths > 0).sum())}
 
 
 def update_step(
@@ -401,6 +531,8 @@ def update_step(
     max_new_tokens: int | None = None,
     on_before_step: Callable[[list[torch.nn.Parameter], bool], bool] | None = None,
     temperature: float = 1.0,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
 ) -> dict[str, float]:
     """One optimizer step on ``batch``: gradient accumulation over micro-batches, grad-norm clipping
     over the optimizer's parameters, and a non-finite guard (a NaN/inf loss or gradient norm skips
@@ -411,14 +543,17 @@ def update_step(
     (data parallelism: the gradient all-reduce, see ``DistContext.grad_sync``); it receives every
     trainable parameter of the optimizer and whether this process's loss was finite.
     ``temperature``: the rollout's sampling temperature (see ``policy_loss``).
+    ``global_tokens`` / ``global_seqs``: the loss normalisers when ``batch`` is this rank's part
+    of a larger mini-batch (``loss_normalisers``); None = ``batch``'s own counts.
 
     Returns:
         ``METRIC_NAMES`` metrics (losses summed over micro-batches, rates token-weighted) + ``skipped``.
     """
     optimizer.zero_grad(set_to_none=True)
     lengths = batch.loss_mask.sum(1)
-    total_tokens = float(lengths.sum())
-    total_seqs = float((lengths > 0).sum())
+    total_tokens = float(lengths.sum()) if global_tokens is None else global_tokens
+    total_seqs = float((lengths > 0).sum()) if global_seqs is None else global_seqs
+    own_tokens = float(lengths.sum())
     sums = dict.fromkeys(METRIC_NAMES, 0.0)
     finite = True
     # similar lengths, little padding; at most micro_batch_tokens padded tokens each when set
@@ -433,7 +568,7 @@ def update_step(
             break
         loss.backward()
         for k, v in m.items():
-            sums[k] += v if k in _SUMMED else v * n_tok / total_tokens
+            sums[k] = sums.get(k, 0.0) + (v if k in _SUMMED else v * n_tok / max(own_tokens, 1.0))
     if on_before_step is not None:
         trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         finite = on_before_step(trainable, finite)
@@ -462,18 +597,27 @@ def prepare_batch(
 ) -> tuple[TokenBatch, dict[str, float]]:
     """Collate a rollout batch and attach everything the update needs, once per rollout:
     reference log-probs (if ``cfg.needs_reference``), rollout-time values (if a critic), the
-    advantages and returns from ``compute_advantages``, and the sample mask. ``temperature``: the
-    rollout's sampling temperature, used for the reference log-probs (see ``policy_loss``).
+    advantages and returns from ``compute_advantages``, the sample mask, and the rollout
+    correction. ``temperature``: the rollout's sampling temperature, used for the reference
+    log-probs (see ``policy_loss``).
 
     ``recompute_old_logprobs``: replace the recorded sampling log-probs with ``model``'s own at
     ``temperature``. Needed when the sampler truncated the distribution (top-k / top-p): the
     recorded numbers are then log-probs of the *filtered* distribution, which the update's
     forward pass (unfiltered) cannot reproduce, so the ratio would start away from 1.
+
+    Rollout correction (``cfg.needs_old_recompute``): pi_old is always recomputed by ``model``
+    and the recorded log-probs are kept as mu (``batch.sampler_logprobs``); the correction's
+    weights go to ``batch.is_weights`` and the tokens / sequences it drops leave the loss mask.
+    Its stats (``rollout_corr/*``, ``mismatch/*``) join the returned metrics.
     """
     base = collate(trajectories, [[0.0] * len(t.token_ids) for t in trajectories], pad_id=pad_id)
-    if recompute_old_logprobs:
+    sampler_lp = base.old_logprobs
+    if recompute_old_logprobs or cfg.needs_old_recompute:
         if model is None:
-            raise ValueError("recompute_old_logprobs=True needs the policy model (model=...)")
+            raise ValueError(
+                "recomputing the old log-probs (top-k/top-p, rollout correction) needs model=..."
+            )
         with torch.no_grad():
             old, _ = token_logprobs(model, base.input_ids, base.attention_mask, temperature=temperature,
                                     first_position=first_loss_position(base.loss_mask), **base.extras)  # fmt: skip
@@ -497,4 +641,16 @@ def prepare_batch(
             old_v = values(critic, base).detach()
     adv = compute_advantages(trajectories, cfg, values=old_v, ref_logprobs=ref)
     batch = collate(trajectories, adv.advantages, pad_id=pad_id, sample_mask=adv.sample_mask)
-    return replace(batch, returns=adv.returns, old_values=old_v, ref_logprobs=ref), adv.metrics
+    batch = replace(batch, returns=adv.returns, old_values=old_v, ref_logprobs=ref)
+    if not cfg.needs_old_recompute:
+        return batch, adv.metrics
+    weights, keep, stats = rollout_correction(
+        batch.old_logprobs, sampler_lp * batch.loss_mask, batch.loss_mask, token=cfg.rollout_is,
+        cap=cfg.rollout_is_cap, low=cfg.rollout_is_low, high=cfg.rollout_is_high, seq_mask=cfg.rollout_seq_mask,
+        seq_low=cfg.rollout_seq_low, seq_high=cfg.rollout_seq_high,
+        segments=batch.turn_index if cfg.sequence_unit == "turn" else None,
+    )  # fmt: skip
+    kept = keep.to(batch.loss_mask.dtype)
+    batch = replace(batch, loss_mask=batch.loss_mask * kept, advantages=batch.advantages * kept,
+                    sampler_logprobs=sampler_lp * batch.loss_mask, is_weights=weights * kept)  # fmt: skip
+    return batch, {**adv.metrics, **stats}

@@ -83,15 +83,19 @@ def test_process_needs_action_kinds(make_traj):
 # ----------------------------------------------------------------------------- one update step
 
 
-def _episodes(model, make_traj, with_logprobs):
-    """Two problems x two episodes of two turns (solve, verify); one right (+1) and one wrong (-1)."""
+def _episodes(model, make_traj, with_logprobs, early=lambda r: r - 1):
+    """Two problems x two episodes of two turns (solve, verify); one right and one wrong: turn
+    rewards (0, +1) and (-2, -1), never positive before the last turn (``reward_level="sum"``
+    refuses that: it would pay for extra attempts)."""
     trajs = []
     for g, (good, bad) in enumerate(
         [((10, 11, 12, 13, 14), (20, 21, 22, 23, 24)), ((40, 41, 42, 43, 44), (50, 51, 52, 53, 54))]
     ):
         for toks, r in ((good, 1.0), (bad, -1.0)):
             trajs.append(
-                make_traj([(toks[:3], [30, 31], r), (toks[3:], [], r)], group_id=g, kinds=["solve", "verify"])
+                make_traj(
+                    [(toks[:3], [30, 31], early(r)), (toks[3:], [], r)], group_id=g, kinds=["solve", "verify"]
+                )
             )
     batch = collate(trajs, [[0.0] * len(t.token_ids) for t in trajs])
     with torch.no_grad():
@@ -103,7 +107,8 @@ def _episodes(model, make_traj, with_logprobs):
 def test_one_step_moves_logprobs_with_advantage_sign(preset, tiny_llama, make_traj, with_logprobs):
     cfg = load_preset(preset)
     model = tiny_llama.train()
-    trajs = _episodes(model, make_traj, with_logprobs)
+    summed = cfg.reward_level == "sum" and cfg.advantage != "process"
+    trajs = _episodes(model, make_traj, with_logprobs, early=(lambda r: r - 1) if summed else (lambda r: r))
     critic = ValueModel(model) if cfg.needs_critic else None
     ref = copy.deepcopy(model) if cfg.needs_reference else None
     batch, _ = prepare_batch(trajs, cfg, model=model, critic=critic, ref_model=ref)
@@ -154,7 +159,7 @@ def test_one_step_with_mixed_signs_inside_episodes(tiny_llama, make_traj, with_l
 def test_micro_batching_gives_the_full_batch_gradient(tiny_llama, make_traj, with_logprobs):
     trajs = _episodes(tiny_llama, make_traj, with_logprobs)
     trajs[0] = make_traj(
-        [([10], [30], 1.0), ([11, 12, 13], [], 1.0)], kinds=["solve", "verify"]
+        [([10], [30], 0.0), ([11, 12, 13], [], 2.0)], kinds=["solve", "verify"]
     )  # uneven lengths
     for agg in ("token_mean", "seq_mean_token_mean", "seq_sum_constant"):
         cfg = AlgoConfig(advantage="group_mean", loss_agg=agg, loss_agg_constant=8)
@@ -346,7 +351,7 @@ def test_s2r_presets_read_their_signal_from_info(make_traj):
 
 def test_recompute_old_logprobs_replaces_filtered_sampling_logprobs(tiny_llama, make_traj):
     """top-k / top-p sampling records filtered log-probs; the update needs the model's own at T."""
-    a = make_traj([([10, 11], [30, 31], 1.0), ([12], [], 0.0)])
+    a = make_traj([([10, 11], [30, 31], 0.0), ([12], [], 1.0)])
     b = make_traj([([13, 14, 15], [], 0.0)])
     cfg = AlgoConfig(advantage="rloo")
     kept, _ = prepare_batch([a, b], cfg, model=tiny_llama)
@@ -356,7 +361,7 @@ def test_recompute_old_logprobs_replaces_filtered_sampling_logprobs(tiny_llama, 
     m = fresh.loss_mask.bool()
     assert torch.allclose(fresh.old_logprobs[m], want[m], atol=1e-5)
     assert torch.all(fresh.old_logprobs[~m] == kept.old_logprobs[~m])  # off the mask: untouched
-    with pytest.raises(ValueError, match="needs the policy model"):
+    with pytest.raises(ValueError, match="needs model="):
         prepare_batch([a, b], cfg, recompute_old_logprobs=True)
 
 

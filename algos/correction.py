@@ -1,0 +1,168 @@
+"""Rollout correction: the sampler is not the trainer.
+
+The sampler's recorded log-probs mu (vLLM kernels, bf16, an older weight version) differ from
+pi_old, the trainer's own log-probs of the same tokens under the rollout-time weights. The PPO-
+family ratio rho = pi_theta / pi_old assumes the tokens came from pi_old; the factor
+pi_old / mu corrects for the rest. Each function here takes
+
+    old_logprobs [B, T]      log pi_old, recomputed by the trainer before the update
+    sampler_logprobs [B, T]  log mu, recorded by the sampler (``Trajectory.logprobs``)
+    mask [B, T]              1 on sampled tokens that train
+
+and returns a per-token *weight* (multiplies the policy loss, detached) and a *keep* mask (tokens
+and sequences dropped from the loss, its normalisers included). They combine with any policy loss
+in ``losses.py``. References: Yao et al. 2025, "Your efficient RL framework secretly brings you
+off-policy RL training" (truncated IS); Ling team 2025, IcePop (masked IS); verl's rollout-
+correction module (geometric sequence mask). Notation as in ../shared/docs/papers.md section 11.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from veriloop.algos.losses import _check_same, _masked_mean, sequence_mean
+
+TokenCorrection = Literal["none", "truncate", "mask"]
+
+
+def _log_w(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    _check_same(("old_logprobs", "sampler_logprobs", "mask"), old_logprobs, sampler_logprobs, mask)
+    d = (old_logprobs - sampler_logprobs).detach().double()
+    return torch.where(mask.bool(), d, torch.zeros_like(d))
+
+
+def truncated_is_weights(
+    old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor, *, cap: float
+) -> torch.Tensor:
+    """Truncated importance sampling (TIS): w_t = min(pi_old(y_t) / mu(y_t), C), C = ``cap``.
+
+    Unbiased up to the truncation; the cap bounds the variance a token with a tiny mu could add.
+    With mu = pi_old every weight is 1 (a no-op). Returns: [B, T] float weights, 1 off the mask.
+    """
+    if cap <= 0:
+        raise ValueError(f"truncated IS needs a positive cap C (e.g. 2.0), got {cap}")
+    w = torch.exp(_log_w(old_logprobs, sampler_logprobs, mask)).clamp(max=cap)
+    return torch.where(mask.bool(), w, torch.ones_like(w)).to(old_logprobs.dtype)
+
+
+def masked_is_weights(
+    old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor, *, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked importance sampling (MIS, IcePop): w_t = (pi_old / mu) 1[low <= pi_old / mu <= high].
+
+    A token whose ratio leaves [low, high] (IcePop: [0.5, 2]) is dropped from the loss outright
+    rather than down-weighted: such a token is evidence the two engines disagree, not a sample.
+
+    Returns:
+        weights [B, T] (the ratio on kept tokens, 1 elsewhere) and keep [B, T] (bool, False on
+        dropped tokens and off the mask).
+    """
+    if not 0 <= low < 1 < high:
+        raise ValueError(f"masked IS needs 0 <= low < 1 < high, got low={low}, high={high}")
+    r = torch.exp(_log_w(old_logprobs, sampler_logprobs, mask))
+    keep = mask.bool() & (r >= low) & (r <= high)
+    w = torch.where(keep, r, torch.ones_like(r)).to(old_logprobs.dtype)
+    return w, keep
+
+
+def geometric_sequence_mask(
+    old_logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    low: float,
+    high: float,
+    segments: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Sequence-level geometric mask: drop sequence y_i when
+    g_i = exp((1/|y_i|) sum_t log(pi_old / mu)) falls outside [low, high].
+
+    g_i is the per-token geometric mean of the sequence's ratio, so it does not explode with
+    length the way the product pi_old(y_i)/mu(y_i) does; tight bounds (e.g. [0.999, 1.001]) reject
+    sequences the sampler saw through a systematically different model. ``segments`` as in
+    ``losses.sequence_mean`` (None = one sequence per row: the episode's sampled tokens).
+
+    Returns: keep [B, T] (bool; False on every token of a rejected sequence and off the mask).
+    """
+    if not 0 <= low <= 1 <= high:
+        raise ValueError(f"the geometric mask needs 0 <= low <= 1 <= high, got low={low}, high={high}")
+    g = torch.exp(sequence_mean(_log_w(old_logprobs, sampler_logprobs, mask), mask, segments))
+    return mask.bool() & (g >= low) & (g <= high)
+
+
+def mismatch_stats(
+    old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """How far the sampler is from the trainer, over the masked tokens (logged every step):
+    ``mismatch/k3_kl`` = mean of r - 1 - log r with r = mu / pi_old (k3 estimate of
+    KL(pi_old || mu)), ``mismatch/ratio_max`` / ``ratio_min`` of pi_old / mu, and
+    ``mismatch/outside_frac`` = share of tokens with pi_old / mu outside [0.5, 2]."""
+    d = _log_w(old_logprobs, sampler_logprobs, mask)
+    m = mask.bool()
+    if not bool(m.any()):
+        return dict.fromkeys(
+            ("mismatch/k3_kl", "mismatch/ratio_max", "mismatch/ratio_min", "mismatch/outside_frac"), 0.0
+        )
+    r = torch.exp(d)
+    return {
+        "mismatch/k3_kl": float(_masked_mean(torch.exp(-d) - 1 + d, m)),
+        "mismatch/ratio_max": float(r[m].max()),
+        "mismatch/ratio_min": float(r[m].min()),
+        "mismatch/outside_frac": float(_masked_mean(((r < 0.5) | (r > 2.0)).double(), m)),
+    }
+
+
+def rollout_correction(
+    old_logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    token: TokenCorrection,
+    cap: float,
+    low: float,
+    high: float,
+    seq_mask: bool,
+    seq_low: float,
+    seq_high: float,
+    segments: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """The token correction (``none`` / ``truncate`` / ``mask``) and optionally the geometric
+    sequence mask, combined: weights [B, T], keep [B, T] (bool) and stats.
+
+    Stats (shares of the masked tokens / of the sequences with >= 1 masked token):
+    ``rollout_corr/token_frac`` tokens whose weight was capped or that were dropped,
+    ``rollout_corr/seq_frac`` sequences with at least one such token or rejected whole,
+    ``rollout_corr/seq_masked_frac`` sequences rejected by the geometric mask, plus
+    ``mismatch_stats``.
+    """
+    m = mask.bool()
+    weights = torch.ones_like(old_logprobs)
+    keep = m.clone()
+    touched = torch.zeros_like(m)
+    if token == "truncate":
+        weights = truncated_is_weights(old_logprobs, sampler_logprobs, mask, cap=cap)
+        touched = m & (_log_w(old_logprobs, sampler_logprobs, mask) > torch.log(torch.tensor(cap)).double())
+    elif token == "mask":
+        weights, keep = masked_is_weights(old_logprobs, sampler_logprobs, mask, low=low, high=high)
+        touched = m & ~keep
+    elif token != "none":
+        raise ValueError(f"rollout_is must be 'none', 'truncate' or 'mask', got {token!r}")
+    seq_rejected = torch.zeros_like(m)
+    if seq_mask:
+        seq_keep = geometric_sequence_mask(
+            old_logprobs, sampler_logprobs, mask, low=seq_low, high=seq_high, segments=segments
+        )
+        seq_rejected = m & ~seq_keep
+        keep &= seq_keep
+        touched |= seq_rejected
+    rows = m.any(1)
+    n_rows = max(int(rows.sum()), 1)
+    stats = {
+        "rollout_corr/token_frac": float(_masked_mean(touched.float(), m)),
+        "rollout_corr/seq_frac": float(touched.any(1).sum()) / n_rows,
+        "rollout_corr/seq_masked_frac": float(seq_rejected.any(1).sum()) / n_rows,
+        **mismatch_stats(old_logprobs, sampler_logprobs, mask),
+    }
+    return weights, keep, stats
