@@ -11,7 +11,8 @@ module is imported only when it is made)::
 
 Ids: ``veriloop/MathVerify-v0``, ``veriloop/MathVerifyRetry-v0``, ``veriloop/Points24-{text,vision}-v0``,
 ``veriloop/Points24-{text,vision}-ruleood-v0``, ``veriloop/Points24-vision-visualood-v0``,
-``veriloop/SolveVerify-v0``; :data:`SPLITS` maps evaluation splits to them.
+``veriloop/SolveVerify-v0``; :data:`SPLITS` maps evaluation splits to them. :data:`INTEROP_ENVS`:
+``veriloop/ReasoningGym-v0`` (any reasoning-gym dataset; ``pip install 'veriloop[reasoning-gym]'``).
 """
 
 from __future__ import annotations
@@ -46,8 +47,18 @@ ENVS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+#: Ids that bring other projects' environments in; each needs its extra (see :mod:`veriloop.interop`),
+#: and making one without it raises an error that names the extra.
+INTEROP_ENVS: dict[str, tuple[str, dict[str, Any]]] = {
+    "veriloop/ReasoningGym-v0": (
+        "veriloop.interop.reasoning_gym_env:ReasoningGymEnv",  # pip install 'veriloop[reasoning-gym]'
+        {"dataset": "basic_arithmetic", "config": {}},
+    ),
+}
+
+
 def _register_all() -> None:
-    for env_id, (entry_point, kwargs) in ENVS.items():
+    for env_id, (entry_point, kwargs) in {**ENVS, **INTEROP_ENVS}.items():
         if env_id not in gymnasium.registry:
             gymnasium.register(
                 id=env_id, entry_point=entry_point, kwargs=dict(kwargs), disable_env_checker=False
@@ -61,4 +72,4 @@ def registered_ids() -> list[str]:
 
 _register_all()
 
-__all__ = ["ENVS", "SPLITS", "UnicodeText", "VerifierEnv", "registered_ids", "split_env"]
+__all__ = ["ENVS", "INTEROP_ENVS", "SPLITS", "UnicodeText", "VerifierEnv", "registered_ids", "split_env"]

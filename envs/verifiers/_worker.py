@@ -75,7 +75,17 @@ def math_task(answer: str, gold: str) -> tuple[str, str]:
     return ("correct" if ok else "wrong"), str(answer_parsed[-1])[:200]
 
 
-TASKS: dict[str, Callable[..., Any]] = {"math": math_task}
+def reasoning_gym_task(*args: Any) -> Any:
+    """reasoning-gym's own scorer (``pip install veriloop[reasoning-gym]``), imported on first use.
+
+    See :func:`veriloop.interop.reasoning_gym_env.score_in_worker` for the arguments and the reply.
+    """
+    from veriloop.interop.reasoning_gym_env import score_in_worker
+
+    return score_in_worker(*args)
+
+
+TASKS: dict[str, Callable[..., Any]] = {"math": math_task, "reasoning_gym": reasoning_gym_task}
 
 
 def _limit_memory(max_bytes: int) -> None:

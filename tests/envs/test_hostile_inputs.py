@@ -234,6 +234,8 @@ def test_every_env_steps_fast_on_megabyte_bait() -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     seconds = json.loads(out.stdout)
-    assert len(seconds) == 8 * len(ENV_BAIT)
+    from veriloop.envs import ENVS, INTEROP_ENVS
+
+    assert len(seconds) == len(ENVS | INTEROP_ENVS) * len(ENV_BAIT)
     slow = {k: round(v, 2) for k, v in seconds.items() if v > 1.0}
     assert not slow, slow

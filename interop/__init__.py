@@ -1,0 +1,22 @@
+"""Interop: veriloop environments in other frameworks, and other frameworks' environments here.
+
+Each adapter lives in its own module and imports its framework lazily; using one without its extra
+raises :class:`~veriloop.interop._extras.MissingExtraError` naming ``pip install 'veriloop[<extra>]'``.
+Importing this package itself needs nothing beyond veriloop.
+
+In (other environments as veriloop / Gymnasium envs):
+
+* :mod:`.reasoning_gym_env` -- ``veriloop/ReasoningGym-v0``: any reasoning-gym dataset, scored by
+  reasoning-gym's own scorer in veriloop's killable verifier worker (``[reasoning-gym]``).
+* :mod:`.openenv_client` -- an OpenEnv server's environment as a ``gymnasium.Env`` (``[openenv]``).
+* :mod:`.textarena_env` -- a TextArena game against a scripted opponent (``[textarena]``).
+
+Out (veriloop environments elsewhere):
+
+* :mod:`.openenv_server` -- serve any ``veriloop/*`` id as an OpenEnv environment (``[openenv]``).
+* :mod:`.trl_env` -- a veriloop env behind TRL's ``GRPOTrainer(environment_factory=...)`` (``[trl]``).
+"""
+
+from veriloop.interop._extras import MissingExtraError
+
+__all__ = ["MissingExtraError"]

@@ -1,0 +1,196 @@
+"""``veriloop/ReasoningGym-v0``: any reasoning-gym dataset as a veriloop verifier environment.
+
+reasoning-gym (``pip install 'veriloop[reasoning-gym]'``) has ~100 procedural task generators, each
+with its own scorer. This env draws one of a dataset's items per episode and scores the model's
+answer with that dataset's own ``score_answer``::
+
+    env = gymnasium.make("veriloop/ReasoningGym-v0", dataset="chain_sum", config={"size": 1000})
+    obs, info = env.reset(seed=0)        # obs: the question + the answer format
+    env.step("... <answer>-6299</answer>")   # reward = reasoning-gym's score in [0, 1]
+
+* **Which item.** The dataset is built once with ``config`` (reasoning-gym's own options for that
+  dataset, e.g. ``size``, ``min_terms``); its ``seed`` defaults to 0 so the item list is fixed, and
+  an episode draws an index in ``[0, size)`` from ``self.np_random`` (reasoning-gym's default size is
+  usually 500; pass ``config={"size": N}`` for more variety).
+* **Answer format.** The model's final answer is read with veriloop's hardened extractor
+  (:func:`veriloop.envs.verifiers.extract_answer`): the last ``<answer>...</answer>`` or ``\\boxed{...}``
+  (text after ``</think>`` only, size-capped). No answer: reason ``"no_answer"``, reward 0.
+* **Scoring is untrusted code, so it runs in the verifier worker.** The extracted answer goes to a
+  sandboxed worker process (:mod:`veriloop.envs.verifiers.pool`: memory cap, hard wall-clock deadline
+  ``timeout_s``, SIGKILL on overrun). The worker rebuilds the same dataset, regenerates item
+  ``index``, checks the question matches (a dataset that is not reproducible is a ``"crash"``, never
+  a silently wrong score) and calls ``score_answer``. A timeout / crash / memory error is a
+  ``Verdict.error`` (episode truncated, reward 0, excluded by trainers), never a wrong answer.
+* **Reward** = the score (partial credit kept: reason ``"partial"`` for ``0 < score < 1``);
+  ``correct`` means a score of 1. ``info["reward_components"] == {"score": score}``.
+* **Multi-turn.** ``max_attempts > 1`` gives retries with "Incorrect" feedback (the gold is never
+  shown), as every :class:`~veriloop.envs.VerifierEnv`.
+
+``info["task"]``: ``{"dataset", "index", "question", "answer", "metadata"}`` (reasoning-gym's entry,
+made JSON-safe; not for the policy). ``reset(options={"task": {"index": i}})`` pins item ``i``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+from functools import lru_cache
+from typing import Any
+
+from veriloop.envs.base import MAX_TEXT_CHARS, VerifierEnv
+from veriloop.envs.verifiers import Verdict, extract_answer
+from veriloop.envs.verifiers import stats as verifier_stats
+from veriloop.envs.verifiers.pool import get_pool
+from veriloop.interop._extras import require
+
+ENV_ID = "veriloop/ReasoningGym-v0"
+DEFAULT_TIMEOUT_S = 10.0
+FORMAT_LINE = "Put your final answer alone inside <answer></answer> tags at the end of your reply."
+NO_ANSWER_FEEDBACK = "No final answer found: put it inside <answer></answer> tags."
+_ERRORS = {"timeout": "timeouts", "memory": "memory_errors", "crash": "crashes"}
+
+
+def dataset_names() -> list[str]:
+    """Every dataset name reasoning-gym registers (needs the ``[reasoning-gym]`` extra)."""
+    rg = require("reasoning_gym", "reasoning-gym", ENV_ID)
+    return sorted(rg.factory.DATASETS)
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` round-tripped through JSON (tuples -> lists, other objects -> ``str``)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _build(name: str, config_json: str) -> Any:
+    rg = require("reasoning_gym", "reasoning-gym", ENV_ID)
+    return rg.create_dataset(name, **json.loads(config_json))
+
+
+@lru_cache(maxsize=16)
+def _cached_dataset(name: str, config_json: str) -> Any:
+    """One dataset per (name, config) in a worker process: rebuilt once, reused for every request."""
+    return _build(name, config_json)
+
+
+def score_in_worker(name: str, config_json: str, index: int, question: str, answer: str) -> float:
+    """Runs INSIDE the verifier worker: reasoning-gym's score of ``answer`` on item ``index``.
+
+    Raises (reported as a ``"crash"`` verdict) when the regenerated item's question is not
+    ``question`` -- the dataset is not reproducible from its config -- or the score is not a
+    finite number in [0, 1].
+    """
+    data = _cached_dataset(name, config_json)
+    entry = data[index]
+    if entry["question"] != question:
+        raise RuntimeError(
+            f"{name}[{index}] regenerated a different question: the dataset is not reproducible"
+        )
+    score = float(data.score_answer(answer, entry))
+    if not (math.isfinite(score) and 0.0 <= score <= 1.0):
+        raise ValueError(f"{name}.score_answer returned {score!r}, expected a number in [0, 1]")
+    return score
+
+
+class ReasoningGymEnv(VerifierEnv[dict]):
+    """A reasoning-gym dataset behind the veriloop verify loop (see the module docstring).
+
+    Args:
+        dataset: reasoning-gym dataset name (``reasoning_gym.factory.DATASETS``), e.g. ``"chain_sum"``.
+        config: That dataset's options (its config dataclass fields); must be JSON-serialisable.
+            ``seed`` defaults to 0 when the config has one.
+        max_attempts: Answers allowed per episode (1 = single turn).
+        timeout_s: Wall-clock deadline of one scoring call in the worker.
+        max_text_chars: See :class:`~veriloop.envs.VerifierEnv`.
+        render_mode: ``None`` or ``"ansi"``.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "basic_arithmetic",
+        config: dict[str, Any] | None = None,
+        *,
+        max_attempts: int = 1,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_text_chars: int = MAX_TEXT_CHARS,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(max_attempts=max_attempts, max_text_chars=max_text_chars, render_mode=render_mode)
+        rg = require("reasoning_gym", "reasoning-gym", ENV_ID)
+        names = sorted(rg.factory.DATASETS)
+        if dataset not in names:
+            close = difflib.get_close_matches(dataset, names, n=3)
+            hint = f" Did you mean {close}?" if close else ""
+            raise KeyError(f"unknown reasoning-gym dataset {dataset!r} ({len(names)} known).{hint}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        config = dict(config or {})
+        config_cls = rg.factory.DATASETS[dataset][1]
+        if "seed" in {f.name for f in dataclasses.fields(config_cls)}:
+            config.setdefault("seed", 0)  # a fixed item list: the env's np_random picks the item
+        try:
+            self.config_json = json.dumps(config, sort_keys=True)
+        except TypeError as exc:
+            raise TypeError(
+                f"config for {dataset!r} must be JSON-serialisable (it is sent to the worker): {exc}"
+            ) from exc
+        self.dataset = dataset
+        self.timeout_s = float(timeout_s)
+        self._data = _build(dataset, self.config_json)
+        if len(self._data) < 1:
+            raise ValueError(f"reasoning-gym dataset {dataset!r} with config {config} has no items")
+
+    # ------------------------------------------------------------------ VerifierEnv API
+    def sample_task(self) -> dict:
+        return self._item(int(self.np_random.integers(len(self._data))))
+
+    def task_from_options(self, spec: Any) -> dict:
+        """``{"index": i}`` (or a full ``info["task"]`` dict, or a bare int) pins item ``i``."""
+        index = spec["index"] if isinstance(spec, dict) else spec
+        if not isinstance(index, int) or not 0 <= index < len(self._data):
+            raise ValueError(f"task index must be an int in [0, {len(self._data)}), got {index!r}")
+        return self._item(index)
+
+    def prompt(self, task: dict) -> str:
+        return f"{task['question']}\n\n{FORMAT_LINE}"
+
+    def check(self, response: str, task: dict) -> Verdict:
+        verifier_stats.count("checks")
+        answer = extract_answer(response)
+        if answer is None:
+            return Verdict(correct=False, reason="no_answer", feedback=NO_ANSWER_FEEDBACK)
+        args = (self.dataset, self.config_json, task["index"], task["question"], answer)
+        status, value = get_pool().run("reasoning_gym", args, self.timeout_s)
+        if status != "ok":
+            verifier_stats.count(_ERRORS[status])
+            return Verdict(
+                correct=False,
+                error=status,
+                parsed=answer,
+                reason="verifier_error",
+                feedback=f"The verifier failed ({status}); this episode is stopped.",
+                details={"message": str(value)[:300]},
+            )
+        score = float(value)
+        correct = score >= 1.0
+        reason = "correct" if correct else ("partial" if score > 0 else "wrong_value")
+        feedback = "Correct." if correct else ("Partly correct." if score > 0 else "Incorrect.")
+        return Verdict(
+            correct=correct, parsed=answer, reason=reason, feedback=feedback, details={"score": score}
+        )
+
+    def reward(self, verdict: Verdict, task: dict) -> tuple[float, dict[str, float]]:
+        score = float(verdict.details.get("score", 0.0))
+        return score, {"score": score}
+
+    # ------------------------------------------------------------------ helpers
+    def _item(self, index: int) -> dict:
+        entry = self._data[index]
+        return {
+            "dataset": self.dataset,
+            "index": index,
+            "question": str(entry["question"]),
+            "answer": _json_safe(entry.get("answer")),
+            "metadata": _json_safe(entry.get("metadata", {})),
+        }
