@@ -10,8 +10,13 @@ of which ``c`` are correct:
 * **maj@k** -- majority vote over the first ``k`` sampled final answers; the problem counts as
   solved when the winning answer is correct.
 
-A sample whose verifier failed (timeout, memory, crash; ``Verdict.error`` set) is *not* a wrong
-answer: it is dropped before any metric is computed and counted under ``verifier_errors``.
+A sample whose verifier failed (timeout, memory, crash; ``Verdict.error`` set) was not judged, and an
+answer nobody could check is not a success: in evaluation it counts as UNSOLVED in avg@n, pass@k and
+maj@k (it stays in every denominator), and the failures are reported on their own, as
+``verifier_errors`` (a count) and ``error_rate`` (their share of the samples). Dropping them instead
+would let a policy lift its score by answering what it cannot solve with something the verifier
+chokes on. (Training is different: there such episodes are left out of the baselines and get
+advantage 0, see :mod:`veriloop.algos.advantages`, since they carry no reward signal either way.)
 
 Pure Python; no torch. Results are plain dicts of floats/ints, ready for logs and JSON.
 """
@@ -32,7 +37,7 @@ class Sample:
     """One sampled response to one evaluation problem.
 
     Attributes:
-        correct: The verifier's judgement (meaningless when ``error`` is set).
+        correct: The verifier's judgement (treated as False when ``error`` is set).
         answer: The extracted final answer used for majority voting, ``None`` when the response
             had none. Compare answers in a canonical form (e.g. the verifier's ``parsed``):
             equal strings vote together, different strings never do.
@@ -120,41 +125,51 @@ def summarize_split(
     """Metrics of one evaluation split.
 
     Args:
-        results_per_problem: For each problem, its samples in sampling order.
+        results_per_problem: For each problem, its samples in sampling order; every problem needs
+            at least ``max(k_list)`` samples.
         k_list: The k values to report pass@k and maj@k for.
 
     Returns:
-        ``num_problems``, ``num_samples`` (judged), ``verifier_errors`` (samples dropped),
-        ``avg@n`` (mean over problems of the per-problem accuracy), and for each k: ``pass@k``,
-        ``maj@k`` and ``excluded@k`` -- problems left out of both because fewer than k of their
-        samples were judged (verifier errors ate them); the averages are over the rest
-        (``nan`` when no problem is left).
+        ``num_problems``, ``num_samples`` (all of them), ``verifier_errors`` (samples the verifier
+        failed on), ``error_rate`` (``verifier_errors / num_samples``), ``avg@n`` (mean over problems
+        of the per-problem accuracy) and, for each k, ``pass@k`` and ``maj@k``. A sample with
+        ``error`` set counts as unsolved in all of them (module docstring); in maj@k it still votes
+        with its answer, which is correct only if another sample with the same answer was judged so.
     """
     if not results_per_problem:
         raise ValueError("summarize_split needs at least one problem, got none")
-    judged = [[s for s in samples if s.error is None] for samples in results_per_problem]
-    errors = sum(len(samples) - len(j) for samples, j in zip(results_per_problem, judged))
-    scored = [j for j in judged if j]
+    if any(len(samples) == 0 for samples in results_per_problem):
+        raise ValueError("summarize_split needs at least one sample per problem")
+    solved = [[s.correct and s.error is None for s in samples] for samples in results_per_problem]
+    total = sum(len(samples) for samples in results_per_problem)
+    errors = sum(s.error is not None for samples in results_per_problem for s in samples)
     out: dict[str, float] = {
         "num_problems": len(results_per_problem),
-        "num_samples": sum(len(j) for j in judged),
+        "num_samples": total,
         "verifier_errors": errors,
-        "avg@n": _mean([avg_at_k([s.correct for s in j]) for j in scored]),
+        "error_rate": errors / total,
+        "avg@n": _mean([avg_at_k(c) for c in solved]),
     }
     for k in k_list:
-        usable = [j for j in judged if len(j) >= k]
-        out[f"pass@{k}"] = _mean([pass_at_k(len(j), sum(s.correct for s in j), k) for j in usable])
-        out[f"maj@{k}"] = _mean([float(maj_at_k([s.answer for s in j], _vote_truth(j), k)) for j in usable])
-        out[f"excluded@{k}"] = len(judged) - len(usable)
+        out[f"pass@{k}"] = _mean([pass_at_k(len(c), sum(c), k) for c in solved])
+        out[f"maj@{k}"] = _mean(
+            [
+                float(maj_at_k([s.answer for s in samples], _vote_truth(samples), k))
+                for samples in results_per_problem
+            ]
+        )
     return out
 
 
 def _vote_truth(samples: Sequence[Sample]) -> dict[str, bool]:
-    """Answer -> correctness, from the first sample that gave each answer."""
+    """Answer -> correctness: True when some judged sample with that answer was correct.
+
+    An answer only seen on samples whose verifier failed is not known to be right, so it is False.
+    """
     truth: dict[str, bool] = {}
     for s in samples:
-        if s.answer is not None and s.answer not in truth:
-            truth[s.answer] = s.correct
+        if s.answer is not None:
+            truth[s.answer] = truth.get(s.answer, False) or (s.correct and s.error is None)
     return truth
 
 
@@ -186,8 +201,8 @@ def generalization_gap(
 def markdown_table(report: Mapping[str, Mapping[str, float]], reference_split: str = "id") -> str:
     """Render split metrics as a Markdown table, reference split first, with gap rows.
 
-    One row per split (problems, verifier errors, then each rate metric), then one
-    ``gap <ref>-<split>`` row per other split (empty cells for counts). When the reference split
+    One row per split (problems, verifier errors, error rate, then each rate metric), then one
+    ``gap <ref>-<split>`` row per other split (empty cells for counts and the error rate). When the reference split
     is absent, no gap rows are added.
     """
     if not report:
@@ -196,15 +211,16 @@ def markdown_table(report: Mapping[str, Mapping[str, float]], reference_split: s
     rates: list[str] = []
     for split in splits:
         rates += [m for m in report[split] if m.startswith(RATE_PREFIXES) and m not in rates]
-    header = ["split", "problems", "verifier errors", *rates]
+    header = ["split", "problems", "verifier errors", "error rate", *rates]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for split in splits:
         m = report[split]
-        cells = [split, _int_cell(m.get("num_problems")), _int_cell(m.get("verifier_errors"))]
+        cells = [split, _int_cell(m.get("num_problems")), _int_cell(m.get("verifier_errors")),
+                 _rate_cell(m.get("error_rate"))]  # fmt: skip
         lines.append("| " + " | ".join(cells + [_rate_cell(m.get(r)) for r in rates]) + " |")
     if reference_split in report:
         for split, gap in generalization_gap(report, reference_split).items():
-            cells = [f"gap {reference_split}-{split}", "", ""] + [
+            cells = [f"gap {reference_split}-{split}", "", "", ""] + [
                 _rate_cell(gap.get(r), signed=True) for r in rates
             ]
             lines.append("| " + " | ".join(cells) + " |")

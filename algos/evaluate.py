@@ -5,8 +5,8 @@ played: problem ``j`` is the env seed ``seeds[j]``, and its ``n`` samples all re
 so they face the same problem. Each episode is judged by its *last judged response* (the last turn
 whose verdict is set): for single-turn and retry envs that is the final answer, for
 ``SolveVerify`` the last solve (S2R's outcome). A verdict with ``error`` set (verifier timeout /
-crash) is not a wrong answer: :func:`~veriloop.algos.eval_metrics.summarize_split` drops it and
-counts it under ``verifier_errors``.
+crash) was not judged, and an unjudged answer is not a success: it counts as unsolved in every
+rate (``greedy_acc`` included) and is reported under ``verifier_errors`` and ``error_rate``.
 
 Per split, next to :func:`summarize_split`'s ``pass@k``, ``avg@n``, ``maj@k``:
 
@@ -232,9 +232,9 @@ def evaluate_policy(
             metrics = dict(summarize_split(_by_problem(trajs, len(seeds)), list(k_list)))
             if greedy:
                 one = [EpisodeSpec(split.id, dict(split.kwargs), int(s), j) for j, s in enumerate(seeds)]
-                judged = [s for s in map(final_sample, _play(policy, one, SamplingParams.greedy(max_new_tokens),
-                                                              batch_episodes, f"eval {name} greedy", **kw)) if s.error is None]  # fmt: skip
-                metrics["greedy_acc"] = _nanmean([float(s.correct) for s in judged])
+                greedy_samples = list(map(final_sample, _play(policy, one, SamplingParams.greedy(max_new_tokens),
+                                                              batch_episodes, f"eval {name} greedy", **kw)))  # fmt: skip
+                metrics["greedy_acc"] = _nanmean([float(s.correct and s.error is None) for s in greedy_samples])
             metrics.update(task_metrics(trajs))
             results[name] = metrics
     meta = {

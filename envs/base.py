@@ -72,12 +72,30 @@ GIVE_UP_PHRASE = "i give up"
 MAX_TEXT_CHARS = 65536
 
 
+#: How far from the end :func:`gave_up` looks: the phrase, its punctuation and trailing blank lines.
+GIVE_UP_WINDOW = 4096
+_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # what str.splitlines splits on
+
+
 def gave_up(response: str) -> bool:
-    """True when the last non-empty line of ``response`` is ``I give up`` (any case, trailing ``.!``)."""
-    lines = [line.strip() for line in response.splitlines() if line.strip()]
+    """True when the last non-empty line of ``response`` is ``I give up`` (any case, trailing ``.!``).
+
+    Reads ``response`` from the end in slices of :data:`GIVE_UP_WINDOW` characters (constant memory
+    whatever its size): trailing whitespace is skipped slice by slice, then only the last window
+    before it is split into lines. A last line that starts before that window is not a give-up.
+    """
+    end = len(response)
+    while end > 0 and response[max(0, end - GIVE_UP_WINDOW) : end].isspace():
+        end = max(0, end - GIVE_UP_WINDOW)
+    start = max(0, end - GIVE_UP_WINDOW)
+    lines = response[start:end].splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
     if not lines:
         return False
-    return lines[-1].lower().rstrip(".! ") == GIVE_UP_PHRASE
+    if len(lines) == 1 and start > 0 and response[start - 1] not in _LINE_BREAKS:
+        return False  # the line began before the window: it is longer than any give-up line
+    return lines[-1].strip().lower().rstrip(".! ") == GIVE_UP_PHRASE
 
 
 class EpisodeOverError(RuntimeError):

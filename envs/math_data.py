@@ -27,6 +27,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from veriloop.envs.verifiers.extract import malformed_latex
+
 Kind = Literal["integer", "fraction", "linear", "word"]
 KINDS: tuple[Kind, ...] = ("integer", "fraction", "linear", "word")
 LEVELS: tuple[int, ...] = (1, 2, 3)
@@ -92,6 +94,12 @@ def parse_row(row: Any, *, where: str) -> MathProblem:
         raise ValueError(f'{where}: "answer" must be a string (or integer), got {type(answer).__name__}')
     if not str(answer).strip():
         raise ValueError(f'{where}: "answer" is empty; every problem needs a gold answer')
+    problem = malformed_latex(str(answer))
+    if problem is not None:
+        raise ValueError(
+            f'{where}: "answer" {str(answer)!r:.80} is malformed LaTeX ({problem}); every response to it '
+            "would score as wrong: fix the gold answer"
+        )
     if level is not None and (isinstance(level, bool) or not isinstance(level, int)):
         raise ValueError(f'{where}: "level" must be an integer or absent, got {level!r}')
     for key in ("solution", "kind", "source"):
@@ -120,7 +128,9 @@ def load_jsonl(path: str | Path) -> list[MathProblem]:
 
     Optional keys: ``level`` (int), ``solution`` (str), anything else goes to ``meta``.
     Blank lines are skipped. Raises ``ValueError("<file>:<line>: <reason>")`` on a bad row (invalid
-    UTF-8 or JSON, a missing or empty question or answer, a field of the wrong type).
+    UTF-8 or JSON, a missing or empty question or answer, a malformed gold answer such as
+    ``\\frac{`` -- see :func:`~veriloop.envs.verifiers.extract.malformed_latex` -- or a field of the
+    wrong type).
     """
     path = Path(path)
     if not path.is_file():

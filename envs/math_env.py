@@ -19,6 +19,7 @@ from typing import Any, Literal
 from veriloop.envs.base import VerifierEnv
 from veriloop.envs.math_data import KINDS, Kind, MathProblem, generate_problem, load_jsonl, normalize_levels
 from veriloop.envs.verifiers import Verdict, check_math
+from veriloop.envs.verifiers.pool import get_pool
 
 RewardScheme = Literal["dapo", "r1"]
 
@@ -101,6 +102,9 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
             if not rows:
                 raise ValueError(f"{data}: no problem has a level in {self.levels}")
             self.problems = rows
+        # launch the verifier workers now (without waiting): their ~1-3 s import of math-verify then
+        # overlaps with model loading instead of delaying the first check that needs one
+        get_pool().start()
 
     def sample_task(self) -> MathProblem:
         if self.problems is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -128,7 +129,26 @@ def serve(requests: TextIO, replies: TextIO) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """Process entry point: protocol on the original stdout, stray prints go to stderr."""
+    """Process entry point: protocol on the original stdout, stray prints go to stderr.
+
+    When the parent goes away (its end of a pipe closes, or Ctrl-C reaches the whole process group)
+    the worker exits at once and silently: no ``BrokenPipeError`` or ``KeyboardInterrupt``
+    traceback lands on the user's terminal. The parent kills its workers itself, so SIGINT is ignored.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _run(argv)
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        pass
+    try:
+        sys.stderr.flush()
+    except OSError:
+        pass
+    # skip the interpreter's own flush of stdout: into a closed pipe it prints "Exception ignored ..."
+    os._exit(0)
+
+
+def _run(argv: list[str]) -> None:
     # A parent running torch with OMP_PROC_BIND=true has its main thread pinned to one core, and a
     # child inherits that mask: the worker would then share that core with the training thread.
     if hasattr(os, "sched_setaffinity"):

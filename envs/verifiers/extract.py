@@ -1,8 +1,10 @@
-"""Finding the final answer in a model response, in linear time and without regular expressions.
+"""Finding the final answer in a model response, in linear time and constant extra memory.
 
-Model output is hostile, so every scan here is a single pass (or a backwards ``rfind`` walk whose total
-work is bounded by the text length) over a text whose size the caller has already capped. Nothing is
-parsed as mathematics here: that happens in the sandboxed workers (:mod:`.pool`).
+Model output is hostile, so every scan here is a single pass: ``str.rfind`` walks from the end, and
+brace matching uses one character-class regular expression (``\\.|[{}]``: fixed-length alternatives,
+nothing to backtrack) that visits only backslashes and braces. No scan builds a table proportional to
+the text, and nothing is sliced out of it before its size is known. Nothing is parsed as mathematics
+here: that happens in the sandboxed workers (:mod:`.pool`).
 
 Rules (shared by the math and Points24 verifiers):
 
@@ -12,15 +14,19 @@ Rules (shared by the math and Points24 verifiers):
   ``\\fbox{...}`` (balanced braces, escaped ``\\{``/``\\}`` skipped) or ``<answer>...</answer>``.
   "Last" means the anchor that starts latest, so ``<answer>\\boxed{3}</answer>`` yields ``3``.
   An anchor that never closes (e.g. a truncated ``\\boxed{``) is ignored.
+* Size: the cap that judges an answer is on the ANSWER (:data:`MAX_ANSWER_CHARS`), so reasoning of any
+  length before it is fine. The whole response only meets :data:`MAX_RESPONSE_CHARS`, a resource bound
+  far above any generation length that keeps the worst in-process scan under ~0.1 s.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
-MAX_RESPONSE_CHARS = 20_000
-"""Responses longer than this are judged wrong (reason ``"too_long"``) without being scanned."""
+MAX_RESPONSE_CHARS = 1_000_000
+"""Resource bound: responses longer than this (~250k tokens) are judged ``"too_long"`` unscanned."""
 MAX_ANSWER_CHARS = 1_000
 """Extracted answers longer than this are judged wrong (reason ``"too_long"``)."""
 MAX_NESTING = 40
@@ -29,8 +35,11 @@ MAX_NESTING = 40
 BOX_COMMANDS = ("\\boxed", "\\fbox")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+_BRACE_TOKENS = re.compile(r"\\.|[{}]", re.DOTALL)  # an escape pair (skipped) or a brace
 
 ExtractStatus = Literal["ok", "no_answer", "too_long", "too_deep"]
+Span = tuple[int, int, int]
+"""``(anchor start, content start, content end)``: offsets into the response."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,7 @@ class Extraction:
     Attributes:
         status: ``"ok"`` when an answer was found and passed the size guards.
         answer: The stripped anchor content (``None`` when nothing usable was found).
-        start: Offset of the anchor in the post-thinking text (``-1`` when none).
+        start: Offset of the anchor in the response (``-1`` when none).
     """
 
     status: ExtractStatus
@@ -48,70 +57,94 @@ class Extraction:
     start: int = -1
 
 
-def strip_thinking(text: str) -> str | None:
-    """Return the part of ``text`` that may hold the answer, or ``None`` if thinking never closed."""
+def answer_region(text: str) -> int | None:
+    """Offset where the answer may start (after the last ``</think>``), ``None`` if thinking never closed."""
     last_close = text.rfind(THINK_CLOSE)
     last_open = text.rfind(THINK_OPEN)
     if last_open > last_close:
         return None
-    if last_close >= 0:
-        return text[last_close + len(THINK_CLOSE) :]
-    return text
+    return last_close + len(THINK_CLOSE) if last_close >= 0 else 0
 
 
-def match_braces(text: str) -> dict[int, int]:
-    """Map the offset of every unescaped ``{`` that gets closed to the offset of its ``}``.
+def strip_thinking(text: str) -> str | None:
+    """The part of ``text`` that may hold the answer (a copy), or ``None`` if thinking never closed."""
+    start = answer_region(text)
+    return None if start is None else text[start:]
 
-    A brace preceded by an odd number of backslashes (``\\{``) is literal LaTeX, not a group. One pass,
-    O(len(text)) time and memory.
-    """
-    matches: dict[int, int] = {}
-    stack: list[int] = []
-    backslashes = 0
-    for i, ch in enumerate(text):
-        if ch == "\\":
-            backslashes += 1
-            continue
-        escaped = backslashes % 2 == 1
-        backslashes = 0
-        if escaped:
-            continue
+
+def _group_close(text: str, open_: int, end: int) -> int:
+    """Offset of the ``}`` closing the ``{`` at ``open_``, searching before ``end``; ``-1`` if none."""
+    depth = 1
+    for token in _BRACE_TOKENS.finditer(text, open_ + 1, end):
+        ch = token.group()
         if ch == "{":
-            stack.append(i)
-        elif ch == "}" and stack:
-            matches[stack.pop()] = i
-    return matches
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return token.start()
+    return -1
 
 
-def last_boxed(text: str, braces: dict[int, int]) -> tuple[int, str] | None:
-    """Start offset and content of the last complete ``\\boxed{...}`` / ``\\fbox{...}``, if any."""
-    best: tuple[int, str] | None = None
+def _box_starts(text: str, lo: int) -> list[int]:
+    """Offsets of ``\\boxed``/``\\fbox`` at or after ``lo``, latest first (one ``rfind`` walk each)."""
+    starts: list[int] = []
     for command in BOX_COMMANDS:
         end = len(text)
-        while True:
-            i = text.rfind(command, 0, end)
-            if i < 0:
-                break
-            j = i + len(command)
-            while j < len(text) and text[j] == " ":
-                j += 1
-            if j < len(text) and text[j] == "{" and j in braces:
-                if best is None or i > best[0]:
-                    best = (i, text[j + 1 : braces[j]])
-                break
+        while (i := text.rfind(command, lo, end)) >= 0:
+            starts.append(i)
             end = i + len(command) - 1
-    return best
+    return sorted(starts, reverse=True)
 
 
-def last_answer_tag(text: str) -> tuple[int, str] | None:
-    """Start offset and content of the last complete ``<answer>...</answer>`` pair, if any."""
-    close = text.rfind(ANSWER_CLOSE)
+def last_boxed(text: str, lo: int = 0) -> Span | None:
+    """Span of the last complete ``\\boxed{...}`` / ``\\fbox{...}`` starting at or after ``lo``.
+
+    Candidates are tried latest first. When one never closes, an earlier one can only close before it
+    starts (its group would otherwise have to close inside the unclosed one), so each candidate's
+    brace scan stops where the previous candidate begins: all scans together cover the text once.
+    """
+    bound = len(text)
+    for i in _box_starts(text, lo):
+        j = i + (len(BOX_COMMANDS[0]) if text.startswith(BOX_COMMANDS[0], i) else len(BOX_COMMANDS[1]))
+        while j < bound and text[j] == " ":
+            j += 1
+        if j < bound and text[j] == "{":
+            close = _group_close(text, j, bound)
+            if close >= 0:
+                return i, j + 1, close
+        bound = i
+    return None
+
+
+def last_answer_tag(text: str, lo: int = 0) -> Span | None:
+    """Span of the last complete ``<answer>...</answer>`` pair starting at or after ``lo``."""
+    close = text.rfind(ANSWER_CLOSE, lo)
     if close < 0:
         return None
-    open_ = text.rfind(ANSWER_OPEN, 0, close)
+    open_ = text.rfind(ANSWER_OPEN, lo, close)
     if open_ < 0:
         return None
-    return open_, text[open_ + len(ANSWER_OPEN) : close]
+    return open_, open_ + len(ANSWER_OPEN), close
+
+
+def final_anchor(text: str, lo: int = 0) -> Span | None:
+    """The span of the anchor that starts latest (boxed or answer tag), ``None`` if neither exists."""
+    found = [s for s in (last_boxed(text, lo), last_answer_tag(text, lo)) if s is not None]
+    return max(found) if found else None
+
+
+def read_span(text: str, span: Span, limit: int) -> str | None:
+    """The stripped content of ``span``; ``None`` when it is longer than ``limit`` characters.
+
+    Up to ``limit`` characters of surrounding whitespace are tolerated before anything is copied, so
+    a hostile megabyte inside one anchor is never sliced out.
+    """
+    _, start, end = span
+    if end - start > 2 * limit:
+        return None
+    content = text[start:end].strip()
+    return content if len(content) <= limit else None
 
 
 def nesting_depth(text: str) -> int:
@@ -126,29 +159,55 @@ def nesting_depth(text: str) -> int:
     return deepest
 
 
-def extract(response: str) -> Extraction:
-    """Find the final math answer in ``response`` and apply the size guards.
+def malformed_latex(text: str) -> str | None:
+    """Why ``text`` (a gold answer) cannot be well-formed LaTeX, or ``None`` if nothing is wrong.
 
-    Returns an :class:`Extraction` whose ``status`` is ``"too_long"`` (response or answer over the
-    caps), ``"no_answer"`` (no anchor, unclosed thinking, or an empty anchor), ``"too_deep"`` (bracket
+    Structural checks only, linear time: unbalanced unescaped braces (``\\frac{``, ``3}``), a dangling
+    backslash and an odd number of unescaped ``$``. A gold that fails these parses to nothing in
+    math-verify, so every answer to it would score as wrong.
+    """
+    depth = 0
+    for token in _BRACE_TOKENS.finditer(text):
+        ch = token.group()
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth < 0:
+                return f"a '}}' at offset {token.start()} closes no '{{'"
+    if depth > 0:
+        return f"{depth} '{{' never closed"
+    trailing = len(text) - len(text.rstrip("\\"))
+    if trailing % 2 == 1:
+        return "it ends in a lone backslash"
+    dollars = text.count("$") - text.count("\\$")
+    if dollars % 2 == 1:
+        return "an unmatched '$'"
+    return None
+
+
+def extract(response: str) -> Extraction:
+    """Find the final math answer in ``response`` and apply the size guards to it.
+
+    Returns an :class:`Extraction` whose ``status`` is ``"too_long"`` (the answer is over
+    :data:`MAX_ANSWER_CHARS`, or the response over the resource bound :data:`MAX_RESPONSE_CHARS`),
+    ``"no_answer"`` (no anchor, unclosed thinking, or an empty anchor), ``"too_deep"`` (bracket
     nesting over :data:`MAX_NESTING`) or ``"ok"``.
     """
     if len(response) > MAX_RESPONSE_CHARS:
         return Extraction("too_long")
-    text = strip_thinking(response)
-    if text is None:
+    lo = answer_region(response)
+    span = None if lo is None else final_anchor(response, lo)
+    if span is None:
         return Extraction("no_answer")
-    candidates = [c for c in (last_boxed(text, match_braces(text)), last_answer_tag(text)) if c]
-    if not candidates:
-        return Extraction("no_answer")
-    start, content = max(candidates)
-    answer = content.strip()
+    start = span[0]
+    answer = read_span(response, span, MAX_ANSWER_CHARS)
+    if answer is None:
+        return Extraction("too_long", start=start)
     if len(answer) >= 2 and answer[0] == "$" and answer[-1] == "$":
         answer = answer.strip("$").strip()
     if not answer:
         return Extraction("no_answer", start=start)
-    if len(answer) > MAX_ANSWER_CHARS:
-        return Extraction("too_long", start=start)
     if nesting_depth(answer) > MAX_NESTING:
         return Extraction("too_deep", answer, start)
     return Extraction("ok", answer, start)

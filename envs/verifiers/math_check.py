@@ -2,12 +2,17 @@
 
 Pipeline for one response (everything before step 4 runs in-process, in linear time):
 
-1. Size guard: a response over :data:`.extract.MAX_RESPONSE_CHARS` is wrong (``"too_long"``).
+1. Resource bound: a response over :data:`.extract.MAX_RESPONSE_CHARS` (1,000,000 characters) is
+   wrong (``"too_long"``) unscanned.
 2. Extraction (:mod:`.extract`): only text after the last ``</think>`` counts; the LAST
    ``\\boxed{}``/``\\fbox{}``/``<answer></answer>`` anchor is the answer; none -> ``"no_answer"``.
-3. Screens (:mod:`.screen`): hedged answers (``3 or 4``, ``\\pm``, a list when the gold is one value)
-   -> ``"hedged"``; nesting deeper than :data:`.extract.MAX_NESTING` or an obvious evaluation bomb
-   (power tower, huge factorial) -> ``"unparseable"`` with ``details["guard"]`` naming the screen.
+   The size cap is on this answer (:data:`.extract.MAX_ANSWER_CHARS`), not on the reasoning before
+   it: over the cap -> ``"too_long"``.
+3. Screens (:mod:`.screen`): hedged answers (``3 or 4``, ``\\pm``, a list when the gold is one value,
+   an equality chain such as ``x = 3 = 4``) -> ``"hedged"``; nesting deeper than
+   :data:`.extract.MAX_NESTING` or an obvious evaluation bomb (power tower, huge factorial) ->
+   ``"unparseable"`` with ``details["guard"]`` naming the screen. When answer and gold are both
+   plain integers (``42``, ``-7``) the comparison is exact and in-process: no worker is involved.
 4. Equivalence: math-verify ``parse`` (LaTeX extraction only: its plain-expression mode would hand the
    text to sympy's ``parse_expr`` and fall back to the last number in it) + ``verify`` in a sandboxed
    worker process (:mod:`.pool`) with a hard deadline ``timeout``. A worker that overruns is SIGKILLed: the verdict then has
@@ -32,6 +37,7 @@ from veriloop.envs.verifiers.screen import find_bomb, is_hedged
 from veriloop.envs.verifiers.verdict import Verdict
 
 DEFAULT_TIMEOUT_S = 5.0
+MAX_PLAIN_DIGITS = 100  # integers compared in-process; longer digit strings go to a worker
 NO_ANSWER_FEEDBACK = "No final answer found: put it in \\boxed{...}."
 HEDGED_FEEDBACK = "Give exactly one final answer: yours hedges between several candidates."
 
@@ -49,8 +55,33 @@ def _show(answer: str, limit: int = 200) -> str:
 
 
 def _wrap(latex: str) -> str:
-    """Put math delimiters around ``latex`` unless it already has some (math-verify looks for them)."""
-    return latex if "$" in latex or "\\(" in latex or "\\[" in latex else f"${latex}$"
+    """Put math delimiters around ``latex`` unless it already has some (math-verify looks for them).
+
+    An escaped dollar (``\\$16386.17``, a currency sign) is not a delimiter.
+    """
+    bare = latex.replace("\\$", "")
+    return latex if "$" in bare or "\\(" in bare or "\\[" in bare else f"${latex}$"
+
+
+def _plain_integer(text: str) -> int | None:
+    """The value of ``text`` when it is a plain integer literal (``42``, ``-7``, ``+3``), else ``None``."""
+    digits = text[1:] if text[:1] in "+-" else text
+    if not digits or len(digits) > MAX_PLAIN_DIGITS or not (digits.isascii() and digits.isdigit()):
+        return None
+    return int(text)
+
+
+def _compare_integers(answer: str, gold: str) -> Verdict | None:
+    """Decide in-process when answer and gold are both plain integers (no worker, no cold start).
+
+    Integer literals are equal exactly when their values are, which is also math-verify's judgement.
+    """
+    value, gold_value = _plain_integer(answer), _plain_integer(gold)
+    if value is None or gold_value is None:
+        return None
+    if value == gold_value:
+        return Verdict(True, feedback="Correct!", parsed=answer, reason="correct")
+    return _wrong("wrong_value", f"Your answer {_show(answer)} is incorrect.", answer, as_parsed=str(value))
 
 
 def _wrong(reason: str, feedback: str, parsed: str | None = None, **details: Any) -> Verdict:
@@ -85,6 +116,9 @@ def _prepare(response: str, gold: str) -> Verdict | _Job:
     if bomb is not None:
         msg = f"Your answer {_show(answer)} is not a usable closed form ({bomb.replace('_', ' ')})."
         return _wrong("unparseable", msg, answer, guard=bomb)
+    decided = _compare_integers(answer, gold.strip())
+    if decided is not None:
+        return decided
     return _Job(answer, (_wrap(answer), _wrap(gold)))
 
 

@@ -7,8 +7,11 @@ starts LAST in the text wins):
 * ``<answer>...</answer>`` or ``\\boxed{...}``;
 * failing all of these, the last non-empty line, if it is made of formula characters only.
 
-A candidate may end in ``= 24`` (or start with ``24 =``). Several candidate expressions in the final
-answer (``3*8 or 4*6``, ``3*8, 4*6``, ``3*8 = 4*6``) -> ``"hedged"``. The formula grammar and its safe,
+A candidate may end in ``= 24`` (or start with ``24 =``), with one ``=``: ``==``, ``===``, a dangling
+``=`` or a chain is ``"unparseable"``. Several candidate expressions in the final answer (``3*8 or
+4*6``, ``3*8, 4*6``, ``3*8 = 4*6``) -> ``"hedged"``. Reasoning of any length may come before the
+answer; the size cap is on the formula (:data:`.formula.MAX_FORMULA_CHARS`), and the whole response
+only meets the resource bound :data:`.extract.MAX_RESPONSE_CHARS`. The formula grammar and its safe,
 exact evaluation live in :mod:`.formula`.
 
 Reasons, checked in this order: ``too_long`` (response over the cap), ``no_answer``, ``hedged``,
@@ -30,12 +33,19 @@ from typing import Any
 from veriloop.envs.verifiers import stats
 from veriloop.envs.verifiers.extract import (
     MAX_RESPONSE_CHARS,
+    answer_region,
     last_answer_tag,
     last_boxed,
-    match_braces,
-    strip_thinking,
+    read_span,
 )
-from veriloop.envs.verifiers.formula import ALLOWED_CHARS, Evaluated, FormulaError, evaluate, normalise
+from veriloop.envs.verifiers.formula import (
+    ALLOWED_CHARS,
+    MAX_FORMULA_CHARS,
+    Evaluated,
+    FormulaError,
+    evaluate,
+    normalise,
+)
 from veriloop.envs.verifiers.verdict import Verdict
 
 MAX_JSON_CHARS = 4_000
@@ -49,16 +59,17 @@ NO_FORMULA_FEEDBACK = 'No formula found: answer with {"cards": [...], "formula":
 _DECODER = json.JSONDecoder()
 
 
-def _json_candidate(text: str) -> tuple[int, str, list[str] | None] | None:
+def _json_candidate(text: str, lo: int) -> tuple[int, str, list[str] | None] | None:
     """(start, formula, cards_seen) from the flat JSON object holding the last ``"formula"`` key.
 
-    The object is decoded from the nearest ``{`` before the key (``raw_decode``: one linear pass); if
-    that fails (single quotes, trailing commas...), the string value after the key is read by hand.
+    The object is decoded from the nearest ``{`` before the key (``raw_decode``: one linear pass over
+    at most :data:`MAX_JSON_CHARS`); if that fails (single quotes, trailing commas...), the string
+    value after the key is read by hand.
     """
-    key = text.rfind('"formula"')
+    key = text.rfind('"formula"', lo)
     if key < 0:
         return None
-    opener = text.rfind("{", max(0, key - MAX_JSON_CHARS), key)
+    opener = text.rfind("{", max(lo, key - MAX_JSON_CHARS), key)
     if opener >= 0:
         try:
             obj, _ = _DECODER.raw_decode(text[opener : opener + MAX_JSON_CHARS])
@@ -79,10 +90,12 @@ def _cards_seen(field: Any) -> list[str] | None:
     return [str(c).strip().upper()[:8] for c in field]
 
 
-def _last_line(text: str) -> str | None:
+def _last_line(text: str, lo: int) -> str | None:
     end = len(text)
-    while end > 0:
-        start = text.rfind("\n", 0, end) + 1
+    while end > lo:
+        start = max(lo, text.rfind("\n", lo, end) + 1)
+        if end - start > 2 * MAX_JSON_CHARS:  # a huge last line is no formula: never copy it
+            return None
         line = text[start:end].strip()
         if line:
             marked = normalise(line)
@@ -95,41 +108,49 @@ def _last_line(text: str) -> str | None:
 
 def find_formula(response: str) -> tuple[str, str, list[str] | None] | None:
     """(source, formula text, cards_seen) of the final answer, ``None`` if there is none."""
-    text = strip_thinking(response)
-    if text is None:
+    lo = answer_region(response)
+    if lo is None:
         return None
     found: list[tuple[int, str, str, list[str] | None]] = []
-    js = _json_candidate(text)
+    js = _json_candidate(response, lo)
     if js is not None:
         found.append((js[0], "json", js[1], js[2]))
-    hit = last_answer_tag(text)
-    if hit is not None:
-        found.append((hit[0], "answer", hit[1], None))
-    if "\\boxed" in text or "\\fbox" in text:
-        hit = last_boxed(text, match_braces(text))
-        if hit is not None:
-            found.append((hit[0], "boxed", hit[1], None))
+    for source, span in (("answer", last_answer_tag(response, lo)), ("boxed", last_boxed(response, lo))):
+        if span is not None:
+            content = read_span(response, span, MAX_FORMULA_CHARS)
+            if content is None:  # over-long: keep a cut copy, which the formula screen rejects
+                content = response[span[1] : span[1] + MAX_FORMULA_CHARS + 1]
+            found.append((span[0], source, content, None))
     if found:
         _, source, formula, cards = max(found, key=lambda c: c[0])
         return source, formula, cards
-    line = _last_line(text)
+    line = _last_line(response, lo)
     return None if line is None else ("line", line, None)
 
 
-def _single_expression(formula: str, target: int) -> str | None:
-    """The one expression in ``formula`` (``= target`` stripped), or ``None`` if it hedges."""
+def _single_expression(formula: str, target: int) -> tuple[str | None, str]:
+    """``(expression, "")`` for the one expression in ``formula``, else ``(None, reason)``.
+
+    Accepted: ``EXPR``, ``EXPR = target`` and ``target = EXPR``. Several candidates (``3*8 or 4*6``,
+    ``3*8 = 4*6``) are ``"hedged"``; any other use of ``=`` (``==``, ``===``, a dangling ``=``, a
+    chain ``EXPR = 24 = 24``) is ``"unparseable"``: only the documented format passes.
+    """
     if "=" not in formula and not any(sep in formula for sep in _HEDGE_SEPARATORS):
-        return formula  # fast path: the common case
+        return formula, ""  # fast path: the common case
     marked = formula
     for sep in _HEDGE_SEPARATORS:
         marked = marked.replace(sep, "|")
     if len([p for p in marked.split("|") if p.strip()]) > 1:
-        return None
-    sides = [s.strip() for s in formula.split("=") if s.strip()]
-    exprs = [s for s in sides if s != str(target)] if len(sides) > 1 else sides
-    if len(exprs) > 1:
-        return None
-    return exprs[0] if exprs else str(target)
+        return None, "hedged"
+    sides = [s.strip() for s in formula.split("=")]
+    if len(sides) == 1:
+        return sides[0], ""
+    exprs = [s for s in sides if s != str(target)]
+    if len(exprs) > 1 and all(exprs):
+        return None, "hedged"
+    if len(sides) != 2 or not all(sides):
+        return None, "unparseable"
+    return (exprs[0] if exprs else str(target)), ""
 
 
 def cards_match(seen: Sequence[str], cards: Sequence[int]) -> bool:
@@ -205,11 +226,14 @@ def check_points24(response: str, cards: Sequence[int], target: int = 24) -> Ver
     source, raw, seen = found
     details: dict[str, Any] = {"source": source, "cards_seen": seen}
     raw = raw.strip()
-    expr = _single_expression(normalise(raw), target)
-    if expr is None:
+    expr, problem = _single_expression(normalise(raw), target)
+    if problem == "hedged":
         return _verdict(
             False, "hedged", "Give exactly one formula: yours offers several candidates.", raw, **details
         )
+    if expr is None:
+        msg = f"Could not parse your formula: write it alone, or as FORMULA = {target}, with a single '='."
+        return _verdict(False, "unparseable", msg, raw, **details)
     try:
         done = evaluate(expr)
     except FormulaError as exc:

@@ -11,14 +11,28 @@ and cannot interrupt C code).
 * Each worker caps its address space (``RLIMIT_AS``, default :data:`DEFAULT_MEMORY_BYTES`).
 * The deadline counts from the moment the request is written to a ready worker: waiting for a free
   slot, or for a (re)started worker to import math-verify (~1 s), does not eat into it.
-* Thread-safe: at most ``size`` requests run at once; further callers wait for a free slot.
+* Thread-safe: at most ``size`` requests run at once; further callers wait for a free slot, served
+  first-in, first-out (:class:`FifoSlots`: a released slot is handed to the longest waiter, so a
+  caller that just finished cannot jump the queue).
 * :func:`get_pool` creates the module-level pool lazily (size ``max(2, os.cpu_count())``), re-creates
-  it in a forked child, and shuts it down at exit.
+  it in a forked child, and shuts it down at exit. :meth:`WorkerPool.start` launches the workers
+  without waiting for them (the math environments call it when they are made), so the ~1-3 s import
+  of math-verify overlaps with model loading instead of delaying the first check.
+
+**How long a check can take.** A request holds its slot for at most ``W + timeout`` seconds, where
+``W`` is the wait for its worker to become ready: 0 for a warm worker, the worker's start-up (about
+1-3 s, capped at :data:`STARTUP_TIMEOUT_S`) right after a cold start or after the worker it replaces
+was killed. With FIFO slots, a caller that finds ``q`` requests queued ahead of it starts within
+``ceil((q + 1) / size) - 1`` slot turns, so its total time is at most
+``ceil((q + 1) / size) * (W + timeout)``: with nothing queued, one ``timeout`` (5 s by default) plus
+``W``; a batch through :func:`~.math_check.check_math_batch` never queues more than ``size`` items
+of its own.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import os
 import select
@@ -31,6 +45,48 @@ from typing import Any, Literal
 DEFAULT_MEMORY_BYTES = 1 << 30  # 1 GiB of address space per worker
 STARTUP_TIMEOUT_S = 120.0  # generous: a cold start imports sympy and the LaTeX parser
 Status = Literal["ok", "timeout", "crash", "memory"]
+
+
+class FifoSlots:
+    """A counting semaphore that serves waiters in arrival order (``threading.Semaphore`` does not).
+
+    ``release`` hands the slot straight to the longest-waiting thread, so a thread that releases and
+    re-acquires at once queues behind it. Usable as a context manager.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._lock = threading.Lock()
+        self._waiters: collections.deque[threading.Event] = collections.deque()
+
+    def acquire(self) -> None:
+        with self._lock:
+            if self._free > 0 and not self._waiters:
+                self._free -= 1
+                return
+            turn = threading.Event()
+            self._waiters.append(turn)
+        turn.wait()  # set by release(), which passed its slot to us
+
+    def release(self) -> None:
+        with self._lock:
+            if self._waiters:
+                self._waiters.popleft().set()
+            else:
+                self._free += 1
+
+    @property
+    def waiting(self) -> int:
+        """Threads queued for a slot (for diagnostics)."""
+        with self._lock:
+            return len(self._waiters)
+
+    def __enter__(self) -> FifoSlots:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class _Worker:
@@ -104,7 +160,7 @@ class WorkerPool:
             raise ValueError(f"WorkerPool size must be >= 1, got {size}")
         self.size = size
         self.memory_bytes = memory_bytes
-        self._slots = threading.BoundedSemaphore(size)
+        self._slots = FifoSlots(size)
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []
         self._live: set[_Worker] = set()
@@ -139,14 +195,27 @@ class WorkerPool:
                 self._give_back(worker)
             return status, value
 
+    @property
+    def started(self) -> bool:
+        """True once the workers have been launched (by :meth:`start` or the first request)."""
+        return self._started
+
+    def start(self) -> None:
+        """Launch every worker now, without waiting for them to be ready (idempotent)."""
+        with self._lock:
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        if self._closed:
+            raise RuntimeError("WorkerPool is shut down; create a new one (or call get_pool()).")
+        if not self._started:  # start every worker at once so their imports overlap
+            self._started = True
+            self._idle = [_Worker(self.memory_bytes) for _ in range(self.size)]
+            self._live.update(self._idle)
+
     def _take(self) -> _Worker:
         with self._lock:
-            if self._closed:
-                raise RuntimeError("WorkerPool is shut down; create a new one (or call get_pool()).")
-            if not self._started:  # start every worker at once so their imports overlap
-                self._started = True
-                self._idle = [_Worker(self.memory_bytes) for _ in range(self.size)]
-                self._live.update(self._idle)
+            self._start_locked()
             ready = [w for w in self._idle if w.poll_ready()]
             worker = ready[-1] if ready else self._idle[-1]
             self._idle.remove(worker)

@@ -9,8 +9,9 @@ gold itself has, so a legitimate answer shaped like the gold always reaches math
 
 * **Hedging** -- an answer that offers several candidates hoping one is right:
   ``3 or 4``, ``3 \\text{ and } 4``, ``3 \\pm 1`` / ``±`` / ``\\mp`` / ``∓``, or a comma/semicolon
-  separated list (``3, 4`` or ``\\{3, 4\\}``) when the gold is a single value. Thousands separators
-  (``1,000`` and ``1{,}000``) are not lists. When the gold has commas (a tuple, interval or set), a
+  separated list (``3, 4`` or ``\\{3, 4\\}``) when the gold is a single value, or a chain of
+  equalities (``x = 3 = 4``, ``3 = 4``: math-verify would read the last side). Thousands separators
+  (``1,000``, ``1{,}000``, ``11,\\! 111,\\! 100``) are not lists: a number so written is one answer. When the gold has commas (a tuple, interval or set), a
   list-shaped answer is legitimate and math-verify compares the shapes.
 * **Bombs** -- expressions whose exact evaluation can take minutes or gigabytes in sympy: power towers
   of height >= 3 (``2^{2^{2^{2}}}``, ``9^9^9``), literal exponents above :data:`MAX_EXPONENT`
@@ -49,17 +50,29 @@ Bomb = Literal["power_tower", "huge_exponent", "huge_factorial"]
 
 
 def _without_thousands_separators(text: str) -> str:
-    """Drop ``,`` / ``{,}`` between a digit and exactly three digits (``12,345`` -> ``12345``)."""
+    """Drop the separators of digit groups: ``12,345``, ``12{,}345``, ``12,\\!345``, ``11,\\! 111``.
+
+    A separator is a ``,`` (or ``{,}``) between a digit and exactly three digits. After ``,\\!`` (the
+    negative thin space of MATH's ``11,\\! 111,\\! 100``) spaces may come before the group; after a
+    bare ``,`` they may not: ``32, 349`` is a list of two numbers (as Math-Verify reads it too).
+    """
     text = text.replace("{,}", ",")
     out: list[str] = []
-    n = len(text)
-    for i, ch in enumerate(text):
-        if ch == "," and 0 < i and text[i - 1].isdigit() and i + 3 < n + 1:
-            group = text[i + 1 : i + 4]
-            after = text[i + 4] if i + 4 < n else ""
-            if len(group) == 3 and group.isdigit() and not after.isdigit():
+    n, i = len(text), 0
+    while i < n:
+        ch = text[i]
+        if ch == "," and i > 0 and text[i - 1].isdigit():
+            j = i + 1
+            if text.startswith("\\!", j):
+                j += 2
+                while j < n and text[j] == " ":
+                    j += 1
+            group = text[j : j + 3]
+            if len(group) == 3 and group.isdigit() and not (j + 3 < n and text[j + 3].isdigit()):
+                i = j  # drop the separator, keep the digits
                 continue
         out.append(ch)
+        i += 1
     return "".join(out)
 
 
@@ -72,6 +85,22 @@ def is_list_shaped(text: str) -> bool:
     return "," in cleaned or ";" in cleaned
 
 
+def is_contradictory(answer: str, gold: str) -> bool:
+    """True when ``answer`` is a chain of equalities the gold does not call for.
+
+    math-verify reads ``x = 3 = 4`` and ``3 = 4`` as their last side, so both would score for gold 4.
+    An answer may have as many ``=`` as the gold; when the gold has none, it may have one, and only
+    after a name (``x = 4``, ``f(2) = 4``), never after a bare number (``3 = 4``).
+    """
+    count, gold_count = answer.count("="), gold.count("=")
+    if count <= gold_count:
+        return False
+    if count - gold_count > 1 or gold_count > 0:
+        return True
+    left = answer[: answer.index("=")]
+    return not any(ch.isalpha() for ch in left.replace("\\left", "").replace("\\right", ""))
+
+
 def _words(text: str) -> set[str]:
     for breaker in _WORD_BREAKERS:
         text = text.replace(breaker, " ")
@@ -80,6 +109,8 @@ def _words(text: str) -> set[str]:
 
 def is_hedged(answer: str, gold: str) -> bool:
     """True when ``answer`` hedges between several candidates given the gold's shape (module doc)."""
+    if is_contradictory(answer, gold):
+        return True
     if any(sign in answer and sign not in gold for sign in HEDGE_SIGNS):
         return True
     answer_words, gold_words = _words(answer), _words(gold)

@@ -82,29 +82,51 @@ def test_maj_at_k_tie_goes_to_first_appearance() -> None:
     assert maj_at_k(["b", "a", "a", "b"], gold, 4) is False
 
 
-def test_summarize_split_excludes_verifier_errors() -> None:
+def test_summarize_split_counts_verifier_errors_as_unsolved() -> None:
     problems = [
         [Sample(True, "4"), Sample(False, "5"), Sample(True, "4"), Sample(False, None)],
-        [Sample(False, "1"), Sample(False, "1"), Sample(True, "2"), Sample(False, None, error="timeout")],
+        [Sample(False, "1"), Sample(False, "1"), Sample(True, "2"), Sample(False, "2", error="timeout")],
     ]
     out = summarize_split(problems, k_list=[1, 2, 4])
     assert out["num_problems"] == 2
+    assert out["num_samples"] == 8
     assert out["verifier_errors"] == 1
-    assert out["num_samples"] == 7
-    assert out["avg@n"] == pytest.approx((2 / 4 + 1 / 3) / 2)
-    assert out["pass@1"] == pytest.approx((2 / 4 + 1 / 3) / 2)
-    assert out["pass@2"] == pytest.approx((1 - 1 / 6 + 1 - 1 / 3) / 2)
-    # problem 2 has only 3 judged samples: left out of the k=4 metrics, and counted
-    assert out["excluded@4"] == 1 and out["excluded@2"] == 0
+    assert out["error_rate"] == pytest.approx(1 / 8)
+    assert out["avg@n"] == pytest.approx((2 / 4 + 1 / 4) / 2)
+    assert out["pass@1"] == pytest.approx((2 / 4 + 1 / 4) / 2)
+    assert out["pass@2"] == pytest.approx((1 - 1 / 6 + 1 - 3 / 6) / 2)
     assert out["pass@4"] == 1.0
     assert out["maj@2"] == pytest.approx(0.5)  # "4","5" tie -> "4" (correct); "1","1" -> wrong
-    assert out["maj@4"] == 1.0
+    # problem 2: "1" x2, "2" x2 (one judged correct, one timed out) -> tie, "1" first -> wrong
+    assert out["maj@4"] == pytest.approx(0.5)
+    assert "excluded@4" not in out
 
 
-def test_summarize_split_all_errors_gives_nan_not_zero() -> None:
+def test_verifier_timeouts_never_lift_a_score() -> None:
+    """Issue 13 item 2: bombs in place of the 5 unsolved answers of 10 problems must not lift avg@n."""
+    solved = [[Sample(True, "1")] for _ in range(5)]
+    unsolved = [[Sample(False, "2")] for _ in range(5)]
+    bombs = [[Sample(False, "\\Gamma(10^{7})", error="timeout")] for _ in range(5)]
+    honest = summarize_split(solved + unsolved, k_list=[1])
+    bombed = summarize_split(solved + bombs, k_list=[1])
+    for metric in ("avg@n", "pass@1", "maj@1"):
+        assert honest[metric] == bombed[metric] == 0.5
+    assert (honest["error_rate"], bombed["error_rate"]) == (0.0, 0.5)
+    assert bombed["verifier_errors"] == 5
+
+
+def test_timed_out_answer_votes_but_never_wins_as_correct() -> None:
+    # the same answer string judged correct elsewhere does not make a timed-out vote correct first
+    samples = [Sample(False, "7", error="timeout"), Sample(False, "7", error="timeout"), Sample(True, "3")]
+    assert summarize_split([samples], k_list=[3])["maj@3"] == 0.0
+    mixed = [Sample(False, "7", error="timeout"), Sample(True, "7"), Sample(False, "3")]
+    assert summarize_split([mixed], k_list=[3])["maj@3"] == 1.0  # "7" was judged correct once
+
+
+def test_summarize_split_all_errors_scores_zero() -> None:
     out = summarize_split([[Sample(False, error="crash")]], k_list=[1])
-    assert out["verifier_errors"] == 1
-    assert math.isnan(out["pass@1"]) and math.isnan(out["avg@n"])
+    assert out["verifier_errors"] == 1 and out["error_rate"] == 1.0
+    assert out["pass@1"] == 0.0 and out["avg@n"] == 0.0 and out["maj@1"] == 0.0
 
 
 def test_from_verdict() -> None:
@@ -116,8 +138,14 @@ def test_from_verdict() -> None:
 
 def _report() -> dict[str, dict[str, float]]:
     return {
-        "rule_ood": {"num_problems": 8, "verifier_errors": 1, "pass@1": 0.25, "maj@4": 0.5},
-        "id": {"num_problems": 10, "verifier_errors": 0, "pass@1": 0.5, "maj@4": 0.75},
+        "rule_ood": {
+            "num_problems": 8,
+            "verifier_errors": 1,
+            "error_rate": 0.03125,
+            "pass@1": 0.25,
+            "maj@4": 0.5,
+        },
+        "id": {"num_problems": 10, "verifier_errors": 0, "error_rate": 0.0, "pass@1": 0.5, "maj@4": 0.75},
     }
 
 
@@ -131,11 +159,11 @@ def test_generalization_gap() -> None:
 def test_markdown_table() -> None:
     table = markdown_table(_report())
     assert table == (
-        "| split | problems | verifier errors | pass@1 | maj@4 |\n"
-        "|---|---|---|---|---|\n"
-        "| id | 10 | 0 | 0.500 | 0.750 |\n"
-        "| rule_ood | 8 | 1 | 0.250 | 0.500 |\n"
-        "| gap id-rule_ood |  |  | +0.250 | +0.250 |\n"
+        "| split | problems | verifier errors | error rate | pass@1 | maj@4 |\n"
+        "|---|---|---|---|---|---|\n"
+        "| id | 10 | 0 | 0.000 | 0.500 | 0.750 |\n"
+        "| rule_ood | 8 | 1 | 0.031 | 0.250 | 0.500 |\n"
+        "| gap id-rule_ood |  |  |  | +0.250 | +0.250 |\n"
     )
     nan_table = markdown_table({"id": {"num_problems": 1, "verifier_errors": 1, "pass@1": math.nan}})
-    assert "| id | 1 | 1 | n/a |" in nan_table and "gap" not in nan_table
+    assert "| id | 1 | 1 |  | n/a |" in nan_table and "gap" not in nan_table

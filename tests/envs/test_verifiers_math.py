@@ -133,7 +133,7 @@ def test_interval_endpoints_matter() -> None:
         ("\\boxed{3, 4}", "3", "hedged"),
         ("\\boxed{\\{3, 4\\}}", "3", "hedged"),
         ("\\boxed{x = 3; x = 4}", "3", "hedged"),
-        ("x" * 20_001, "3", "too_long"),
+        ("x" * 1_000_001, "3", "too_long"),
         ("\\boxed{" + "1+" * 600 + "1}", "3", "too_long"),
     ],
 )
@@ -232,7 +232,7 @@ def test_worker_failures_map_to_verdict_errors(
 
     monkeypatch.setattr(math_check, "get_pool", FailingPool)
     reset_verifier_stats()
-    verdict = check_math("\\boxed{3}", "3")
+    verdict = check_math("\\boxed{3.0}", "3")  # not two plain integers: goes to a worker
     assert (verdict.correct, verdict.error, verdict.reason, verdict.failed) == (
         False,
         error,
