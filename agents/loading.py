@@ -250,7 +250,7 @@ def _with_saved_tokenizer(path: Path, net: Any, tokenizer: Any, processor: Any) 
     return net, tokenizer, processor
 
 
-def save_policy(policy: Policy, path: str | Path, *, merge: bool = False) -> Path:
+def save_policy(policy: Policy, path: str | Path, *, merge: bool = False, card: str | None = None) -> Path:
     """Save a policy so plain ``transformers`` / ``peft`` and :func:`load_policy` can read it.
 
     Layouts written into ``path``:
@@ -261,18 +261,55 @@ def save_policy(policy: Policy, path: str | Path, *, merge: bool = False) -> Pat
             policy itself keeps its adapter (a copy is merged).
         Full: ``save_pretrained`` of the model. Load with ``AutoModelForCausalLM.from_pretrained``
             (or ``AutoModelForImageTextToText`` for VLMs) or ``load_policy(path)``.
+
+    The folder is portable: an adapter names its base model as ``default`` (veriloop's default
+    model, found on any machine) or the Hub id it came from, never a path inside this machine's
+    cache. ``card`` (markdown) becomes ``README.md``, e.g. what trained the policy. The write is
+    atomic: everything goes to a temporary sibling folder, fsynced, then renamed over ``path``, so
+    a full disk or a kill leaves the previous ``path`` (or nothing), never a truncated one.
     """
+    from veriloop.agents.atomic import replace_folder
+
     path = Path(path).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+    with replace_folder(path) as tmp:
+        _write_policy(policy, tmp, merge=merge)
+        (tmp / "README.md").write_text(card or _default_card(policy, merge))
+    return path
+
+
+def _write_policy(policy: Policy, path: Path, *, merge: bool) -> None:
     meta = {"veriloop_format": 1, "name": policy.name, "vision": policy.is_vision}
     if policy.is_lora and not merge:
         policy.model.save_pretrained(path)
         base = policy.meta.get("base_model") or policy.name
         meta.update(kind="lora-adapter", base_model=base)
+        adapter_config = path / "adapter_config.json"
+        config = json.loads(adapter_config.read_text())
+        config["base_model_name_or_path"] = portable_base_name(base)
+        adapter_config.write_text(json.dumps(config, indent=2) + "\n")
     else:
         model = copy.deepcopy(policy.model).merge_and_unload() if policy.is_lora else policy.model
         model.save_pretrained(path)
         meta.update(kind="merged" if policy.is_lora else "full")
     (policy.processor or policy.tokenizer).save_pretrained(path)
     (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    return path
+
+
+#: The Hub id of the default model, for saved adapters read on machines without veriloop.
+DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def portable_base_name(base: str) -> str:
+    """What ``adapter_config.json`` calls the base model: the Hub id for ``default``, else as given."""
+    return DEFAULT_MODEL_HUB_ID if base == "default" else base
+
+
+def _default_card(policy: Policy, merge: bool) -> str:
+    base = policy.meta.get("base_model") or policy.name
+    kind = "LoRA adapter" if policy.is_lora and not merge else "model weights"
+    return (
+        f"# veriloop policy\n\n{kind.capitalize()} saved by veriloop.\n\n"
+        f"- base model: `{base}` (Hub: `{portable_base_name(base)}`)\n"
+        "- load: `veriloop.agents.load_policy(<this folder>)`"
+        + (", or `peft.PeftModel.from_pretrained(base, <this folder>)`\n" if kind == "LoRA adapter" else "\n")
+    )

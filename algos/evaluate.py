@@ -148,11 +148,10 @@ def _play(
     **kw: Any,
 ) -> list[Trajectory]:
     """Roll out ``specs`` in batches of ``batch`` episodes; batch ``b`` samples with seed ``seed + b``."""
-    from tqdm import tqdm
+    from veriloop.algos.progress import Progress
 
     out: list[Trajectory] = []
-    # a bar for people at a terminal (tqdm turns itself off when stderr is not one)
-    bar = tqdm(total=len(specs), desc=desc, unit="episode", leave=False, disable=None, dynamic_ncols=True)
+    bar = Progress(len(specs), desc, "episodes")  # a bar at a terminal, timed lines in a log file
     for b, chunk in enumerate(_chunks(specs, batch)):
         out += rollout(policy, chunk, sampling=sampling.with_seed(sampling.seed + b), **kw)
         bar.update(len(chunk))
@@ -399,15 +398,32 @@ def _label(checkpoint: str) -> str:
 
 
 def run_eval_cli(
-    config_path: str | None, checkpoints: Sequence[str], overrides: Sequence[str], out_dir: str | Path
+    config_path: str | None,
+    checkpoints: Sequence[str],
+    overrides: Sequence[str],
+    out_dir: str | Path | None = None,
+    imports: Sequence[str] = (),
 ) -> dict[str, dict]:
     """Evaluate each checkpoint as the config says; write per-checkpoint and combined reports and the
-    pass@k-vs-k plot (``pass_at_k.png``). Returns ``{label: report}``."""
+    pass@k-vs-k plot (``pass_at_k.png``) to ``out_dir`` (default: ``RUN_DIR/eval-cli``, where
+    RUN_DIR is the config's run folder). Returns ``{label: report}``.
+
+    The config, the environments (``imports`` are imported first) and every checkpoint path are
+    checked before any model loads."""
     from veriloop.algos.plots import plot_pass_at_k
     from veriloop.configs.loader import load_config
+    from veriloop.configs.schema import ConfigError
 
     cfg = load_config(config_path, overrides)
-    out = Path(out_dir)
+    cfg.env.imports = [*cfg.env.imports, *imports]
+    cfg.env.resolve()
+    missing = [c for c in checkpoints if c not in ("base", "default") and not Path(c).exists()]
+    if missing:
+        raise ConfigError(
+            f"--checkpoints: {', '.join(missing)} not found; give saved policy folders (RUN/final, "
+            "RUN/sft/final, RUN/checkpoints/step-N) or 'base'"
+        )
+    out = Path(out_dir) if out_dir is not None else Path(cfg.run.out_dir) / cfg.run_name / "eval-cli"
     reports: dict[str, dict] = {}
     for checkpoint in checkpoints or ["base"]:
         label = _label(checkpoint)
@@ -422,11 +438,13 @@ def run_eval_cli(
     (out / "summary.md").write_text(combined)
     plot_pass_at_k(reports, out / "pass_at_k.png")
     print(combined)
+    print(f"\nevaluation written to {out} (summary.md, pass_at_k.png)")
     return reports
 
 
 def cli_eval(args: argparse.Namespace) -> int:
     """``veriloop eval``: ``args.config`` (path or shipped name), ``args.checkpoints`` (list),
-    ``args.out`` (folder), ``args.overrides`` (list of ``dotted.key=value``)."""
-    run_eval_cli(args.config, list(args.checkpoints or []), list(args.overrides or []), args.out)
+    ``args.out`` (folder or None), ``args.overrides`` (``dotted.key=value``), ``args.imports``."""
+    run_eval_cli(args.config, list(args.checkpoints or []), list(args.overrides or []), args.out,
+                 imports=list(getattr(args, "imports", None) or []))  # fmt: skip
     return 0

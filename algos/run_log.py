@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from veriloop.agents.atomic import write_text_atomic
+
 
 class RunLog:
     """Append-only metrics log for one run folder.
@@ -34,7 +36,7 @@ class RunLog:
         self.path = self.run_dir / "metrics.jsonl"
         if resume_from_step is not None and self.path.exists():
             kept = [line for line in self.path.read_text().splitlines() if _step_of(line) < resume_from_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            write_text_atomic(self.path, "".join(line + "\n" for line in kept))  # a kill keeps the old file
         self._file = self.path.open("a", encoding="utf-8")
         self._tb: Any = None
         if tensorboard:

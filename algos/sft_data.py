@@ -35,6 +35,7 @@ import numpy as np
 
 import veriloop.envs  # noqa: F401  (registers the veriloop/... ids)
 from veriloop.algos.sft import s2r_trainable_actions
+from veriloop.envs.base import VerifierEnv
 from veriloop.envs.math_data import latex
 from veriloop.envs.points24.cards import RANK_NAMES
 from veriloop.envs.points24.solver import solve
@@ -202,6 +203,32 @@ def points24_solver_examples(
             _verified(ep.act(points24_response(ep.task)), "solver answer", env_id, seed)
             meta = {"source": "solver", "env_id": env_id, "seed": int(seed), "cards": ep.task["cards"]}
             out.append(SFTExample(tuple(ep.messages[:2]), (True,), meta))
+        return out
+    finally:
+        env.close()
+
+
+def demonstration_examples(
+    env_id: str, env_kwargs: Mapping[str, Any] | None, seeds: Sequence[int]
+) -> list[SFTExample]:
+    """One verified single-turn example per seed: the env's prompt -> its own
+    :meth:`~veriloop.envs.base.VerifierEnv.demonstration` (any env that defines one)."""
+    env = gym.make(env_id, **dict(env_kwargs or {}))
+    try:
+        out = []
+        for seed in seeds:
+            ep = _Episode(env, seed)
+            answer = env.unwrapped.demonstration(env.unwrapped.task)  # type: ignore[attr-defined]
+            if answer is None:
+                raise SFTDataError(
+                    f"{env_id} seed {seed}: demonstration() returned None (no solver for this task)"
+                )
+            _verified(ep.act(answer), "demonstration", env_id, seed)
+            out.append(
+                SFTExample(
+                    tuple(ep.messages[:2]), (True,), {"source": "solver", "env_id": env_id, "seed": int(seed)}
+                )
+            )
         return out
     finally:
         env.close()
@@ -409,6 +436,56 @@ SOURCES = ("solver", "generator", "s2r", "rejection")
 DEFAULT_P_WRONG_FIRST = 0.5
 
 
+def supported_sources(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> dict[str, str | None]:
+    """Which SFT sources can build demonstrations for an env: ``{source: None}`` when it works,
+    else ``{source: why not}``. ``rejection`` works for every env (it keeps the policy's own
+    verified-correct episodes); the others need an exact answer the project can write."""
+    entry = gym.spec(env_id).entry_point
+    name = (
+        entry
+        if isinstance(entry, str)
+        else f"{getattr(entry, '__module__', '')}.{getattr(entry, '__name__', '')}"
+    )
+    is_p24 = "points24" in name
+    is_math = "math_env" in name
+    env_cls = entry if isinstance(entry, type) else None
+    has_demo = (
+        env_cls is not None and getattr(env_cls, "demonstration", None) is not VerifierEnv.demonstration
+    )
+    return {
+        "solver": None
+        if is_p24 or has_demo
+        else "needs an env that can answer its own tasks: Points24 (the exact 24-game solver), or one "
+        "that overrides VerifierEnv.demonstration(task)",
+        "generator": None
+        if is_math
+        else "needs a math env (the problem generator writes the worked solutions)",
+        "s2r": None if env_id == S2R_ENV_ID else f"builds solve-verify-correct traces for {S2R_ENV_ID} only",
+        "rejection": None,
+    }
+
+
+def check_source(source: str, env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`ConfigError` unless ``source`` can build demonstrations for ``env_id``; the
+    message says why and which sources do work for it. Cheap: call it before loading a model."""
+    from veriloop.configs.schema import ConfigError
+
+    if source not in SOURCES:
+        hint = difflib.get_close_matches(str(source), SOURCES, n=1)
+        raise ConfigError(
+            f"sft.source: unknown source {source!r}; choose one of {SOURCES}"
+            + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        )
+    table = supported_sources(env_id, env_kwargs)
+    if table[source] is not None:
+        works = [f"{s!r}" for s, why in table.items() if why is None]
+        raise ConfigError(
+            f"sft.source={source!r} cannot build demonstrations for {env_id!r}: it {table[source]}. "
+            f"Sources that work for this env: {', '.join(works)} ('rejection' keeps the policy's own "
+            "verified-correct episodes, so the policy must already solve some)"
+        )
+
+
 def build_examples(
     source: str,
     env_id: str,
@@ -430,12 +507,7 @@ def build_examples(
     chat, as the rollout does, so warm-up and RL see the same context.
     """
     kwargs = dict(env_kwargs or {})
-    if source not in SOURCES:
-        hint = difflib.get_close_matches(str(source), SOURCES, n=1)
-        raise ValueError(
-            f"unknown SFT source {source!r}; choose one of {SOURCES}"
-            + (f" (did you mean {hint[0]!r}?)" if hint else "")
-        )
+    check_source(source, env_id, kwargs)
     if source == "rejection":
         if policy is None or sampling is None:
             raise ValueError("source 'rejection' needs the policy and sampling settings to draw episodes")
@@ -464,15 +536,9 @@ def build_examples(
         )
     else:
         entry = gym.spec(env_id).entry_point
-        is_p24 = isinstance(entry, str) and "points24" in entry
-        if (source == "solver") != is_p24:
-            want = "a Points24 text env" if source == "solver" else "a math env"
-            other = "generator" if source == "solver" else "solver"
-            raise ValueError(
-                f"source {source!r} needs {want}, got {env_id!r}; try source {other!r} (or 's2r' for {S2R_ENV_ID})"
-            )
-        build = points24_solver_examples if is_p24 else math_generator_examples
-        out = build(env_id, kwargs, seeds)
+        p24 = source == "solver" and isinstance(entry, str) and "points24" in entry
+        build = {"solver": demonstration_examples, "generator": math_generator_examples}[source]
+        out = (points24_solver_examples if p24 else build)(env_id, kwargs, seeds)
     if system_prompt is None:
         return out
     system = {"role": "system", "content": system_prompt}

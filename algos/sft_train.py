@@ -293,12 +293,10 @@ def run_sft(
     was_training = policy.model.training
     policy.model.train()
     try:
-        from tqdm import tqdm
+        from veriloop.algos.progress import track
 
-        # a bar for people at a terminal (tqdm turns itself off when stderr is not one)
-        steps = tqdm(range(start, total), initial=start, total=total, desc="sft warm-up", leave=False,
-                     disable=None, dynamic_ncols=True)  # fmt: skip
-        for step in steps:
+        # a bar at a terminal, a line when it starts and every 30 s in a log file
+        for step in track(range(start, total), total, "sft warm-up", "steps", initial=start):
             t0 = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             loss, seen, n_loss = _one_step(

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 import veriloop.envs  # noqa: F401  (registers the environments)
+from veriloop.agents.atomic import write_text_atomic
 from veriloop.agents.backends import Backend, make_backend
 from veriloop.agents.drift import drift_rate
 from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
@@ -30,11 +34,12 @@ from veriloop.algos.checkpoint import check_finite, latest_checkpoint, load_chec
 from veriloop.algos.critic import ValueModel
 from veriloop.algos.distributed import DistContext, init_distributed, shutdown_distributed
 from veriloop.algos.evaluate import final_sample
+from veriloop.algos.progress import Progress, say
 from veriloop.algos.run_log import RunLog
 from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
-from veriloop.algos.update import METRIC_NAMES, prepare_batch, update_step
-from veriloop.configs.loader import config_to_yaml
-from veriloop.configs.schema import ExperimentConfig
+from veriloop.algos.update import METRIC_NAMES, learning_signal, loss_normalisers, prepare_batch, update_step
+from veriloop.configs.loader import config_to_yaml, dump_config
+from veriloop.configs.schema import ConfigError, ExperimentConfig
 
 SINGLE_PROCESS = DistContext()
 
@@ -76,7 +81,7 @@ def build_critic(cfg: ExperimentConfig, policy: Policy) -> ValueModel | None:
     if not cfg.algo.needs_critic:
         return None
     if cfg.algo.critic == "separate":
-        return ValueModel.separate(policy.model.config)
+        return ValueModel.separate(policy.model)  # the policy's pretrained weights + a fresh head
     return ValueModel(policy.model)  # value head on the policy's own backbone
 
 
@@ -184,13 +189,13 @@ def collect(
     n = cfg.rollout.prompts_per_step
     if cfg.algo.dynamic_sampling:
         groups, stats = dynamic_sampling(sample_groups, num_groups=n, max_rounds=cfg.algo.max_sampling_rounds,
-                                         reward_fn=lambda t: t.total_reward)  # fmt: skip
+                                         reward_fn=partial(learning_signal, cfg=cfg.algo))  # fmt: skip
         metrics = {"sampling/rounds": stats["rounds"], "sampling/kept_fraction": stats["kept_fraction"],
                    "sampling/informative_fraction": stats["informative_fraction"],
                    "sampling/short_batch": stats["short_batch"]}  # fmt: skip
     else:
         groups = sample_groups(n)
-        useful = [is_informative([t.total_reward for t in grp]) for grp in groups]
+        useful = [is_informative([learning_signal(t, cfg.algo) for t in grp]) for grp in groups]
         informative = sum(useful) / max(len(useful), 1)
         metrics = {"sampling/rounds": 1.0, "sampling/kept_fraction": 1.0,
                    "sampling/informative_fraction": informative, "sampling/short_batch": 0.0}  # fmt: skip
@@ -249,13 +254,6 @@ def kl_to_reference(batch: TokenBatch) -> float | None:
     return float((d.exp() - d - 1).mean()) if d.numel() else 0.0
 
 
-def _share(cfg: ExperimentConfig, mb: TokenBatch, part: TokenBatch) -> float:
-    """``part``'s fraction of ``mb``'s loss normaliser: tokens (token-mean) or sequences."""
-    if cfg.algo.loss_agg == "token_mean":
-        return float(part.loss_mask.sum()) / max(float(mb.loss_mask.sum()), 1.0)
-    return float((part.loss_mask.sum(1) > 0).sum()) / max(float((mb.loss_mask.sum(1) > 0).sum()), 1.0)
-
-
 def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | None, optimizer: torch.optim.Optimizer,
                    trajs: list[Trajectory], generator: torch.Generator,
                    dist: DistContext = SINGLE_PROCESS) -> dict[str, float]:  # fmt: skip
@@ -278,7 +276,8 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
     for _ in range(cfg.algo.epochs):
         for mb in minibatches(batch, cfg.mini_batch_size, shuffle=generator):
             part = mb.select(torch.arange(dist.rank, mb.size, dist.world_size)) if dist.enabled else mb
-            sync = {"on_before_step": dist.grad_sync(_share(cfg, mb, part))} if dist.enabled else {}
+            # every rank's loss is normalised by the whole mini-batch's counts: gradients just add up
+            sync = {"on_before_step": dist.grad_sync(1.0), **loss_normalisers(mb)} if dist.enabled else {}
             m = update_step(policy.model, optimizer, part, cfg.algo, micro_batch_size=cfg.train.micro_batch_size,
                             micro_batch_tokens=cfg.train.micro_batch_tokens, max_grad_norm=cfg.train.max_grad_norm or float("inf"),
                             ref_model_ctx=ref.get("ref_model_ctx"), critic=critic,
@@ -295,22 +294,85 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
     return {**out, **adv_metrics}
 
 
+# -------------------------------------------------------------------------------------- run folder
+
+#: Settings a resumed run may change from the saved config (how long, how often, how it is measured).
+RESUMABLE_CHANGES = ("train.steps", "eval.", "run.checkpoint_every", "run.keep_last", "run.tensorboard",
+                     "run.wandb", "train.log_every")  # fmt: skip
+
+
+def claim_run_dir(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwrite: bool) -> None:
+    """Make ``run_dir`` this run's own, or stop before anything is written or loaded.
+
+    A new or empty folder is used as is. An existing run is continued only with ``resume`` (and
+    a config that matches its ``config.yaml`` but for :data:`RESUMABLE_CHANGES`), replaced only
+    with ``overwrite``; otherwise :class:`ConfigError` says so and nothing in it changes.
+    """
+    existing = run_dir.is_dir() and any(run_dir.iterdir())
+    if existing and resume and overwrite:
+        raise ConfigError("--resume continues a run and --overwrite deletes it: give only one")
+    if existing and not resume and not overwrite:
+        raise ConfigError(
+            f"run folder {run_dir} already holds a run; nothing was changed. Continue it with --resume, "
+            f"replace it with --overwrite, or choose another name (run.name=...)"
+        )
+    if existing and resume:
+        _check_resume_config(run_dir, cfg)
+    if existing and overwrite:
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(run_dir / "config.yaml", config_to_yaml(cfg))
+
+
+def _check_resume_config(run_dir: Path, cfg: ExperimentConfig) -> None:
+    saved_file = run_dir / "config.yaml"
+    if not saved_file.is_file():
+        return
+    saved = _flatten(yaml.safe_load(saved_file.read_text()) or {})
+    now = _flatten(dump_config(cfg))
+    changed = sorted(k for k in saved.keys() | now.keys()
+                     if saved.get(k) != now.get(k) and not k.startswith(RESUMABLE_CHANGES))  # fmt: skip
+    if changed:
+        diff = "; ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:6])
+        raise ConfigError(
+            f"--resume: the config differs from the one {run_dir} was trained with ({diff}); resume with "
+            "the saved config (`veriloop train RUN/config.yaml --resume`), or start a new run.name"
+        )
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flatten(sub, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): tree}
+
+
 # -------------------------------------------------------------------------------------------- loop
 
 
-def train(cfg: ExperimentConfig, *, resume: bool = False, quiet: bool = False) -> Path:
+def train(
+    cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, quiet: bool = False
+) -> Path:
     """Run ``cfg`` and return the run folder (metrics.jsonl, config.yaml, checkpoints/, final/).
+
+    An existing run folder is never written into unless asked: ``resume`` continues it (the
+    config must match the saved one but for the settings in :data:`RESUMABLE_CHANGES`),
+    ``overwrite`` deletes it first; otherwise :class:`ConfigError` names both, before any model
+    loads (see :func:`claim_run_dir`).
 
     Under ``accelerate launch`` / ``torchrun`` with several processes this is data-parallel (see
     :mod:`veriloop.algos.distributed`); only rank 0 writes anything.
     """
     cfg.validate()
+    cfg.env.resolve()  # the environments exist (users' modules imported) before anything slow
+    if cfg.sft.steps > 0:
+        from veriloop.algos.sft_data import check_source
+
+        check_source(cfg.sft.source, cfg.env.id, cfg.env.kwargs)
     dist = init_distributed()
     quiet = quiet or not dist.is_main
     run_dir = Path(cfg.run.out_dir) / cfg.run_name
     if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
+        claim_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite)
     torch.manual_seed(cfg.rollout.seed)
     policy = build_policy(cfg)
     critic = build_critic(cfg, policy)
@@ -367,15 +429,14 @@ def train(cfg: ExperimentConfig, *, resume: bool = False, quiet: bool = False) -
 
 
 def _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_dir, quiet, dist) -> None:  # type: ignore[no-untyped-def]
-    from tqdm import tqdm
-
     # vLLM: one engine for the run, updated in place after every optimizer step
     backend = (
         make_backend("vllm", policy, **cfg.rollout.vllm_kwargs) if cfg.rollout.backend == "vllm" else None
     )
-    bar = tqdm(range(state.step, cfg.train.steps), initial=state.step, total=cfg.train.steps,
-               desc="train", disable=quiet, dynamic_ncols=True)  # fmt: skip
-    for step in bar:
+    bar = Progress(cfg.train.steps, "train", "steps", initial=state.step, quiet=quiet)
+    _say(quiet, f"RL: {cfg.train.steps - state.step} steps of {cfg.rollout.batch_size} episodes "
+                f"({cfg.rollout.prompts_per_step} problems x {cfg.rollout.group_size}), algorithm {cfg.algo.name}")  # fmt: skip
+    for step in range(state.step, cfg.train.steps):
         t0 = time.perf_counter()
         trajs, sampled, sampling = collect(cfg, policy, state, dist, backend)
         metrics: dict[str, Any] = dict(sampling)
@@ -406,12 +467,13 @@ def _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_
             metrics.update(_evaluate(cfg, policy, state.step, quiet))
         if log is not None and (state.step % cfg.train.log_every == 0 or state.step == cfg.train.steps):
             log.log(state.step, metrics)
-        bar.set_postfix_str(_summary(metrics))
-        if not quiet:
-            tqdm.write(f"step {state.step:4d} | {_summary(metrics)}")
+        bar.set_postfix(_summary(metrics))
+        _say(quiet, f"step {state.step:4d}/{cfg.train.steps} | {_summary(metrics)}")
+        bar.update()
         every = cfg.run.checkpoint_every
         if dist.is_main and ((every and state.step % every == 0) or state.step == cfg.train.steps):
             _checkpoint(cfg, policy, critic, optimizer, scheduler, state, generator, run_dir)
+    bar.close()
 
 
 def _no_update() -> dict[str, float | None]:
@@ -466,6 +528,9 @@ def _evaluate(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool, *, 
               prefix: str = "eval") -> dict[str, float]:  # fmt: skip
     from veriloop.algos.evaluate import evaluate_config, write_report
 
+    splits = cfg.env.resolved_eval_splits
+    _say(quiet, f"evaluating {tag or 'policy'} at step {step}: {len(splits)} split(s) ({', '.join(splits)}) x "
+                f"{cfg.eval.num_problems} problems x {cfg.eval.n_samples} samples")  # fmt: skip
     report = evaluate_config(cfg, policy, step=step)
     write_report(report, Path(cfg.run.out_dir) / cfg.run_name / "eval", tag or f"step-{step:06d}")
     flat = {f"{prefix}/{split}/{k}": float(v) for split, m in report["splits"].items()
@@ -483,5 +548,4 @@ def _summary(m: dict[str, float]) -> str:
 
 
 def _say(quiet: bool, text: str) -> None:
-    if not quiet:
-        print(text, flush=True)
+    say(text, quiet)

@@ -6,8 +6,13 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from veriloop.configs.schema import ExperimentConfig
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -16,13 +21,29 @@ def _cmd_envs(args: argparse.Namespace) -> int:
     import gymnasium
 
     import veriloop.envs  # noqa: F401  (registers the environments)
+    from veriloop.envs.plugins import import_modules, load_entry_points
     from veriloop.envs.splits import SPLITS
 
+    before = set(gymnasium.registry)
+    import gymnasium.envs  # noqa: F401  (gymnasium's own ids, to tell them apart from users')
+
+    gym_own = {i for i in before if not i.startswith("veriloop/")}
+    import_modules(args.imports or [])
+    plugins = load_entry_points()
     ids = sorted(i for i in gymnasium.registry if i.startswith("veriloop/"))
     print("Registered environments:")
     for env_id in ids:
         spec = gymnasium.registry[env_id]
         print(f"  {env_id:40s} {spec.entry_point}")
+    yours = sorted(i for i in gymnasium.registry if not i.startswith("veriloop/") and i not in gym_own)
+    if yours:
+        print(
+            "\nYour environments (--import, entry points"
+            + (f": {', '.join(plugins)}" if plugins else "")
+            + "):"
+        )
+        for env_id in yours:
+            print(f"  {env_id:40s} {gymnasium.registry[env_id].entry_point}")
     print("\nSplits (family / split -> id and kwargs):")
     for family, splits in SPLITS.items():
         for split, (env_id, kwargs) in splits.items():
@@ -48,17 +69,21 @@ def _settings_help() -> str:
     return "\n".join(lines)
 
 
-def _load(args: argparse.Namespace) -> object:
+def _load(args: argparse.Namespace, name: str | None = None) -> ExperimentConfig:
+    """The config with ``--import`` modules added and every environment id checked (no model yet)."""
     from veriloop.configs.loader import load_config
 
-    return load_config(args.config, args.overrides)
+    cfg = load_config(name or args.config, args.overrides)
+    cfg.env.imports = [*cfg.env.imports, *(args.imports or [])]
+    cfg.env.resolve()
+    return cfg
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from veriloop.algos.train import train
 
     cfg = _load(args)
-    run_dir = train(cfg, resume=args.resume)  # type: ignore[arg-type]
+    run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
     print(
         f"run folder: {run_dir}  (metrics.jsonl, eval/, checkpoints/, final/); plot with: veriloop plot {run_dir}"
     )
@@ -69,17 +94,27 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from veriloop.agents.loading import save_policy
+    from veriloop.algos.sft_data import check_source
     from veriloop.algos.sft_train import warmup_from_config
     from veriloop.algos.train import build_policy
+    from veriloop.configs.schema import ConfigError
 
     cfg = _load(args)
-    if cfg.sft.steps <= 0:  # type: ignore[attr-defined]
+    if cfg.sft.steps <= 0:
         print("sft.steps is 0: nothing to do (set sft.steps=N)", file=sys.stderr)
         return 2
-    policy = build_policy(cfg)  # type: ignore[arg-type]
-    run_dir = Path(cfg.run.out_dir) / cfg.run_name  # type: ignore[attr-defined]
-    metrics = warmup_from_config(cfg, policy, run_dir=run_dir / "sft")
-    out = save_policy(policy, run_dir / "sft" / "final")
+    check_source(cfg.sft.source, cfg.env.id, cfg.env.kwargs)  # before the model loads
+    sft_dir = Path(cfg.run.out_dir) / cfg.run_name / "sft"
+    if sft_dir.is_dir() and any(sft_dir.iterdir()):
+        if not args.overwrite:
+            raise ConfigError(
+                f"{sft_dir} already holds an SFT run; nothing was changed. Replace it with --overwrite, "
+                "or choose another name (run.name=...)"
+            )
+        shutil.rmtree(sft_dir)
+    policy = build_policy(cfg)
+    metrics = warmup_from_config(cfg, policy, run_dir=sft_dir)
+    out = save_policy(policy, sft_dir / "final")
     print(f"SFT done: {metrics}\nsaved policy: {out}")
     return 0
 
@@ -100,10 +135,9 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
     """Train the default model briefly on generated math, evaluate before/after, draw the curves."""
     from veriloop.algos.plots import plot_run
     from veriloop.algos.train import train
-    from veriloop.configs.loader import load_config
 
-    cfg = load_config("quickstart", args.overrides)
-    run_dir = train(cfg, resume=args.resume)
+    cfg = _load(args, "quickstart")
+    run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
     pngs = plot_run(run_dir)
     print(f"\nrun folder: {run_dir}")
     print(f"evaluation tables: {run_dir / 'eval'}")
@@ -117,6 +151,27 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. algo.clip_high=0.3"
     )
+    _add_import_arg(p)
+
+
+def _add_import_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first, so its gymnasium.register(...) calls run (repeatable; the working "
+        "directory is importable; same as env.imports in the config)",
+    )
+
+
+def _add_overwrite_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete an existing run of the same name first (never implied)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("envs", help="list registered environments and their evaluation splits")
+    _add_import_arg(p)
     p.set_defaults(handler=_cmd_envs)
 
     p = sub.add_parser("demo", help="a scripted agent plays every environment; prints episodes and rewards")
@@ -139,11 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=fmt)  # fmt: skip
     _add_config_args(p)
     p.add_argument("--resume", action="store_true", help="continue from the run's last complete checkpoint")
+    _add_overwrite_arg(p)
     p.set_defaults(handler=_cmd_train)
 
     p = sub.add_parser("sft", help="supervised warm-up only (sft.* settings)", epilog=_settings_help(),
                        formatter_class=fmt)  # fmt: skip
     _add_config_args(p)
+    _add_overwrite_arg(p)
     p.set_defaults(handler=_cmd_sft)
 
     p = sub.add_parser("eval", help="pass@k / avg@k / maj@k per split for checkpoints (or the base model)")
@@ -158,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. eval.n_samples=16"
     )
+    _add_import_arg(p)
     p.set_defaults(handler=_cmd_eval)
 
     p = sub.add_parser("plot", help="draw a run's training curves to PNG files")
@@ -175,18 +234,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="dotted overrides of configs/experiments/quickstart.yaml",
     )
     p.add_argument("--resume", action="store_true", help="continue an interrupted quickstart")
+    _add_overwrite_arg(p)
+    _add_import_arg(p)
     p.set_defaults(handler=_cmd_quickstart)
     return parser
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the command line; ``KEY=VALUE`` overrides may come before or after flags
+    (``train cfg --import mod a=1`` as well as ``train cfg a=1 --import mod``)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    stray = [e for e in extra if e.startswith("-") or "=" not in e or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     from veriloop.configs.schema import ConfigError
+    from veriloop.envs.plugins import UnknownEnvError, working_dir_importable
 
-    args = build_parser().parse_args(argv)
+    working_dir_importable()  # as with `python -m`: a user's module beside their config imports
+    args = parse_args(argv)
     handler: Handler = args.handler
     try:
         return handler(args)
-    except ConfigError as e:  # a bad config or override: the message says what and how to fix it
+    except (ConfigError, UnknownEnvError) as e:  # bad input: the message says what and how to fix it
         print(f"veriloop {args.command}: {e}", file=sys.stderr)
         return 2
 

@@ -15,6 +15,7 @@ are checked to be disjoint, so no evaluation problem is ever trained on.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -25,8 +26,10 @@ from veriloop.algos.config import AlgoConfig
 DType = Literal["float32", "bfloat16", "float16"]
 Schedule = Literal["constant", "linear", "cosine"]
 SFTSource = Literal["solver", "generator", "s2r", "rejection"]
+#: Largest learning rate accepted: far above any useful value, and keeps AdamW's arithmetic finite.
+MAX_LR = 1.0
 #: Advantage estimators whose baseline comes from the other samples of the same prompt.
-GROUP_ADVANTAGES = ("group_norm", "group_mean", "rloo", "process")
+GROUP_ADVANTAGES = ("group_norm", "group_mean", "rloo", "group_mean_batch_norm", "process")
 
 
 class ConfigError(ValueError):
@@ -57,12 +60,17 @@ class EnvConfig:
             in-distribution split ``id`` (training env, held-out seeds) is always evaluated; see
             ``resolved_eval_splits``.
         system_prompt: System message for the policy; None = the environment's own prompt.
+        imports: Modules to import before the environments are made, so that their
+            ``gymnasium.register(...)`` calls run (your own environments; the working directory is
+            importable). Also ``--import MODULE`` on the command line, or write an id as
+            ``module:ns/Name-v0``.
     """
 
     id: str = "veriloop/MathVerify-v0"
     kwargs: dict[str, Any] = field(default_factory=dict)
     eval_splits: dict[str, SplitConfig] = field(default_factory=dict)
     system_prompt: str | None = None
+    imports: list[str] = field(default_factory=list)
 
     @property
     def resolved_eval_splits(self) -> dict[str, SplitConfig]:
@@ -72,12 +80,52 @@ class EnvConfig:
             out[name] = SplitConfig(split.id or self.id, dict(split.kwargs))
         return out
 
+    def resolve(self) -> None:
+        """Import the modules the environments need and check every id is registered.
+
+        ``module:id`` ids become bare ids with ``module`` added to ``imports`` (so the saved config
+        says what to import). Cheap: no model is loaded; call it before anything slow starts.
+
+        Raises:
+            ConfigError: an id that is not registered (with "did you mean") or a module that fails
+                to import.
+        """
+        from veriloop.envs.plugins import UnknownEnvError, resolve_env_id, split_module
+
+        modules = [m for m in (split_module(i)[0] for i in self._ids()) if m]
+        self.imports = list(dict.fromkeys([*self.imports, *modules]))
+        try:
+            self.id = resolve_env_id(self.id, self.imports)
+            for split in self.eval_splits.values():
+                if split.id is not None:
+                    split.id = resolve_env_id(split.id)
+        except UnknownEnvError as e:
+            raise ConfigError(f"env: {e}") from e
+        for name, split in self.resolved_eval_splits.items():
+            _try_make("env.kwargs" if name == "id" else f"env.eval_splits.{name}", split)
+
+    def _ids(self) -> list[str]:
+        return [self.id, *(s.id for s in self.eval_splits.values() if s.id is not None)]
+
     def validate(self) -> None:
         for name in self.eval_splits:
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
                 raise ConfigError(
                     f"env.eval_splits: split name {name!r} must match [A-Za-z0-9_.-]+ (used in metric names)"
                 )
+
+
+def _try_make(where: str, split: SplitConfig) -> None:
+    """Make (and close) one environment, so bad kwargs or a malformed dataset fail before any model loads."""
+    import gymnasium
+
+    try:
+        env = gymnasium.make(str(split.id), **split.kwargs)
+    except Exception as e:  # anything the env's constructor rejects: its message says what
+        raise ConfigError(
+            f"{where}: gymnasium.make({split.id!r}, **{split.kwargs}) failed: {type(e).__name__}: {e}"
+        ) from e
+    env.close()
 
 
 @dataclass
@@ -216,8 +264,10 @@ class TrainConfig:
             )
         if self.steps < 0:
             raise ConfigError(f"train.steps must be >= 0 (0 = no RL, e.g. SFT only), got {self.steps}")
-        if self.lr <= 0:
-            raise ConfigError(f"train.lr must be > 0, got {self.lr}")
+        if not 0 < self.lr <= MAX_LR:
+            raise ConfigError(
+                f"train.lr must be in (0, {MAX_LR}], got {self.lr}: a typical LoRA value is 1e-5 to 1e-4"
+            )
         if not 0 <= self.warmup_steps <= self.steps:
             raise ConfigError(
                 f"train.warmup_steps must be in [0, train.steps={self.steps}], got {self.warmup_steps}"
@@ -293,8 +343,10 @@ class SFTConfig:
 
     def validate(self) -> None:
         _positive("sft", self, "examples", "epochs")
-        if self.steps < 0 or self.lr <= 0:
-            raise ConfigError(f"sft.steps must be >= 0 and sft.lr > 0, got {self.steps} and {self.lr}")
+        if self.steps < 0 or not 0 < self.lr <= MAX_LR:
+            raise ConfigError(
+                f"sft.steps must be >= 0 and sft.lr in (0, {MAX_LR}], got {self.steps} and {self.lr}"
+            )
 
 
 @dataclass
@@ -397,6 +449,7 @@ class ExperimentConfig:
 
     def validate(self) -> None:
         """Each section's own checks, then the checks that span sections."""
+        _check_finite(self)
         for section in (self.env, self.policy, self.rollout, self.train, self.eval, self.sft, self.run):
             section.validate()
         try:
@@ -448,6 +501,16 @@ class ExperimentConfig:
                 f"evaluation seeds {eval_seeds.start}..{eval_seeds.stop - 1} overlap training seeds "
                 f"{train_seeds.start}..{train_seeds.stop - 1}: set eval.seed_offset >= {train_seeds.stop}"
             )
+
+
+def _check_finite(obj: Any, prefix: str = "") -> None:
+    """Every float setting is a real number: NaN or inf in a config is always a typo."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_finite(value, f"{prefix}{f.name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{prefix}{f.name} must be a finite number, got {value}")
 
 
 def _divisors(n: int) -> list[int]:

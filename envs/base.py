@@ -170,6 +170,12 @@ class VerifierEnv(gymnasium.Env, Generic[TaskT]):
             return copy.deepcopy(dict(task))
         raise TypeError(f"cannot describe task of type {type(task).__name__}; override task_info()")
 
+    def demonstration(self, task: TaskT) -> str | None:
+        """A correct response to ``task`` for the supervised warm-up (``sft.source: solver``), or
+        None when the environment has no solver (the default). Override it to let ``solver`` SFT
+        work on your environment; each demonstration is checked by :meth:`check` before use."""
+        return None
+
     def task_from_options(self, spec: Any) -> TaskT:
         """Turn ``options["task"]`` into a task (default: used as given)."""
         return spec  # type: ignore[no-any-return]

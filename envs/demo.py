@@ -35,15 +35,18 @@ def wrong_answer(task: Mapping[str, Any]) -> str:
     return json.dumps({"cards": names, "formula": "-".join(str(v) for v in values)})  # always < 24
 
 
-def scripted_action(env_id: str, task: Mapping[str, Any], step: int, succeed: bool) -> str:
-    """The demo agent's action at ``step`` (0-based): wrong first, right second if ``succeed``."""
+def scripted_action(
+    env_id: str, task: Mapping[str, Any], step: int, succeed: bool, first_right: int = 1
+) -> str:
+    """The demo agent's action at ``step`` (0-based): wrong until step ``first_right`` (1 by default;
+    0 in a single-attempt env, so a succeeding agent does succeed), then right if ``succeed``."""
     if env_id.startswith("veriloop/SolveVerify"):
         solve_index, is_verify = divmod(step, 2)
         solved_right = succeed and solve_index >= 1
         if is_verify:
             return f"<verify>{'correct' if solved_right else 'incorrect'}</verify>"
         return right_answer(task) if solved_right else wrong_answer(task)
-    return right_answer(task) if succeed and step >= 1 else wrong_answer(task)
+    return right_answer(task) if succeed and step >= first_right else wrong_answer(task)
 
 
 def _show(obs: Any) -> str:
@@ -57,11 +60,12 @@ def play(env_id: str, seed: int, succeed: bool, *, echo: bool = True) -> float:
     env = gymnasium.make(env_id)
     obs, info = env.reset(seed=seed)
     task, total, step, done = info["task"], 0.0, 0, False
+    first_right = 0 if getattr(env.unwrapped, "max_attempts", 2) < 2 else 1
     if echo:
         print(f"=== {env_id}  seed={seed}  agent={'succeeds' if succeed else 'fails'}")
         print(f"[obs] {_show(obs)}")
     while not done:
-        action = scripted_action(env_id, task, step, succeed)
+        action = scripted_action(env_id, task, step, succeed, first_right)
         obs, reward, terminated, truncated, info = env.step(action)
         total += float(reward)
         step += 1

@@ -1,0 +1,104 @@
+"""Progress that reads well at a terminal and in a log file.
+
+At a terminal: a tqdm bar, and messages written above it (never glued onto it). Not at a terminal
+(output going to a file, CI, ``nohup``): no bar, but a line when each phase starts and a progress
+line at most every :data:`LOG_INTERVAL_S` seconds (done/total, rate, time left).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+#: Seconds between progress lines when the output is not a terminal.
+LOG_INTERVAL_S = 30.0
+
+
+def at_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+def say(text: str, quiet: bool = False) -> None:
+    """Print a line; at a terminal it goes above any live progress bar."""
+    if quiet:
+        return
+    if at_terminal():
+        from tqdm import tqdm
+
+        tqdm.write(text)
+    else:
+        print(text, flush=True)
+
+
+class Progress:
+    """Counts work done in one phase (``desc``) and shows it as a bar or as periodic log lines.
+
+    Args:
+        total: Units of work in the phase.
+        desc: Phase name, e.g. ``"eval base"`` or ``"sft warm-up"``.
+        unit: Unit name for the log lines (``"episodes"``, ``"steps"``).
+        initial: Units already done (a resumed phase).
+        quiet: Show nothing.
+    """
+
+    def __init__(self, total: int, desc: str, unit: str, *, initial: int = 0, quiet: bool = False) -> None:
+        self.total, self.desc, self.unit, self.done = total, desc, unit, initial
+        self.quiet = quiet
+        self._start = self._last = time.monotonic()
+        self._first = initial
+        self._bar: Any = None
+        if quiet:
+            return
+        if at_terminal():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, desc=desc, unit=unit.rstrip("s"), leave=False,
+                             dynamic_ncols=True)  # fmt: skip
+        else:
+            print(f"{desc}: {total - initial} {unit} to go", flush=True)
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(n)
+        elif not self.quiet and (time.monotonic() - self._last >= LOG_INTERVAL_S or self.done >= self.total):
+            self._last = time.monotonic()
+            print(self.line(), flush=True)
+
+    def line(self) -> str:
+        """``desc: done/total unit (rate/s, ~T left)``."""
+        elapsed = max(time.monotonic() - self._start, 1e-9)
+        rate = (self.done - self._first) / elapsed
+        left = (self.total - self.done) / rate if rate > 0 else float("nan")
+        eta = f", ~{_duration(left)} left" if self.done < self.total and rate > 0 else ""
+        return f"{self.desc}: {self.done}/{self.total} {self.unit} ({rate:.3g}/s, {_duration(elapsed)}{eta})"
+
+    def set_postfix(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(text)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def track(items: Iterable[int], total: int, desc: str, unit: str, *, initial: int = 0,
+          quiet: bool = False) -> Iterator[int]:  # fmt: skip
+    """Iterate ``items`` with a :class:`Progress` advanced once per item."""
+    bar = Progress(total, desc, unit, initial=initial, quiet=quiet)
+    try:
+        for item in items:
+            yield item
+            bar.update()
+    finally:
+        bar.close()
+
+
+def _duration(seconds: float) -> str:
+    if seconds != seconds:  # nan
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
