@@ -12,6 +12,15 @@ Run: ``python benchmarks/bench_verifiers.py``
 3. A batch of 40 ordinary items with and without one pathological item (a legitimate binomial
    coefficient with 300 million digits, which sympy needs minutes for): completion time of the
    ordinary items in each batch.
+4. Cold start: the first check in a fresh process, for a plain integer (decided in-process), for an
+   answer that needs a worker with the pool started on demand, and with the pool started when the
+   environment is made (as ``MathVerify-v0`` does) followed by 3 s of other work (model loading).
+5. Queueing: 16 threads x 25 checks each (4 of the 400 are pathological and run to the 5 s deadline)
+   on the shared pool: latency of every check, queue wait included, with the FIFO slots and, for
+   comparison, with the ``threading.BoundedSemaphore`` they replaced; and the documented bound.
+6. Hostile sizes: a 47,614-character response ending in ``\\boxed{42}``; extraction over a
+   brace-dense 1,000,000-character response whose last box never closes (the scan's worst case); the give-up check on a 10 MB response (time and peak
+   traced memory).
 """
 
 from __future__ import annotations
@@ -23,10 +32,13 @@ import platform
 import random
 import statistics
 import sys
+import threading
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
+from veriloop.envs.base import gave_up
 from veriloop.envs.verifiers import (
     check_math,
     check_math_batch,
@@ -34,6 +46,8 @@ from veriloop.envs.verifiers import (
     shutdown_pool,
     verifier_stats,
 )
+from veriloop.envs.verifiers import pool as pool_module
+from veriloop.envs.verifiers.extract import MAX_RESPONSE_CHARS, extract
 from veriloop.envs.verifiers.formula import _evaluate_cached
 
 OUT = Path(__file__).resolve().parent / "results" / "verifiers.json"
@@ -154,7 +168,7 @@ def _pct(values: list[float], q: float) -> float:
 def bench_math_latency() -> dict[str, Any]:
     shutdown_pool()
     start = time.perf_counter()
-    check_math("\\boxed{1}", "1")
+    check_math("\\boxed{\\frac{1}{2}}", "0.5")  # needs a worker (a plain integer would not)
     cold = time.perf_counter() - start
     mix = math_mix()
     latencies, reasons = [], {}
@@ -188,7 +202,7 @@ def _timed_batch(pairs: list[tuple[str, str]], timeout: float) -> tuple[dict[int
 
 def bench_batch() -> dict[str, Any]:
     normal = math_mix(40, seed=2)
-    slow = ("<think>hmm</think>\\boxed{\\binom{10^{9}}{5 \\cdot 10^{8}}}", "3")
+    slow = BOMB
     check_math("\\boxed{1}", "1")  # warm
     base_done, base_total, _ = _timed_batch(normal, 5.0)
     with_slow = normal[:10] + [slow] + normal[10:]
@@ -210,6 +224,115 @@ def bench_batch() -> dict[str, Any]:
             "others_done_max_s": round(max(others), 3),
             "others_done_mean_s": round(statistics.mean(others), 3),
         },
+    }
+
+
+BOMB = ("<think>hmm</think>\\boxed{\\binom{10^{9}}{5 \\cdot 10^{8}}}", "3")
+
+
+def bench_cold_start() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, pair, prestart in (
+        ("plain_integer_ms", ("\\boxed{42}", "42"), False),
+        ("needs_worker_on_demand_ms", ("\\boxed{\\frac{1}{2}}", "0.5"), False),
+        ("needs_worker_pool_started_at_env_creation_then_3s_ms", ("\\boxed{\\frac{1}{2}}", "0.5"), True),
+    ):
+        shutdown_pool()
+        if prestart:
+            pool_module.get_pool().start()
+            time.sleep(3.0)  # the model loads meanwhile
+        start = time.perf_counter()
+        verdict = check_math(*pair)
+        out[name] = round(1000 * (time.perf_counter() - start), 1)
+        assert verdict.correct, verdict
+    return out
+
+
+def _queue_run(n_threads: int, per_thread: int, bombs: set[int]) -> dict[str, Any]:
+    mix = math_mix(n_threads * per_thread, seed=3)
+    latencies: list[tuple[bool, float, str | None]] = []
+    lock = threading.Lock()
+
+    def worker(t: int) -> None:
+        for k in range(per_thread):
+            index = t * per_thread + k
+            pair = BOMB if index in bombs else mix[index]
+            start = time.perf_counter()
+            verdict = check_math(*pair, timeout=5.0)
+            with lock:
+                latencies.append((index in bombs, time.perf_counter() - start, verdict.error))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    total = time.perf_counter() - start
+    ordinary = [x for bomb, x, _ in latencies if not bomb]
+    return {
+        "total_s": round(total, 2),
+        "ordinary_p50_ms": round(1000 * _pct(ordinary, 0.5), 1),
+        "ordinary_p99_ms": round(1000 * _pct(ordinary, 0.99), 1),
+        "ordinary_max_s": round(max(ordinary), 2),
+        "any_max_s": round(max(x for _, x, _ in latencies), 2),
+        "timeouts": sum(err == "timeout" for _, _, err in latencies),
+    }
+
+
+def bench_queue(n_threads: int = 16, per_thread: int = 25) -> dict[str, Any]:
+    """FIFO slots vs the BoundedSemaphore they replaced, same load, same pool size."""
+    bombs = {3, 110, 220, 330}
+    out: dict[str, Any] = {"threads": n_threads, "checks": n_threads * per_thread, "pathological": len(bombs)}
+    for label in ("fifo", "bounded_semaphore_before"):
+        shutdown_pool()
+        pool = pool_module.get_pool()
+        if label != "fifo":
+            pool._slots = threading.BoundedSemaphore(pool.size)  # type: ignore[assignment]
+        check_math("\\boxed{\\frac{1}{2}}", "0.5")  # warm: every worker ready
+        for _ in range(pool.size):
+            check_math("\\boxed{\\frac{1}{3}}", "\\frac{1}{3}")
+        out[label] = _queue_run(n_threads, per_thread, bombs)
+    size = pool_module.get_pool().size
+    turns = -(-n_threads // size)  # ceil((q + 1) / size), q = n_threads - 1 requests queued ahead
+    out["pool_workers"] = size
+    out["documented_bound_s"] = f"ceil(16 / {size}) * (W + 5 s) = {turns} * (W + 5 s), W = worker start-up"
+    shutdown_pool()
+    return out
+
+
+def bench_hostile_sizes() -> dict[str, Any]:
+    long_reasoning = "Let me think about this carefully. " * 1360 + "So \\boxed{42}."
+    start = time.perf_counter()
+    verdict = check_math(long_reasoning, "42")
+    long_ms = 1000 * (time.perf_counter() - start)
+    # worst case: the last box never closes, so its brace scan runs to the end before the first box wins
+    dense = "\\boxed{5} \\boxed{" + "{}" * ((MAX_RESPONSE_CHARS - 20) // 2)
+    huge = "blah\n" * 2_000_000
+    start = time.perf_counter()
+    found = extract(dense)
+    dense_ms = 1000 * (time.perf_counter() - start)
+    start = time.perf_counter()
+    given_up = gave_up(huge)
+    give_up_ms = 1000 * (time.perf_counter() - start)
+    tracemalloc.start()  # memory in a second pass: tracing slows every allocation down
+    extract(dense)
+    dense_peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.reset_peak()
+    gave_up(huge)
+    give_up_peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return {
+        "long_reasoning_chars": len(long_reasoning),
+        "long_reasoning_verdict": verdict.reason,
+        "long_reasoning_ms": round(long_ms, 2),
+        "brace_dense_chars": len(dense),
+        "brace_dense_answer": found.answer,
+        "brace_dense_extract_ms": round(dense_ms, 1),
+        "brace_dense_peak_traced_kb": round(dense_peak / 1024, 1),
+        "give_up_10mb_result": given_up,
+        "give_up_10mb_ms": round(give_up_ms, 2),
+        "give_up_10mb_peak_traced_kb": round(give_up_peak / 1024, 1),
     }
 
 
@@ -253,6 +376,9 @@ def main() -> None:
         "points24": bench_points24(),
         "math_latency": bench_math_latency(),
         "math_batch_pathological": bench_batch(),
+        "cold_start": bench_cold_start(),
+        "queue": bench_queue(),
+        "hostile_sizes": bench_hostile_sizes(),
     }
     results["verifier_stats"] = verifier_stats()
     results["targets"] = targets(results)
