@@ -52,7 +52,7 @@ class ValueModel(nn.Module):
     ``critic="value_head"``: ``ValueModel(policy_model)``, the backbone IS the policy (shared
     weights, also a peft LoRA model: the last entry of ``hidden_states`` is used). Only the head is
     new; put its parameters in the optimizer.
-    ``critic="separate"``: ``ValueModel.separate(path_or_config)``, its own small model.
+    ``critic="separate"``: ``ValueModel.separate(policy_model)``, its own copy of the policy's pretrained weights.
     """
 
     def __init__(self, backbone: nn.Module, head: ValueHead | None = None, *, hidden_size: int | None = None):
@@ -61,12 +61,21 @@ class ValueModel(nn.Module):
         self.head = head if head is not None else ValueHead(hidden_size or _hidden_size(backbone))
 
     @classmethod
-    def separate(cls, source: str | Path | Any) -> ValueModel:
-        """A separate value model from a local path (``from_pretrained``) or a transformers config
-        (randomly initialised, for tests and small experiments)."""
+    def separate(cls, source: str | Path | nn.Module | Any) -> ValueModel:
+        """A separate value model: the policy's *pretrained* weights plus a fresh value head, as
+        LLM PPO initialises its critic (InstructGPT; OpenRLHF and verl load the critic from the
+        actor's checkpoint). ``source``:
+
+        * the policy model (``nn.Module``; a peft model contributes its base weights, the LoRA
+          adapter is left out): an independent, fully trainable copy;
+        * a local path: ``AutoModelForCausalLM.from_pretrained``;
+        * a transformers config: randomly initialised (for tests of the plumbing only).
+        """
         from transformers import AutoModelForCausalLM
 
-        if isinstance(source, str | Path):
+        if isinstance(source, nn.Module):
+            backbone = _pretrained_copy(source)
+        elif isinstance(source, str | Path):
             backbone = AutoModelForCausalLM.from_pretrained(str(source))
         else:
             backbone = AutoModelForCausalLM.from_config(source)
@@ -86,6 +95,20 @@ class ValueModel(nn.Module):
         hidden = out.hidden_states[-1]  # [B, T, H]
         v = self.head(hidden)  # [B, T], value of the state ending at position t
         return torch.cat([v.new_zeros(v.shape[0], 1), v[:, :-1]], dim=1)  # state before token t
+
+
+def _pretrained_copy(model: nn.Module) -> nn.Module:
+    """An independent copy of ``model``'s pretrained weights, every parameter trainable. A peft
+    model is copied, merged and unwrapped: while its adapter is still at the zero initialisation
+    (the critic is built before any update) this is exactly the base model."""
+    import copy
+
+    clone = copy.deepcopy(model)
+    if hasattr(clone, "merge_and_unload"):  # peft: base weights (+ the adapter's delta, 0 at init)
+        clone = clone.merge_and_unload()
+    for p in clone.parameters():
+        p.requires_grad_(True)
+    return clone
 
 
 def values(critic: ValueModel, batch: TokenBatch) -> torch.Tensor:

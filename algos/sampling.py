@@ -23,8 +23,10 @@ def verifier_failed(traj: Any) -> bool:
     return any((turn.verdict or {}).get("error") for turn in getattr(traj, "turns", ()))
 
 
-def is_informative(rewards: Sequence[float]) -> bool:
-    """A group teaches something only if it has >= 2 rewards and they are not all equal."""
+def is_informative(rewards: Sequence[Any]) -> bool:
+    """A group teaches something only if it has >= 2 rewards and they are not all equal.
+
+    A reward may be a number or a tuple (one per turn or action, ``update.learning_signal``)."""
     return len(rewards) >= 2 and max(rewards) != min(rewards)
 
 
@@ -33,7 +35,7 @@ def dynamic_sampling(
     *,
     num_groups: int,
     max_rounds: int,
-    reward_fn: Callable[[T], float],
+    reward_fn: Callable[[T], Any],
 ) -> tuple[list[list[T]], dict[str, float]]:
     """Sample groups until ``num_groups`` informative ones are kept or ``max_rounds`` have run.
 
@@ -47,7 +49,8 @@ def dynamic_sampling(
     Args:
         sample_groups: ``n -> groups``, each group a list of episodes sharing a start state.
         num_groups: informative groups wanted; max_rounds: cap on calls to ``sample_groups``.
-        reward_fn: the scalar reward of one episode that decides informativeness.
+        reward_fn: the reward of one episode that decides informativeness: the signal the
+            estimator learns from (``update.learning_signal``: a tuple, compared as a whole).
 
     Returns:
         kept groups (at most ``num_groups``), and stats: ``rounds``, ``sampled_groups``,
@@ -68,7 +71,7 @@ def dynamic_sampling(
             sampled += 1
             good = [t for t in group if not verifier_failed(t)]
             failed += len(group) - len(good)
-            if is_informative([float(reward_fn(t)) for t in good]):
+            if is_informative([reward_fn(t) for t in good]):
                 informative += 1
                 kept.append(good)
             else:

@@ -18,7 +18,7 @@ import torch
 from veriloop.algos.distributed import DistContext
 
 WORKER = r"""
-import os, sys, torch
+import dataclasses, os, sys, torch
 import veriloop.algos.train as T
 from veriloop.algos.distributed import init_distributed, check_params_equal, shutdown_distributed
 from veriloop.configs.loader import load_config
@@ -32,16 +32,22 @@ cfg = load_config(None, sys.argv[3:])
 dist = init_distributed() if not single else T.SINGLE_PROCESS
 torch.manual_seed(0)
 policy = T.build_policy(cfg)
-opt = T.build_optimizer(cfg, policy, None)
-start = {k: v.clone() for k, v in T._trainable_state(policy, None).items()}
+critic = T.build_critic(cfg, policy)
+opt = T.build_optimizer(cfg, policy, critic)
+start = {k: v.clone() for k, v in T._trainable_state(policy, critic).items()}
 if single:  # the batch both ranks gathered, trained by one process
     trajs = torch.load(os.path.join(out, "batch.pt"), weights_only=False)
 else:
     trajs, _, _ = T.collect(cfg, policy, T.TrainerState(), dist)
+    # uneven ranks: the first episode trains on 5 fewer tokens (its first ones), so a rank's share
+    # of the tokens differs from its share of the sequences
+    t0, turn = trajs[0], trajs[0].turns[0]
+    cut = [0 if turn.start <= i < turn.start + 5 else m for i, m in enumerate(t0.loss_mask)]
+    trajs[0] = dataclasses.replace(t0, loss_mask=cut)
     if dist.rank == 0:
         torch.save(trajs, os.path.join(out, "batch.pt"))
-m = T.train_on_batch(cfg, policy, None, opt, trajs, torch.Generator().manual_seed(0), dist)
-after = T._trainable_state(policy, None)
+m = T.train_on_batch(cfg, policy, critic, opt, trajs, torch.Generator().manual_seed(0), dist)
+after = T._trainable_state(policy, critic)
 same = check_params_equal(dist, list(after.values()))
 torch.save({"start": start, "after": after, "same": same, "grad_norm": m["grad_norm"],
             "seeds": [t.seed for t in trajs]}, os.path.join(out, f"{'single' if single else dist.rank}.pt"))
@@ -60,8 +66,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(out: Path, mode: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", WORKER, str(out), mode, *CONFIG], env={**os.environ, **env},
+def _run(out: Path, mode: str, env: dict[str, str], extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", WORKER, str(out), mode, *CONFIG, *extra], env={**os.environ, **env},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
 
 
@@ -71,10 +77,26 @@ def _wait(procs: list[subprocess.Popen[bytes]]) -> None:
         assert p.returncode == 0, err.decode()[-3000:]
 
 
-def test_two_ranks_hold_identical_updated_weights(tmp_path: Path) -> None:
+#: With a critic (PPO's value head on the policy): the value loss is a token mean while the policy
+#: loss may be a sequence mean; each rank's share must be right for both (issue 15, finding 2).
+CRITIC = ("algo.advantage=gae", "algo.critic=value_head", "algo.loss_agg_constant=8")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        (),
+        *[
+            (*CRITIC, f"algo.loss_agg={agg}")
+            for agg in ("token_mean", "seq_mean_token_mean", "seq_sum_constant")
+        ],
+    ],
+    ids=["rloo", "critic-token_mean", "critic-seq_mean_token_mean", "critic-seq_sum_constant"],
+)
+def test_two_ranks_hold_identical_updated_weights(tmp_path: Path, extra: tuple[str, ...]) -> None:
     port = str(_free_port())
     common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
-    _wait([_run(tmp_path, "dist", {**common, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)])
+    _wait([_run(tmp_path, "dist", {**common, "RANK": str(r), "LOCAL_RANK": str(r)}, extra) for r in range(2)])
     r0, r1 = (torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in range(2))
     assert r0["same"] and r1["same"]
     assert r0["seeds"] == r1["seeds"] == [0, 0, 1, 1]  # rank 0 played seed 0, rank 1 seed 1; both hold all
@@ -82,7 +104,7 @@ def test_two_ranks_hold_identical_updated_weights(tmp_path: Path) -> None:
     moved = [k for k in r0["after"] if not torch.equal(r0["after"][k], r0["start"][k])]
     assert moved, "the update changed no weight"
     # the same batch in one process: the summed shard gradients are the whole batch's gradient
-    _wait([_run(tmp_path, "single", {"OMP_NUM_THREADS": "1"})])
+    _wait([_run(tmp_path, "single", {"OMP_NUM_THREADS": "1"}, extra)])
     one = torch.load(tmp_path / "single.pt", weights_only=False)
     assert one["grad_norm"] == pytest.approx(r0["grad_norm"], rel=1e-4)
     for k in one["after"]:  # AdamW's first step is ~lr * sign(g): rounding moves only g ~ eps entries
