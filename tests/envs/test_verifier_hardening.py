@@ -76,11 +76,14 @@ def test_slots_are_served_first_in_first_out() -> None:
         slots.release()
 
     threads = []
-    for name in ("w1", "w2", "w3"):
+    for queued, name in enumerate(("w1", "w2", "w3"), start=1):
         t = threading.Thread(target=waiter, args=(name,))
         t.start()
         threads.append(t)
-        time.sleep(0.05)  # let each one queue before the next
+        deadline = time.monotonic() + 5  # let each one queue before the next
+        while getattr(slots, "waiting", queued) < queued and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
     slots.release()
     slots.acquire()  # barging in here would jump the queue
     order.append("main")
