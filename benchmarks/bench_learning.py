@@ -48,7 +48,36 @@ LORA = ["policy.lora=true", "policy.lora_r=16", "policy.lora_alpha=32"]
 SMALL_EVAL = ["eval.num_problems=24", "eval.n_samples=4", "eval.k_list=[1,4]", "eval.greedy=false",
               "eval.temperature=0.6", "run.checkpoint_every=5", "run.tensorboard=false"]  # fmt: skip
 
+# Losses suite: several updates per rollout (2 epochs x 2 mini-batches of 16 episodes) so that the
+# ratio moves off 1 and the objectives' clipping actually acts; all from the quickstart's warm-up.
+REUSE = ["algo.epochs=2", "train.mini_batch_size=16"]
+#: The losses suite's arms, in table order.
+LOSS_ARMS = ["grpo", "dapo", "gspo", "cispo", "grpo_tis"]
+
 SUITES: dict[str, dict] = {
+    "losses": {
+        "steps": 12,
+        "eval_every": 4,
+        "arms": [
+            ("grpo", "quickstart", REUSE),
+            (
+                "dapo",
+                "quickstart",
+                [
+                    "algo.preset=dapo",
+                    "algo.max_sampling_rounds=2",
+                    "algo.overlong_max_len=128",
+                    "algo.overlong_cache_len=32",
+                    *REUSE,
+                ],
+            ),
+            ("gspo", "quickstart", ["algo.preset=gspo", *REUSE]),
+            ("cispo", "quickstart", ["algo.preset=cispo", *REUSE]),
+            # GRPO + truncated IS (C = 2) on the sampler's recorded log-probs vs the trainer's pi_old
+            ("grpo_tis", "quickstart", ["algo.rollout_is=truncate", "algo.rollout_is_cap=2.0", *REUSE]),
+        ],  # fmt: skip
+        "common": ["run.checkpoint_every=4"],
+    },
     "math": {
         "steps": 12,
         "eval_every": 4,
@@ -193,7 +222,9 @@ def collect(run_dir: Path) -> dict:
     evals: dict[str, dict[int, dict[str, float]]] = {}
     base: dict[str, dict[str, float]] = {}  # before any SFT warm-up (eval.before_sft)
     train_curves: dict[str, list] = {"step": [], "reward/mean": [], "entropy": [], "response_length/mean": [],
-                                     "time/rollout_s": [], "time/train_s": []}  # fmt: skip
+                                     "time/rollout_s": [], "time/train_s": [], "clip_frac_low": [],
+                                     "clip_frac_high": [], "approx_kl": [], "mismatch/k3_kl": [],
+                                     "rollout_corr/token_frac": []}  # fmt: skip
     for row in rows:
         for key, value in row.items():
             if key.startswith("eval/"):
@@ -258,7 +289,35 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]]) -> dict:
         out[metric] = summarize(runs, metric)
     if suite == "math":
         out["dapo_ablation"] = ablation(runs)
+    if suite == "losses":
+        out["losses_table"] = losses_table(runs)
     return out
+
+
+def losses_table(runs: dict[str, dict[int, dict]], last: int = 4) -> list[dict]:
+    """One row per objective: held-out accuracy at the end (per seed, mean, sd) and, averaged over
+    the last ``last`` training steps, clip fractions, approximate KL, entropy and response length
+    (and, for the TIS arm, the sampler-trainer mismatch and the share of tokens it capped)."""
+    rows = []
+    for label in LOSS_ARMS:
+        by_seed = runs.get(label)
+        if not by_seed:
+            continue
+        ends = []
+        tails: dict[str, list] = {}
+        for r in by_seed.values():
+            ev = r["evals"].get("id", next(iter(r["evals"].values()), {}))
+            ends.append(ev[max(ev, key=int)].get("avg@n") if ev else None)
+            for key in ("clip_frac_low", "clip_frac_high", "approx_kl", "entropy", "response_length/mean",
+                        "mismatch/k3_kl", "rollout_corr/token_frac"):  # fmt: skip
+                tail = [x for x in r["train"].get(key, []) if x is not None][-last:]
+                tails.setdefault(key, []).append(statistics.fmean(tail) if tail else None)
+        known = [e for e in ends if e is not None]
+        rows.append({"arm": label, "seeds": sorted(by_seed), "avg@n end (per seed)": ends,
+                     "avg@n end mean": _mean(ends),
+                     "avg@n end stdev": statistics.stdev(known) if len(known) > 1 else None,
+                     **{f"{k}, last {last} steps (per seed)": v for k, v in tails.items()}})  # fmt: skip
+    return rows
 
 
 def ablation(runs: dict[str, dict[int, dict]], last: int = 4) -> list[dict]:
@@ -436,6 +495,8 @@ def main() -> None:
         plot_by_examples(args.suite, runs, RESULTS / "learning_points24_by_examples.png")
     if args.suite == "math":
         plot_training(runs, ABLATION, RESULTS / "learning_math_dapo_ablation.png")
+    if args.suite == "losses":
+        plot_training(runs, LOSS_ARMS, RESULTS / "learning_losses_training.png")
     print(json.dumps(result["summary"], indent=1))
     print(f"wrote {path} and {path.with_suffix('.png')}")
 
