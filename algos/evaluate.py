@@ -367,7 +367,19 @@ def load_checkpoint_policy(cfg: Any, checkpoint: str) -> Any:
             f"checkpoint {checkpoint!r} is not a folder: pass 'base', a folder written by save_policy (e.g. "
             "runs/<name>/final) or a training checkpoint runs/<name>/checkpoints/step-NNNNNN"
         )
+    if cfg.policy.model == "tiny" and (path / "adapter_config.json").is_file():
+        return _tiny_with_adapter(cfg, path)  # the tiny test model has no folder to name as a base
     return load_policy(path, dtype=cfg.policy.dtype)
+
+
+def _tiny_with_adapter(cfg: Any, path: Path) -> Any:
+    from peft import PeftModel
+
+    from veriloop.agents.testing import tiny_policy
+
+    policy = tiny_policy(seed=cfg.rollout.seed)
+    policy.model = PeftModel.from_pretrained(policy.model, path)
+    return policy
 
 
 def _policy_from_training_checkpoint(cfg: Any, state_file: Path) -> Any:

@@ -28,6 +28,9 @@ KEYS = ["avg@n", *REASONS]
 
 
 def main() -> None:
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     if len(sys.argv) < 2 or any("=" not in a for a in sys.argv[1:]):
         raise SystemExit(__doc__)
     table: dict[str, dict] = {}

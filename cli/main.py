@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
     from veriloop.configs.schema import ExperimentConfig
 
 Handler = Callable[[argparse.Namespace], int]
+#: A ``section.key=value`` override (a checkpoint folder never looks like this).
+_OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+=")
 
 
 def _cmd_envs(args: argparse.Namespace) -> int:
@@ -250,6 +253,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    if getattr(args, "checkpoints", None):  # `--checkpoints a b key.x=1`: the override is not a folder
+        is_override = [bool(_OVERRIDE.match(c)) for c in args.checkpoints]
+        args.overrides = [*args.overrides, *(c for c, o in zip(args.checkpoints, is_override) if o)]
+        args.checkpoints = [c for c, o in zip(args.checkpoints, is_override) if not o] or ["base"]
     return args
 
 
