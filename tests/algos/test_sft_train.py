@@ -193,7 +193,7 @@ def test_build_examples_errors_point_to_the_right_source():
 
     with pytest.raises(ValueError, match="did you mean 'solver'"):
         build_examples("solvr", "veriloop/Points24-text-v0", {}, [0])
-    with pytest.raises(ValueError, match="try source 'generator'"):
+    with pytest.raises(ValueError, match="work for this env: 'generator', 'rejection'"):
         build_examples("solver", "veriloop/MathVerify-v0", {}, [0])
     with pytest.raises(ValueError, match="SolveVerify-v0"):
         build_examples("s2r", "veriloop/MathVerify-v0", {}, [0])
