@@ -135,6 +135,8 @@ def summarize_split(
         of the per-problem accuracy) and, for each k, ``pass@k`` and ``maj@k``. A sample with
         ``error`` set counts as unsolved in all of them (module docstring); in maj@k it still votes
         with its answer, which is correct only if another sample with the same answer was judged so.
+        maj@k is ``nan`` (shown as n/a) when a correct sample has no extracted answer: the env does
+        not set ``Verdict.parsed``, so there is nothing faithful to vote on.
     """
     if not results_per_problem:
         raise ValueError("summarize_split needs at least one problem, got none")
@@ -150,13 +152,17 @@ def summarize_split(
         "error_rate": errors / total,
         "avg@n": _mean([avg_at_k(c) for c in solved]),
     }
+    # maj@k votes on the extracted answers (``Verdict.parsed``); a judged-correct sample without
+    # one means the env does not extract answers, and any vote would be a wrong number: n/a (nan)
+    votable = not any(s.answer is None and s.correct and s.error is None
+                      for samples in results_per_problem for s in samples)  # fmt: skip
     for k in k_list:
         out[f"pass@{k}"] = _mean([pass_at_k(len(c), sum(c), k) for c in solved])
-        out[f"maj@{k}"] = _mean(
-            [
-                float(maj_at_k([s.answer for s in samples], _vote_truth(samples), k))
-                for samples in results_per_problem
-            ]
+        out[f"maj@{k}"] = (
+            _mean([float(maj_at_k([s.answer for s in samples], _vote_truth(samples), k))
+                   for samples in results_per_problem])  # fmt: skip
+            if votable
+            else math.nan
         )
     return out
 

@@ -167,3 +167,16 @@ def test_markdown_table() -> None:
     )
     nan_table = markdown_table({"id": {"num_problems": 1, "verifier_errors": 1, "pass@1": math.nan}})
     assert "| id | 1 | 1 |  | n/a |" in nan_table and "gap" not in nan_table
+
+
+def test_maj_at_k_is_unavailable_not_zero_when_the_env_extracts_no_answer():
+    """A custom env that never sets Verdict.parsed: pass@1 = 1 must not sit beside maj@k = 0."""
+    import math
+
+    from veriloop.algos.eval_metrics import Sample, markdown_table, summarize_split
+
+    m = summarize_split([[Sample(True, None), Sample(True, None)]] * 3, [1, 2])
+    assert m["pass@1"] == 1.0 and math.isnan(m["maj@1"]) and math.isnan(m["maj@2"])
+    assert "n/a" in markdown_table({"id": m})
+    with_answers = summarize_split([[Sample(True, "4"), Sample(False, "5")]], [1])
+    assert with_answers["maj@1"] == 1.0
