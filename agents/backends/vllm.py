@@ -19,11 +19,12 @@ What it relies on (public vLLM API):
   from the checkpoint on disk, e.g. after an SFT warm-up). Two routes, ``lora_sync``:
   - ``"merge"`` (the CPU default) and full fine-tuning: HF-named full weights (LoRA adapters folded
     in, ``W + scale * B A``, without touching the trainer's weights) are streamed to
-    ``collective_rpc("reload_weights", kwargs={"weights_iterator": ...})``. The worker's
-    ``reload_weights`` (vLLM >= 0.12, GPU and CPU workers alike) re-runs the model's weight
-    processing; the CPU build prepacks linear layers, so loading into the live parameters with
-    ``model.load_weights`` fails there ('Parameter' object has no attribute 'weight_loader'). On an
-    older vLLM without ``reload_weights`` it falls back to ``model.load_weights``. Then
+    the workers' ``reload_weights(weights_iterator=...)`` (through ``collective_rpc``; vLLM >= 0.12,
+    GPU and CPU workers alike), which re-runs the model's weight processing: the CPU build prepacks
+    linear layers, so loading into the live parameters with ``model.load_weights`` fails there
+    ('Parameter' object has no attribute 'weight_loader'). A tied output head gets no weights of
+    its own, so its prepacked copy is rebuilt from the embedding (without that, the head kept the
+    old embedding: log-probs off by ~0.03 after one step). Older vLLM: ``model.load_weights``. Then
     ``reset_prefix_cache()``, because cached KV blocks were computed with the old weights. The
     engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set unless already set) so the
     tensors are handed over, not pickled to another process.
@@ -61,7 +62,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -155,9 +156,29 @@ def merged_lora_weights(peft_model: Any) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, p.detach()
 
 
-def _load_weights(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Fallback for vLLM without ``reload_weights``: load HF-named weights in place on a worker."""
-    worker.model_runner.model.load_weights(weights=weights)
+def _reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Runs on each vLLM worker (``collective_rpc``): load HF-named weights in place.
+
+    ``worker.reload_weights`` (vLLM >= 0.12) re-runs each layer's weight processing (the CPU
+    build's prepacking included); older vLLM only has ``model.load_weights``. A tied output head
+    (SmolLM2's) receives no weights of its own, so its processed copy is rebuilt from the
+    (shared, now updated) embedding; on GPUs that processing is a no-op.
+    """
+    model = worker.model_runner.model
+    if hasattr(worker, "reload_weights"):
+        worker.reload_weights(weights_iterator=weights)
+    else:
+        model.load_weights(weights=weights)
+    head = getattr(model, "lm_head", None)
+    inner = getattr(model, "model", None)
+    embed = (
+        model.get_input_embeddings()
+        if hasattr(model, "get_input_embeddings")
+        else getattr(inner, "embed_tokens", None)
+    )
+    weight = getattr(head, "weight", None)
+    if weight is not None and embed is not None and weight.data_ptr() == embed.weight.data_ptr():
+        head.quant_method.process_weights_after_loading(head)
 
 
 class VLLMBackend:
@@ -238,19 +259,11 @@ class VLLMBackend:
             self._lora_request = LoRARequest(f"veriloop-v{version}", version, str(path))
             return
         model = self.policy.model
-        self.push_weights(lambda: merged_lora_weights(model) if self.policy.is_lora else full_weights(model))
+        self.push_weights(merged_lora_weights(model) if self.policy.is_lora else full_weights(model))
 
-    def push_weights(self, weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]) -> None:
-        """Load HF-named full weights into the engine in place, then drop the prefix cache.
-
-        ``weights`` makes a fresh iterator (called again for the fallback route).
-        """
-        try:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights()})
-        except AttributeError as err:  # vLLM before reload_weights: the workers' model.load_weights
-            if "reload_weights" not in str(err):
-                raise
-            self.llm.collective_rpc(_load_weights, args=(list(weights()),))
+    def push_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named full weights into the engine in place, then drop the prefix cache."""
+        self.llm.collective_rpc(_reload_weights, args=(weights,))
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
