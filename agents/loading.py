@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +27,10 @@ from veriloop.agents.policy import Policy
 
 DType = Literal["float32", "bfloat16", "float16"]
 META_FILE = "veriloop.json"
+
+# peft reads transformers' deprecated `is_gradient_checkpointing` whenever it wraps a model, which
+# printed a FutureWarning on every run; the alias works until transformers 6, and peft, not us, uses it.
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 @dataclass(frozen=True)

@@ -233,7 +233,9 @@ def evaluate_policy(
                 one = [EpisodeSpec(split.id, dict(split.kwargs), int(s), j) for j, s in enumerate(seeds)]
                 greedy_samples = list(map(final_sample, _play(policy, one, SamplingParams.greedy(max_new_tokens),
                                                               batch_episodes, f"eval {name} greedy", **kw)))  # fmt: skip
-                metrics["greedy_acc"] = _nanmean([float(s.correct and s.error is None) for s in greedy_samples])
+                metrics["greedy_acc"] = _nanmean(
+                    [float(s.correct and s.error is None) for s in greedy_samples]
+                )
             metrics.update(task_metrics(trajs))
             results[name] = metrics
     meta = {
@@ -315,7 +317,8 @@ def report_markdown(report: Mapping[str, Any], title: str = "Evaluation") -> str
     meta = report.get("meta", {})
     head = f"## {title}\n\n" + (f"step {meta['step']}, " if meta.get("step") is not None else "")
     head += f"{meta.get('num_problems', '?')} problems x {meta.get('n_samples', '?')} samples, "
-    head += f"T = {meta.get('temperature', '?')}, policy {meta.get('policy', '?')}\n\n"
+    head += f"T = {meta.get('temperature', '?')}, policy {meta.get('policy', '?')}"
+    head += f", checkpoint {meta['checkpoint']}\n\n" if meta.get("checkpoint") else "\n\n"
     return (
         head
         + markdown_table(report["splits"], meta.get("reference_split", REFERENCE_SPLIT))
@@ -332,6 +335,36 @@ def write_report(report: Mapping[str, Any], out_dir: str | Path, name: str) -> d
     paths["json"].write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
     paths["markdown"].write_text(report_markdown(report, title=name))
     return paths
+
+
+def run_summary(eval_dir: str | Path) -> str:
+    """One table for a run: every evaluated checkpoint (base model, start after SFT, each step) x
+    split, from the ``<eval_dir>/*.json`` reports the training loop writes, in step order."""
+    reports = []
+    for path in Path(eval_dir).glob("*.json"):
+        report = read_report(path)
+        meta = report.get("meta", {})
+        order = (-1 if path.stem == "base" else int(meta.get("step") or 0), path.stem)
+        reports.append((order, meta.get("checkpoint") or path.stem, report))
+    if not reports:
+        raise FileNotFoundError(f"no evaluation reports (*.json) in {eval_dir}")
+    reports.sort(key=lambda r: r[0])
+    rates = list(dict.fromkeys(k for _, _, r in reports for m in r["splits"].values() for k in m
+                               if k.startswith(("avg@", "pass@", "maj@", "greedy_acc")) and k != "pass@1"))  # fmt: skip
+    header = ["checkpoint", "split", *rates, "error rate"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for _, label, report in reports:
+        for split, m in report["splits"].items():
+            cells = [_cell(m.get(k)) for k in [*rates, "error_rate"]]
+            lines.append("| " + " | ".join([label, split, *cells]) + " |")
+    note = "avg@n is the unbiased pass@1; n/a = not measurable (e.g. maj@k without extracted answers)."
+    return "\n".join(lines) + "\n\n" + note + "\n"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return "n/a" if isinstance(value, float) and math.isnan(value) else f"{float(value):.3f}"
 
 
 def read_report(path: str | Path) -> dict[str, Any]:

@@ -40,8 +40,16 @@ GROUPS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "entropy": ("entropy", ("entropy",), ()),
     "token_prob": ("mean token probability", ("mean_token_prob",), ()),
     "clip": ("clip fraction", ("clip_frac_low", "clip_frac_high"), ()),
-    "kl": ("KL to old / reference policy", ("approx_kl", "loss/kl"), ()),
+    "kl": ("KL to old / reference policy", ("approx_kl", "kl_ref", "loss/kl"), ()),
 }
+#: Line styles, so that curves with equal values (clip_frac_low under _high) stay visible.
+STYLES = (
+    {"linestyle": "-", "marker": "v"},
+    {"linestyle": "--", "marker": "^"},
+    {"linestyle": ":", "marker": "s"},
+)
+#: Below this, a panel's values are drawn but called "~0" and explained (see :func:`panel_note`).
+TINY = 1e-6
 #: Eval metrics drawn in eval.png (prefix match); counts such as num_problems are left out.
 EVAL_RATES = ("avg@", "pass@", "maj@", "greedy_acc")
 
@@ -84,13 +92,14 @@ def _draw_group(ax: Any, rows: Sequence[Mapping[str, Any]], group: str) -> bool:
     """Draw one group into ``ax``; False when the log has none of its metrics."""
     title, left, right = GROUPS[group]
     drawn = False
-    for key in left:
+    for i, key in enumerate(left):
         xs, ys = _series(rows, key)
         if xs:
-            ax.plot(xs, ys, label=key)
+            ax.plot(xs, ys, label=key, markersize=3, **STYLES[i % len(STYLES)])
             drawn = True
             if key == "reward/mean":
                 _std_band(ax, rows, xs, ys)
+                title = "reward (band: mean +/- 1 std over the step's episodes)"
     for key in right:
         xs, ys = _series(rows, key)
         if xs:
@@ -100,10 +109,37 @@ def _draw_group(ax: Any, rows: Sequence[Mapping[str, Any]], group: str) -> bool:
             twin.legend(loc="upper right", fontsize=7)
             drawn = True
     if drawn:
-        ax.set_title(title)
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("step")
         ax.legend(loc="upper left", fontsize=7)
+        note = panel_note(rows, group)
+        if note:
+            ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", fontsize=7, wrap=True,
+                    bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "grey"})  # fmt: skip
     return drawn
+
+
+def panel_note(rows: Sequence[Mapping[str, Any]], group: str) -> str | None:
+    """Why a panel shows (almost) nothing, when it does: the reader should not have to guess."""
+    _, left, right = GROUPS[group]
+    values = [abs(v) for key in left + right for v in _series(rows, key)[1]]
+    if not values or max(values) >= TINY:
+        return None
+    single = all(r.get("updates") in (None, 1, 1.0) for r in rows)
+    why = {
+        "clip": "nothing clipped: with one update per batch the ratio is exactly 1"
+        if single
+        else "no token's ratio left the clip range",
+        "kl": "~0: with one update per batch the policy is the sampler (KL to the reference is kl_ref; "
+        "absent without a KL term)"
+        if single
+        else "the policy barely moved between updates",
+    }.get(group, "all values ~0")
+    return (
+        f"{why}\n(use algo.epochs > 1 or mini-batches to see it move)"
+        if single and group in ("clip", "kl")
+        else why
+    )
 
 
 def _std_band(ax: Any, rows: Sequence[Mapping[str, Any]], xs: list[float], ys: list[float]) -> None:
@@ -118,11 +154,18 @@ def _std_band(ax: Any, rows: Sequence[Mapping[str, Any]], xs: list[float], ys: l
 
 def _draw_eval(ax: Any, rows: Sequence[Mapping[str, Any]], split: str, metrics: Sequence[str]) -> bool:
     drawn = False
-    for metric in metrics:
+    # avg@n is the unbiased pass@1 over n samples: the same number, so one curve says both
+    shown = [m for m in metrics if not (m == "pass@1" and "avg@n" in metrics)]
+    for i, metric in enumerate(shown):
         xs, ys = _series(rows, f"eval/{split}/{metric}")
         if xs:
-            ax.plot(xs, ys, marker="o", markersize=3, label=metric)
+            label = "avg@n (= pass@1)" if metric == "avg@n" and "pass@1" in metrics else metric
+            ax.plot(xs, ys, markersize=4, label=label, **STYLES[i % len(STYLES)])
             drawn = True
+    bx, by = _series(rows, f"eval_base/{split}/avg@n")
+    if bx:  # the model before the SFT warm-up: where the headline gain starts
+        ax.axhline(by[0], color="grey", linestyle="-.", linewidth=1, label=f"base model avg@n = {by[0]:.2f}")
+        drawn = True
     if drawn:
         ax.set_title(f"eval: {split}")
         ax.set_xlabel("step")
@@ -189,8 +232,13 @@ def _overview(rows: Sequence[Mapping[str, Any]], splits: Mapping[str, list[str]]
             _draw_group(ax, rows, name)
         else:
             _draw_eval(ax, rows, name, splits[name])
-    for ax in list(axes.flat)[len(panels) :]:
+    spare = list(axes.flat)[len(panels) :]
+    for ax in spare:
         ax.axis("off")
+    missing = [g for g in GROUPS if ("group", g) not in panels]
+    if spare and missing:  # say what is absent rather than leave a blank cell
+        spare[0].text(0.02, 0.5, "not logged by this run:\n" + "\n".join(f"- {GROUPS[g][0]}" for g in missing),
+                      transform=spare[0].transAxes, va="center", fontsize=8)  # fmt: skip
     return _save(fig, path)
 
 

@@ -33,7 +33,7 @@ from veriloop.algos.batch import TokenBatch, minibatches
 from veriloop.algos.checkpoint import check_finite, latest_checkpoint, load_checkpoint, save_checkpoint
 from veriloop.algos.critic import ValueModel
 from veriloop.algos.distributed import DistContext, init_distributed, shutdown_distributed
-from veriloop.algos.evaluate import final_sample
+from veriloop.algos.evaluate import final_sample, run_summary
 from veriloop.algos.progress import Progress, say
 from veriloop.algos.run_log import RunLog
 from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
@@ -419,7 +419,9 @@ def train(
                 log.log(0, base)
         _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_dir, quiet, dist)
         if dist.is_main:
-            save_policy(policy, run_dir / "final")
+            if any((run_dir / "eval").glob("*.json")):
+                (run_dir / "summary.md").write_text(run_summary(run_dir / "eval"))
+            save_policy(policy, run_dir / "final", card=_model_card(cfg, run_dir, state))
     finally:
         if log is not None:
             log.close()
@@ -529,15 +531,41 @@ def _evaluate(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool, *, 
     from veriloop.algos.evaluate import evaluate_config, write_report
 
     splits = cfg.env.resolved_eval_splits
-    _say(quiet, f"evaluating {tag or 'policy'} at step {step}: {len(splits)} split(s) ({', '.join(splits)}) x "
+    _say(quiet, f"evaluating {_checkpoint_label(cfg, step, tag)}: {len(splits)} split(s) ({', '.join(splits)}) x "
                 f"{cfg.eval.num_problems} problems x {cfg.eval.n_samples} samples")  # fmt: skip
     report = evaluate_config(cfg, policy, step=step)
+    report["meta"]["checkpoint"] = _checkpoint_label(cfg, step, tag)
     write_report(report, Path(cfg.run.out_dir) / cfg.run_name / "eval", tag or f"step-{step:06d}")
     flat = {f"{prefix}/{split}/{k}": float(v) for split, m in report["splits"].items()
             for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)}  # fmt: skip
     shown = ", ".join(f"{k}={v:.3f}" for k, v in flat.items() if k.endswith("avg@n"))
     _say(quiet, f"{prefix} @{step}: {shown}")
     return flat
+
+
+def _checkpoint_label(cfg: ExperimentConfig, step: int, tag: str | None) -> str:
+    """What was evaluated, in words: the tables name it instead of the model's file name."""
+    if tag == "base":
+        return "base model (before SFT)"
+    if step == 0:
+        return "start (after SFT)" if cfg.sft.steps > 0 else "base model (step 0)"
+    return f"RL step {step}"
+
+
+def _model_card(cfg: ExperimentConfig, run_dir: Path, state: TrainerState) -> str:
+    """README.md of ``final/``: what trained this policy, and how it evaluated."""
+    summary = (
+        (run_dir / "summary.md").read_text() if (run_dir / "summary.md").is_file() else "(no evaluation)\n"
+    )
+    base = cfg.policy.model
+    return (
+        f"# {cfg.run_name}: a veriloop policy\n\n"
+        f"Base model `{base}`{' with a LoRA adapter (r=' + str(cfg.policy.lora_r) + ')' if cfg.policy.lora else ''}, "
+        f"trained by veriloop: {cfg.sft.steps} SFT steps ({cfg.sft.source}), then {state.step} RL steps of "
+        f"`{cfg.algo.name}` on `{cfg.env.id}` ({cfg.rollout.prompts_per_step} problems x {cfg.rollout.group_size} "
+        f"samples per step, lr {cfg.train.lr}). The full config is `../config.yaml`; load with "
+        "`veriloop.agents.load_policy(<this folder>)`.\n\n## Evaluation (held-out seeds)\n\n" + summary
+    )
 
 
 def _summary(m: dict[str, float]) -> str:

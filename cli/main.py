@@ -143,7 +143,11 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
     run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
     pngs = plot_run(run_dir)
     print(f"\nrun folder: {run_dir}")
-    print(f"evaluation tables: {run_dir / 'eval'}")
+    if (run_dir / "summary.md").is_file():
+        print(f"\n{(run_dir / 'summary.md').read_text()}")
+    print(
+        f"evaluation tables: {run_dir / 'summary.md'} (all checkpoints), {run_dir / 'eval'} (one per evaluation)"
+    )
     for png in pngs:
         print(f"plot: {png}")
     return 0

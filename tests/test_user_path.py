@@ -254,3 +254,28 @@ def test_demo_agent_labelled_succeeds_does_succeed() -> None:
     for env_id in veriloop.envs.registered_ids():
         assert play(env_id, 0, True, echo=False) > play(env_id, 1, False, echo=False), env_id
     assert play("veriloop/MathVerify-v0", 0, True, echo=False) > 0
+
+
+def test_a_run_reads_well_in_a_log_file(tmp_path: Path) -> None:
+    """Output to a file: a line per phase, no warnings noise, one summary table naming each
+    checkpoint, and a model card in final/ saying what trained it."""
+    from tests.test_readme import TINY
+
+    r = cli(
+        "quickstart", *TINY, "sft.steps=2", "run.name=q", f"run.out_dir={tmp_path}", cwd=tmp_path, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout
+    for phase in (
+        "evaluating base model (before SFT)",
+        "sft warm-up: ",
+        "RL: 1 steps",
+        "step    1/1",
+    ):
+        assert phase in out, f"no {phase!r} line in:\n{out[-3000:]}"
+    assert "FutureWarning" not in r.stderr and "is_gradient_checkpointing" not in r.stderr
+    summary = (tmp_path / "q" / "summary.md").read_text()
+    assert "| base model (before SFT) | id |" in summary and "| start (after SFT) | id |" in summary
+    assert "| RL step 1 | id |" in summary
+    card = (tmp_path / "q" / "final" / "README.md").read_text()
+    assert "2 SFT steps (generator), then 1 RL steps" in card and "RL step 1" in card

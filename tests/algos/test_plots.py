@@ -83,3 +83,19 @@ def test_plot_pass_at_k_two_checkpoints(tmp_path):
     assert out == tmp_path / "p.png" and is_png(out)
     with pytest.raises(ValueError, match="pass@k"):
         plot_pass_at_k({"x": {"splits": {"id": {"avg@n": 0.1}}}}, tmp_path / "q.png")
+
+
+def test_empty_panels_say_why_and_eval_shows_the_base_model():
+    from veriloop.algos.plots import _draw_eval, _pyplot, panel_note
+
+    rows = [{"step": s, "clip_frac_low": 0.0, "clip_frac_high": 0.0, "approx_kl": 1e-9 * (-1) ** s,
+             "updates": 1.0, "eval/id/avg@n": 0.1 * s, "eval/id/pass@1": 0.1 * s} for s in range(1, 4)]  # fmt: skip
+    rows.insert(0, {"step": 0, "eval_base/id/avg@n": 0.0, "eval/id/avg@n": 0.2, "eval/id/pass@1": 0.2})
+    assert "ratio is exactly 1" in panel_note(rows, "clip")
+    assert panel_note(rows, "kl").startswith("~0")
+    assert panel_note([{"step": 1, "clip_frac_low": 0.1}], "clip") is None
+    fig, ax = _pyplot().subplots()
+    _draw_eval(ax, rows, "id", ["avg@n", "pass@1"])
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["avg@n (= pass@1)", "base model avg@n = 0.00"]
+    _pyplot().close(fig)
