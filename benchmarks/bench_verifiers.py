@@ -365,6 +365,12 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
+    import argparse
+
+    argparse.ArgumentParser(
+        description="Verifier throughput, latency, queueing and hostile-input costs; writes "
+        "benchmarks/results/verifiers.json (takes a few minutes, no arguments)."
+    ).parse_args()
     results = {
         "machine": {
             "cpu_count": os.cpu_count(),

@@ -29,7 +29,7 @@ KEYS = ["avg@n", *REASONS]
 
 def main() -> None:
     if sys.argv[1:] in (["-h"], ["--help"]):
-        print(__doc__)
+        print(f"usage: report_points24_rules.py LABEL=REPORT.json ...\n{__doc__}")
         return
     if len(sys.argv) < 2 or any("=" not in a for a in sys.argv[1:]):
         raise SystemExit(__doc__)

@@ -172,6 +172,7 @@ def test_inline_commands_exist() -> None:
             if script not in helps:
                 r = run([sys.executable, str(script), "--help"], ROOT, timeout=120)
                 assert r.returncode == 0, f"{script} --help: {r.stderr[-1500:]}"
+                assert "usage" in r.stdout.lower(), f"{script} has no --help (it may have run instead)"
                 helps[str(script)] = r.stdout
             suite = [words[2]] if len(words) > 2 and re.fullmatch(r"[a-z][a-z_0-9]*", words[2]) else []
             for name in suite + [w.split("=")[0] for w in words[2:] if w.startswith("--")]:
