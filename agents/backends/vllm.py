@@ -132,7 +132,7 @@ def merged_lora_weights(peft_model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     from peft.tuners.lora import LoraLayer
 
     base = peft_model.get_base_model()
-    lora_layers = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+    lora_layers: dict[str, Any] = {n: m for n, m in base.named_modules() if isinstance(m, LoraLayer)}
     for name, m in lora_layers.items():
         if not isinstance(m.get_base_layer(), torch.nn.Linear):
             raise NotImplementedError(
@@ -169,7 +169,7 @@ def _reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) ->
         worker.reload_weights(weights_iterator=weights)
     else:
         model.load_weights(weights=weights)
-    head = getattr(model, "lm_head", None)
+    head: Any = getattr(model, "lm_head", None)
     inner = getattr(model, "model", None)
     embed = (
         model.get_input_embeddings()
