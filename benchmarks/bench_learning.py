@@ -204,7 +204,7 @@ def run_arm(suite: str, label: str, config: str, overrides: list[str], seed: int
     if (run_dir / "final").exists():
         print(f"[{name}] already finished: {run_dir}", flush=True)
         return run_dir
-    if (run_dir / "checkpoints").exists():
+    if run_dir.exists():  # a cut attempt: continue it (from its last checkpoint, if it reached one)
         args.append("--resume")
     print(f"[{name}] {' '.join(args[2:])}", flush=True)
     t0 = time.time()
