@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from veriloop.agents.atomic import fsync_dir, fsync_tree
+
 CHECKPOINTS = "checkpoints"
 MARKER = "COMPLETE"
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
@@ -154,11 +156,11 @@ def save_checkpoint(
     tmp.mkdir()
     _write_contents(tmp, model, save_model, optimizer, scheduler, trainer_state)
     _write_file(tmp / MARKER, json.dumps({"step": step, "files": _manifest(tmp)}, indent=1).encode())
-    _fsync_tree(tmp)
+    fsync_tree(tmp)
     if final.exists():  # re-saving a step (resumed from an older one): retire the old copy first
         _retire(final)
     os.rename(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     _prune(root, keep=keep_last, protect=final)
     return final
 
@@ -200,26 +202,6 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(folder: Path) -> None:
-    """fsync every file (including those written by ``save_model``) and every folder, bottom up."""
-    for dirpath, _dirnames, filenames in os.walk(folder, topdown=False):
-        for name in filenames:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
 def _manifest(folder: Path) -> dict[str, int]:
     """Relative path -> size in bytes, for every file under ``folder``."""
     return {
@@ -234,7 +216,7 @@ def _retire(folder: Path) -> None:
     trash = folder.with_name(f".trash-{folder.name}-{os.getpid()}")
     shutil.rmtree(trash, ignore_errors=True)
     os.rename(folder, trash)
-    _fsync_dir(folder.parent)
+    fsync_dir(folder.parent)
     shutil.rmtree(trash, ignore_errors=True)
 
 

@@ -49,8 +49,8 @@ def slow(fn, delay):
 def train(run_dir, total, trace=None, delay=0.0):
     run_dir = Path(run_dir)
     if delay:
-        ck._torch_save, ck._write_file, ck._fsync_dir = (
-            slow(ck._torch_save, delay), slow(ck._write_file, delay), slow(ck._fsync_dir, delay))
+        ck._torch_save, ck._write_file, ck.fsync_dir = (
+            slow(ck._torch_save, delay), slow(ck._write_file, delay), slow(ck.fsync_dir, delay))
     torch.manual_seed(0); np.random.seed(0); random.seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.3), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
