@@ -27,6 +27,7 @@ from veriloop.agents.backends import Backend, GenRequest, GenResult, eos_token_i
 from veriloop.agents.chat import ChatFormat, observation_message
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory, TurnRecord
+from veriloop.envs.base import SIGNAL_KEY, signal_of
 
 
 @dataclass(frozen=True)
@@ -140,11 +141,13 @@ class _Episode:
         self.messages.append({"role": "assistant", "content": text})
         obs, reward, terminated, truncated, info = self.env.step(text)
         info = dict(info)
+        signal = signal_of(info)  # the learner contract (built from the verdict if the env sends none)
+        info.pop(SIGNAL_KEY, None)
         verdict = jsonable(info.pop("verdict", {}))
         self.turns.append(
             TurnRecord(
                 turn, start, len(self.ids), text, float(reward), verdict, jsonable(info),
-                res.finish == "length", bool(terminated), bool(truncated),
+                res.finish == "length", bool(terminated), bool(truncated), signal,
             )
         )  # fmt: skip
         if terminated or truncated:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from veriloop.envs.base import LearnerSignal
+
 
 @dataclass(frozen=True)
 class TurnRecord:
@@ -27,6 +29,8 @@ class TurnRecord:
         info: The rest of the step's ``info`` (JSON-ready), e.g. reward components.
         hit_token_limit: Generation stopped at ``max_new_tokens`` without an end-of-turn token.
         terminated, truncated: As returned by ``env.step``.
+        signal: The step's learner contract (``info["signal"]``, see ``veriloop.envs.base``): the
+            only per-step facts besides ``reward`` and ``verdict`` that algorithms read.
     """
 
     index: int
@@ -39,6 +43,7 @@ class TurnRecord:
     hit_token_limit: bool = False
     terminated: bool = False
     truncated: bool = False
+    signal: LearnerSignal = field(default_factory=LearnerSignal)
 
 
 @dataclass(frozen=True)

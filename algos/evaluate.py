@@ -15,15 +15,14 @@ Per split, next to :func:`summarize_split`'s ``pass@k``, ``avg@n``, ``maj@k``:
   cut at ``max_new_tokens``), ``limit_stop_rate`` (episodes the rollout stopped at ``max_turns`` /
   ``max_context``), ``turns/mean``;
 * ``attempts/mean`` and ``attempts/level_<L>`` (by the task's difficulty ``level`` when it has one):
-  solve actions for SolveVerify, model turns otherwise;
+  model turns, or the environment's ``attempts`` episode metric when it reports one;
 * ``reason/<reason>``: the share of judged responses (every turn, not only the last) with each
   verdict reason, e.g. Points24's ``reason/illegal_numbers`` (numbers that break the split's rule
   for J/Q/K: what a policy that memorised J = 10 shows on the rule-OOD split);
-* Points24: ``recognition_acc``, the mean of ``info["recognition"]`` over every response that listed
-  its cards (Chu et al. 2025);
-* SolveVerify (Ma et al. 2025): ``verify_acc`` (verify actions whose verdict matched the truth, pooled
-  over episodes), ``wrong_to_right`` and ``right_to_wrong`` (fraction of episodes with at least one
-  such transition between consecutive solves).
+* the environment's own metrics, from its learner contract (``LearnerSignal.step_metrics``, averaged
+  over the steps that have a value, and ``episode_metrics``, averaged over episodes), e.g.
+  Points24's ``recognition_acc`` (Chu et al. 2025) and SolveVerify's ``verify_acc``,
+  ``wrong_to_right`` and ``right_to_wrong`` (Ma et al. 2025).
 
 Rates with no data are ``nan``. The report is plain data: ``{"splits": {name: metrics}, "gap":
 {split: {metric: id - split}}, "meta": {...}}``; :func:`write_report` saves it as JSON (``nan`` as
@@ -49,10 +48,20 @@ from veriloop.algos.eval_metrics import Sample, generalization_gap, markdown_tab
 
 REFERENCE_SPLIT = "id"
 #: Non-rate metrics shown in the task table of the Markdown report (when a split has them).
+#: The environments' own metrics (``LearnerSignal``) go between ``greedy_acc`` and the rest.
 TASK_METRICS = (
-    "greedy_acc", "recognition_acc", "verify_acc", "wrong_to_right", "right_to_wrong", "attempts/mean",
-    "turns/mean", "response_length/mean", "truncation_rate", "limit_stop_rate",
+    "greedy_acc", "attempts/mean", "turns/mean", "response_length/mean", "truncation_rate", "limit_stop_rate",
 )  # fmt: skip
+#: Metrics every split has (not the environment's own): these names, and the prefixes below.
+_GENERIC = {
+    *TASK_METRICS,
+    "num_problems",
+    "num_samples",
+    "verifier_errors",
+    "error_rate",
+    "response_length/max",
+}
+_GENERIC_PREFIXES = ("pass@", "avg@", "maj@", "reason/", "attempts/")
 
 
 # ------------------------------------------------------------------------------- per episode
@@ -74,22 +83,22 @@ def _nanmean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def _solve_verify_stats(traj: Trajectory) -> dict[str, Any] | None:
-    """``correction_stats`` of a SolveVerify episode; rebuilt from ``history`` if cut by the rollout."""
-    if not traj.turns:
-        return None
-    info = traj.turns[-1].info
-    if "stats" in info:
-        return dict(info["stats"])
-    if "history" not in info:
-        return None
-    from veriloop.envs.solve_verify import correction_stats
-
-    return correction_stats(info["history"])
+def _env_metrics(trajs: Sequence[Trajectory]) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """The environments' own evaluation metrics (``LearnerSignal``): each step metric averaged over
+    the steps with a value (``nan`` = none there), and each episode's last-step episode metrics."""
+    steps: dict[str, list[float]] = {}
+    for t in trajs:
+        for tr in t.turns:
+            for name, value in tr.signal.step_metrics.items():
+                steps.setdefault(name, [])
+                if not math.isnan(value):
+                    steps[name].append(float(value))
+    per_step = {name: _nanmean(values) for name, values in steps.items()}
+    return per_step, [dict(t.turns[-1].signal.episode_metrics) if t.turns else {} for t in trajs]
 
 
 def task_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
-    """Length, truncation, attempts (by level), recognition and S2R metrics of one split's episodes."""
+    """Length, truncation, attempts (by level) and the environments' own metrics of one split."""
     n = max(len(trajs), 1)
     out: dict[str, float] = {
         "response_length/mean": sum(t.num_generated_tokens for t in trajs) / n,
@@ -98,22 +107,15 @@ def task_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "limit_stop_rate": sum(t.stop_reason is not None for t in trajs) / n,
         "turns/mean": sum(t.num_turns for t in trajs) / n,
     }
-    recog = [
-        float(tr.info["recognition"])
-        for t in trajs
-        for tr in t.turns
-        if tr.info.get("recognition") is not None
-    ]
-    if any("recognition" in tr.info for t in trajs for tr in t.turns):
-        out["recognition_acc"] = _nanmean(recog)
+    per_step, episodes = _env_metrics(trajs)
+    out.update(per_step)
     reasons = [
         str(tr.verdict["reason"]) for t in trajs for tr in t.turns if tr.verdict and tr.verdict.get("reason")
     ]
     for reason in sorted(set(reasons)):
         out[f"reason/{reason}"] = reasons.count(reason) / len(reasons)
-    stats = [_solve_verify_stats(t) for t in trajs]
-    solve_verify = any(s is not None for s in stats)
-    attempts = [float(s["solves"]) if s is not None else float(t.num_turns) for s, t in zip(stats, trajs)]
+    # an environment may count attempts its own way (e.g. solve actions only); else one per turn
+    attempts = [float(e.get("attempts", t.num_turns)) for e, t in zip(episodes, trajs)]
     out["attempts/mean"] = _nanmean(attempts)
     by_level: dict[str, list[float]] = {}
     for t, a in zip(trajs, attempts):
@@ -121,13 +123,9 @@ def task_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
             by_level.setdefault(str(t.task["level"]), []).append(a)
     for level in sorted(by_level):
         out[f"attempts/level_{level}"] = _nanmean(by_level[level])
-    if solve_verify:
-        known = [s for s in stats if s is not None]
-        verifies = sum(s["verifies"] for s in known)
-        matched = sum(s["verify_accuracy"] * s["verifies"] for s in known if s["verifies"])
-        out["verify_acc"] = matched / verifies if verifies else math.nan
-        out["wrong_to_right"] = sum(s["wrong_to_right"] > 0 for s in known) / len(known)
-        out["right_to_wrong"] = sum(s["right_to_wrong"] > 0 for s in known) / len(known)
+    names = dict.fromkeys(name for e in episodes for name in e if name != "attempts")
+    for name in names:
+        out[name] = _nanmean([e[name] for e in episodes if name in e])
     return out
 
 
@@ -291,8 +289,11 @@ def _json_safe(value: Any) -> Any:
 
 
 def task_table(splits: Mapping[str, Mapping[str, Any]]) -> str:
-    """Markdown table of the :data:`TASK_METRICS` any split has (empty string when none)."""
-    names = [m for m in TASK_METRICS if any(m in s for s in splits.values())]
+    """Markdown table of the :data:`TASK_METRICS` and environment metrics any split has (empty
+    string when none)."""
+    env = [m for s in splits.values() for m in s if m not in _GENERIC and not m.startswith(_GENERIC_PREFIXES)]
+    shown = (TASK_METRICS[0], *dict.fromkeys(env), *TASK_METRICS[1:])
+    names = [m for m in shown if any(m in s for s in splits.values())]
     names += sorted({m for s in splits.values() for m in s if m.startswith("attempts/level_")})
     if not names:
         return ""

@@ -1,19 +1,18 @@
-"""Supervised fine-tuning on token sequences, and S2R's masked SFT (behaviour initialisation).
+"""Supervised fine-tuning on token sequences, with per-turn loss masks.
 
-S2R stage 1 (Ma et al. 2025): the model is trained on solve -> verify -> solve ... traces with the
-loss masked on the WRONG solve actions, so it imitates verifying and correcting, not the mistakes.
+Masked SFT (e.g. S2R's behaviour initialisation, Ma et al. 2025) trains on multi-turn traces with
+the loss masked on the turns that are context, not targets (``mask_turns``); which turns those are
+is the environment's call (``VerifierEnv.demonstration_episode``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from veriloop.agents.forward import first_loss_position, token_logprobs
-
-ActionKind = Literal["solve", "verify"]
 
 
 def sft_loss(
@@ -49,26 +48,6 @@ def sft_loss(
         raise ValueError("sft_loss: loss_mask selects no token; nothing to learn from")
     loss = -(logp * m).sum() / n
     return loss, {"loss/sft": float(loss.detach()), "tokens": float(n)}
-
-
-def s2r_trainable_actions(kinds: Sequence[ActionKind], solve_correct: Sequence[bool | None]) -> list[bool]:
-    """Which actions of a solve/verify trace are trained in S2R behaviour initialisation.
-
-    A solve action is trained only if its answer is correct; every verify action is trained (the
-    model learns to judge and to decide to correct). ``solve_correct[k]`` is ignored for verify
-    actions (pass None).
-    """
-    if len(kinds) != len(solve_correct):
-        raise ValueError(f"got {len(kinds)} action kinds but {len(solve_correct)} correctness flags")
-    out = []
-    for kind, ok in zip(kinds, solve_correct):
-        if kind == "verify":
-            out.append(True)
-        elif kind == "solve":
-            out.append(bool(ok))
-        else:
-            raise ValueError(f"action kind must be 'solve' or 'verify', got {kind!r}")
-    return out
 
 
 def mask_turns(loss_mask: torch.Tensor, turn_index: torch.Tensor, keep_turns: Sequence[bool]) -> torch.Tensor:

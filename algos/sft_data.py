@@ -8,12 +8,16 @@ RL will see, and a demonstration that does not verify is a bug that raises, neve
 Sources (``SFTConfig.source``):
 
 ========== ==================================================================================
-solver     :func:`points24_solver_examples`: the exact solver's formula as the requested JSON.
-generator  :func:`math_generator_examples`: the generator's step-by-step solution + ``\\boxed{}``.
-s2r        :func:`s2r_traces`: solve/verify/correct traces for ``veriloop/SolveVerify-v0``
-           (S2R behaviour initialisation: wrong solves are context, not targets).
+solver     the env's own ``demonstration(task)`` (e.g. an exact solver's answer)
+generator  the same, for envs whose demonstration is the problem generator's worked solution
+s2r        the env's ``demonstration_episode(task, rng)``: solve/verify/correct traces (S2R
+           behaviour initialisation: wrong solves are context, not targets)
 rejection  :func:`rejection_examples`: the policy's own samples whose final answer verified.
 ========== ==================================================================================
+
+The first three are written by the environment through the learner contract
+(:mod:`veriloop.envs.base`) and played by :func:`demonstration_examples`; which one an env serves
+is its ``demonstration_source``. Nothing here knows any particular environment.
 
 An :class:`SFTExample` holds ``messages`` (role/content dicts), ``trainable`` (one flag per
 assistant message: does its loss count) and ``meta`` (seed, env id, how it was made). Files are
@@ -26,25 +30,17 @@ import difflib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import load_env_creator
 
 import veriloop.envs  # noqa: F401  (registers the veriloop/... ids)
-from veriloop.algos.sft import s2r_trainable_actions
-from veriloop.envs.base import VerifierEnv
-from veriloop.envs.math_data import latex
-from veriloop.envs.points24.cards import RANK_NAMES
-from veriloop.envs.points24.solver import solve
-from veriloop.envs.solve_verify import SolveVerifyEnv
+from veriloop.envs.base import VerifierEnv, signal_of
 
 ROLES = ("system", "user", "assistant")
-S2R_ENV_ID = "veriloop/SolveVerify-v0"
-VERIFY_CORRECT = "<verify>correct</verify>"
-VERIFY_INCORRECT = "<verify>incorrect</verify>"
 
 
 class SFTDataError(ValueError):
@@ -164,231 +160,77 @@ class _Episode:
 def _text(obs: Any) -> str:
     if not isinstance(obs, str):
         raise SFTDataError(
-            f"SFT data builders need text observations, got {type(obs).__name__}; use a text env id "
-            "(e.g. veriloop/Points24-text-v0, not the vision variant)"
+            f"SFT data builders need text observations, got {type(obs).__name__}; use the env's text "
+            "variant (not a vision one)"
         )
     return obs
 
 
-def _verified(info: Mapping[str, Any], what: str, env_id: str, seed: int) -> None:
-    verdict = info.get("verdict")
-    if verdict is None or not verdict.correct:
-        reason = getattr(verdict, "reason", None) or info.get("verifier_error")
-        raise RuntimeError(
-            f"{what} for {env_id} seed {seed} did not verify (reason {reason!r}); this is a bug"
-        )
-
-
-# ------------------------------------------------------------------------------ solver / generator
-def points24_response(task: Mapping[str, Any]) -> str:
-    """The requested JSON answer for a Points24 ``info["task"]``: card ranks and the solver's formula."""
-    formula = solve(task["values"], task["target"])
-    if formula is None:
-        raise SFTDataError(
-            f"hand {task['cards']} cannot reach {task['target']}; build solver examples with solvable_only=True"
-        )
-    cards = [RANK_NAMES[int(r) - 1] for r in task["ranks"]]
-    return json.dumps({"cards": cards, "formula": formula})
-
-
-def points24_solver_examples(
-    env_id: str, env_kwargs: Mapping[str, Any] | None, seeds: Sequence[int]
-) -> list[SFTExample]:
-    """One verified single-turn example per seed: the env's prompt -> the solver's JSON answer."""
-    env = gym.make(env_id, **dict(env_kwargs or {}))
-    try:
-        out = []
-        for seed in seeds:
-            ep = _Episode(env, seed)
-            _verified(ep.act(points24_response(ep.task)), "solver answer", env_id, seed)
-            meta = {"source": "solver", "env_id": env_id, "seed": int(seed), "cards": ep.task["cards"]}
-            out.append(SFTExample(tuple(ep.messages[:2]), (True,), meta))
-        return out
-    finally:
-        env.close()
-
-
+# ------------------------------------------------------------------------------ env demonstrations
 def demonstration_examples(
-    env_id: str, env_kwargs: Mapping[str, Any] | None, seeds: Sequence[int]
-) -> list[SFTExample]:
-    """One verified single-turn example per seed: the env's prompt -> its own
-    :meth:`~veriloop.envs.base.VerifierEnv.demonstration` (any env that defines one)."""
-    env = gym.make(env_id, **dict(env_kwargs or {}))
-    try:
-        out = []
-        for seed in seeds:
-            ep = _Episode(env, seed)
-            answer = env.unwrapped.demonstration(env.unwrapped.task)  # type: ignore[attr-defined]
-            if answer is None:
-                raise SFTDataError(
-                    f"{env_id} seed {seed}: demonstration() returned None (no solver for this task)"
-                )
-            _verified(ep.act(answer), "demonstration", env_id, seed)
-            out.append(
-                SFTExample(
-                    tuple(ep.messages[:2]), (True,), {"source": "solver", "env_id": env_id, "seed": int(seed)}
-                )
-            )
-        return out
-    finally:
-        env.close()
-
-
-def math_response(task: Mapping[str, Any], reward_scheme: str = "dapo") -> str:
-    """The generator's worked solution (ending in ``\\boxed{answer}``), shaped as the prompt asks."""
-    solution = task.get("solution")
-    if not solution:
-        raise SFTDataError(
-            f"math task {task.get('question', '')!r:.60} has no 'solution'; generator examples need "
-            "generated problems (data=None) or JSONL rows with a 'solution' field"
-        )
-    if reward_scheme != "r1":
-        return str(solution)
-    return f"<think>\n{solution}\n</think>\n<answer>\\boxed{{{task['answer']}}}</answer>"
-
-
-def math_generator_examples(
-    env_id: str, env_kwargs: Mapping[str, Any] | None, seeds: Sequence[int]
-) -> list[SFTExample]:
-    """One verified single-turn example per seed: the env's prompt -> the generator's solution."""
-    env = gym.make(env_id, **dict(env_kwargs or {}))
-    try:
-        scheme = getattr(env.unwrapped, "reward_scheme", "dapo")
-        out = []
-        for seed in seeds:
-            ep = _Episode(env, seed)
-            _verified(ep.act(math_response(ep.task, scheme)), "generator solution", env_id, seed)
-            meta = {"source": "generator", "env_id": env_id, "seed": int(seed), "level": ep.task.get("level")}
-            out.append(SFTExample(tuple(ep.messages[:2]), (True,), meta))
-        return out
-    finally:
-        env.close()
-
-
-# ------------------------------------------------------------------------------ S2R traces
-def _wrong_math(task: Mapping[str, Any], rng: np.random.Generator, used: set[str]) -> str:
-    """A plausible wrong solve: the worked steps, but a final answer off by a small amount."""
-    raw = (task.get("meta") or {}).get("value") or task["answer"]
-    try:
-        gold = Fraction(str(raw))
-    except (ValueError, ZeroDivisionError):
-        raise SFTDataError(
-            f"cannot make a wrong answer near gold {task['answer']!r}: not a plain number"
-        ) from None
-    steps = str(task.get("solution") or "").splitlines()[:-1]
-    for _ in range(100):
-        delta = Fraction(
-            int(rng.choice([-3, -2, -1, 1, 2, 3])), gold.denominator if rng.random() < 0.5 else 1
-        )
-        wrong = latex(gold + delta)
-        if wrong not in used:
-            used.add(wrong)
-            return "\n".join([*steps, f"The answer is $\\boxed{{{wrong}}}$."])
-    raise RuntimeError(f"no fresh wrong answer near {task['answer']!r} after 100 draws")
-
-
-_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
-
-
-def _wrong_points24(task: Mapping[str, Any], rng: np.random.Generator, used: set[str]) -> str:
-    """The right cards in a formula of the wrong value: ``((a op b) op c) op d`` over a shuffled hand."""
-    values, target = [int(v) for v in task["values"]], int(task["target"])
-    for _ in range(200):
-        order = [values[i] for i in rng.permutation(len(values))]
-        value, text = Fraction(order[0]), str(order[0])
-        for number in order[1:]:
-            op = str(rng.choice(list(_OPS)))
-            value, text = _OPS[op](value, Fraction(number)), f"({text}{op}{number})"
-        formula = text[1:-1] if text.startswith("(") else text
-        if value != target and formula not in used:
-            used.add(formula)
-            cards = [RANK_NAMES[int(r) - 1] for r in task["ranks"]]
-            return json.dumps({"cards": cards, "formula": formula})
-    raise RuntimeError(f"no fresh wrong formula over {values} after 200 draws")
-
-
-def s2r_traces(
-    task: str,
+    env_id: str,
+    env_kwargs: Mapping[str, Any] | None,
     seeds: Sequence[int],
     *,
-    rng: np.random.Generator,
-    p_wrong_first: float,
-    env_kwargs: Mapping[str, Any] | None = None,
+    rng: np.random.Generator | None = None,
+    p_wrong_first: float = 0.0,
 ) -> list[SFTExample]:
-    """S2R behaviour-initialisation traces, one per seed, made by stepping ``veriloop/SolveVerify-v0``.
+    """One verified example per seed, written by the environment itself: its
+    :meth:`~veriloop.envs.base.VerifierEnv.demonstration_episode` (by default the single
+    :meth:`~veriloop.envs.base.VerifierEnv.demonstration`), played from ``reset(seed)``.
 
-    With probability ``p_wrong_first`` a problem is treated as hard: ``k ~ U{1, max_attempts-1}``
-    pairs (wrong solve, ``<verify>incorrect</verify>``) come before (right solve,
-    ``<verify>correct</verify>``); otherwise the trace is just the last pair. Wrong solves are
-    plausible (math: the worked steps with the gold answer off by ±1..3 or ±1..3/denominator;
-    Points24: the dealt cards in a formula of the wrong value). Trainable flags follow
-    :func:`~veriloop.algos.sft.s2r_trainable_actions`: wrong solves are masked, everything else trained.
-
-    Args:
-        task: ``"math"`` or ``"points24"`` (the ``SolveVerify-v0`` task).
-        rng: Draws hardness, attempt counts and wrong answers (the problems come from the seeds).
-        env_kwargs: Extra ``SolveVerify-v0`` kwargs (``max_attempts``, ``level`` ...).
+    Each response must play as the env planned it: a step's ``LearnerSignal.imitate`` equals the
+    response's trainable flag, and the episode ends solved (anything else is a bug and raises).
+    ``rng`` draws what the env leaves to chance (e.g. wrong first attempts, with probability
+    ``p_wrong_first``, in correction traces); ``meta["wrong_attempts"]`` counts untrained responses.
     """
     if not 0.0 <= p_wrong_first <= 1.0:
         raise ValueError(f"p_wrong_first must be a probability in [0, 1], got {p_wrong_first}")
-    env = gym.make(S2R_ENV_ID, task=task, **dict(env_kwargs or {}))
-    inner = env.unwrapped
-    assert isinstance(inner, SolveVerifyEnv)
-    if p_wrong_first > 0 and inner.max_attempts < 2:
-        raise ValueError(
-            "hard traces need max_attempts >= 2 (a wrong solve, then a right one); raise it or set p_wrong_first=0"
-        )
+    rng = rng if rng is not None else np.random.default_rng(0)
+    env = gym.make(env_id, **dict(env_kwargs or {}))
+    base: Any = env.unwrapped
+    source = getattr(base, "demonstration_source", "solver")
     try:
-        return [_s2r_trace(env, task, int(seed), rng, p_wrong_first, inner.max_attempts) for seed in seeds]
+        out = []
+        for seed in seeds:
+            ep = _Episode(env, seed)
+            plan = base.demonstration_episode(base.task, rng, p_wrong_first=p_wrong_first)
+            if plan is None:
+                raise SFTDataError(f"{env_id} seed {seed}: the env has no demonstration for this task")
+            for k, (response, trainable) in enumerate(plan):
+                info = ep.act(response)
+                signal = signal_of(info)
+                last = k == len(plan) - 1
+                if signal.imitate != trainable or (last and not (ep.done and signal.solved)):
+                    verdict = info.get("verdict")
+                    reason = getattr(verdict, "reason", None) or info.get("verifier_error")
+                    raise RuntimeError(
+                        f"demonstration {k} for {env_id} seed {seed} did not play as planned (reason "
+                        f"{reason!r}, imitate {signal.imitate}, done {ep.done}); this is a bug"
+                    )
+            flags = tuple(t for _, t in plan)
+            meta = {
+                "source": source,
+                "env_id": env_id,
+                "seed": int(seed),
+                "wrong_attempts": flags.count(False),
+            }
+            out.append(SFTExample(tuple(ep.messages), flags, meta))
+        return out
     finally:
         env.close()
-
-
-def _s2r_trace(
-    env: gym.Env, task: str, seed: int, rng: np.random.Generator, p_wrong: float, max_attempts: int
-) -> SFTExample:
-    ep = _Episode(env, seed)
-    n_wrong = int(rng.integers(1, max_attempts)) if rng.random() < p_wrong else 0
-    used: set[str] = set()
-    right = points24_response(ep.task) if task == "points24" else math_response(ep.task)
-    plan = []
-    for _ in range(n_wrong):
-        wrong = _wrong_points24(ep.task, rng, used) if task == "points24" else _wrong_math(ep.task, rng, used)
-        plan += [wrong, VERIFY_INCORRECT]
-    plan += [right, VERIFY_CORRECT]
-    kinds, correct = [], []
-    for response in plan:
-        info = ep.act(response)
-        kinds.append(info["action_kind"])
-        correct.append(info["solve_correct"] if info["action_kind"] == "solve" else None)
-    expected = [False, None] * n_wrong + [True, None]
-    if kinds != ["solve", "verify"] * (n_wrong + 1) or correct != expected or not ep.done:
-        raise RuntimeError(
-            f"S2R trace for {task} seed {seed} did not play as planned: kinds {kinds}, correct {correct}"
-        )
-    meta = {"source": "s2r", "env_id": S2R_ENV_ID, "task": task, "seed": seed, "wrong_attempts": n_wrong}
-    return SFTExample(tuple(ep.messages), tuple(s2r_trainable_actions(kinds, correct)), meta)
 
 
 # ------------------------------------------------------------------------------ rejection sampling
 def final_correct(traj: Any) -> bool:
-    """Did the episode end with a verified-correct answer? (SolveVerify: its last solve was right.)"""
-    if not traj.turns:
-        return False
-    last = traj.turns[-1]
-    if "stats" in last.info:
-        return bool(last.info["stats"].get("final_correct")) and bool(traj.terminated)
-    return bool((last.verdict or {}).get("correct"))
+    """Did the episode end with its task solved (the last turn's ``LearnerSignal.solved``)?"""
+    return bool(traj.turns) and traj.turns[-1].signal.solved
 
 
 def _turn_trainable(turn: Any) -> bool:
-    """Keep a turn's loss unless it is a wrong answer or an invalid action (S2R masking)."""
-    kind = turn.info.get("action_kind")
-    if kind == "verify":
-        return True
-    if kind == "invalid":
-        return False
-    return bool((turn.verdict or {}).get("correct"))
+    """Keep a turn's loss when the env calls its response worth imitating (``LearnerSignal.imitate``):
+    wrong answers and invalid actions stay as context only."""
+    return bool(turn.signal.imitate)
 
 
 def rejection_examples(
@@ -436,33 +278,55 @@ SOURCES = ("solver", "generator", "s2r", "rejection")
 DEFAULT_P_WRONG_FIRST = 0.5
 
 
+def _env_class(env_id: str) -> type | None:
+    """The class a registered id makes (its entry point, imported), or None for a factory function
+    or an entry point whose optional dependency is missing."""
+    entry = gym.spec(env_id).entry_point
+    if isinstance(entry, str):
+        try:
+            entry = load_env_creator(entry)
+        except Exception:  # noqa: BLE001  (a missing optional dependency: the env cannot serve anything)
+            return None
+    return entry if isinstance(entry, type) else None
+
+
+def _serves(cls: type | None) -> str | None:
+    """The SFT source an env class writes demonstrations for (its ``demonstration_source``), or None
+    when it overrides neither ``demonstration`` nor ``demonstration_episode``."""
+    writes = cls is not None and (
+        getattr(cls, "demonstration", None) is not VerifierEnv.demonstration
+        or getattr(cls, "demonstration_episode", None) is not VerifierEnv.demonstration_episode
+    )
+    return getattr(cls, "demonstration_source", "solver") if writes else None
+
+
+#: Why a source cannot work for an env that does not serve it.
+_NEEDS = {
+    "solver": "needs an env that can answer its own tasks: one that overrides VerifierEnv.demonstration(task) "
+    "(e.g. with an exact solver)",
+    "generator": "needs a math env, or another whose demonstration(task) is its problem generator's worked "
+    "solution (demonstration_source = 'generator')",
+    "s2r": "needs an env whose demonstration_episode(task, rng) writes solve-verify-correct traces "
+    "(demonstration_source = 's2r')",
+}
+
+
 def supported_sources(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> dict[str, str | None]:
     """Which SFT sources can build demonstrations for an env: ``{source: None}`` when it works,
-    else ``{source: why not}``. ``rejection`` works for every env (it keeps the policy's own
-    verified-correct episodes); the others need an exact answer the project can write."""
-    entry = gym.spec(env_id).entry_point
-    name = (
-        entry
-        if isinstance(entry, str)
-        else f"{getattr(entry, '__module__', '')}.{getattr(entry, '__name__', '')}"
-    )
-    is_p24 = "points24" in name
-    is_math = "math_env" in name
-    env_cls = entry if isinstance(entry, type) else None
-    has_demo = (
-        env_cls is not None and getattr(env_cls, "demonstration", None) is not VerifierEnv.demonstration
-    )
-    return {
-        "solver": None
-        if is_p24 or has_demo
-        else "needs an env that can answer its own tasks: Points24 (the exact 24-game solver), or one "
-        "that overrides VerifierEnv.demonstration(task)",
-        "generator": None
-        if is_math
-        else "needs a math env (the problem generator writes the worked solutions)",
-        "s2r": None if env_id == S2R_ENV_ID else f"builds solve-verify-correct traces for {S2R_ENV_ID} only",
-        "rejection": None,
-    }
+    else ``{source: why not}`` (naming the registered envs that do serve it). ``rejection`` works
+    for every env (it keeps the policy's own verified-correct episodes); the others need the env to
+    write its own demonstrations (the learner contract, ``VerifierEnv.demonstration`` /
+    ``demonstration_episode``) for the source its ``demonstration_source`` names."""
+    serves = _serves(_env_class(env_id))
+    out: dict[str, str | None] = {}
+    for source, why in _NEEDS.items():
+        if serves == source:
+            out[source] = None
+            continue
+        named = sorted(i for i, spec in gym.registry.items() if spec.namespace)  # not Gymnasium's own
+        ids = [i for i in named if _serves(_env_class(i)) == source]
+        out[source] = why + (f"; registered envs that do: {', '.join(ids)}" if ids else "")
+    return {**out, "rejection": None}
 
 
 def check_source(source: str, env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> None:
@@ -501,9 +365,9 @@ def build_examples(
 ) -> list[SFTExample]:
     """Demonstrations from ``source`` for the training env (dispatch for ``SFTConfig.source``).
 
-    ``solver`` needs a Points24 text env, ``generator`` a math env, ``s2r`` ``SolveVerify-v0`` (its
-    ``task`` kwarg picks the task; ``seed`` seeds hardness and wrong answers), ``rejection`` a
-    ``policy``, ``samples`` per seed and ``sampling``. ``system_prompt`` is put first in every
+    ``solver`` / ``generator`` / ``s2r`` need an env that serves that source (``supported_sources``;
+    ``seed`` seeds what its demonstrations leave to chance), ``rejection`` a ``policy``,
+    ``samples`` per seed and ``sampling``. ``system_prompt`` is put first in every
     chat, as the rollout does, so warm-up and RL see the same context.
     """
     kwargs = dict(env_kwargs or {})
@@ -521,24 +385,10 @@ def build_examples(
             limits=limits,
             system_prompt=system_prompt,
         )
-    if source == "s2r":
-        if env_id != S2R_ENV_ID:
-            raise ValueError(
-                f"source 's2r' builds traces for {S2R_ENV_ID}, but the env is {env_id!r}; use 'solver' or 'generator'"
-            )
-        task = kwargs.pop("task", "math")
-        out = s2r_traces(
-            task,
-            seeds,
-            rng=np.random.default_rng(seed),
-            p_wrong_first=DEFAULT_P_WRONG_FIRST,
-            env_kwargs=kwargs,
-        )
-    else:
-        entry = gym.spec(env_id).entry_point
-        p24 = source == "solver" and isinstance(entry, str) and "points24" in entry
-        build = {"solver": demonstration_examples, "generator": math_generator_examples}[source]
-        out = (points24_solver_examples if p24 else build)(env_id, kwargs, seeds)
+    out = demonstration_examples(
+        env_id, kwargs, seeds, rng=np.random.default_rng(seed),
+        p_wrong_first=DEFAULT_P_WRONG_FIRST if source == "s2r" else 0.0,
+    )  # fmt: skip
     if system_prompt is None:
         return out
     system = {"role": "system", "content": system_prompt}

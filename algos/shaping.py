@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from veriloop.algos.losses import KLKind, kl_penalty
-from veriloop.envs.math_env import r1_format_ok
+from veriloop.envs.verifiers import r1_format_ok
 
 
 def overlong_penalty(lengths: torch.Tensor, *, max_len: int, cache_len: int) -> torch.Tensor:

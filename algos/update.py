@@ -110,38 +110,23 @@ class Advantages:
 
 
 def _turn_reward(traj: Trajectory, j: int, cfg: AlgoConfig) -> float:
-    """The reward of turn ``j`` of ``traj`` that ``cfg`` learns from.
+    """The reward of turn ``j`` of ``traj`` that ``cfg`` learns from, read from the environment's
+    learner contract (``turn.signal``, see ``veriloop.envs.base.LearnerSignal``).
 
-    S2R environments (``SolveVerify-v0``) report both signals in ``info`` whatever their
-    ``reward_mode``: ``process_reward`` on every action and ``outcome_reward`` on the final one.
-    ``advantage="process"`` reads the former and ``reward_level="outcome"`` the latter, so neither
-    preset silently learns from the other signal when the env returns it as the step reward.
-    Any other environment: the step reward.
-
-    An episode the *rollout* cut (``max_context``, ``max_turns``) never reached the env's final
-    step, so its last turn carries ``outcome_reward: None``. Its outcome is then the one the env
-    defines for a finished episode, from what it recorded: +1 if the last solve was correct
-    (``info["solve_correct"]``), else -1 (no solve: -1). Falling back to the last step reward
-    instead would score a cut wrong episode above a finished one (0 or +1 against -1).
+    ``advantage="process"`` reads ``signal.process_reward`` and ``reward_level="outcome"`` the last
+    turn's ``signal.outcome_reward``, so neither preset silently learns from the other signal when
+    the env returns it as the step reward. An episode the *rollout* cut (``max_context``,
+    ``max_turns``) never reached the env's final step; its last turn's ``outcome_reward`` is then the
+    outcome the env gives an episode that stops there. Where the env reports none (``None``): the
+    step reward.
     """
     turn = traj.turns[j]
     value = None
     if cfg.advantage == "process":
-        value = turn.info.get("process_reward")
+        value = turn.signal.process_reward
     elif cfg.reward_level == "outcome" and j == traj.num_turns - 1:
-        value = turn.info.get("outcome_reward")
-        if value is None and "outcome_reward" in turn.info and "verifier_error" not in turn.info:
-            value = _cut_outcome(traj)
+        value = turn.signal.outcome_reward
     return float(turn.reward if value is None else value)
-
-
-def _cut_outcome(traj: Trajectory) -> float:
-    """S2R outcome of an episode cut before its end: +1 if its last solve was right, else -1."""
-    for turn in reversed(traj.turns):
-        correct = turn.info.get("solve_correct")
-        if correct is not None:
-            return 1.0 if correct else -1.0
-    return -1.0
 
 
 def _turn_tensors(trajs: Sequence[Trajectory], cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,29 +195,24 @@ def _turn_end_rewards(trajs: Sequence[Trajectory], per_turn: torch.Tensor, shape
 
 
 def _action_kinds(trajs: Sequence[Trajectory], k: int) -> torch.Tensor:
-    """[N, K] 0 = solve, 1 = verify, read from ``turn.info["action_kind"]`` (S2R environments).
-
-    An ``"invalid"`` action (a verify with no solve to judge, a malformed ``<verify>`` tag) is
-    counted as a failed attempt at the action the protocol expected at that point: a verify right
-    after a valid solve, a solve otherwise. It is then baselined against those actions (its
-    process reward -1 against their +-1), so the model is taught to stop emitting it; a kind of its
-    own would share a baseline only with other invalid actions, all -1, and learn nothing.
-    """
-    kinds = torch.zeros(len(trajs), k, dtype=torch.long)
-    for i, t in enumerate(trajs):
-        awaiting_verify = False  # the environment's state: has a solve not been judged yet?
-        for j, turn in enumerate(t.turns):
-            kind = turn.info.get("action_kind")
-            if kind == "invalid":
-                kind = "verify" if awaiting_verify else "solve"
-            elif kind in ("solve", "verify"):
-                awaiting_verify = kind == "solve"
-            else:
+    """[N, K] kind index of every action, from ``turn.signal.action_kind`` (the environment names
+    the kind; an invalid action is named as the kind it was expected to be, see ``LearnerSignal``).
+    Kinds are numbered in sorted order of their names (at most two, as ``process_advantages`` needs)."""
+    names = [[turn.signal.action_kind for turn in t.turns] for t in trajs]
+    for i, row in enumerate(names):
+        for j, kind in enumerate(row):
+            if kind is None:
                 raise ValueError(
-                    "advantage='process' needs turn.info['action_kind'] in ('solve', 'verify', 'invalid'), "
-                    f"got {kind!r} (turn {j}, group {t.group_id}); use an S2R environment or another estimator"
+                    "advantage='process' needs every turn's signal.action_kind (LearnerSignal), got None "
+                    f"(turn {j}, group {trajs[i].group_id}); use an env that names its action kinds or another estimator"
                 )
-            kinds[i, j] = int(kind == "verify")
+    order = sorted({kind for row in names for kind in row if kind is not None})
+    if len(order) > 2:
+        raise ValueError(f"advantage='process' baselines at most two action kinds, got {order}")
+    kinds = torch.zeros(len(trajs), k, dtype=torch.long)
+    for i, row in enumerate(names):
+        for j, kind in enumerate(row):
+            kinds[i, j] = order.index(str(kind))
     return kinds
 
 
@@ -277,8 +257,8 @@ def compute_advantages(
       penalty's return-to-go sum_{s >= t} (0 without KL), and it is whitened over all valid
       *tokens* of the batch, as OpenRLHF and verl do: one rule whatever ``kl_coef`` is, so a
       long episode weighs by its tokens in the mean and std with or without the KL term.
-    * ``reward_level="outcome"`` / ``advantage="process"`` read ``info["outcome_reward"]`` /
-      ``info["process_reward"]`` when the environment reports them (S2R), see ``_turn_reward``.
+    * ``reward_level="outcome"`` / ``advantage="process"`` read the learner contract's
+      ``outcome_reward`` / ``process_reward`` when the environment reports them, see ``_turn_reward``.
     * ``whiten_advantages``: whiten over the training tokens of the batch at the end.
     * GAE: each turn's reward sits on its last sampled token (``reward_level="outcome"``: only the
       last turn's); critic-free ``turn`` level uses ``turn_level`` (leave-one-out by turn index).

@@ -21,7 +21,7 @@ from typing import Any
 
 import gymnasium
 
-from veriloop.envs.base import VerifierEnv
+from veriloop.envs.base import SIGNAL_KEY, LearnerSignal, VerifierEnv
 from veriloop.envs.spaces import UnicodeText
 from veriloop.envs.splits import SPLITS, split_env
 
@@ -72,4 +72,14 @@ def registered_ids() -> list[str]:
 
 _register_all()
 
-__all__ = ["ENVS", "INTEROP_ENVS", "SPLITS", "UnicodeText", "VerifierEnv", "registered_ids", "split_env"]
+__all__ = [
+    "ENVS",
+    "INTEROP_ENVS",
+    "SIGNAL_KEY",
+    "SPLITS",
+    "LearnerSignal",
+    "UnicodeText",
+    "VerifierEnv",
+    "registered_ids",
+    "split_env",
+]

@@ -26,7 +26,29 @@ Episode ends (exactly one of the two flags is set on the last step):
 * at reset: ``{"task": {...}}`` -- JSON-ready task metadata (gold answer, level, cards, reference
   solution ...). It is for SFT data, evaluation and replay and must NOT be shown to the policy.
 * at step: ``{"verdict": Verdict, "reward_components": dict[str, float], "attempt": int
-  (1-based), "task": {...}}`` plus ``"verifier_error": str`` when the verifier failed.
+  (1-based), "task": {...}, "signal": LearnerSignal}`` plus ``"verifier_error": str`` when the
+  verifier failed.
+
+The learner contract (``info["signal"]``, a :class:`LearnerSignal`): every step also reports, as
+one typed record, everything a learning algorithm may read about it beyond the step reward. The
+algorithms in ``veriloop.algos`` read only this record, the :class:`Verdict` and the step reward,
+never an environment's own ``info`` keys, so a new environment needs no change there:
+
+* ``process_reward`` / ``outcome_reward`` -- the reward of this action alone (process supervision)
+  and the episode's outcome reward if it ended after this action (``None``: use the step reward);
+* ``action_kind`` -- which kind of action this was, for estimators that baseline each kind on its
+  own (S2R's solve vs verify); ``None`` when the env has one kind;
+* ``solved`` / ``imitate`` -- the episode, if it ended here, solved its task; this response is worth
+  imitating (rejection-sampled SFT keeps its tokens as targets);
+* ``step_metrics`` / ``episode_metrics`` -- evaluation metrics: a step metric is averaged over the
+  steps that report it (``nan`` = "this step has no value"), an episode metric is read from each
+  episode's last step and averaged over episodes (``"attempts"`` replaces the turn count).
+
+The defaults come from the verdict (:meth:`VerifierEnv.signal`); override :meth:`signal` or
+:meth:`step_metrics`, or build the record yourself in a custom ``step``. Supervised warm-up data
+come from the same contract: :meth:`VerifierEnv.demonstration` (a correct response),
+:meth:`VerifierEnv.wrong_demonstration` (a plausible wrong one, for correction traces) and
+:meth:`VerifierEnv.demonstration_episode` (a whole multi-turn demonstration with target flags).
 
 ``reset(options={"task": t})`` pins the episode to task ``t`` (a task object or its
 ``info["task"]`` dict), e.g. to evaluate a fixed problem set or to replay an episode.
@@ -48,6 +70,9 @@ Writing your own environment takes four methods::
         def reward(self, verdict, task):
             r = 1.0 if verdict.correct else 0.0
             return r, {"accuracy": r}
+
+Optionally ``demonstration(task)`` (a correct answer, for ``sft.source: solver``) and
+``step_metrics(verdict, task)`` (named evaluation metrics of one response).
 """
 
 from __future__ import annotations
@@ -56,7 +81,8 @@ import copy
 import dataclasses
 from abc import abstractmethod
 from collections.abc import Mapping
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import gymnasium
 
@@ -96,6 +122,61 @@ def gave_up(response: str) -> bool:
     if len(lines) == 1 and start > 0 and response[start - 1] not in _LINE_BREAKS:
         return False  # the line began before the window: it is longer than any give-up line
     return lines[-1].strip().lower().rstrip(".! ") == GIVE_UP_PHRASE
+
+
+#: The ``info`` key of the learner contract (:class:`LearnerSignal`), set on every step.
+SIGNAL_KEY = "signal"
+
+#: Which ``sft.source`` an environment's demonstrations serve: an exact ``"solver"``, the task
+#: ``"generator"``'s worked solutions, or ``"s2r"`` solve/verify/correct traces.
+DemonstrationSource = Literal["solver", "generator", "s2r"]
+
+
+@dataclass(frozen=True)
+class LearnerSignal:
+    """What one step gives a learner besides the step reward (``info[SIGNAL_KEY]``).
+
+    Attributes:
+        process_reward: The reward of this action alone (process supervision); ``None`` = the
+            step reward.
+        outcome_reward: The episode's outcome reward if it ended after this action (on the final
+            step: its outcome; earlier: what a rollout limit cutting it here leaves it with);
+            ``None`` = the step reward (e.g. the verifier failed).
+        action_kind: The kind of action this was, for per-kind baselines (at most two kinds per
+            environment); an invalid action names the kind it was expected to be. ``None`` when
+            the environment has a single kind of action.
+        solved: The episode, if it ended after this action, solved its task.
+        imitate: This response is worth imitating (its tokens are SFT targets when a rejection-
+            sampled episode is kept).
+        step_metrics: Named evaluation metrics of this step, averaged over the steps that report
+            them; ``nan`` = no value at this step (the metric still appears in the report).
+        episode_metrics: Named evaluation metrics of the episode so far, read from its last step
+            and averaged over episodes; ``"attempts"`` replaces the turn count in ``attempts/*``.
+    """
+
+    process_reward: float | None = None
+    outcome_reward: float | None = None
+    action_kind: str | None = None
+    solved: bool = False
+    imitate: bool = False
+    step_metrics: Mapping[str, float] = field(default_factory=dict)
+    episode_metrics: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_verdict(cls, verdict: Verdict | None) -> LearnerSignal:
+        """The default for any step: solved and worth imitating exactly when the verdict is correct."""
+        correct = verdict is not None and verdict.correct
+        return cls(solved=correct, imitate=correct)
+
+
+def signal_of(info: Mapping[str, Any]) -> LearnerSignal:
+    """The :class:`LearnerSignal` of a step's ``info`` (built from its verdict when the environment,
+    e.g. one not derived from :class:`VerifierEnv`, reports none)."""
+    signal = info.get(SIGNAL_KEY)
+    if isinstance(signal, LearnerSignal):
+        return signal
+    verdict = info.get("verdict")
+    return LearnerSignal.from_verdict(verdict if isinstance(verdict, Verdict) else None)
 
 
 class EpisodeOverError(RuntimeError):
@@ -176,6 +257,33 @@ class VerifierEnv(gymnasium.Env, Generic[TaskT]):
         work on your environment; each demonstration is checked by :meth:`check` before use."""
         return None
 
+    #: The ``sft.source`` that :meth:`demonstration` / :meth:`demonstration_episode` serve (when overridden).
+    demonstration_source: ClassVar[DemonstrationSource] = "solver"
+
+    def wrong_demonstration(self, task: TaskT, rng: Any, used: set[str]) -> str | None:
+        """A plausible wrong response to ``task`` not in ``used`` (added to it), drawn from ``rng``
+        (a ``numpy.random.Generator``), for correction traces; None when the env cannot make one."""
+        return None
+
+    def demonstration_episode(
+        self, task: TaskT, rng: Any, p_wrong_first: float = 0.0
+    ) -> list[tuple[str, bool]] | None:
+        """A whole demonstration episode as ``(response, trainable)`` pairs, played in order from
+        the reset state (default: the single :meth:`demonstration`, trainable; None without one).
+        ``rng`` (a ``numpy.random.Generator``) draws what the demonstration leaves to chance, e.g.
+        whether it first shows wrong attempts being corrected (probability ``p_wrong_first``)."""
+        answer = self.demonstration(task)
+        return None if answer is None else [(answer, True)]
+
+    def step_metrics(self, verdict: Verdict, task: TaskT) -> dict[str, float]:
+        """Named evaluation metrics of one judged response (``LearnerSignal.step_metrics``; default none)."""
+        return {}
+
+    def signal(self, verdict: Verdict, task: TaskT) -> LearnerSignal:
+        """The step's :class:`LearnerSignal` (default: from the verdict, plus :meth:`step_metrics`)."""
+        correct = verdict.correct and verdict.error is None
+        return LearnerSignal(solved=correct, imitate=correct, step_metrics=self.step_metrics(verdict, task))
+
     def task_from_options(self, spec: Any) -> TaskT:
         """Turn ``options["task"]`` into a task (default: used as given)."""
         return spec  # type: ignore[no-any-return]
@@ -239,6 +347,7 @@ class VerifierEnv(gymnasium.Env, Generic[TaskT]):
             text = self.feedback(verdict, task, self.max_attempts - self._attempt, terminated or truncated)
         info["reward_components"] = dict(components)
         info.update(self.step_info(verdict, task))
+        info[SIGNAL_KEY] = self.signal(verdict, task)
         self._done = terminated or truncated
         self._transcript += [f"[action]\n{action}", f"[observation]\n{text}"]
         return self.observation(text), float(reward), bool(terminated), bool(truncated), info

@@ -13,38 +13,24 @@ Reward schemes (``reward=`` kwarg; components go to ``info["reward_components"]`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
 from veriloop.envs.base import VerifierEnv
-from veriloop.envs.math_data import KINDS, Kind, MathProblem, generate_problem, load_jsonl, normalize_levels
-from veriloop.envs.verifiers import Verdict, check_math
+from veriloop.envs.math_data import (
+    KINDS,
+    Kind,
+    MathProblem,
+    generate_problem,
+    latex,
+    load_jsonl,
+    normalize_levels,
+)
+from veriloop.envs.verifiers import Verdict, check_math, r1_format_ok
 from veriloop.envs.verifiers.pool import get_pool
 
 RewardScheme = Literal["dapo", "r1"]
-
-
-def r1_format_ok(response: str) -> bool:
-    """True when the response is exactly ``<think>…</think>`` then ``<answer>…</answer>``.
-
-    The same language as the regex ``\\s*<think>.*?</think>\\s*<answer>.*?</answer>\\s*`` (DOTALL,
-    full match): whitespace may surround the blocks, and either block may contain anything. Decided
-    in one linear pass: that regex backtracks over every ``</think>`` and ``</answer>`` pair, which
-    takes minutes on a hostile megabyte.
-    """
-    text = response.strip()
-    if not (text.startswith("<think>") and text.endswith("</answer>")):
-        return False
-    answer_end = len(text) - len("</answer>")  # the final </answer> closes the answer block
-    close = text.find("</think>", len("<think>"))
-    while close >= 0:
-        after = rest = close + len("</think>")
-        while rest < answer_end and text[rest].isspace():  # runs after different </think> are disjoint
-            rest += 1
-        if text.startswith("<answer>", rest) and rest + len("<answer>") <= answer_end:
-            return True
-        close = text.find("</think>", after)
-    return False
 
 
 class MathVerifyEnv(VerifierEnv[MathProblem]):
@@ -140,6 +126,42 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         accuracy = 1.0 if verdict.correct else 0.0
         fmt = self.format_reward if self._last_format_ok else 0.0
         return accuracy + fmt, {"accuracy": accuracy, "format": fmt}
+
+    # ------------------------------------------------------------------ demonstrations (SFT)
+    #: ``demonstration`` is the generator's worked solution (``sft.source: generator``), not a solver.
+    demonstration_source = "generator"
+
+    def demonstration(self, task: MathProblem) -> str | None:
+        """The generator's worked solution (ending in ``\\boxed{answer}``), shaped as the prompt asks."""
+        if not task.solution:
+            raise ValueError(
+                f"math task {task.question!r:.60} has no 'solution'; generator examples need "
+                "generated problems (data=None) or JSONL rows with a 'solution' field"
+            )
+        if self.reward_scheme != "r1":
+            return str(task.solution)
+        return f"<think>\n{task.solution}\n</think>\n<answer>\\boxed{{{task.answer}}}</answer>"
+
+    def wrong_demonstration(self, task: MathProblem, rng: Any, used: set[str]) -> str | None:
+        """A plausible wrong solve: the worked steps, but a final answer off by a small amount
+        (±1..3, or ±1..3 over the gold answer's denominator)."""
+        raw = (task.meta or {}).get("value") or task.answer
+        try:
+            gold = Fraction(str(raw))
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(
+                f"cannot make a wrong answer near gold {task.answer!r}: not a plain number"
+            ) from None
+        steps = str(task.solution or "").splitlines()[:-1]
+        for _ in range(100):
+            delta = Fraction(
+                int(rng.choice([-3, -2, -1, 1, 2, 3])), gold.denominator if rng.random() < 0.5 else 1
+            )
+            wrong = latex(gold + delta)
+            if wrong not in used:
+                used.add(wrong)
+                return "\n".join([*steps, f"The answer is $\\boxed{{{wrong}}}$."])
+        raise RuntimeError(f"no fresh wrong answer near {task.answer!r} after 100 draws")
 
     def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         self._last_format_ok = isinstance(action, str) and r1_format_ok(action)

@@ -33,14 +33,25 @@ solve's correctness, for a verify the correctness of the solve it checks; ``None
 ``correct`` / ``says_correct`` / ``matches``), ``task``, and on the final step ``stats`` =
 :func:`correction_stats` (wrong→right and right→wrong counts, verification accuracy).
 At reset: ``{"task": ...}`` as in the underlying task env.
+
+The learner contract (``info["signal"]``, :class:`~veriloop.envs.base.LearnerSignal`) carries both
+rewards whatever ``reward_mode`` is: ``process_reward`` on every action and ``outcome_reward`` = +1
+if the last solve so far was right, else -1 (on a step before the end: the outcome of an episode a
+rollout limit cut there; ``None`` when the verifier failed). ``action_kind`` is ``"solve"`` or
+``"verify"``; an invalid action is counted as a failed attempt at the action the protocol expected
+(a verify right after a valid solve, a solve otherwise), so it is baselined against those actions
+and the model is taught to stop emitting it. Evaluation metrics: ``verify_acc`` (per verify
+action), ``wrong_to_right``, ``right_to_wrong`` (episodes with at least one such transition) and
+``attempts`` (solve actions). ``demonstration_episode`` writes S2R behaviour-initialisation traces.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from veriloop.envs.base import VerifierEnv
+from veriloop.envs.base import SIGNAL_KEY, LearnerSignal, VerifierEnv
 from veriloop.envs.verifiers import Verdict
 
 TaskName = Literal["math", "points24"]
@@ -106,6 +117,26 @@ def correction_stats(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def s2r_trainable_actions(kinds: Sequence[ActionKind], solve_correct: Sequence[bool | None]) -> list[bool]:
+    """Which actions of a solve/verify trace are trained in S2R behaviour initialisation.
+
+    A solve action is trained only if its answer is correct; every verify action is trained (the
+    model learns to judge and to decide to correct). ``solve_correct[k]`` is ignored for verify
+    actions (pass None).
+    """
+    if len(kinds) != len(solve_correct):
+        raise ValueError(f"got {len(kinds)} action kinds but {len(solve_correct)} correctness flags")
+    out = []
+    for kind, ok in zip(kinds, solve_correct):
+        if kind == "verify":
+            out.append(True)
+        elif kind == "solve":
+            out.append(bool(ok))
+        else:
+            raise ValueError(f"action kind must be 'solve' or 'verify', got {kind!r}")
+    return out
+
+
 class SolveVerifyEnv(VerifierEnv[Any]):
     """S2R's solve/verify/correct loop over a math or Points24 (text) task; see the module docstring.
 
@@ -152,6 +183,7 @@ class SolveVerifyEnv(VerifierEnv[Any]):
         self._history: list[dict[str, Any]] = []
         self._last_correct: bool | None = None
         self._awaiting_verify = False
+        self._expected: ActionKind = "solve"
         self._steps = 0
 
     # ------------------------------------------------------------------ task plumbing
@@ -184,9 +216,47 @@ class SolveVerifyEnv(VerifierEnv[Any]):
         value = 1.0 if verdict.correct else -1.0
         return value, {"process": value}
 
+    # ------------------------------------------------------------------ demonstrations (SFT)
+    #: ``demonstration_episode`` writes S2R's solve/verify/correct traces (``sft.source: s2r``).
+    demonstration_source = "s2r"
+
+    def demonstration(self, task: Any) -> str | None:
+        """The inner task env's correct answer (the right solve of a trace)."""
+        return self.inner.demonstration(task)
+
+    def demonstration_episode(
+        self, task: Any, rng: Any, p_wrong_first: float = 0.0
+    ) -> list[tuple[str, bool]] | None:
+        """An S2R behaviour-initialisation trace (Ma et al. 2025) as ``(response, trainable)`` pairs.
+
+        With probability ``p_wrong_first`` the problem is treated as hard: ``k ~ U{1, max_attempts-1}``
+        pairs (wrong solve, ``<verify>incorrect</verify>``) come before (right solve,
+        ``<verify>correct</verify>``); otherwise the trace is just the last pair. Wrong solves come
+        from the task env's ``wrong_demonstration`` and are context, not targets: every other action
+        is trained (the model learns to judge and to decide to correct)."""
+        if not 0.0 <= p_wrong_first <= 1.0:
+            raise ValueError(f"p_wrong_first must be a probability in [0, 1], got {p_wrong_first}")
+        if p_wrong_first > 0 and self.max_attempts < 2:
+            raise ValueError(
+                "hard traces need max_attempts >= 2 (a wrong solve, then a right one); raise it or set p_wrong_first=0"
+            )
+        n_wrong = int(rng.integers(1, self.max_attempts)) if rng.random() < p_wrong_first else 0
+        right = self.demonstration(task)
+        if right is None:
+            return None
+        used: set[str] = set()
+        plan: list[tuple[str, bool]] = []
+        for _ in range(n_wrong):
+            wrong = self.inner.wrong_demonstration(task, rng, used)
+            if wrong is None:
+                return None
+            plan += [(wrong, False), (VERIFY_OPEN + "incorrect" + VERIFY_CLOSE, True)]
+        return [*plan, (right, True), (VERIFY_OPEN + "correct" + VERIFY_CLOSE, True)]
+
     # ------------------------------------------------------------------ the loop
     def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         task = self._check_can_step(action)
+        self._expected = "verify" if self._awaiting_verify else "solve"  # what the protocol asks for now
         kind, says = parse_action(action)
         out_of_solves = kind == "solve" and self._attempt >= self.max_attempts
         if (kind == "verify" and not self._awaiting_verify) or out_of_solves:
@@ -243,6 +313,37 @@ class SolveVerifyEnv(VerifierEnv[Any]):
         self._transcript.append(f"[action]\n{action}")
         return self._finish(text, process, terminated, truncated, info, task)
 
+    def _signal(
+        self,
+        info: dict[str, Any],
+        process: float,
+        failed: bool,
+        terminated: bool,
+        truncated: bool,
+        stats: dict[str, Any],
+    ) -> LearnerSignal:
+        """The learner contract of one action (see the module docstring). ``solved``: a finished
+        episode whose last solve was right and that the model ended itself (``terminated``); before
+        the end, this action is a right solve."""
+        kind, matches = info["action_kind"], info["verify_matches_truth"]
+        if terminated or truncated:
+            solved = bool(stats["final_correct"]) and terminated
+        else:
+            solved = kind == "solve" and info["solve_correct"] is True
+        return LearnerSignal(
+            process_reward=process,
+            outcome_reward=None if failed else (1.0 if self._last_correct else -1.0),
+            action_kind=self._expected if kind == "invalid" else kind,
+            solved=solved,
+            imitate=kind == "verify" or (kind == "solve" and bool(info["solve_correct"])),
+            step_metrics={"verify_acc": math.nan if matches is None else float(matches)},
+            episode_metrics={
+                "wrong_to_right": float(stats["wrong_to_right"] > 0),
+                "right_to_wrong": float(stats["right_to_wrong"] > 0),
+                "attempts": float(stats["solves"]),
+            },
+        )
+
     def _finish(
         self, text: str, process: float, terminated: bool, truncated: bool, info: dict[str, Any], task: Any
     ) -> tuple[Any, float, bool, bool, dict[str, Any]]:
@@ -262,8 +363,10 @@ class SolveVerifyEnv(VerifierEnv[Any]):
             history=[dict(h) for h in self._history],
             task=self.task_info(task),
         )
+        stats = correction_stats(self._history)
         if done:
-            info["stats"] = correction_stats(self._history)
+            info["stats"] = stats
+        info[SIGNAL_KEY] = self._signal(info, process, failed, terminated, truncated, stats)
         self._done = done
         self._transcript.append(f"[observation]\n{text}")
         return self.observation(text), float(reward), terminated, truncated, info

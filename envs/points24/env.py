@@ -19,8 +19,11 @@ verifies that the formula uses each card's number exactly once and equals the ta
 from __future__ import annotations
 
 import difflib
+import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -28,6 +31,7 @@ from gymnasium import spaces
 
 from veriloop.envs.base import VerifierEnv
 from veriloop.envs.points24.cards import (
+    RANK_NAMES,
     Card,
     FaceRule,
     SuitSet,
@@ -39,6 +43,8 @@ from veriloop.envs.points24.cards import (
 )
 from veriloop.envs.points24.solver import solve
 from veriloop.envs.verifiers import Verdict, check_points24
+
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 #: Reward per verdict reason. GeneralPoints: correct +10, wrong value -1, illegal numbers -5.
 #: Our choices: a JSON ``cards`` list that does not match the deal counts as illegal numbers (-5);
@@ -236,6 +242,35 @@ class Points24Env(VerifierEnv[Points24Task]):
     def step_info(self, verdict: Verdict, task: Points24Task) -> dict[str, Any]:
         claims = verdict.details.get("cards_seen") if verdict.details else None
         return {"recognition": recognition(claims, task.cards, task.face_cards)}
+
+    def step_metrics(self, verdict: Verdict, task: Points24Task) -> dict[str, float]:
+        """``recognition_acc`` (Chu et al. 2025): ``info["recognition"]``, ``nan`` when no card list."""
+        value = self.step_info(verdict, task)["recognition"]
+        return {"recognition_acc": math.nan if value is None else float(value)}
+
+    # ------------------------------------------------------------------ demonstrations (SFT)
+    def demonstration(self, task: Points24Task) -> str | None:
+        """The requested JSON answer: the card ranks and the exact solver's formula (None if unsolvable)."""
+        formula = solve(list(task.values), task.target)
+        if formula is None:
+            return None
+        return json.dumps({"cards": [RANK_NAMES[c.rank - 1] for c in task.cards], "formula": formula})
+
+    def wrong_demonstration(self, task: Points24Task, rng: Any, used: set[str]) -> str | None:
+        """The right cards in a formula of the wrong value: ``((a op b) op c) op d`` over a shuffled hand."""
+        values, target = [int(v) for v in task.values], int(task.target)
+        for _ in range(200):
+            order = [values[i] for i in rng.permutation(len(values))]
+            value, text = Fraction(order[0]), str(order[0])
+            for number in order[1:]:
+                op = str(rng.choice(list(_OPS)))
+                value, text = _OPS[op](value, Fraction(number)), f"({text}{op}{number})"
+            formula = text[1:-1] if text.startswith("(") else text
+            if value != target and formula not in used:
+                used.add(formula)
+                cards = [RANK_NAMES[c.rank - 1] for c in task.cards]
+                return json.dumps({"cards": cards, "formula": formula})
+        raise RuntimeError(f"no fresh wrong formula over {values} after 200 draws")
 
     # ------------------------------------------------------------------ observations
     def image(self) -> np.ndarray:

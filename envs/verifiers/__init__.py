@@ -11,6 +11,7 @@ Every verifier returns a :class:`Verdict`, whose ``error`` field separates "the 
 """
 
 from veriloop.envs.verifiers.extract import extract_answer
+from veriloop.envs.verifiers.formats import r1_format_ok
 from veriloop.envs.verifiers.math_check import check_math, check_math_batch
 from veriloop.envs.verifiers.points24 import check_points24
 from veriloop.envs.verifiers.pool import shutdown_pool
@@ -24,6 +25,7 @@ __all__ = [
     "check_math_batch",
     "check_points24",
     "extract_answer",
+    "r1_format_ok",
     "reset_verifier_stats",
     "shutdown_pool",
     "verifier_stats",

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from veriloop.agents.trajectory import Trajectory, TurnRecord
+from veriloop.envs.base import LearnerSignal
 
 
 def _make_traj(
@@ -25,11 +26,13 @@ def _make_traj(
     """A trajectory from (sampled tokens, environment tokens, reward) per turn.
 
     Sampled tokens get loss_mask 1 and log-prob -1.0 (replace with real ones if needed); the prompt
-    has turn index -1; ``error`` sets the last turn's verdict error; ``kinds`` sets
-    ``info["action_kind"]`` per turn.
+    has turn index -1; ``error`` sets the last turn's verdict error; ``kinds`` sets each turn's
+    ``signal.action_kind`` as an S2R env reports it (``"invalid"`` becomes the kind expected then:
+    a verify right after a solve, else a solve).
     """
     ids, mask, lps, tix = list(prompt), [0] * len(prompt), [0.0] * len(prompt), [-1] * len(prompt)
     records = []
+    awaiting_verify = False
     for k, (sampled, env, reward) in enumerate(turns):
         start = len(ids)
         ids += list(sampled)
@@ -42,9 +45,15 @@ def _make_traj(
         lps += [0.0] * len(env)
         tix += [k] * len(env)
         verdict = {"correct": reward > 0, "error": error if k == len(turns) - 1 else None}
-        info = {"action_kind": kinds[k]} if kinds else {}
+        kind = None
+        if kinds:
+            kind = kinds[k] if kinds[k] != "invalid" else ("verify" if awaiting_verify else "solve")
+            awaiting_verify = kind == "solve" if kinds[k] != "invalid" else awaiting_verify
+        signal = LearnerSignal(action_kind=kind, solved=reward > 0, imitate=reward > 0)
         hit = bool(hit_limit[k]) if hit_limit else False
-        records.append(TurnRecord(k, start, end, "", float(reward), verdict, info, hit_token_limit=hit))
+        records.append(
+            TurnRecord(k, start, end, "", float(reward), verdict, {}, hit_token_limit=hit, signal=signal)
+        )
     return Trajectory("test-v0", {}, 0, group_id, ids, mask, lps, tix, tuple(records), True, False)
 
 

@@ -24,6 +24,7 @@ from veriloop.agents.trajectory import TurnRecord
 from veriloop.algos.config import AlgoConfig
 from veriloop.algos.update import compute_advantages
 from veriloop.configs.loader import load_config
+from veriloop.envs.base import SIGNAL_KEY, LearnerSignal
 
 WRONG, VERIFY_NO, VERIFY_YES = (
     "The answer is \\boxed{-98765}.",
@@ -39,12 +40,13 @@ def _s2r(make_traj, actions, *, mode, group_id=0):  # type: ignore[no-untyped-de
     steps = []
     for a in actions:
         _, reward, term, trunc, info = env.step(a)
+        signal = info.pop(SIGNAL_KEY)
         verdict = jsonable(info.pop("verdict", None) or {})
-        steps.append((reward, verdict, jsonable(info), term, trunc))
+        steps.append((reward, verdict, jsonable(info), term, trunc, signal))
     traj = make_traj([([10 + k], [30], r) for k, (r, *_) in enumerate(steps)], group_id=group_id)
     turns = tuple(
         TurnRecord(t.index, t.start, t.end, actions[k], steps[k][0], steps[k][1], steps[k][2],
-                   terminated=steps[k][3], truncated=steps[k][4])
+                   terminated=steps[k][3], truncated=steps[k][4], signal=steps[k][5])
         for k, t in enumerate(traj.turns)
     )  # fmt: skip
     return replace(traj, turns=turns, terminated=steps[-1][3], truncated=steps[-1][4])
@@ -56,8 +58,9 @@ def test_1_cut_s2r_episode_scores_its_outcome_not_its_last_step(make_traj, mode)
     assert cut.turns[-1].info["outcome_reward"] is None and not cut.truncated and not cut.terminated
     finished = _s2r(make_traj, [WRONG, VERIFY_NO, WRONG, VERIFY_NO], mode=mode)  # attempts used up
     assert finished.turns[-1].info["outcome_reward"] == -1.0
-    lucky = replace(finished, turns=(*finished.turns[:-1], replace(finished.turns[-1], info={
-        **finished.turns[-1].info, "outcome_reward": 1.0})))  # fmt: skip
+    assert cut.turns[-1].signal.outcome_reward == -1.0  # the outcome the env gives it if stopped here
+    lucky = replace(finished, turns=(*finished.turns[:-1], replace(finished.turns[-1], signal=replace(
+        finished.turns[-1].signal, outcome_reward=1.0))))  # fmt: skip
     cfg = AlgoConfig(advantage="rloo", reward_level="outcome")
     adv = compute_advantages([cut, finished, finished, lucky], cfg).advantages
     # rewards [-1, -1, -1, +1]: the cut wrong episode is as wrong as the finished ones (was +0.33)
@@ -131,7 +134,7 @@ def test_6_dynamic_sampling_judges_the_estimators_signal(make_traj, monkeypatch)
 
     def traj(outcome: float, group_id: int):  # type: ignore[no-untyped-def]
         t = make_traj([([10], [30], 1.0), ([11], [], -1.0)], group_id=group_id)
-        last = replace(t.turns[-1], info={"outcome_reward": outcome})
+        last = replace(t.turns[-1], signal=LearnerSignal(outcome_reward=outcome))
         return replace(t, turns=(t.turns[0], last))
 
     def fake_rollout(policy, specs, **kw):  # type: ignore[no-untyped-def]

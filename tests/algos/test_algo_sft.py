@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from veriloop.algos.sft import build_sft_example, mask_turns, s2r_trainable_actions, sft_loss
+from veriloop.algos.sft import build_sft_example, mask_turns, sft_loss
+from veriloop.envs.solve_verify import s2r_trainable_actions
 
 
 class CharChat:

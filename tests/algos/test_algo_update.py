@@ -226,8 +226,8 @@ def test_reference_from_context_manager_when_not_precomputed(tiny_llama, make_tr
 
 
 def _with_info(traj, infos):
-    """Copy of ``traj`` whose turns' ``info`` are updated with ``infos`` (one dict per turn)."""
-    turns = tuple(replace(t, info={**t.info, **extra}) for t, extra in zip(traj.turns, infos))
+    """Copy of ``traj`` whose turns' learner ``signal`` fields are set from ``infos`` (one dict per turn)."""
+    turns = tuple(replace(t, signal=replace(t.signal, **extra)) for t, extra in zip(traj.turns, infos))
     return replace(traj, turns=turns)
 
 
@@ -325,8 +325,8 @@ def test_process_advantage_counts_invalid_actions_as_the_expected_kind(make_traj
     assert torch.allclose(out.advantages[:, 5], torch.tensor([-S, S]), atol=1e-5)
 
 
-def test_s2r_presets_read_their_signal_from_info(make_traj):
-    """SolveVerify puts process_reward on every step and outcome_reward on the last, whichever
+def test_s2r_presets_read_their_signal_from_the_contract(make_traj):
+    """SolveVerify's signal has process_reward on every step and outcome_reward on the last, whichever
     one it returns as the step reward. Episode a: wrong solve, verify says "incorrect" (matches),
     truncated: process [-1, +1], outcome -1. Episode b: right solve, verify "correct": [+1, +1], +1."""
     kinds = ["solve", "verify"]

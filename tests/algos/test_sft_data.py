@@ -11,13 +11,19 @@ import pytest
 from veriloop.algos.sft_data import (
     SFTDataError,
     SFTExample,
+    demonstration_examples,
     load_examples,
-    math_generator_examples,
-    points24_solver_examples,
     rejection_examples,
-    s2r_traces,
     save_examples,
 )
+
+
+def s2r_traces(task, seeds, *, rng, p_wrong_first, env_kwargs=None):  # type: ignore[no-untyped-def]
+    """SolveVerify's own S2R traces (its ``demonstration_episode``) through the generic builder."""
+    kwargs = {"task": task, **(env_kwargs or {})}
+    return demonstration_examples(
+        "veriloop/SolveVerify-v0", kwargs, seeds, rng=rng, p_wrong_first=p_wrong_first
+    )
 
 
 def _replay(env_id, kwargs, example):
@@ -38,7 +44,7 @@ def _replay(env_id, kwargs, example):
 
 @pytest.mark.parametrize("env_id", ["veriloop/Points24-text-v0", "veriloop/Points24-text-ruleood-v0"])
 def test_points24_solver_examples_all_verify(env_id):
-    examples = points24_solver_examples(env_id, {}, range(25))
+    examples = demonstration_examples(env_id, {}, range(25))
     assert len(examples) == 25
     for ex in examples:
         infos, terminated = _replay(env_id, {}, ex)
@@ -50,7 +56,7 @@ def test_points24_solver_examples_all_verify(env_id):
 
 @pytest.mark.parametrize("reward", ["dapo", "r1"])
 def test_math_generator_examples_verify(reward):
-    examples = math_generator_examples("veriloop/MathVerify-v0", {"reward": reward}, range(20))
+    examples = demonstration_examples("veriloop/MathVerify-v0", {"reward": reward}, range(20))
     for ex in examples:
         infos, _ = _replay("veriloop/MathVerify-v0", {"reward": reward}, ex)
         assert infos[0]["verdict"].correct
@@ -110,7 +116,11 @@ def test_s2r_rejects_bad_probability_and_single_attempt():
 def test_rejection_keeps_only_verified_episodes(tiny_text_policy):
     from veriloop.agents.sampling_params import SamplingParams
     from veriloop.agents.scripted import ScriptedPolicy
-    from veriloop.algos.sft_data import points24_response
+
+    solver = gym.make("veriloop/Points24-text-v0").unwrapped
+
+    def points24_response(task):  # type: ignore[no-untyped-def]
+        return solver.demonstration(solver.task_from_options(task))
 
     def reply(turn, obs, task):
         if task["values"][0] % 2 == 0:  # odd hands: never right
@@ -133,7 +143,7 @@ def test_rejection_keeps_only_verified_episodes(tiny_text_policy):
 
 
 def test_jsonl_round_trip(tmp_path):
-    examples = points24_solver_examples("veriloop/Points24-text-v0", {}, range(3))
+    examples = demonstration_examples("veriloop/Points24-text-v0", {}, range(3))
     examples += s2r_traces("points24", range(2), rng=np.random.default_rng(0), p_wrong_first=1.0)
     path = save_examples(tmp_path / "sft.jsonl", examples)
     assert load_examples(path) == examples
@@ -170,4 +180,4 @@ def test_example_validation_in_memory():
     with pytest.raises(SFTDataError, match="2 flags"):
         SFTExample(({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}), (True, True))
     with pytest.raises(SFTDataError, match="text observations"):
-        points24_solver_examples("veriloop/Points24-vision-v0", {}, [0])
+        demonstration_examples("veriloop/Points24-vision-v0", {}, [0])

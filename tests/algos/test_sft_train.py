@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from veriloop.algos.sft_data import SFTExample, points24_solver_examples
+from veriloop.algos.sft_data import SFTExample, demonstration_examples
 from veriloop.algos.sft_train import (
     SFTSettings,
     batch_indices,
@@ -36,7 +36,7 @@ def _weights(policy) -> dict[str, torch.Tensor]:
 
 
 def test_sft_on_points24_solver_examples_lowers_the_loss(tiny_text_policy):
-    examples = points24_solver_examples("veriloop/Points24-text-v0", {}, range(2))
+    examples = demonstration_examples("veriloop/Points24-text-v0", {}, range(2))
     out = train_sft(tiny_text_policy, examples, steps=10, lr=1e-2, batch_size=1, log_every=100)
     assert out["skipped_nonfinite"] == 0 and out["truncated"] == 0
     # a random model starts near log(vocab) ~ 10.8 nats per token
@@ -98,7 +98,7 @@ def test_micro_batches_give_the_same_token_mean_loss_and_gradient():
 
 def test_truncation_and_empty_examples_are_counted(tiny_text_policy):
     tok = tiny_text_policy.tokenizer
-    examples = _short(2) + points24_solver_examples("veriloop/Points24-text-v0", {}, range(1))
+    examples = _short(2) + demonstration_examples("veriloop/Points24-text-v0", {}, range(1))
     short_len = max(len(tokenise(tok, [ex], 10_000).ids[0]) for ex in examples[:2])
     data = tokenise(tok, examples, short_len)
     assert (data.truncated, data.dropped_empty, len(data.ids)) == (1, 1, 2)  # the long prompt left no target
