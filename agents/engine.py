@@ -14,7 +14,7 @@ sample cut at ``max_new_tokens`` sets ``TurnRecord.hit_token_limit``; an episode
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from veriloop.agents.chat import ChatFormat, observation_message
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory, TurnRecord
 from veriloop.envs.base import SIGNAL_KEY, signal_of
+from veriloop.envs.verifiers import Verdict
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,16 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def as_verdict(value: Any) -> Verdict | None:
+    """A step's ``info["verdict"]`` as a typed :class:`Verdict` (an env outside veriloop may send
+    its ``to_dict()`` form); None when the step has none."""
+    if value is None or isinstance(value, Verdict):
+        return value
+    if isinstance(value, Mapping):
+        return Verdict.from_dict(value) if value else None
+    raise TypeError(f"info['verdict'] must be a Verdict, its dict or None, got {type(value).__name__}")
+
+
 class _Episode:
     """Mutable state of one running episode (becomes a frozen :class:`Trajectory`)."""
 
@@ -143,7 +154,7 @@ class _Episode:
         info = dict(info)
         signal = signal_of(info)  # the learner contract (built from the verdict if the env sends none)
         info.pop(SIGNAL_KEY, None)
-        verdict = jsonable(info.pop("verdict", {}))
+        verdict = as_verdict(info.pop("verdict", None))
         self.turns.append(
             TurnRecord(
                 turn, start, len(self.ids), text, float(reward), verdict, jsonable(info),

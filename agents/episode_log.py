@@ -37,7 +37,7 @@ def episode_record(traj: Trajectory) -> dict[str, Any]:
                 "ids": traj.token_ids[t.start : t.end],
                 "text": t.text,
                 "reward": t.reward,
-                "verdict": t.verdict,
+                "verdict": None if t.verdict is None else t.verdict.to_dict(),
                 "hit_token_limit": t.hit_token_limit,
                 "terminated": t.terminated,
                 "truncated": t.truncated,

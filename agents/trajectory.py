@@ -4,7 +4,8 @@ Token-in, token-out: a trajectory keeps the exact token ids the policy sampled a
 of the environment's messages (tokenized as chat-template deltas), side by side in one sequence.
 Only sampled tokens are trainable (``loss_mask == 1``).
 
-These records hold plain Python data (no torch), so they can be logged, replayed and collated.
+These records hold plain Python data and typed records (no torch), so they can be logged, replayed
+and collated; episode logs serialize the verdict with ``Verdict.to_dict``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from veriloop.envs.base import LearnerSignal
+from veriloop.envs.verifiers import Verdict
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,8 @@ class TurnRecord:
             ``Trajectory.token_ids``.
         text: The decoded action text sent to the environment.
         reward: Reward returned by ``env.step`` for this action.
-        verdict: ``Verdict.to_dict()`` of the step (``info["verdict"]``).
+        verdict: The step's :class:`~veriloop.envs.verifiers.Verdict` (``info["verdict"]``), typed
+            as the env returned it; ``None`` when the step judged no answer (e.g. an S2R verify).
         info: The rest of the step's ``info`` (JSON-ready), e.g. reward components.
         hit_token_limit: Generation stopped at ``max_new_tokens`` without an end-of-turn token.
         terminated, truncated: As returned by ``env.step``.
@@ -38,7 +41,7 @@ class TurnRecord:
     end: int
     text: str
     reward: float
-    verdict: dict[str, Any]
+    verdict: Verdict | None
     info: dict[str, Any] = field(default_factory=dict)
     hit_token_limit: bool = False
     terminated: bool = False

@@ -73,9 +73,8 @@ def final_sample(traj: Trajectory) -> Sample:
     An episode without any judged response (stopped before answering) is wrong, with no answer.
     """
     for turn in reversed(traj.turns):
-        verdict = turn.verdict
-        if verdict:  # SolveVerify's verify turns carry None
-            return Sample(bool(verdict.get("correct")), verdict.get("parsed"), verdict.get("error"))
+        if turn.verdict is not None:  # a turn that judged no answer (an S2R verify) carries None
+            return Sample.from_verdict(turn.verdict)
     return Sample(False)
 
 
@@ -110,7 +109,7 @@ def task_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     per_step, episodes = _env_metrics(trajs)
     out.update(per_step)
     reasons = [
-        str(tr.verdict["reason"]) for t in trajs for tr in t.turns if tr.verdict and tr.verdict.get("reason")
+        tr.verdict.reason for t in trajs for tr in t.turns if tr.verdict is not None and tr.verdict.reason
     ]
     for reason in sorted(set(reasons)):
         out[f"reason/{reason}"] = reasons.count(reason) / len(reasons)

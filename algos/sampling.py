@@ -18,9 +18,9 @@ def verifier_failed(traj: Any) -> bool:
     """True when any turn's verdict has ``error`` set (timeout / memory / crash).
 
     Such an episode's reward is unknown, not wrong: it is dropped from its group's baseline.
-    Works on any object with ``turns`` whose items have a ``verdict`` mapping (``Trajectory``).
+    Works on any object with ``turns`` whose items have a ``verdict`` (``Verdict`` or None).
     """
-    return any((turn.verdict or {}).get("error") for turn in getattr(traj, "turns", ()))
+    return any(turn.verdict is not None and turn.verdict.failed for turn in getattr(traj, "turns", ()))
 
 
 def is_informative(rewards: Sequence[Any]) -> bool:

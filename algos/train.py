@@ -210,7 +210,7 @@ def rollout_metrics(trajs: Sequence[Trajectory], tokenizer: Any) -> dict[str, fl
     rewards = torch.tensor([t.total_reward for t in trajs], dtype=torch.float64)
     lengths = torch.tensor([t.num_generated_tokens for t in trajs], dtype=torch.float64)
     final = [final_sample(t) for t in trajs]  # the last judged response (verify turns have none)
-    errors = [{(tr.verdict or {}).get("error") for tr in t.turns} for t in trajs]
+    errors = [{tr.verdict.error if tr.verdict is not None else None for tr in t.turns} for t in trajs]
     drift_sample = trajs[: min(8, len(trajs))]
     return {
         "reward/mean": float(rewards.mean()),

@@ -11,7 +11,7 @@ A verdict separates three outcomes that RL code must never confuse:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 VerifierError = Literal["timeout", "memory", "crash"]
@@ -50,3 +50,14 @@ class Verdict:
         out = asdict(self)
         out["details"] = dict(self.details)
         return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
+        """The inverse of :meth:`to_dict` (e.g. a verdict that came over the wire as JSON); missing
+        fields take their defaults, unknown ones are an error."""
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(
+                f"not Verdict fields: {sorted(unknown)}; expected a subset of {[f.name for f in fields(cls)]}"
+            )
+        return cls(**{"correct": False, **data, "details": dict(data.get("details") or {})})

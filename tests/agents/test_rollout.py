@@ -110,7 +110,7 @@ def test_masks_logprobs_and_turns_line_up_over_four_turns(policy):
         assert all(lp == 0.0 for lp, m in zip(tr.logprobs, tr.loss_mask) if m == 0)
         assert tr.turn_index[: tr.turns[0].start] == [-1] * tr.turns[0].start
         assert tr.turn_index == sorted(tr.turn_index)
-        assert [t.verdict["reason"] for t in tr.turns] == [
+        assert [t.verdict.reason for t in tr.turns] == [
             "correct" if "ok" in t.text else "wrong" for t in tr.turns
         ]
 
@@ -302,7 +302,7 @@ def test_episode_log_replays_identically(policy, tmp_path):
         json.loads(lines[0])["turns"][0]["ids"]
         == trajs[0].token_ids[trajs[0].turns[0].start : trajs[0].turns[0].end]
     )
-    assert trajs[0].turns[1].verdict["correct"] and trajs[0].terminated
+    assert trajs[0].turns[1].verdict.correct and trajs[0].terminated
 
 
 def test_stop_strings_end_a_turn_and_keep_the_completing_token(policy):

@@ -12,6 +12,7 @@ import torch
 
 from veriloop.agents.trajectory import Trajectory, TurnRecord
 from veriloop.envs.base import LearnerSignal
+from veriloop.envs.verifiers import Verdict
 
 
 def _make_traj(
@@ -44,7 +45,7 @@ def _make_traj(
         mask += [0] * len(env)
         lps += [0.0] * len(env)
         tix += [k] * len(env)
-        verdict = {"correct": reward > 0, "error": error if k == len(turns) - 1 else None}
+        verdict = Verdict(correct=reward > 0, error=error if k == len(turns) - 1 else None)  # type: ignore[arg-type]
         kind = None
         if kinds:
             kind = kinds[k] if kinds[k] != "invalid" else ("verify" if awaiting_verify else "solve")

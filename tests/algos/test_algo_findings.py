@@ -41,7 +41,7 @@ def _s2r(make_traj, actions, *, mode, group_id=0):  # type: ignore[no-untyped-de
     for a in actions:
         _, reward, term, trunc, info = env.step(a)
         signal = info.pop(SIGNAL_KEY)
-        verdict = jsonable(info.pop("verdict", None) or {})
+        verdict = info.pop("verdict", None)
         steps.append((reward, verdict, jsonable(info), term, trunc, signal))
     traj = make_traj([([10 + k], [30], r) for k, (r, *_) in enumerate(steps)], group_id=group_id)
     turns = tuple(

@@ -8,11 +8,13 @@ from types import SimpleNamespace
 import pytest
 
 from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
+from veriloop.envs.verifiers import Verdict
 
 
 def ep(reward: float, error: str | None = None):
     return SimpleNamespace(
-        reward=reward, turns=[SimpleNamespace(verdict={"correct": reward > 0, "error": error})]
+        reward=reward,
+        turns=[SimpleNamespace(verdict=Verdict(correct=reward > 0, error=error))],  # type: ignore[arg-type]
     )
 
 

@@ -17,7 +17,7 @@ import gymnasium as gym
 import pytest
 
 import veriloop.envs  # noqa: F401  (registers the environments)
-from veriloop.agents.engine import RolloutLimits
+from veriloop.agents.engine import RolloutLimits, as_verdict
 from veriloop.agents.scripted import ScriptedPolicy
 from veriloop.agents.trajectory import Trajectory, TurnRecord
 from veriloop.algos.evaluate import (
@@ -128,7 +128,7 @@ def test_k_larger_than_n_is_rejected(tokenizer):
 
 def test_verifier_error_is_excluded_not_wrong():
     def traj(verdicts):
-        turns = tuple(TurnRecord(i, 0, 0, "", 0.0, v) for i, v in enumerate(verdicts))
+        turns = tuple(TurnRecord(i, 0, 0, "", 0.0, as_verdict(v)) for i, v in enumerate(verdicts))
         return Trajectory(MATH, {}, 0, 0, [], [], [], [], turns, True, False)
 
     s = final_sample(traj([{"correct": False, "parsed": "3", "error": "timeout"}]))
