@@ -19,13 +19,13 @@ import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from veriloop.agents.policy import Policy
+from veriloop.configs.schema import DType
 
-DType = Literal["float32", "bfloat16", "float16"]
 META_FILE = "veriloop.json"
 
 # peft reads transformers' deprecated `is_gradient_checkpointing` whenever it wraps a model, which

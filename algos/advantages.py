@@ -11,12 +11,9 @@ gets advantage 0 (see ``veriloop.envs.verifiers.verdict``).
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-RewardLevel = Literal["outcome", "sum"]
-ProcessBaseline = Literal["position_kind", "kind", "group"]
+from veriloop.configs.algo import EpisodeLevel, ProcessBaseline
 
 
 def _check_1d(name: str, x: torch.Tensor, n: int | None = None) -> None:
@@ -211,7 +208,7 @@ def turn_returns(turn_rewards: torch.Tensor, turn_mask: torch.Tensor, *, gamma: 
     return out
 
 
-def episode_rewards(turn_rewards: torch.Tensor, turn_mask: torch.Tensor, level: RewardLevel) -> torch.Tensor:
+def episode_rewards(turn_rewards: torch.Tensor, turn_mask: torch.Tensor, level: EpisodeLevel) -> torch.Tensor:
     """One reward per episode from per-turn rewards.
 
     ``outcome``: the reward of the last real turn (S2R outcome-level); ``sum``: sum of the turn

@@ -18,13 +18,10 @@ correction module (geometric sequence mask). Notation as in ../shared/docs/paper
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 from veriloop.algos.losses import _check_same, _masked_mean, sequence_mean
-
-TokenCorrection = Literal["none", "truncate", "mask"]
+from veriloop.configs.algo import RolloutIS
 
 
 def _log_w(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -119,7 +116,7 @@ def rollout_correction(
     sampler_logprobs: torch.Tensor,
     mask: torch.Tensor,
     *,
-    token: TokenCorrection,
+    token: RolloutIS,
     cap: float,
     low: float,
     high: float,

@@ -11,8 +11,7 @@ from typing import Literal
 
 import torch
 
-KLKind = Literal["k1", "k2", "k3"]
-AggMode = Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"]
+from veriloop.configs.algo import KLEstimator, LossAgg
 
 
 def _check_same(names: tuple[str, ...], *xs: torch.Tensor) -> None:
@@ -89,7 +88,7 @@ def clipped_pg_loss(
     return loss, stats
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k3") -> torch.Tensor:
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLEstimator = "k3") -> torch.Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta (Schulman 2020).
 
     With d = log pi_theta - log pi_ref:
@@ -155,7 +154,7 @@ def value_loss(
 def aggregate(
     per_token: torch.Tensor,
     mask: torch.Tensor,
-    mode: AggMode = "token_mean",
+    mode: LossAgg = "token_mean",
     constant: float | None = None,
     *,
     total_tokens: float | None = None,

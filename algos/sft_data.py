@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ import numpy as np
 from gymnasium.envs.registration import load_env_creator
 
 import veriloop.envs  # noqa: F401  (registers the veriloop/... ids)
+from veriloop.configs.schema import SFTSource
 from veriloop.envs.base import VerifierEnv, signal_of
 
 ROLES = ("system", "user", "assistant")
@@ -273,7 +275,7 @@ def rejection_examples(
 
 
 # ------------------------------------------------------------------------------ one entry point
-SOURCES = ("solver", "generator", "s2r", "rejection")
+SOURCES: tuple[str, ...] = typing.get_args(SFTSource)
 #: S2R traces: share of problems treated as hard (wrong solves before the right one).
 DEFAULT_P_WRONG_FIRST = 0.5
 

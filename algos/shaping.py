@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from veriloop.algos.losses import KLKind, kl_penalty
+from veriloop.algos.losses import kl_penalty
+from veriloop.configs.algo import KLEstimator
 from veriloop.envs.verifiers import r1_format_ok
 
 
@@ -67,7 +68,7 @@ def kl_reward_penalty(
     mask: torch.Tensor,
     *,
     coef: float,
-    kind: KLKind = "k1",
+    kind: KLEstimator = "k1",
 ) -> torch.Tensor:
     """KL-in-reward (kl_mode="reward"; InstructGPT-style PPO, REINFORCE++):
     r'_t = r_t - coef * KL_t on sampled tokens, KL_t from ``kl_penalty`` with the rollout policy's

@@ -27,12 +27,12 @@ from veriloop.agents.trajectory import Trajectory
 from veriloop.algos import advantages as A
 from veriloop.algos import losses as L
 from veriloop.algos.batch import TokenBatch, collate, minibatches
-from veriloop.algos.config import AlgoConfig
 from veriloop.algos.correction import rollout_correction
 from veriloop.algos.critic import ValueModel, values
 from veriloop.algos.losses import aggregate, entropy_bonus, kl_penalty, value_loss
 from veriloop.algos.sampling import verifier_failed
 from veriloop.algos.shaping import format_reward, kl_reward_penalty, overlong_filter_mask, overlong_penalty
+from veriloop.configs.algo import AlgoConfig
 
 METRIC_NAMES = (
     "loss/policy", "loss/kl", "loss/entropy", "loss/value", "clip_frac_low", "clip_frac_high",

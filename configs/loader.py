@@ -26,7 +26,8 @@ from typing import Any, Literal
 
 import yaml
 
-from veriloop.algos.config import AlgoConfig
+from veriloop.configs.algo import AlgoConfig
+from veriloop.configs.presets import load_preset
 from veriloop.configs.schema import ConfigError, ExperimentConfig, _plain, describe, type_name
 
 _Key = tuple[str, ...]
@@ -206,33 +207,11 @@ def _with_preset(algo_raw: dict[str, Any], raw: dict[str, Any], ctx: _Context) -
 
 
 def load_algo_preset(name: str) -> AlgoConfig:
-    """An algorithm preset by name, via ``veriloop.algos.presets.load_preset`` when it exists."""
+    """An algorithm preset by name (:func:`veriloop.configs.presets.load_preset`), errors as ConfigError."""
     try:
-        from veriloop.algos.presets import load_preset  # type: ignore[import-not-found]
-    except ImportError:
-        load_preset = None
-    if load_preset is not None:
-        try:
-            return load_preset(name)
-        except (KeyError, ValueError, FileNotFoundError) as e:
-            raise ConfigError(f"algorithm preset {name!r}: {e}") from e
-    return _read_preset_yaml(name)
-
-
-def _read_preset_yaml(name: str) -> AlgoConfig:
-    """Fallback: read ``configs/algos/<name>.yaml`` (flat AlgoConfig fields) directly."""
-    folder = importlib.resources.files("veriloop.configs") / "algos"
-    names = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
-    if name not in names:
-        close = difflib.get_close_matches(name, names, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ConfigError(f"unknown algorithm preset {name!r}.{hint} Available: {', '.join(names) or 'none'}")
-    data = yaml.safe_load((folder / f"{name}.yaml").read_text()) or {}
-    ctx = _Context(sources={(): f"preset {name!r}"})
-    algo = _build(AlgoConfig, data, ("algo",), ctx)
-    if ctx.errors:
-        raise ConfigError(_summary(ctx.errors))
-    return algo
+        return load_preset(name)
+    except (KeyError, ValueError, FileNotFoundError) as e:
+        raise ConfigError(f"algorithm preset {name!r}: {e}") from e
 
 
 # ----------------------------------------------------------------------------- typed building

@@ -4,7 +4,7 @@ Each field's documentation lives once, in its class's ``Attributes:`` docstring 
 :func:`describe` parses it for ``--help``. Choices are ``Literal`` types, derived values are
 properties, and each section checks its own ranges in ``validate()``; checks that span sections
 live in :meth:`ExperimentConfig.validate`. The algorithm section is
-:class:`veriloop.algos.config.AlgoConfig`. Loading from YAML and the command line:
+:class:`veriloop.configs.algo.AlgoConfig`. Loading from YAML and the command line:
 :mod:`veriloop.configs.loader`.
 
 Seeds. Training problems use env seeds ``rollout.seed + i`` (``i`` counts problems drawn, SFT
@@ -21,11 +21,13 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from veriloop.algos.config import AlgoConfig
+from veriloop.configs.algo import AlgoConfig
+from veriloop.envs.base import DemonstrationSource
 
 DType = Literal["float32", "bfloat16", "float16"]
 Schedule = Literal["constant", "linear", "cosine"]
-SFTSource = Literal["solver", "generator", "s2r", "rejection"]
+#: ``rejection`` or a source an environment serves (``veriloop.envs.base.DemonstrationSource``).
+SFTSource = Literal[DemonstrationSource, "rejection"]
 #: Largest learning rate accepted: far above any useful value, and keeps AdamW's arithmetic finite.
 MAX_LR = 1.0
 #: Advantage estimators whose baseline comes from the other samples of the same prompt.

@@ -21,8 +21,8 @@ import veriloop.algos.train as T
 import veriloop.envs  # noqa: F401  (registers the environments)
 from veriloop.agents.engine import jsonable
 from veriloop.agents.trajectory import TurnRecord
-from veriloop.algos.config import AlgoConfig
 from veriloop.algos.update import compute_advantages
+from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.loader import load_config
 from veriloop.envs.base import SIGNAL_KEY, LearnerSignal
 

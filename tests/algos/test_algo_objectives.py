@@ -10,8 +10,8 @@ import torch
 
 from veriloop.algos import correction as C
 from veriloop.algos import losses as L
-from veriloop.algos.config import AlgoConfig
 from veriloop.algos.update import prepare_batch
+from veriloop.configs.algo import AlgoConfig
 
 
 def grad_of(fn, lp, *args, **kw):  # type: ignore[no-untyped-def]

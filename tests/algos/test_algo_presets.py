@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from veriloop.algos.presets import config_from_mapping, list_presets, load_preset
+from veriloop.configs.presets import config_from_mapping, list_presets, load_preset
 
 EXPECTED = {"ppo", "grpo", "rloo", "dapo", "dr_grpo", "reinforce_pp", "s2r_outcome_rloo", "s2r_process_grpo",
             "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "reinforce_pp_baseline"}  # fmt: skip

@@ -47,8 +47,8 @@ def test_format_reward_r1_shape():
 def test_format_reward_enters_the_advantages(make_traj):
     from dataclasses import replace
 
-    from veriloop.algos.config import AlgoConfig
     from veriloop.algos.update import compute_advantages
+    from veriloop.configs.algo import AlgoConfig
 
     a = make_traj([([10], [], 1.0)])
     b = make_traj([([11], [], 1.0)])

@@ -12,10 +12,10 @@ import torch
 
 from veriloop.agents.forward import token_logprobs
 from veriloop.algos.batch import collate
-from veriloop.algos.config import AlgoConfig
 from veriloop.algos.critic import ValueModel
-from veriloop.algos.presets import list_presets, load_preset
 from veriloop.algos.update import METRIC_NAMES, compute_advantages, policy_loss, prepare_batch, update_step
+from veriloop.configs.algo import AlgoConfig
+from veriloop.configs.presets import list_presets, load_preset
 
 S = 1 / math.sqrt(2)
 

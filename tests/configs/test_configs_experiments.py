@@ -6,8 +6,8 @@ import gymnasium
 import pytest
 
 import veriloop.envs  # noqa: F401  (registers the environments)
-from veriloop.algos.presets import list_presets
 from veriloop.configs.loader import load_config, shipped_experiments
+from veriloop.configs.presets import list_presets
 
 EXPECTED = {
     "math_grpo",

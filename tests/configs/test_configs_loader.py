@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from veriloop.algos.presets import load_preset
 from veriloop.configs.loader import config_to_yaml, dump_config, load_algo_preset, load_config
+from veriloop.configs.presets import load_preset
 from veriloop.configs.schema import ConfigError, ExperimentConfig
 
 
@@ -141,8 +141,6 @@ def test_dump_load_round_trip(tmp_path: Path) -> None:
     assert dump_config(again) == yaml.safe_load(path.read_text())
 
 
-def test_fallback_preset_reader_matches_load_preset() -> None:
-    from veriloop.configs import loader
-
+def test_loader_reads_presets_through_load_preset() -> None:
     for name in ["grpo", "dapo", "ppo", "rloo"]:
-        assert loader._read_preset_yaml(name) == load_preset(name) == load_algo_preset(name)
+        assert load_preset(name) == load_algo_preset(name)

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from veriloop.algos.config import AlgoConfig
+from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.schema import (
     ConfigError,
     EvalConfig,

@@ -17,7 +17,10 @@ Advantage = Literal[
 PolicyLoss = Literal["ppo_clip", "gspo", "gspo_token", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov"]
 SequenceUnit = Literal["episode", "turn"]
 RolloutIS = Literal["none", "truncate", "mask"]
-RewardLevel = Literal["outcome", "sum", "turn"]
+#: How an episode's per-turn rewards become one number: the last turn's (``outcome``) or their sum.
+EpisodeLevel = Literal["outcome", "sum"]
+#: ``EpisodeLevel`` or one reward per turn (``turn``).
+RewardLevel = Literal[EpisodeLevel, "turn"]
 ProcessBaseline = Literal["position_kind", "kind", "group"]
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"]
 KLEstimator = Literal["k1", "k2", "k3"]

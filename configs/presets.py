@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from veriloop.algos.config import AlgoConfig
+from veriloop.configs.algo import AlgoConfig
 
 
 def _presets_dir() -> Any:
