@@ -41,7 +41,11 @@ test-all: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy envs agents algos configs cli
+	# mypy checks the real package: build/mypy/veriloop/<folder> links each folder under the name
+	# pyproject's package-dir gives it, so `veriloop.*` imports are typed (not Any)
+	mkdir -p build/mypy/veriloop
+	for d in envs agents algos configs cli interop; do ln -sfn ../../../$$d build/mypy/veriloop/$$d; done
+	MYPYPATH=build/mypy $(BIN)/mypy -p veriloop
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from veriloop.agents.backends import GenRequest, GenResult
+from veriloop.agents.backends import FinishReason, GenRequest, GenResult
 from veriloop.agents.sampling_params import SamplingParams
 
 Replies = dict[int, str] | Callable[[int, Any, dict[str, Any]], str]
@@ -62,7 +62,7 @@ class ScriptedPolicy:
             )
             if self.end_with_eos:
                 ids.append(int(self.tokenizer.eos_token_id))
-            finish = "eos" if self.end_with_eos else "stop"
+            finish: FinishReason = "eos" if self.end_with_eos else "stop"
             if len(ids) > req.max_new_tokens:
                 ids, finish = ids[: req.max_new_tokens], "length"
             out.append(GenResult(ids, [0.0] * len(ids), finish))

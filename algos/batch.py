@@ -127,7 +127,7 @@ def _collate_extras(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
         vals = [t.extras.get(k) for t in trajectories]
         if any(v is None for v in vals) or not all(isinstance(v, torch.Tensor) for v in vals):
             raise ValueError(f"extras[{k!r}] must be a tensor on every trajectory to be collated")
-        out[k] = torch.cat(vals, dim=0)  # per-trajectory tensors stacked along their first dim
+        out[k] = torch.cat([v for v in vals if isinstance(v, torch.Tensor)], dim=0)  # stacked on dim 0
     return out
 
 

@@ -8,7 +8,7 @@ position t - 1 (position 0 gets 0). GAE then pairs values[:, t] with the action 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -105,7 +105,7 @@ def _pretrained_copy(model: nn.Module) -> nn.Module:
 
     clone = copy.deepcopy(model)
     if hasattr(clone, "merge_and_unload"):  # peft: base weights (+ the adapter's delta, 0 at init)
-        clone = clone.merge_and_unload()
+        clone = cast(Any, clone).merge_and_unload()
     for p in clone.parameters():
         p.requires_grad_(True)
     return clone

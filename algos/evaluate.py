@@ -304,14 +304,6 @@ def task_table(splits: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float) and math.isnan(value):
-        return "n/a"
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
-
-
 def report_markdown(report: Mapping[str, Any], title: str = "Evaluation") -> str:
     """Rates with the gap rows (:func:`markdown_table`), then the task metrics."""
     meta = report.get("meta", {})

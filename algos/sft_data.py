@@ -283,7 +283,7 @@ DEFAULT_P_WRONG_FIRST = 0.5
 def _env_class(env_id: str) -> type | None:
     """The class a registered id makes (its entry point, imported), or None for a factory function
     or an entry point whose optional dependency is missing."""
-    entry = gym.spec(env_id).entry_point
+    entry: Any = gym.spec(env_id).entry_point
     if isinstance(entry, str):
         try:
             entry = load_env_creator(entry)

@@ -63,6 +63,11 @@ class TrainerState:
 # ----------------------------------------------------------------------------------------- setup
 
 
+def _modules(names: str | list[str]) -> str | tuple[str, ...]:
+    """``policy.target_modules`` as ``LoraSettings`` stores it (a list from YAML becomes a tuple)."""
+    return names if isinstance(names, str) else tuple(names)
+
+
 def build_policy(cfg: ExperimentConfig) -> Policy:
     """The policy as ``cfg.policy`` describes it: LoRA or full, reference only if KL needs it."""
     p = cfg.policy
@@ -73,7 +78,7 @@ def build_policy(cfg: ExperimentConfig) -> Policy:
             lora=p.lora, seed=cfg.rollout.seed, keep_reference=cfg.keep_reference and not p.lora
         )
     lora = LoraSettings(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
-                        target_modules=p.target_modules) if p.lora else None  # fmt: skip
+                        target_modules=_modules(p.target_modules)) if p.lora else None  # fmt: skip
     return load_policy(p.model, lora=lora, dtype=p.dtype, keep_reference=cfg.keep_reference and not p.lora)
 
 
@@ -277,7 +282,9 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
         for mb in minibatches(batch, cfg.mini_batch_size, shuffle=generator):
             part = mb.select(torch.arange(dist.rank, mb.size, dist.world_size)) if dist.enabled else mb
             # every rank's loss is normalised by the whole mini-batch's counts: gradients just add up
-            sync = {"on_before_step": dist.grad_sync(1.0), **loss_normalisers(mb)} if dist.enabled else {}
+            sync: dict[str, Any] = (
+                {"on_before_step": dist.grad_sync(1.0), **loss_normalisers(mb)} if dist.enabled else {}
+            )
             m = update_step(policy.model, optimizer, part, cfg.algo, micro_batch_size=cfg.train.micro_batch_size,
                             micro_batch_tokens=cfg.train.micro_batch_tokens, max_grad_norm=cfg.train.max_grad_norm or float("inf"),
                             ref_model_ctx=ref.get("ref_model_ctx"), critic=critic,

@@ -17,6 +17,14 @@ Ids: ``veriloop/MathVerify-v0``, ``veriloop/MathVerifyRetry-v0``, ``veriloop/Poi
 
 from __future__ import annotations
 
+if __name__ != "veriloop.envs":  # the folder envs/ is the package veriloop.envs (pyproject's package-dir)
+    raise ImportError(
+        f"{__name__!r} is the folder envs/ imported under the wrong name: it is the package "
+        "'veriloop.envs'. Write `import veriloop.envs` (or `from veriloop.envs import ...`) and install the "
+        f"repository once with `pip install -e .`; importing it as {__name__!r} would make a second, "
+        "different copy of every class in it"
+    )
+
 from typing import Any
 
 import gymnasium

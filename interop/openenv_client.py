@@ -33,7 +33,7 @@ the server). Mapping, and where it loses information:
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import gymnasium
 import numpy as np
@@ -156,6 +156,8 @@ def make_openenv_env(base_url: str, **kwargs: Any) -> gymnasium.Env:
     from gymnasium.envs.registration import EnvSpec
 
     spec = EnvSpec(
-        id="OpenEnvClient-v0", entry_point=OpenEnvClientEnv, kwargs={"base_url": base_url, **kwargs}
+        id="OpenEnvClient-v0",
+        entry_point=cast(Any, OpenEnvClientEnv),
+        kwargs={"base_url": base_url, **kwargs},
     )
     return gymnasium.make(spec)

@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 from uuid import uuid4
 
 import gymnasium
@@ -51,8 +51,9 @@ import veriloop.envs  # noqa: F401  (registers the ids)
 from veriloop.interop._extras import require
 
 _WHAT = "serving veriloop envs over OpenEnv"
-_types = require("openenv.core.env_server.types", "openenv", _WHAT)
-_interfaces = require("openenv.core.env_server.interfaces", "openenv", _WHAT)
+# imported at run time (an optional extra): typed Any so the classes below may subclass them
+_types: Any = require("openenv.core.env_server.types", "openenv", _WHAT)
+_interfaces: Any = require("openenv.core.env_server.interfaces", "openenv", _WHAT)
 _http = require("openenv.core.env_server.http_server", "openenv", _WHAT)
 pydantic = require("pydantic", "openenv", _WHAT)
 
@@ -127,7 +128,7 @@ class VeriloopOpenEnv(_interfaces.Environment):
     ) -> VeriloopObservation:
         obs, reward, terminated, truncated, info = self.env.step(action.response)
         self._state.step_count += 1
-        return self._observation(obs, reward, terminated, truncated, info)
+        return self._observation(obs, float(reward), terminated, truncated, info)
 
     @property
     def state(self) -> Any:
@@ -153,7 +154,7 @@ class VeriloopOpenEnv(_interfaces.Environment):
             truncated=bool(truncated),
             done=bool(terminated or truncated),
             reward=float(reward),
-            verdict=verdict.to_dict() if hasattr(verdict, "to_dict") else verdict,
+            verdict=cast(Any, verdict).to_dict() if hasattr(verdict, "to_dict") else verdict,
             reward_components={k: float(v) for k, v in info.get("reward_components", {}).items()},
             attempt=int(info.get("attempt", 0)),
             verifier_error=info.get("verifier_error"),

@@ -49,7 +49,11 @@ ENV_ID = "veriloop/ReasoningGym-v0"
 DEFAULT_TIMEOUT_S = 10.0
 FORMAT_LINE = "Put your final answer alone inside <answer></answer> tags at the end of your reply."
 NO_ANSWER_FEEDBACK = "No final answer found: put it inside <answer></answer> tags."
-_ERRORS = {"timeout": "timeouts", "memory": "memory_errors", "crash": "crashes"}
+_ERRORS: dict[str, verifier_stats.StatName] = {
+    "timeout": "timeouts",
+    "memory": "memory_errors",
+    "crash": "crashes",
+}
 
 
 def dataset_names() -> list[str]:

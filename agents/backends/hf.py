@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers.cache_utils import DynamicLayer
@@ -157,7 +157,7 @@ def merged_lora(model: torch.nn.Module) -> Iterator[None]:
     if merge is None or not layers or any(m.merged or getattr(m, "disable_adapters", False) for m in layers):
         yield
         return
-    bases = [m.get_base_layer().weight for m in layers]
+    bases = [cast(Any, m).get_base_layer().weight for m in layers]
     with torch.no_grad():
         saved = [w.detach().clone() for w in bases]
         merge()

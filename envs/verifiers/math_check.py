@@ -122,11 +122,19 @@ def _prepare(response: str, gold: str) -> Verdict | _Job:
     return _Job(answer, (_wrap(answer), _wrap(gold)))
 
 
+#: The verifier-stats counter of each failure kind.
+_FAILURE_STAT: dict[str, stats.StatName] = {
+    "timeout": "timeouts",
+    "memory": "memory_errors",
+    "crash": "crashes",
+}
+
+
 def _finish(job: _Job, status: str, value: Any) -> Verdict:
     """Turn a worker reply into a verdict (and count failures)."""
     if status != "ok":
         error = {"timeout": "timeout", "memory": "memory"}.get(status, "crash")
-        stats.count({"timeout": "timeouts", "memory": "memory_errors", "crash": "crashes"}[error])
+        stats.count(_FAILURE_STAT[error])
         return Verdict(
             correct=False,
             error=error,  # type: ignore[arg-type]
