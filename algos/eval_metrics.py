@@ -24,7 +24,7 @@ Pure Python; no torch. Results are plain dicts of floats/ints, ready for logs an
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,8 +159,12 @@ def summarize_split(
     for k in k_list:
         out[f"pass@{k}"] = _mean([pass_at_k(len(c), sum(c), k) for c in solved])
         out[f"maj@{k}"] = (
-            _mean([float(maj_at_k([s.answer for s in samples], _vote_truth(samples), k))
-                   for samples in results_per_problem])  # fmt: skip
+            _mean(
+                [
+                    float(maj_at_k([s.answer for s in samples], _vote_truth(samples), k))
+                    for samples in results_per_problem
+                ]
+            )  # fmt: skip
             if votable
             else math.nan
         )
@@ -183,23 +187,36 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def reference_of(split: str, splits: Collection[str], default: str = "id") -> str | None:
+    """The split that ``split``'s gap is measured against: ``<name>`` for a split named
+    ``<name>.<suffix>`` when ``<name>`` is a split (a mixture env and its OOD variant), else
+    ``default`` (the in-distribution split ``id``) when present; None for a reference itself."""
+    head = split.split(".", 1)[0]
+    if head != split and head in splits:
+        return head
+    return default if default in splits and split != default else None
+
+
 def generalization_gap(
     split_metrics: Mapping[str, Mapping[str, float]], reference_split: str = "id"
 ) -> dict[str, dict[str, float]]:
     """Per split, ``reference - split`` for every rate metric the two share.
 
-    A positive gap means the split scores *lower* than the reference (in-distribution) split.
-    Rate metrics are those named ``pass@*``, ``avg@*`` and ``maj@*``.
+    A positive gap means the split scores *lower* than its reference (in-distribution) split,
+    which is ``reference_split``, or ``<name>`` for a split named ``<name>.<suffix>`` (see
+    :func:`reference_of`). Rate metrics are those named ``pass@*``, ``avg@*`` and ``maj@*``.
     """
-    if reference_split not in split_metrics:
+    refs = {s: reference_of(s, split_metrics, reference_split) for s in split_metrics}
+    if reference_split not in split_metrics and not any(refs.values()):
         raise KeyError(
             f"reference split {reference_split!r} not in the report; splits: {sorted(split_metrics)}"
         )
-    ref = split_metrics[reference_split]
     gaps: dict[str, dict[str, float]] = {}
     for split, metrics in split_metrics.items():
-        if split == reference_split:
+        ref_name = refs[split]
+        if ref_name is None:
             continue
+        ref = split_metrics[ref_name]
         gaps[split] = {m: ref[m] - metrics[m] for m in ref if m.startswith(RATE_PREFIXES) and m in metrics}
     return gaps
 
@@ -224,9 +241,9 @@ def markdown_table(report: Mapping[str, Mapping[str, float]], reference_split: s
         cells = [split, _int_cell(m.get("num_problems")), _int_cell(m.get("verifier_errors")),
                  _rate_cell(m.get("error_rate"))]  # fmt: skip
         lines.append("| " + " | ".join(cells + [_rate_cell(m.get(r)) for r in rates]) + " |")
-    if reference_split in report:
+    if any(reference_of(s, report, reference_split) for s in report):
         for split, gap in generalization_gap(report, reference_split).items():
-            cells = [f"gap {reference_split}-{split}", "", "", ""] + [
+            cells = [f"gap {reference_of(split, report, reference_split)}-{split}", "", "", ""] + [
                 _rate_cell(gap.get(r), signed=True) for r in rates
             ]
             lines.append("| " + " | ".join(cells) + " |")

@@ -44,7 +44,13 @@ import veriloop.envs  # noqa: F401  (registers the environments the splits name)
 from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory
-from veriloop.algos.eval_metrics import Sample, generalization_gap, markdown_table, summarize_split
+from veriloop.algos.eval_metrics import (
+    Sample,
+    generalization_gap,
+    markdown_table,
+    reference_of,
+    summarize_split,
+)
 
 REFERENCE_SPLIT = "id"
 #: Non-rate metrics shown in the task table of the Markdown report (when a split has them).
@@ -248,12 +254,12 @@ def evaluate_policy(
 
 def report_gap(results: Mapping[str, Mapping[str, float]], reference_split: str = REFERENCE_SPLIT) -> dict:
     """:func:`generalization_gap` (rate metrics) plus ``greedy_acc``; empty without the reference split."""
-    if reference_split not in results:
+    if not any(reference_of(s, results, reference_split) for s in results):
         return {}
     gap = generalization_gap(results, reference_split)
-    ref = results[reference_split].get("greedy_acc")
     for split, metrics in results.items():
-        if split != reference_split and ref is not None and "greedy_acc" in metrics:
+        ref = results[r].get("greedy_acc") if (r := reference_of(split, results, reference_split)) else None
+        if ref is not None and "greedy_acc" in metrics:
             gap[split]["greedy_acc"] = ref - metrics["greedy_acc"]
     return gap
 

@@ -34,6 +34,7 @@ from veriloop.algos.checkpoint import check_finite, latest_checkpoint, load_chec
 from veriloop.algos.critic import ValueModel
 from veriloop.algos.distributed import DistContext, init_distributed, shutdown_distributed
 from veriloop.algos.evaluate import final_sample, run_summary
+from veriloop.algos.mixture import assign_envs, per_env_metrics
 from veriloop.algos.progress import Progress, say
 from veriloop.algos.run_log import RunLog
 from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
@@ -176,12 +177,16 @@ def collect(
     rounds = 0
     sampled: list[Trajectory] = []
     g = cfg.rollout.group_size
+    envs = cfg.env.training_envs
 
     def sample_groups(n: int) -> list[list[Trajectory]]:
         nonlocal rounds
         seeds = dist.shard(range(state.next_seed, state.next_seed + n))  # this rank's problems
         state.next_seed += n
-        specs = [EpisodeSpec(cfg.env.id, dict(cfg.env.kwargs), s, s) for s in seeds for _ in range(g)]
+        # each problem from one environment (a mixture draws it by weight, from the seed alone)
+        names = assign_envs(cfg.env.mixture_weights, seeds, cfg.rollout.seed)
+        specs = [EpisodeSpec(envs[e].id or cfg.env.id, dict(envs[e].kwargs), s, s)
+                 for s, e in zip(seeds, names) for _ in range(g)]  # fmt: skip
         # one sampling stream per (step, round, rank): reproducible, and distinct across ranks
         stream = (state.step * 16 + rounds) * 64 + dist.rank
         mine = rollout(policy, specs, sampling=_sampling(cfg, stream), limits=_limits(cfg), backend=backend,
@@ -451,6 +456,9 @@ def _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_
         metrics: dict[str, Any] = dict(sampling)
         t_rollout = time.perf_counter() - t0
         metrics.update(rollout_metrics(sampled, policy.tokenizer))
+        if cfg.env.mixture:
+            envs = {n: (str(e.id), e.kwargs) for n, e in cfg.env.training_envs.items()}
+            metrics.update(per_env_metrics(sampled, envs))
         t1 = time.perf_counter()
         # dynamic sampling may keep no group at all (every group had equal rewards): nothing to learn
         if trajs:

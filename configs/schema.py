@@ -52,6 +52,21 @@ class SplitConfig:
 
 
 @dataclass
+class MixtureEntry:
+    """One environment of a training mixture (``env.mixture``).
+
+    Attributes:
+        id: Registered environment id (or ``module:id``).
+        kwargs: Arguments for ``gymnasium.make``.
+        weight: Relative share of each step's problems (> 0); a group never mixes environments.
+    """
+
+    id: str = "veriloop/MathVerify-v0"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    weight: float = 1.0
+
+
+@dataclass
 class EnvConfig:
     """The training environment and the evaluation splits.
 
@@ -66,6 +81,11 @@ class EnvConfig:
             ``gymnasium.register(...)`` calls run (your own environments; the working directory is
             importable). Also ``--import MODULE`` on the command line, or write an id as
             ``module:ns/Name-v0``.
+        mixture: Train on several environments in one run: ``{name: {id, kwargs, weight}}``. It
+            replaces ``id``/``kwargs``; each step's problems are shared out by weight, every group
+            stays within one environment, and each environment is evaluated on its own held-out
+            split ``<name>`` (an ``eval_splits`` entry ``<name>.<suffix>``, e.g. ``math.ood``, is
+            compared with it in the gap table). Empty = the single environment ``id``.
     """
 
     id: str = "veriloop/MathVerify-v0"
@@ -73,11 +93,25 @@ class EnvConfig:
     eval_splits: dict[str, SplitConfig] = field(default_factory=dict)
     system_prompt: str | None = None
     imports: list[str] = field(default_factory=list)
+    mixture: dict[str, MixtureEntry] = field(default_factory=dict)
+
+    @property
+    def training_envs(self) -> dict[str, SplitConfig]:
+        """``{name: (id, kwargs)}`` of the environments training draws from, with their weights
+        in :attr:`mixture_weights`; one entry ``id`` without a mixture."""
+        if not self.mixture:
+            return {"id": SplitConfig(self.id, dict(self.kwargs))}
+        return {name: SplitConfig(m.id, dict(m.kwargs)) for name, m in self.mixture.items()}
+
+    @property
+    def mixture_weights(self) -> dict[str, float]:
+        return {name: m.weight for name, m in self.mixture.items()} or {"id": 1.0}
 
     @property
     def resolved_eval_splits(self) -> dict[str, SplitConfig]:
-        """Every split with its id filled in, the in-distribution split ``id`` first."""
-        out = {"id": SplitConfig(self.id, dict(self.kwargs))}
+        """Every split with its id filled in: the in-distribution split of each training env
+        first (``id``, or one per mixture entry), then ``eval_splits``."""
+        out = self.training_envs
         for name, split in self.eval_splits.items():
             out[name] = SplitConfig(split.id or self.id, dict(split.kwargs))
         return out
@@ -98,18 +132,36 @@ class EnvConfig:
         self.imports = list(dict.fromkeys([*self.imports, *modules]))
         try:
             self.id = resolve_env_id(self.id, self.imports)
+            for entry in self.mixture.values():
+                entry.id = resolve_env_id(entry.id, self.imports)
             for split in self.eval_splits.values():
                 if split.id is not None:
                     split.id = resolve_env_id(split.id)
         except UnknownEnvError as e:
             raise ConfigError(f"env: {e}") from e
         for name, split in self.resolved_eval_splits.items():
-            _try_make("env.kwargs" if name == "id" else f"env.eval_splits.{name}", split)
+            where = f"env.mixture.{name}" if name in self.mixture else f"env.eval_splits.{name}"
+            _try_make("env.kwargs" if name == "id" and not self.mixture else where, split)
 
     def _ids(self) -> list[str]:
-        return [self.id, *(s.id for s in self.eval_splits.values() if s.id is not None)]
+        return [self.id, *(m.id for m in self.mixture.values()),
+                *(s.id for s in self.eval_splits.values() if s.id is not None)]  # fmt: skip
 
     def validate(self) -> None:
+        for name, entry in self.mixture.items():
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name) or name == "id":
+                raise ConfigError(f"env.mixture: name {name!r} must match [A-Za-z0-9_-]+ and not be 'id'")
+            if not entry.weight > 0:
+                raise ConfigError(f"env.mixture.{name}.weight must be > 0, got {entry.weight}")
+        clash = sorted(set(self.mixture) & set(self.eval_splits))
+        if clash:
+            raise ConfigError(f"env.eval_splits {clash} share names with env.mixture: each mixture env "
+                              "already has its held-out split of that name; rename the eval split")  # fmt: skip
+        unnamed = [n for n, sp in self.eval_splits.items() if sp.id is None]
+        if self.mixture and unnamed:
+            raise ConfigError(
+                f"env.eval_splits {unnamed} need an id with env.mixture (which env would they use?)"
+            )
         for name in self.eval_splits:
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
                 raise ConfigError(
@@ -447,7 +499,8 @@ class ExperimentConfig:
     @property
     def run_name(self) -> str:
         """``run.name``, or ``<algo.name>-<env name>`` (e.g. ``grpo-Points24-text-v0``)."""
-        return self.run.name or f"{self.algo.name}-{self.env.id.rsplit('/', 1)[-1]}"
+        env = "mixture" if self.env.mixture else self.env.id.rsplit("/", 1)[-1]
+        return self.run.name or f"{self.algo.name}-{env}"
 
     def validate(self) -> None:
         """Each section's own checks, then the checks that span sections."""
@@ -462,6 +515,11 @@ class ExperimentConfig:
 
     def _validate_cross(self) -> None:
         algo, rollout, train = self.algo, self.rollout, self.train
+        if self.env.mixture and self.sft.steps > 0:
+            raise ConfigError(
+                "sft.steps > 0 with env.mixture: the SFT warm-up builds demonstrations for one env; run "
+                "`veriloop sft` per env first and train the mixture from its policy (policy.model=RUN/sft/final)"
+            )
         if algo.advantage in GROUP_ADVANTAGES and rollout.group_size < 2:
             raise ConfigError(
                 f"algo.advantage={algo.advantage} compares samples of the same prompt: set "
