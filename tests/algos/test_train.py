@@ -213,6 +213,9 @@ def test_rl_seeds_start_after_sft_examples(tmp_path, monkeypatch, no_eval) -> No
         return real(policy, specs, **kw)
 
     monkeypatch.setattr(T, "rollout", spy)
-    T.train(config(tmp_path, "grpo", "train.steps=1", "sft.steps=1", "sft.source=generator", "sft.examples=5"), quiet=True)
+    T.train(
+        config(tmp_path, "grpo", "train.steps=1", "sft.steps=1", "sft.source=generator", "sft.examples=5"),
+        quiet=True,
+    )
     assert len(warmups) == 1
     assert sorted(set(seen)) == [5, 6]
