@@ -139,6 +139,10 @@ def _resolve(model: str | Path) -> Path:
         from veriloop.agents.default_model import default_model_path
 
         return default_model_path()
+    if str(model) == "default-vision":  # the card-reading VLM built from the default model
+        from veriloop.agents.vision_build import default_vision_model_path
+
+        return default_vision_model_path()
     path = Path(model).expanduser()
     if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
         return path
@@ -164,8 +168,9 @@ def load_policy(
     """Load a policy for training or evaluation.
 
     Args:
-        model: ``"default"`` or a local folder (checkpoint with ``config.json`` or LoRA adapter
-            with ``adapter_config.json``).
+        model: ``"default"``, ``"default-vision"`` (the small VLM built from the default model on
+            first use, :mod:`veriloop.agents.vision_build`) or a local folder (checkpoint with
+            ``config.json`` or LoRA adapter with ``adapter_config.json``).
         lora: LoRA settings for a new adapter; ``None`` means full fine-tuning. For an adapter
             folder, any non-``None`` value (or ``trainable=True``) makes the saved adapter
             trainable; its rank etc. come from the folder.
@@ -187,7 +192,7 @@ def load_policy(
     is_vision = _is_vision_config(config) if vision is None else vision
     net, tokenizer, processor = _load_weights(path, is_vision, dtype)
     net.to(device)
-    name = "default" if str(model) == "default" else str(path)
+    name = str(model) if str(model) in ("default", "default-vision") else str(path)
     return build_policy(
         net,
         tokenizer,

@@ -22,6 +22,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+#: SmolLM2's ChatML extended to list-of-parts content: text parts are concatenated and each image
+#: part becomes one ``<image>`` placeholder (the processor expands it to the model's image tokens).
+#: The chat template of the built ``default-vision`` model (:mod:`veriloop.agents.vision_model`).
+CHATML_VISION_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 #: Processor outputs that are token-level, not vision inputs.
 _TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
