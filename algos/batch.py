@@ -188,6 +188,28 @@ def collate(
     )
 
 
+def with_advantages(base: TokenBatch, advantages: torch.Tensor, sample_mask: torch.Tensor) -> TokenBatch:
+    """``base`` (collated with zero advantages) with its advantages and sample mask attached: the
+    same batch ``collate(trajectories, advantages, sample_mask=...)`` builds, without collating again.
+
+    Args:
+        advantages: [N, T'] (T' >= T, extra columns ignored); sample_mask: [N] 1 keep / 0 drop.
+    """
+    n, t_max = base.loss_mask.shape
+    if sample_mask.shape != (n,):
+        raise ValueError(f"sample_mask must be [{n}], got {tuple(sample_mask.shape)}")
+    if advantages.dim() != 2 or advantages.shape[0] != n or advantages.shape[1] < t_max:
+        raise ValueError(f"advantages must be [{n}, >= {t_max}], got {tuple(advantages.shape)}")
+    keep = sample_mask.to(torch.float32).unsqueeze(1)  # [N, 1]
+    loss_mask = base.loss_mask * keep  # [N, T]
+    return dataclasses.replace(
+        base,
+        loss_mask=loss_mask,
+        old_logprobs=base.old_logprobs * keep,  # base's are already 0 off its loss mask
+        advantages=advantages[:, :t_max].to(torch.float32) * loss_mask,
+    )
+
+
 def minibatches(
     batch: TokenBatch,
     size: int,

@@ -1,11 +1,17 @@
 """The one place where ``AlgoConfig`` picks the parts: advantages, the loss, and one update step.
 
+The parts are picked once: ``resolve(cfg)`` looks the estimator (``ADVANTAGE_ESTIMATORS``), the
+policy objective (``POLICY_LOSSES``) and the aggregation (``losses.aggregate`` with ``cfg.loss_agg``)
+up and returns a frozen :class:`Algorithm`; the functions below read only that record (each also
+accepts the ``AlgoConfig`` itself and resolves it on entry).
+
 Flow per rollout batch (the training loop calls these in order)::
 
-    batch, m = prepare_batch(trajectories, cfg, critic=critic, ref_model=..., pad_id=...)
+    algo = resolve(cfg)                                      # once per run
+    batch, m = prepare_batch(trajectories, algo, critic=critic, ref_model_ctx=policy.reference, ...)
     for epoch in range(cfg.epochs):
         for mb in minibatches(batch, size):
-            metrics = update_step(model, optimizer, mb, cfg, micro_batch_size=..., max_grad_norm=...)
+            metrics = update_step(model, optimizer, mb, algo, micro_batch_size=..., max_grad_norm=...)
 
 Every metric name is the same for every algorithm (zeros where a part is off).
 """
@@ -26,7 +32,7 @@ from veriloop.agents.forward import first_loss_position, shared_prefix_length, t
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos import advantages as A
 from veriloop.algos import losses as L
-from veriloop.algos.batch import TokenBatch, collate, minibatches
+from veriloop.algos.batch import TokenBatch, collate, minibatches, with_advantages
 from veriloop.algos.correction import rollout_correction
 from veriloop.algos.critic import ValueModel, values
 from veriloop.algos.losses import aggregate, entropy_bonus, kl_penalty, value_loss
@@ -177,12 +183,6 @@ def _refuse_paid_attempts(trajs: Sequence[Trajectory], rewards: torch.Tensor) ->
             )
 
 
-def _token_tensors(trajs: Sequence[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """turn_index [N, T] (-1 pad), loss_mask [N, T] and old log-probs [N, T], right-padded."""
-    b = collate(trajs, [[0.0] * len(t.token_ids) for t in trajs])
-    return b.turn_index, b.loss_mask, b.old_logprobs
-
-
 def _turn_end_rewards(trajs: Sequence[Trajectory], per_turn: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """[N, T] token rewards: turn k's reward on its last sampled token (index ``end - 1``)."""
     out = torch.zeros(shape, dtype=torch.float64)
@@ -216,32 +216,188 @@ def _action_kinds(trajs: Sequence[Trajectory], k: int) -> torch.Tensor:
     return kinds
 
 
-def _critic_free(
-    cfg: AlgoConfig, trajs: Sequence[Trajectory], turn_r, turn_m, groups, valid, turn_index, loss_mask
-) -> torch.Tensor:
-    """Per-token advantages [N, T] for every estimator except GAE (turn tensors [N, K], tokens [N, T])."""
-    if cfg.advantage == "process":
-        kinds = _action_kinds(trajs, turn_r.shape[1])
-        per_turn = A.process_advantages(
-            turn_r, turn_m, kinds, groups, baseline=cfg.process_baseline, valid=valid
-        )
-        return A.broadcast_to_tokens(per_turn, turn_index, loss_mask)
+@dataclass(frozen=True)
+class RewardInputs:
+    """What every advantage estimator reads, built once per batch by ``compute_advantages``.
+
+    Attributes:
+        trajectories: the N episodes.
+        turn_rewards: [N, K] float64 per-turn rewards after shaping (``_turn_tensors``).
+        turn_mask: [N, K] 1 for a real turn.
+        groups: [N] group id (episodes of one start state share it).
+        valid: [N] bool, False where the verifier failed (left out of every baseline).
+        turn_index: [N, T] turn of each token, -1 on padding and env tokens.
+        loss_mask: [N, T] 1 on sampled tokens.
+        kl_tokens: [N, T] float64 per-token KL reward (``kl_mode="reward"``), else zeros.
+        values: [N, T] rollout-time critic values (GAE only), else None.
+    """
+
+    trajectories: Sequence[Trajectory]
+    turn_rewards: torch.Tensor
+    turn_mask: torch.Tensor
+    groups: torch.Tensor
+    valid: torch.Tensor
+    turn_index: torch.Tensor
+    loss_mask: torch.Tensor
+    kl_tokens: torch.Tensor
+    values: torch.Tensor | None
+
+
+#: One signature for every estimator: (cfg, inputs) -> (advantages [N, T] float64, returns [N, T] | None).
+Estimator = Callable[[AlgoConfig, RewardInputs], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def _kl_to_go(x: RewardInputs) -> torch.Tensor:
+    """[N, T] sum_{s >= t} of the per-token KL reward: what critic-free estimators add to A_t."""
+    kl_to_go, _ = A.gae(
+        x.kl_tokens * x.loss_mask, torch.zeros_like(x.kl_tokens), x.loss_mask, gamma=1.0, lam=1.0
+    )
+    return kl_to_go
+
+
+def _gae_estimate(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """GAE: each turn's reward on its last sampled token (``reward_level="outcome"``: only the last
+    turn's), the KL reward in the token chain, bootstrapped by the critic's ``values``."""
+    shape = x.loss_mask.shape
+    if x.values is None or x.values.shape != shape:
+        got = None if x.values is None else tuple(x.values.shape)
+        raise ValueError(f"advantage='gae' needs values of shape {tuple(shape)}, got {got}")
+    turn_r, turn_m = x.turn_rewards, x.turn_mask
+    per_turn = turn_r * turn_m if cfg.reward_level != "outcome" else _last_turn_only(turn_r, turn_m)
+    tok_r = (_turn_end_rewards(x.trajectories, per_turn, shape) + x.kl_tokens) * x.loss_mask
+    return A.gae(tok_r, x.values.double(), x.loss_mask, gamma=cfg.gamma, lam=cfg.lam)
+
+
+def _token_whitened(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """REINFORCE++ (-baseline): normalise (reward + KL penalty to go) over tokens, with or without KL."""
+    raw = TOKEN_WHITENED[cfg.advantage](
+        cfg, x.turn_rewards, x.turn_mask, x.groups, x.valid, x.turn_index, x.loss_mask
+    )
+    valid_tokens = x.loss_mask * x.valid.unsqueeze(1).to(x.loss_mask.dtype)
+    return A.whiten(raw + _kl_to_go(x), valid_tokens, eps=1e-6), None
+
+
+def _process_estimate(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """S2R process level: each action against the comparable actions (``process_baseline``)."""
+    kinds = _action_kinds(x.trajectories, x.turn_rewards.shape[1])
+    per_turn = A.process_advantages(
+        x.turn_rewards, x.turn_mask, kinds, x.groups, baseline=cfg.process_baseline, valid=x.valid
+    )
+    adv = A.broadcast_to_tokens(per_turn, x.turn_index, x.loss_mask)
+    return adv.double() + _kl_to_go(x), None
+
+
+def _critic_free(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Group baselines (GRPO, Dr. GRPO, RLOO): per turn (``reward_level="turn"``, ``turn_level``)
+    or per episode (``EPISODE_ESTIMATORS``), plus the KL return-to-go."""
+    turn_r, turn_m, groups, valid = x.turn_rewards, x.turn_mask, x.groups, x.valid
     if cfg.reward_level == "turn":
         std = cfg.advantage == "group_norm"
         per_turn = A.turn_level(turn_r, turn_m, groups, gamma=cfg.turn_gamma, std_normalize=std, valid=valid)
-        return A.broadcast_to_tokens(per_turn, turn_index, loss_mask)
-    r = A.episode_rewards(turn_r, turn_m, cfg.reward_level)
-    return A.broadcast_to_tokens(
-        EPISODE_ESTIMATORS[cfg.advantage](r, groups, valid=valid), turn_index, loss_mask
+        adv = A.broadcast_to_tokens(per_turn, x.turn_index, x.loss_mask)
+    else:
+        r = A.episode_rewards(turn_r, turn_m, cfg.reward_level)
+        per = EPISODE_ESTIMATORS[cfg.advantage](r, groups, valid=valid)
+        adv = A.broadcast_to_tokens(per, x.turn_index, x.loss_mask)
+    return adv.double() + _kl_to_go(x), None
+
+
+#: ``cfg.advantage`` -> its estimator, all of one signature (``Estimator``).
+ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
+    **dict.fromkeys(EPISODE_ESTIMATORS, _critic_free),
+    **dict.fromkeys(TOKEN_WHITENED, _token_whitened),
+    "gae": _gae_estimate,
+    "process": _process_estimate,
+}
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """The parts an ``AlgoConfig`` names, looked up once (``resolve``) and read by every batch.
+
+    Attributes:
+        cfg: the config they came from (hyperparameters the parts read).
+        estimator: ``ADVANTAGE_ESTIMATORS[cfg.advantage]``: (cfg, RewardInputs) -> (adv, returns).
+        objective: ``POLICY_LOSSES[cfg.policy_loss]`` bound to its hyperparameters:
+            (logp, old, adv, mask, segments) -> (per-token loss [B, T], stats).
+        aggregation: ``losses.aggregate`` with ``mode=cfg.loss_agg``: (per_token, mask=..., constant=...,
+            total_tokens=..., total_seqs=...) -> scalar.
+        per_turn_segments: GSPO / GMPO / the sequence mask treat each turn as its own sequence.
+        kl_loss_coef: the KL term's weight in the loss (``kl_mode="loss"``), 0 when it is off.
+        kl_reward_coef: the KL penalty's weight in the reward (``kl_mode="reward"``), 0 when off.
+    """
+
+    cfg: AlgoConfig
+    estimator: Estimator
+    objective: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+    aggregation: Callable[..., torch.Tensor]
+    per_turn_segments: bool
+    kl_loss_coef: float
+    kl_reward_coef: float
+
+
+def _choose(kind: str, name: str, table: Sequence[str] | dict[str, Any]) -> None:
+    """Raise a did-you-mean error when ``name`` is not in ``table``."""
+    if name not in table:
+        close = difflib.get_close_matches(str(name), list(table), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown {kind} {name!r}{hint}; choose one of {tuple(table)}")
+
+
+def resolve(cfg: AlgoConfig | Algorithm) -> Algorithm:
+    """Validate ``cfg`` and look its parts up in the tables, once (an ``Algorithm`` passes through)."""
+    if isinstance(cfg, Algorithm):
+        return cfg
+    cfg.validate()
+    _choose("advantage estimator", cfg.advantage, ADVANTAGE_ESTIMATORS)
+    return Algorithm(
+        cfg=cfg,
+        estimator=ADVANTAGE_ESTIMATORS[cfg.advantage],
+        objective=pick_policy_loss(cfg),
+        aggregation=partial(aggregate, mode=cfg.loss_agg),
+        per_turn_segments=cfg.sequence_unit == "turn",
+        kl_loss_coef=cfg.kl_coef if cfg.kl_coef > 0 and cfg.kl_mode == "loss" else 0.0,
+        kl_reward_coef=cfg.kl_coef if cfg.kl_coef > 0 and cfg.kl_mode == "reward" else 0.0,
+    )
+
+
+def _reward_inputs(
+    trajectories: Sequence[Trajectory],
+    algo: Algorithm,
+    tokens: TokenBatch,
+    values: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+) -> RewardInputs:
+    """The estimator's inputs: shaped turn rewards [N, K], groups / validity [N], KL rewards [N, T]."""
+    cfg = algo.cfg
+    turn_r, turn_m = _turn_tensors(trajectories, cfg)
+    loss_mask = tokens.loss_mask
+    kl_tokens = torch.zeros_like(loss_mask, dtype=torch.float64)
+    if algo.kl_reward_coef > 0:
+        if ref_logprobs is None or ref_logprobs.shape != loss_mask.shape:
+            raise ValueError(f"kl_mode='reward' needs ref_logprobs of shape {tuple(loss_mask.shape)}")
+        kl_tokens = kl_reward_penalty(kl_tokens, tokens.old_logprobs.double(), ref_logprobs.double(), loss_mask,
+                                      coef=cfg.kl_coef, kind=cfg.kl_estimator)  # fmt: skip
+    return RewardInputs(
+        trajectories=trajectories,
+        turn_rewards=turn_r,
+        turn_mask=turn_m,
+        groups=torch.tensor([t.group_id for t in trajectories], dtype=torch.long),
+        valid=torch.tensor([not verifier_failed(t) for t in trajectories]),
+        turn_index=tokens.turn_index,
+        loss_mask=loss_mask,
+        kl_tokens=kl_tokens,
+        values=values,
     )
 
 
 def compute_advantages(
     trajectories: Sequence[Trajectory],
-    cfg: AlgoConfig,
+    cfg: AlgoConfig | Algorithm,
     *,
     values: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
+    tokens: TokenBatch | None = None,
 ) -> Advantages:
     """Per-token advantages for a rollout batch, with the estimator chosen by ``cfg.advantage``.
 
@@ -266,52 +422,25 @@ def compute_advantages(
     Args:
         values: [N, T] critic values aligned with ``collate`` (required for ``gae``).
         ref_logprobs: [N, T] reference log-probs (required when kl_mode="reward" and kl_coef > 0).
+        tokens: the batch already collated from ``trajectories`` (``prepare_batch``); None = collate here.
     """
     if not trajectories:
         raise ValueError("compute_advantages needs at least one trajectory")
-    cfg.validate()
-    known = (*EPISODE_ESTIMATORS, *TOKEN_WHITENED, "gae", "process")
-    if cfg.advantage not in known:
-        close = difflib.get_close_matches(str(cfg.advantage), known, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown advantage estimator {cfg.advantage!r}{hint}; choose one of {known}")
-    turn_r, turn_m = _turn_tensors(trajectories, cfg)
-    turn_index, loss_mask, old_lp = _token_tensors(trajectories)
-    groups = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)
-    valid = torch.tensor([not verifier_failed(t) for t in trajectories])
-    keep = valid.clone()
-    if cfg.overlong_filter:
+    algo = resolve(cfg)
+    if tokens is None:
+        tokens = collate(trajectories, [[0.0] * len(t.token_ids) for t in trajectories])
+    x = _reward_inputs(trajectories, algo, tokens, values, ref_logprobs)
+    keep = x.valid.clone()
+    if algo.cfg.overlong_filter:
         hit = torch.tensor([any(tr.hit_token_limit for tr in t.turns) for t in trajectories])
         keep &= overlong_filter_mask(hit).bool()
-    kl_tokens = torch.zeros_like(loss_mask, dtype=torch.float64)
-    if cfg.kl_mode == "reward" and cfg.kl_coef > 0:
-        if ref_logprobs is None or ref_logprobs.shape != loss_mask.shape:
-            raise ValueError(f"kl_mode='reward' needs ref_logprobs of shape {tuple(loss_mask.shape)}")
-        kl_tokens = kl_reward_penalty(kl_tokens, old_lp.double(), ref_logprobs.double(), loss_mask,
-                                      coef=cfg.kl_coef, kind=cfg.kl_estimator)  # fmt: skip
-    returns = None
-    if cfg.advantage == "gae":
-        if values is None or values.shape != loss_mask.shape:
-            got = None if values is None else tuple(values.shape)
-            raise ValueError(f"advantage='gae' needs values of shape {tuple(loss_mask.shape)}, got {got}")
-        per_turn = turn_r * turn_m if cfg.reward_level != "outcome" else _last_turn_only(turn_r, turn_m)
-        tok_r = (_turn_end_rewards(trajectories, per_turn, loss_mask.shape) + kl_tokens) * loss_mask
-        adv, returns = A.gae(tok_r, values.double(), loss_mask, gamma=cfg.gamma, lam=cfg.lam)
-    else:
-        kl_to_go, _ = A.gae(kl_tokens * loss_mask, torch.zeros_like(kl_tokens), loss_mask, gamma=1.0, lam=1.0)
-        if cfg.advantage in TOKEN_WHITENED:
-            # REINFORCE++: normalise (reward + KL penalty to go) over tokens, with or without KL
-            raw = TOKEN_WHITENED[cfg.advantage](cfg, turn_r, turn_m, groups, valid, turn_index, loss_mask)
-            adv = A.whiten(raw + kl_to_go, loss_mask * valid.unsqueeze(1).to(loss_mask.dtype), eps=1e-6)
-        else:
-            adv = _critic_free(cfg, trajectories, turn_r, turn_m, groups, valid, turn_index, loss_mask)
-            adv = adv.double() + kl_to_go
-    tok_keep = loss_mask * keep.unsqueeze(1).to(loss_mask.dtype)
-    if cfg.whiten_advantages:
+    adv, returns = algo.estimator(algo.cfg, x)
+    tok_keep = x.loss_mask * keep.unsqueeze(1).to(x.loss_mask.dtype)
+    if algo.cfg.whiten_advantages:
         adv = A.whiten(adv, tok_keep.double(), eps=1e-6)
     metrics = {
-        "samples/verifier_failed": float((~valid).sum()),
-        "samples/overlong_filtered": float((valid & ~keep).sum()),
+        "samples/verifier_failed": float((~x.valid).sum()),
+        "samples/overlong_filtered": float((x.valid & ~keep).sum()),
         "adv/mean": float((adv * tok_keep).sum() / tok_keep.sum().clamp(min=1)),
     }
     adv = (adv * tok_keep).float()
@@ -377,33 +506,36 @@ def _last_turn_only(turn_r: torch.Tensor, turn_m: torch.Tensor) -> torch.Tensor:
 def _ref_logprobs(
     model: Any,
     batch: TokenBatch,
-    ref_model: Any,
     ref_model_ctx: Callable[[], Any] | None,
     temperature: float = 1.0,
 ) -> torch.Tensor:
-    """Reference log-probs [B, T] at the sampling ``temperature``: from ``ref_model``, or from
-    ``model`` inside ``ref_model_ctx()`` (e.g. ``peft_model.disable_adapter``: the LoRA base model
-    is the reference)."""
-    if ref_model is not None:
-        net, ctx = ref_model, contextlib.nullcontext()
-    elif ref_model_ctx is not None:
-        net, ctx = model, ref_model_ctx()
-    else:
+    """Reference log-probs [B, T] at the sampling ``temperature``, computed inside ``ref_model_ctx()``.
+
+    The one reference path: the context is ``Policy.reference`` (it yields the frozen copy, or the
+    LoRA model with its adapter disabled). A context that yields nothing (e.g. a bare
+    ``peft_model.disable_adapter``) makes ``model`` itself the reference while it is open."""
+    if ref_model_ctx is None:
         raise ValueError(
             "kl_coef > 0 needs a reference: precompute batch.ref_logprobs, or pass ref_model or ref_model_ctx"
         )
-    with ctx as yielded, torch.no_grad():
-        if yielded is not None and ref_model is None and callable(yielded):
-            net = yielded  # a context that yields the reference model uses it
+    with ref_model_ctx() as yielded, torch.no_grad():
+        net = yielded if yielded is not None and callable(yielded) else model
         lp, _ = token_logprobs(net, batch.input_ids, batch.attention_mask, temperature=temperature,
                                first_position=first_loss_position(batch.loss_mask), **batch.extras)  # fmt: skip
     return lp.detach()
 
 
+def _as_context(ref_model: Any, ref_model_ctx: Callable[[], Any] | None) -> Callable[[], Any] | None:
+    """A plain reference model as a context that yields it, so there is one reference path."""
+    if ref_model is None:
+        return ref_model_ctx
+    return lambda: contextlib.nullcontext(ref_model)
+
+
 def policy_loss(
     model: Any,
     batch: TokenBatch,
-    cfg: AlgoConfig,
+    cfg: AlgoConfig | Algorithm,
     *,
     ref_model_ctx: Callable[[], Any] | None = None,
     critic: ValueModel | None = None,
@@ -434,41 +566,74 @@ def policy_loss(
         scalar loss (with grad) and the metrics named in ``METRIC_NAMES`` (except grad_norm),
         plus ``cov_frac`` for Clip-Cov / KL-Cov.
     """
-    mask = batch.loss_mask
+    algo = resolve(cfg)
+    mask = batch.loss_mask  # [B, T]
     first = first_loss_position(mask)
     # rows of one group share their prompt: run it once (same numbers and gradients, less compute)
     prefix = shared_prefix_length(batch.input_ids, batch.attention_mask, limit=first)
     logp, ent = token_logprobs(model, batch.input_ids, batch.attention_mask, with_entropy=True,
                                temperature=temperature, first_position=first,
                                shared_prefix=prefix if prefix >= MIN_SHARED_PREFIX else 0, **batch.extras)  # fmt: skip
-    assert ent is not None
-    constant = cfg.loss_agg_constant or agg_constant
-    agg = partial(aggregate, mask=mask, mode=cfg.loss_agg, constant=constant,
+    assert ent is not None  # [B, T] like logp
+    agg = partial(algo.aggregation, mask=mask, constant=algo.cfg.loss_agg_constant or agg_constant,
                   total_tokens=total_tokens, total_seqs=total_seqs)  # fmt: skip
-    segments = batch.turn_index if cfg.sequence_unit == "turn" else None
-    pg, stats = pick_policy_loss(cfg)(logp, batch.old_logprobs, batch.advantages, mask, segments)
+    segments = batch.turn_index if algo.per_turn_segments else None
+    pg, stats = algo.objective(logp, batch.old_logprobs, batch.advantages, mask, segments)  # [B, T]
     if batch.is_weights is not None:  # rollout correction: pi_old / mu, truncated or masked
         pg = pg * batch.is_weights.detach()
     loss_pg = agg(pg)
     zero = loss_pg.new_zeros(())
-    loss_kl = zero
-    if cfg.kl_coef > 0 and cfg.kl_mode == "loss":
-        ref = (
-            batch.ref_logprobs
-            if batch.ref_logprobs is not None
-            else _ref_logprobs(model, batch, None, ref_model_ctx, temperature)
-        )
-        ref = torch.where(mask.bool(), ref, logp.detach())  # d = 0 off the mask: no inf * 0 = nan
-        loss_kl = cfg.kl_coef * agg(kl_penalty(logp, ref, cfg.kl_estimator))
-    loss_ent = agg(entropy_bonus(ent, coef=cfg.entropy_coef)) if cfg.entropy_coef > 0 else zero
-    loss_v = zero
-    if critic is not None:
-        if batch.returns is None or batch.old_values is None:
-            raise ValueError("a critic needs batch.returns and batch.old_values (use prepare_batch)")
-        v = critic(batch.input_ids, batch.attention_mask, **batch.extras)
-        vl = value_loss(v, batch.old_values, batch.returns, mask, clip=cfg.value_clip)
-        loss_v = cfg.vf_coef * aggregate(vl, mask, "token_mean", total_tokens=total_tokens)
+    loss_kl = (
+        _kl_loss(model, batch, algo, logp, agg, ref_model_ctx, temperature) if algo.kl_loss_coef else zero
+    )
+    loss_ent = agg(entropy_bonus(ent, coef=algo.cfg.entropy_coef)) if algo.cfg.entropy_coef > 0 else zero
+    loss_v = _value_loss(batch, algo.cfg, critic, total_tokens) if critic is not None else zero
     loss = loss_pg + loss_kl + loss_ent + loss_v
+    return loss, _loss_metrics(loss_pg, loss_kl, loss_ent, loss_v, stats, logp, ent, mask)
+
+
+def _kl_loss(
+    model: Any,
+    batch: TokenBatch,
+    algo: Algorithm,
+    logp: torch.Tensor,
+    agg: Callable[[torch.Tensor], torch.Tensor],
+    ref_model_ctx: Callable[[], Any] | None,
+    temperature: float,
+) -> torch.Tensor:
+    """kl_coef * aggregate(KL(pi_theta || pi_ref)) per token (``kl_mode="loss"``, GRPO)."""
+    mask = batch.loss_mask
+    ref = (
+        batch.ref_logprobs
+        if batch.ref_logprobs is not None
+        else _ref_logprobs(model, batch, ref_model_ctx, temperature)
+    )
+    ref = torch.where(mask.bool(), ref, logp.detach())  # d = 0 off the mask: no inf * 0 = nan
+    return algo.kl_loss_coef * agg(kl_penalty(logp, ref, algo.cfg.kl_estimator))
+
+
+def _value_loss(
+    batch: TokenBatch, cfg: AlgoConfig, critic: ValueModel, total_tokens: float | None
+) -> torch.Tensor:
+    """vf_coef * token-mean clipped value loss against the GAE returns (whatever ``loss_agg`` is)."""
+    if batch.returns is None or batch.old_values is None:
+        raise ValueError("a critic needs batch.returns and batch.old_values (use prepare_batch)")
+    v = critic(batch.input_ids, batch.attention_mask, **batch.extras)  # [B, T]
+    vl = value_loss(v, batch.old_values, batch.returns, batch.loss_mask, clip=cfg.value_clip)
+    return cfg.vf_coef * aggregate(vl, batch.loss_mask, "token_mean", total_tokens=total_tokens)
+
+
+def _loss_metrics(
+    loss_pg: torch.Tensor,
+    loss_kl: torch.Tensor,
+    loss_ent: torch.Tensor,
+    loss_v: torch.Tensor,
+    stats: dict[str, torch.Tensor],
+    logp: torch.Tensor,
+    ent: torch.Tensor,
+    mask: torch.Tensor,
+) -> dict[str, float]:
+    """``METRIC_NAMES`` (but grad_norm) of one micro-batch; entropy and token prob are token means."""
     m = mask.bool()
     n = m.sum().clamp(min=1)
     metrics = {
@@ -484,7 +649,7 @@ def policy_loss(
     }
     if "cov_frac" in stats:
         metrics["cov_frac"] = float(stats["cov_frac"])
-    return loss, metrics
+    return metrics
 
 
 def loss_normalisers(batch: TokenBatch) -> dict[str, float]:
@@ -501,7 +666,7 @@ def update_step(
     model: Any,
     optimizer: torch.optim.Optimizer,
     batch: TokenBatch,
-    cfg: AlgoConfig,
+    cfg: AlgoConfig | Algorithm,
     *,
     micro_batch_size: int,
     max_grad_norm: float,
@@ -530,25 +695,16 @@ def update_step(
         ``METRIC_NAMES`` metrics (losses summed over micro-batches, rates token-weighted) + ``skipped``.
     """
     optimizer.zero_grad(set_to_none=True)
-    lengths = batch.loss_mask.sum(1)
+    lengths = batch.loss_mask.sum(1)  # [B] sampled tokens per row
+    # every micro-batch's loss is in the whole (mini-)batch's units: the gradients just add up
     total_tokens = float(lengths.sum()) if global_tokens is None else global_tokens
     total_seqs = float((lengths > 0).sum()) if global_seqs is None else global_seqs
-    own_tokens = float(lengths.sum())
-    sums = dict.fromkeys(METRIC_NAMES, 0.0)
-    finite = True
+    loss_fn = partial(policy_loss, cfg=resolve(cfg), ref_model_ctx=ref_model_ctx, critic=critic,
+                      agg_constant=max_new_tokens, temperature=temperature, total_tokens=total_tokens,
+                      total_seqs=total_seqs)  # fmt: skip
     # similar lengths, little padding; at most micro_batch_tokens padded tokens each when set
-    for mb in minibatches(batch, micro_batch_size, by_length=True, max_tokens=micro_batch_tokens):
-        n_tok = float(mb.loss_mask.sum())
-        if n_tok == 0:
-            continue  # nothing to train on in these rows
-        loss, m = policy_loss(model, mb, cfg, ref_model_ctx=ref_model_ctx, critic=critic, agg_constant=max_new_tokens,
-                              total_tokens=total_tokens, total_seqs=total_seqs, temperature=temperature)  # fmt: skip
-        if not torch.isfinite(loss):
-            finite = False
-            break
-        loss.backward()
-        for k, v in m.items():
-            sums[k] = sums.get(k, 0.0) + (v if k in _SUMMED else v * n_tok / max(own_tokens, 1.0))
+    micro = minibatches(batch, micro_batch_size, by_length=True, max_tokens=micro_batch_tokens)
+    sums, finite = _accumulate_gradients(model, micro, loss_fn, own_tokens=float(lengths.sum()))
     if on_before_step is not None:
         trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         finite = on_before_step(trainable, finite)
@@ -563,9 +719,31 @@ def update_step(
     return sums
 
 
+def _accumulate_gradients(
+    model: Any,
+    micro_batches: Any,
+    loss_fn: Callable[..., tuple[torch.Tensor, dict[str, float]]],
+    own_tokens: float,
+) -> tuple[dict[str, float], bool]:
+    """Backward every micro-batch's loss (already in the whole batch's units); stop at the first
+    non-finite loss. Returns the summed metrics (rates weighted by tokens) and whether all were finite."""
+    sums = dict.fromkeys(METRIC_NAMES, 0.0)
+    for mb in micro_batches:
+        n_tok = float(mb.loss_mask.sum())
+        if n_tok == 0:
+            continue  # nothing to train on in these rows
+        loss, m = loss_fn(model, mb)
+        if not torch.isfinite(loss):
+            return sums, False
+        loss.backward()
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + (v if k in _SUMMED else v * n_tok / max(own_tokens, 1.0))
+    return sums, True
+
+
 def prepare_batch(
     trajectories: Sequence[Trajectory],
-    cfg: AlgoConfig,
+    cfg: AlgoConfig | Algorithm,
     *,
     model: Any = None,
     critic: ValueModel | None = None,
@@ -575,11 +753,12 @@ def prepare_batch(
     temperature: float = 1.0,
     recompute_old_logprobs: bool = False,
 ) -> tuple[TokenBatch, dict[str, float]]:
-    """Collate a rollout batch and attach everything the update needs, once per rollout:
+    """Collate a rollout batch once and attach everything the update needs, once per rollout:
     reference log-probs (if ``cfg.needs_reference``), rollout-time values (if a critic), the
     advantages and returns from ``compute_advantages``, the sample mask, and the rollout
     correction. ``temperature``: the rollout's sampling temperature, used for the reference
-    log-probs (see ``policy_loss``).
+    log-probs (see ``policy_loss``). The reference is ``ref_model_ctx()`` (``Policy.reference``);
+    ``ref_model`` is the same for a plain model.
 
     ``recompute_old_logprobs``: replace the recorded sampling log-probs with ``model``'s own at
     ``temperature``. Needed when the sampler truncated the distribution (top-k / top-p): the
@@ -591,46 +770,55 @@ def prepare_batch(
     weights go to ``batch.is_weights`` and the tokens / sequences it drops leave the loss mask.
     Its stats (``rollout_corr/*``, ``mismatch/*``) join the returned metrics.
     """
-    base = collate(trajectories, [[0.0] * len(t.token_ids) for t in trajectories], pad_id=pad_id)
-    sampler_lp = base.old_logprobs
-    if recompute_old_logprobs or cfg.needs_old_recompute:
-        if model is None:
-            raise ValueError(
-                "recomputing the old log-probs (top-k/top-p, rollout correction) needs model=..."
-            )
-        with torch.no_grad():
-            old, _ = token_logprobs(model, base.input_ids, base.attention_mask, temperature=temperature,
-                                    first_position=first_loss_position(base.loss_mask), **base.extras)  # fmt: skip
-        trajectories = [
-            replace(t, logprobs=[float(x) if m else lp for x, m, lp in zip(row, t.loss_mask, t.logprobs)])
-            for t, row in zip(trajectories, old.tolist())
-        ]
-        base = collate(trajectories, [[0.0] * len(t.token_ids) for t in trajectories], pad_id=pad_id)
-    ref = (
-        _ref_logprobs(model, base, ref_model, ref_model_ctx, temperature) * base.loss_mask
-        if cfg.needs_reference
-        else None
-    )
+    algo = resolve(cfg)
+    c = algo.cfg
+    base = collate(trajectories, [[0.0] * len(t.token_ids) for t in trajectories], pad_id=pad_id)  # [N, T]
+    sampler_lp = base.old_logprobs  # mu: what the sampler recorded, [N, T]
+    if recompute_old_logprobs or c.needs_old_recompute:
+        base = _recompute_old_logprobs(model, base, temperature)
+    ref_ctx = _as_context(ref_model, ref_model_ctx)
+    ref = _ref_logprobs(model, base, ref_ctx, temperature) * base.loss_mask if c.needs_reference else None
     old_v = None
-    if cfg.needs_critic:
+    if c.needs_critic:
         if critic is None:
             raise ValueError(
                 "advantage='gae' needs a critic: pass critic=ValueModel(policy) or ValueModel.separate(...)"
             )
         with torch.no_grad():
-            old_v = values(critic, base).detach()
-    adv = compute_advantages(trajectories, cfg, values=old_v, ref_logprobs=ref)
-    batch = collate(trajectories, adv.advantages, pad_id=pad_id, sample_mask=adv.sample_mask)
-    batch = replace(batch, returns=adv.returns, old_values=old_v, ref_logprobs=ref)
-    if not cfg.needs_old_recompute:
+            old_v = values(critic, base).detach()  # [N, T]
+    adv = compute_advantages(trajectories, algo, values=old_v, ref_logprobs=ref, tokens=base)
+    batch = replace(with_advantages(base, adv.advantages, adv.sample_mask),
+                    returns=adv.returns, old_values=old_v, ref_logprobs=ref)  # fmt: skip
+    if not c.needs_old_recompute:
         return batch, adv.metrics
+    batch, stats = _correct_rollout(batch, sampler_lp, c)
+    return batch, {**adv.metrics, **stats}
+
+
+def _recompute_old_logprobs(model: Any, base: TokenBatch, temperature: float) -> TokenBatch:
+    """``base`` with pi_old [N, T] taken from ``model`` on the sampled tokens (top-k / top-p, rollout
+    correction); other positions keep their recorded numbers (zeroed by the loss mask)."""
+    if model is None:
+        raise ValueError("recomputing the old log-probs (top-k/top-p, rollout correction) needs model=...")
+    with torch.no_grad():
+        old, _ = token_logprobs(model, base.input_ids, base.attention_mask, temperature=temperature,
+                                first_position=first_loss_position(base.loss_mask), **base.extras)  # fmt: skip
+    # rounded to float32 as collate stores log-probs; positions off the mask stay 0
+    return replace(base, old_logprobs=torch.where(base.loss_mask.bool(), old.float(), base.old_logprobs))
+
+
+def _correct_rollout(
+    batch: TokenBatch, sampler_lp: torch.Tensor, c: AlgoConfig
+) -> tuple[TokenBatch, dict[str, float]]:
+    """Rollout correction: IS weights pi_old / mu (truncated or masked) and the geometric sequence
+    mask; what it drops leaves the loss mask and the advantages."""
     weights, keep, stats = rollout_correction(
-        batch.old_logprobs, sampler_lp * batch.loss_mask, batch.loss_mask, token=cfg.rollout_is,
-        cap=cfg.rollout_is_cap, low=cfg.rollout_is_low, high=cfg.rollout_is_high, seq_mask=cfg.rollout_seq_mask,
-        seq_low=cfg.rollout_seq_low, seq_high=cfg.rollout_seq_high,
-        segments=batch.turn_index if cfg.sequence_unit == "turn" else None,
+        batch.old_logprobs, sampler_lp * batch.loss_mask, batch.loss_mask, token=c.rollout_is,
+        cap=c.rollout_is_cap, low=c.rollout_is_low, high=c.rollout_is_high, seq_mask=c.rollout_seq_mask,
+        seq_low=c.rollout_seq_low, seq_high=c.rollout_seq_high,
+        segments=batch.turn_index if c.sequence_unit == "turn" else None,
     )  # fmt: skip
     kept = keep.to(batch.loss_mask.dtype)
     batch = replace(batch, loss_mask=batch.loss_mask * kept, advantages=batch.advantages * kept,
                     sampler_logprobs=sampler_lp * batch.loss_mask, is_weights=weights * kept)  # fmt: skip
-    return batch, {**adv.metrics, **stats}
+    return batch, stats
