@@ -30,11 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from veriloop.algos.nonfinite import NonFiniteGuard
 from veriloop.algos.sft import build_sft_example, sft_loss
 from veriloop.algos.sft_data import SFTExample
 
 TRAINABLE_FILE = "trainable.pt"
-MAX_NONFINITE_IN_A_ROW = 10
+MAX_NONFINITE_IN_A_ROW = 10  # SFT's limit for NonFiniteGuard (RL: train.max_consecutive_nonfinite)
 
 
 @dataclass(frozen=True)
@@ -252,6 +253,20 @@ def train_sft(
     return run_sft(policy, examples, settings, run_dir=run_dir)
 
 
+@dataclass
+class _SFTRun:
+    """What the SFT loop reads and updates (built once by ``run_sft``)."""
+
+    policy: Any
+    data: Tokenised
+    settings: SFTSettings
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    guard: NonFiniteGuard  # shared with RL; ``total`` is the run's skipped steps (checkpointed)
+    pad_id: int
+
+
 def run_sft(
     policy: Any, examples: Sequence[SFTExample], settings: SFTSettings, *, run_dir: str | Path | None = None
 ) -> dict[str, Any]:
@@ -266,6 +281,53 @@ def run_sft(
     data = tokenise(policy.tokenizer, examples, s.max_len)
     n = len(data.ids)
     total = s.steps if s.epochs is None else min(s.steps, math.ceil(s.epochs * n / s.batch_size))
+    sft = _build(policy, data, s)
+    fingerprint = data.fingerprint()
+    run = Path(run_dir) if run_dir is not None else None
+    state = _resume(run, policy, sft.optimizer, sft.scheduler, fingerprint) if run is not None else {}
+    start = int(state.get("step", 0))
+    sft.guard.total = int(state.get("skipped_nonfinite", 0))
+    log = _open_log(run, s, start)
+    losses: list[float] = []
+    tok_total, time_total = 0.0, 0.0
+    was_training = policy.model.training
+    policy.model.train()
+    try:
+        from veriloop.algos.progress import track
+
+        # a bar at a terminal, a line when it starts and every 30 s in a log file
+        for step in track(range(start, total), total, "sft warm-up", "steps", initial=start):
+            t0 = time.perf_counter()
+            loss, seen, n_loss, grad_norm, lr_now = _sft_step(sft, step)
+            dt = time.perf_counter() - t0
+            tok_total, time_total = tok_total + seen, time_total + dt
+            losses.append(loss)
+            done = step + 1
+            if log is not None and (done % s.log_every == 0 or done == total):
+                log.log(done, {
+                    "loss/sft": loss, "sft/grad_norm": grad_norm, "sft/lr": lr_now, "sft/loss_tokens": n_loss,
+                    "perf/tokens_per_s": seen / dt, "sft/skipped_nonfinite": sft.guard.total,
+                    "sft/truncated": data.truncated, "sft/dropped_empty": data.dropped_empty,
+                })  # fmt: skip
+            if run is not None and s.checkpoint_every and done % s.checkpoint_every == 0 and done < total:
+                _save(sft, run, done, fingerprint)
+    finally:
+        policy.model.train(was_training)
+        if log is not None:
+            log.close()
+    final_dir = _save_final(sft, run, total, fingerprint, resumed_at=start) if run is not None else None
+    finite_losses = [x for x in losses if math.isfinite(x)]
+    return {
+        "steps_done": total, "start_step": start, "losses": losses,
+        "loss_first": finite_losses[0] if finite_losses else None,
+        "loss_last": finite_losses[-1] if finite_losses else None,
+        "skipped_nonfinite": sft.guard.total, "truncated": data.truncated, "dropped_empty": data.dropped_empty,
+        "examples": n, "tokens_per_s": tok_total / time_total if time_total else None, "final_dir": final_dir,
+    }  # fmt: skip
+
+
+def _build(policy: Any, data: Tokenised, s: SFTSettings) -> _SFTRun:
+    """Optimizer over the trainable parameters, linear warm-up schedule, the non-finite guard."""
     params = policy.trainable_parameters()
     if not params:
         raise ValueError(
@@ -276,80 +338,65 @@ def run_sft(
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda k: min(1.0, (k + 1) / s.warmup) if s.warmup else 1.0
     )
-    fingerprint = data.fingerprint()
-    run = Path(run_dir) if run_dir is not None else None
-    state = _resume(run, policy, optimizer, scheduler, fingerprint) if run is not None else {}
-    start, skipped = int(state.get("step", 0)), int(state.get("skipped_nonfinite", 0))
-    log = None
-    if run is not None:
-        from veriloop.algos.run_log import RunLog
-
-        # rows are logged under the number of completed steps; keep those up to the checkpoint's
-        log = RunLog(run, tensorboard=s.tensorboard, resume_from_step=start + 1 if start else None)
-        (run / "sft_settings.json").write_text(json.dumps(asdict(s), indent=1) + "\n")
     pad_id = policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else 0
-    losses: list[float] = []
-    in_a_row, tok_total, time_total = 0, 0.0, 0.0
-    was_training = policy.model.training
-    policy.model.train()
-    try:
-        from veriloop.algos.progress import track
+    guard = NonFiniteGuard(MAX_NONFINITE_IN_A_ROW)
+    return _SFTRun(policy, data, s, params, optimizer, scheduler, guard, pad_id)
 
-        # a bar at a terminal, a line when it starts and every 30 s in a log file
-        for step in track(range(start, total), total, "sft warm-up", "steps", initial=start):
-            t0 = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            loss, seen, n_loss = _one_step(
-                policy, data, batch_indices(n, s.batch_size, step, s.seed), s, pad_id
+
+def _save(sft: _SFTRun, run: Path, step: int, fingerprint: str) -> None:
+    """A resumable checkpoint after ``step`` steps (weights, optimizer, schedule, skipped count)."""
+    s = sft.settings
+    _checkpoint(
+        run, step, sft.policy, sft.optimizer, sft.scheduler, sft.guard.total, fingerprint, s.keep_last
+    )
+
+
+def _save_final(sft: _SFTRun, run: Path, total: int, fingerprint: str, *, resumed_at: int) -> str:
+    """The last checkpoint (unless this call trained no step) and ``run/final``; returns its path."""
+    from veriloop.agents.loading import save_policy
+
+    if total > resumed_at:
+        _save(sft, run, total, fingerprint)
+    return str(save_policy(sft.policy, run / "final"))
+
+
+def _open_log(run: Path | None, s: SFTSettings, start: int) -> Any:
+    """The metrics log of a run folder (None without one); writes ``sft_settings.json``."""
+    if run is None:
+        return None
+    from veriloop.algos.run_log import RunLog
+
+    # rows are logged under the number of completed steps; keep those up to the checkpoint's
+    log = RunLog(run, tensorboard=s.tensorboard, resume_from_step=start + 1 if start else None)
+    (run / "sft_settings.json").write_text(json.dumps(asdict(s), indent=1) + "\n")
+    return log
+
+
+def _sft_step(sft: _SFTRun, step: int) -> tuple[float, float, int, float, float | torch.Tensor]:
+    """One SFT step: forward/backward, clip, optimizer step unless non-finite, schedule step.
+
+    Returns (loss, tokens seen, loss tokens, grad norm, the step's lr)."""
+    s, optimizer = sft.settings, sft.optimizer
+    optimizer.zero_grad(set_to_none=True)
+    idx = batch_indices(len(sft.data.ids), s.batch_size, step, s.seed)
+    loss, seen, n_loss = _one_step(sft.policy, sft.data, idx, s, sft.pad_id)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(sft.params, s.max_grad_norm or math.inf))
+    finite = math.isfinite(loss) and math.isfinite(grad_norm)
+    stop = sft.guard.observe(not finite)
+    if finite:
+        optimizer.step()
+    else:  # skip the update, keep the weights; the schedule still advances with the step
+        optimizer.zero_grad(set_to_none=True)
+        if stop:
+            raise FloatingPointError(
+                f"SFT step {step}: {sft.guard.in_a_row} non-finite losses/gradients in a row; lower lr "
+                f"(now {s.lr}) or max_grad_norm, or check the data"
             )
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm or math.inf))
-            finite = math.isfinite(loss) and math.isfinite(grad_norm)
-            if finite:
-                optimizer.step()
-                in_a_row = 0
-            else:  # skip the update, keep the weights; the schedule still advances with the step
-                skipped, in_a_row = skipped + 1, in_a_row + 1
-                optimizer.zero_grad(set_to_none=True)
-                if in_a_row >= MAX_NONFINITE_IN_A_ROW:
-                    raise FloatingPointError(
-                        f"SFT step {step}: {in_a_row} non-finite losses/gradients in a row; lower lr "
-                        f"(now {s.lr}) or max_grad_norm, or check the data"
-                    )
-            lr_now = scheduler.get_last_lr()[0]
-            with warnings.catch_warnings():  # a skipped update still advances the schedule, on purpose
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-                scheduler.step()
-            dt = time.perf_counter() - t0
-            tok_total, time_total = tok_total + seen, time_total + dt
-            losses.append(loss)
-            done = step + 1
-            if log is not None and (done % s.log_every == 0 or done == total):
-                log.log(done, {
-                    "loss/sft": loss, "sft/grad_norm": grad_norm, "sft/lr": lr_now, "sft/loss_tokens": n_loss,
-                    "perf/tokens_per_s": seen / dt, "sft/skipped_nonfinite": skipped,
-                    "sft/truncated": data.truncated, "sft/dropped_empty": data.dropped_empty,
-                })  # fmt: skip
-            if run is not None and s.checkpoint_every and done % s.checkpoint_every == 0 and done < total:
-                _checkpoint(run, done, policy, optimizer, scheduler, skipped, fingerprint, s.keep_last)
-    finally:
-        policy.model.train(was_training)
-        if log is not None:
-            log.close()
-    final_dir = None
-    if run is not None:
-        from veriloop.agents.loading import save_policy
-
-        if total > start:
-            _checkpoint(run, total, policy, optimizer, scheduler, skipped, fingerprint, s.keep_last)
-        final_dir = str(save_policy(policy, run / "final"))
-    finite_losses = [x for x in losses if math.isfinite(x)]
-    return {
-        "steps_done": total, "start_step": start, "losses": losses,
-        "loss_first": finite_losses[0] if finite_losses else None,
-        "loss_last": finite_losses[-1] if finite_losses else None,
-        "skipped_nonfinite": skipped, "truncated": data.truncated, "dropped_empty": data.dropped_empty,
-        "examples": n, "tokens_per_s": tok_total / time_total if time_total else None, "final_dir": final_dir,
-    }  # fmt: skip
+    lr_now = sft.scheduler.get_last_lr()[0]
+    with warnings.catch_warnings():  # a skipped update still advances the schedule, on purpose
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+        sft.scheduler.step()
+    return loss, seen, n_loss, grad_norm, lr_now
 
 
 def _checkpoint(

@@ -2,7 +2,12 @@
 
 rollout (with dynamic sampling when on) -> shaping and advantages -> epochs x mini-batches of
 updates -> metrics -> periodic evaluation -> checkpoint. Every algorithm runs through this one
-loop; which parts it uses was decided by ``cfg.algo`` before the loop starts.
+loop; which parts it uses was decided by ``cfg.algo`` before the loop starts (``update.resolve``
+builds the ``Algorithm`` record once, in ``train``).
+
+Reading order: ``train`` (set up, restore, SFT warm-up) -> ``_loop`` (one step: ``collect`` ->
+``train_on_batch`` -> metrics -> guard -> eval / log / checkpoint). Everything a step needs is
+one :class:`RunParts`.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 import yaml
@@ -35,10 +40,19 @@ from veriloop.algos.critic import ValueModel
 from veriloop.algos.distributed import DistContext, init_distributed, shutdown_distributed
 from veriloop.algos.evaluate import final_sample, run_summary
 from veriloop.algos.mixture import assign_envs, per_env_metrics
+from veriloop.algos.nonfinite import NonFiniteGuard
 from veriloop.algos.progress import Progress, say
 from veriloop.algos.run_log import RunLog
 from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
-from veriloop.algos.update import METRIC_NAMES, learning_signal, loss_normalisers, prepare_batch, update_step
+from veriloop.algos.update import (
+    METRIC_NAMES,
+    Algorithm,
+    learning_signal,
+    loss_normalisers,
+    prepare_batch,
+    resolve,
+    update_step,
+)
 from veriloop.configs.loader import config_to_yaml, dump_config
 from veriloop.configs.schema import ConfigError, ExperimentConfig
 
@@ -59,6 +73,24 @@ class TrainerState:
     skipped_steps: int = 0
     sft_done: bool = False
     history: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunParts:
+    """Everything one run's loop reads and updates, built once by ``train``."""
+
+    cfg: ExperimentConfig
+    algo: Algorithm  # cfg.algo's parts, looked up once (update.resolve)
+    policy: Policy
+    critic: ValueModel | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    state: TrainerState
+    generator: torch.Generator  # mini-batch shuffling; checkpointed with the state
+    run_dir: Path
+    dist: DistContext
+    quiet: bool
+    log: RunLog | None = None  # rank 0 only
 
 
 # ----------------------------------------------------------------------------------------- setup
@@ -156,6 +188,59 @@ def _limits(cfg: ExperimentConfig) -> RolloutLimits:
     return RolloutLimits(max_new_tokens=r.max_new_tokens, max_context=r.max_context, max_turns=r.max_turns)
 
 
+#: Rounds of dynamic sampling one step may run, and data-parallel ranks, that ``sampling_stream``
+#: keeps apart (``max_sampling_rounds`` <= 16 and <= 64 processes give every draw its own stream).
+ROUNDS_PER_STEP = 16
+MAX_RANKS = 64
+
+
+def sampling_stream(step: int, round_: int, rank: int) -> int:
+    """The sampling stream of one rollout call: ``(step * 16 + round) * 64 + rank``.
+
+    Reproducible (a resumed run draws the same numbers at the same step) and distinct across
+    steps, dynamic-sampling rounds within a step and data-parallel ranks; ``_sampling`` turns it
+    into the sampler's seed."""
+    return (step * ROUNDS_PER_STEP + round_) * MAX_RANKS + rank
+
+
+@dataclass
+class GroupSampler:
+    """``n -> groups`` for ``dynamic_sampling``: each call plays ``n`` new problems (env seeds from
+    ``state.next_seed`` on, this rank's share of them) and gathers every rank's groups.
+
+    Attributes:
+        rounds: calls so far this step (the round number of ``sampling_stream``).
+        sampled: every episode played this step, for metrics (dropped groups included).
+    """
+
+    cfg: ExperimentConfig
+    policy: Policy
+    state: TrainerState
+    dist: DistContext
+    backend: Backend | None
+    rounds: int = 0
+    sampled: list[Trajectory] = field(default_factory=list)
+
+    def __call__(self, n: int) -> list[list[Trajectory]]:
+        cfg, g = self.cfg, self.cfg.rollout.group_size
+        seeds = self.dist.shard(range(self.state.next_seed, self.state.next_seed + n))  # this rank's problems
+        self.state.next_seed += n  # seeds only move forward: training never repeats a problem
+        # each problem from one environment (a mixture draws it by weight, from the seed alone)
+        names = assign_envs(cfg.env.mixture_weights, seeds, cfg.rollout.seed)
+        envs = cfg.env.training_envs
+        specs = [EpisodeSpec(envs[e].id or cfg.env.id, dict(envs[e].kwargs), s, s)
+                 for s, e in zip(seeds, names) for _ in range(g)]  # fmt: skip
+        stream = sampling_stream(self.state.step, self.rounds, self.dist.rank)
+        mine = rollout(self.policy, specs, sampling=_sampling(cfg, stream), limits=_limits(cfg), backend=self.backend,
+                       system_prompt=cfg.env.system_prompt) if specs else []  # fmt: skip
+        self.rounds += 1
+        groups = self.dist.gather_shards(
+            [mine[i : i + g] for i in range(0, len(mine), g)]
+        )  # all ranks' groups
+        self.sampled.extend(t for group in groups for t in group)
+        return groups
+
+
 def collect(
     cfg: ExperimentConfig,
     policy: Policy,
@@ -174,42 +259,22 @@ def collect(
         the episodes to train on, every episode sampled (for metrics: verifier failures that
         dynamic sampling removed still count), and the sampling metrics.
     """
-    rounds = 0
-    sampled: list[Trajectory] = []
-    g = cfg.rollout.group_size
-    envs = cfg.env.training_envs
-
-    def sample_groups(n: int) -> list[list[Trajectory]]:
-        nonlocal rounds
-        seeds = dist.shard(range(state.next_seed, state.next_seed + n))  # this rank's problems
-        state.next_seed += n
-        # each problem from one environment (a mixture draws it by weight, from the seed alone)
-        names = assign_envs(cfg.env.mixture_weights, seeds, cfg.rollout.seed)
-        specs = [EpisodeSpec(envs[e].id or cfg.env.id, dict(envs[e].kwargs), s, s)
-                 for s, e in zip(seeds, names) for _ in range(g)]  # fmt: skip
-        # one sampling stream per (step, round, rank): reproducible, and distinct across ranks
-        stream = (state.step * 16 + rounds) * 64 + dist.rank
-        mine = rollout(policy, specs, sampling=_sampling(cfg, stream), limits=_limits(cfg), backend=backend,
-                       system_prompt=cfg.env.system_prompt) if specs else []  # fmt: skip
-        rounds += 1
-        groups = dist.gather_shards([mine[i : i + g] for i in range(0, len(mine), g)])
-        sampled.extend(t for group in groups for t in group)
-        return groups
-
+    sampler = GroupSampler(cfg, policy, state, dist, backend)
     n = cfg.rollout.prompts_per_step
     if cfg.algo.dynamic_sampling:
-        groups, stats = dynamic_sampling(sample_groups, num_groups=n, max_rounds=cfg.algo.max_sampling_rounds,
+        groups, stats = dynamic_sampling(sampler, num_groups=n, max_rounds=cfg.algo.max_sampling_rounds,
                                          reward_fn=partial(learning_signal, cfg=cfg.algo))  # fmt: skip
         metrics = {"sampling/rounds": stats["rounds"], "sampling/kept_fraction": stats["kept_fraction"],
                    "sampling/informative_fraction": stats["informative_fraction"],
                    "sampling/short_batch": stats["short_batch"]}  # fmt: skip
     else:
-        groups = sample_groups(n)
+        groups = sampler(n)
+        # how many groups would have taught something (logged, not acted on, without dynamic sampling)
         useful = [is_informative([learning_signal(t, cfg.algo) for t in grp]) for grp in groups]
         informative = sum(useful) / max(len(useful), 1)
         metrics = {"sampling/rounds": 1.0, "sampling/kept_fraction": 1.0,
                    "sampling/informative_fraction": informative, "sampling/short_batch": 0.0}  # fmt: skip
-    return [t for group in groups for t in group], sampled, metrics
+    return [t for group in groups for t in group], sampler.sampled, metrics
 
 
 def rollout_metrics(trajs: Sequence[Trajectory], tokenizer: Any) -> dict[str, float]:
@@ -239,20 +304,6 @@ def rollout_metrics(trajs: Sequence[Trajectory], tokenizer: Any) -> dict[str, fl
 # ------------------------------------------------------------------------------------------ update
 
 
-def _reference(cfg: ExperimentConfig, policy: Policy) -> dict[str, Any]:
-    """Where reference log-probs come from: the frozen copy (full fine-tuning) or the same model
-    with its adapter disabled (LoRA); nothing when the algorithm has no KL term."""
-    if not cfg.algo.needs_reference:
-        return {}
-    if policy.is_lora:
-        return {"ref_model_ctx": policy.model.disable_adapter}
-    if policy.frozen_reference is None:
-        raise RuntimeError(
-            "algo.kl_coef > 0 with full fine-tuning needs policy.keep_reference (a frozen copy)"
-        )
-    return {"ref_model": policy.frozen_reference}
-
-
 def kl_to_reference(batch: TokenBatch) -> float | None:
     """Approximate KL(pi_old || pi_ref) over the sampled tokens (k3 estimator, Schulman 2020):
     mean over loss-mask tokens of exp(d) - d - 1 with d = log pi_ref - log pi_old. None without a
@@ -266,20 +317,25 @@ def kl_to_reference(batch: TokenBatch) -> float | None:
 
 def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | None, optimizer: torch.optim.Optimizer,
                    trajs: list[Trajectory], generator: torch.Generator,
-                   dist: DistContext = SINGLE_PROCESS) -> dict[str, float]:  # fmt: skip
+                   dist: DistContext = SINGLE_PROCESS, algo: Algorithm | None = None) -> dict[str, float | None]:  # fmt: skip
     """Advantages once per rollout, then ``algo.epochs`` passes of mini-batch updates.
 
     Every rank holds the whole batch (same advantages, same mini-batch order); with several
     ranks each trains rows ``rank::world`` of a mini-batch and the gradients are summed.
+    ``algo``: ``cfg.algo`` already resolved (``train`` does it once); None = resolve it here.
     """
+    algo = resolve(cfg.algo) if algo is None else algo
     pad = policy.tokenizer.pad_token_id or 0
-    ref = _reference(cfg, policy)
+    # the one reference path: Policy.reference (frozen copy, or LoRA with the adapter disabled)
+    ref_ctx = policy.reference if cfg.algo.needs_reference else None
     policy.model.eval()  # reference / old values without dropout
     r = cfg.rollout
     # top-k / top-p: the recorded log-probs are of the filtered distribution; take the model's own
     truncated = r.top_k > 0 or r.top_p < 1.0
-    batch, adv_metrics = prepare_batch(trajs, cfg.algo, model=policy.model, critic=critic, pad_id=pad,
-                                       temperature=r.temperature, recompute_old_logprobs=truncated, **ref)  # fmt: skip
+    # collated once: every tensor of the batch is [N, T] (N episodes, T the longest), see TokenBatch
+    batch, adv_metrics = prepare_batch(trajs, algo, model=policy.model, critic=critic, pad_id=pad,
+                                       ref_model_ctx=ref_ctx, temperature=r.temperature,
+                                       recompute_old_logprobs=truncated)  # fmt: skip
     policy.model.train()
     sums: dict[str, float] = {}
     updates = 0
@@ -290,19 +346,19 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
             sync: dict[str, Any] = (
                 {"on_before_step": dist.grad_sync(1.0), **loss_normalisers(mb)} if dist.enabled else {}
             )
-            m = update_step(policy.model, optimizer, part, cfg.algo, micro_batch_size=cfg.train.micro_batch_size,
+            m = update_step(policy.model, optimizer, part, algo, micro_batch_size=cfg.train.micro_batch_size,
                             micro_batch_tokens=cfg.train.micro_batch_tokens, max_grad_norm=cfg.train.max_grad_norm or float("inf"),
-                            ref_model_ctx=ref.get("ref_model_ctx"), critic=critic,
+                            ref_model_ctx=ref_ctx, critic=critic,
                             max_new_tokens=r.max_new_tokens, temperature=r.temperature, **sync)  # fmt: skip
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
             updates += 1
     policy.model.eval()
-    out = {k: v / max(updates, 1) for k, v in sums.items()}
+    out: dict[str, float | None] = {k: v / max(updates, 1) for k, v in sums.items()}  # means over updates
     out["skipped"] = sums.get("skipped", 0.0)  # count, not mean
     out["updates"] = float(updates)
     out["train_tokens"] = float(batch.loss_mask.sum())
-    out["kl_ref"] = kl_to_reference(batch)  # type: ignore[assignment]
+    out["kl_ref"] = kl_to_reference(batch)  # None without a reference: logged as null
     return {**out, **adv_metrics}
 
 
@@ -381,116 +437,168 @@ def train(
 
         check_source(cfg.sft.source, cfg.env.id, cfg.env.kwargs)
     dist = init_distributed()
-    quiet = quiet or not dist.is_main
     run_dir = Path(cfg.run.out_dir) / cfg.run_name
     if dist.is_main:
         claim_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite)
-    torch.manual_seed(cfg.rollout.seed)
+    run = _build_run(cfg, run_dir, dist, quiet=quiet or not dist.is_main)
+    ckpt = _restore(run, resume)
+    if cfg.sft.steps > 0 and not run.state.sft_done:
+        _sft_warmup(run)
+    dist.broadcast_params(
+        list(_trainable_state(run.policy, run.critic).values())
+    )  # all ranks: rank 0's weights
+    # a resumed run keeps the rows up to its checkpoint's step; a fresh run starts an empty file
+    run.log = RunLog(run_dir, tensorboard=cfg.run.tensorboard, resume_from_step=run.state.step + 1 if ckpt else 0,
+                     wandb_project="veriloop" if cfg.run.wandb else None) if dist.is_main else None  # fmt: skip
+    try:
+        if run.state.step == 0 and run.log is not None:  # the base policy's numbers, for comparison
+            start = (
+                _evaluate(cfg, run.policy, 0, run.quiet) if cfg.eval.at_start or cfg.train.steps == 0 else {}
+            )
+            base = {**run.state.history.get("eval_base", {}), **start}
+            if base:
+                run.log.log(0, base)
+        _loop(run)
+        if dist.is_main:
+            if any((run_dir / "eval").glob("*.json")):
+                (run_dir / "summary.md").write_text(run_summary(run_dir / "eval"))
+            save_policy(run.policy, run_dir / "final", card=_model_card(cfg, run_dir, run.state))
+    finally:
+        if run.log is not None:
+            run.log.close()
+        dist.barrier()
+        shutdown_distributed(dist)
+    return run_dir
+
+
+def _build_run(cfg: ExperimentConfig, run_dir: Path, dist: DistContext, *, quiet: bool) -> RunParts:
+    """Seed, then policy, critic, optimizer, schedule, a fresh state and the algorithm's parts."""
+    torch.manual_seed(cfg.rollout.seed)  # before the model: a tiny/random init is reproducible
     policy = build_policy(cfg)
     critic = build_critic(cfg, policy)
     optimizer = build_optimizer(cfg, policy, critic)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     # SFT demonstrations use env seeds seed .. seed + examples - 1; RL problems come after them
     sft_seeds = cfg.sft.examples if cfg.sft.steps > 0 else 0
-    state = TrainerState(next_seed=cfg.rollout.seed + sft_seeds)
-    generator = torch.Generator().manual_seed(cfg.rollout.seed)
+    return RunParts(cfg=cfg, algo=resolve(cfg.algo), policy=policy, critic=critic, optimizer=optimizer,
+                    scheduler=scheduler, state=TrainerState(next_seed=cfg.rollout.seed + sft_seeds),
+                    generator=torch.Generator().manual_seed(cfg.rollout.seed), run_dir=run_dir, dist=dist,
+                    quiet=quiet)  # fmt: skip
 
-    ckpt = dist.broadcast_object(latest_checkpoint(run_dir) if resume and dist.is_main else None)
+
+def _restore(run: RunParts, resume: bool) -> Path | None:
+    """With ``resume``: load the latest complete checkpoint into ``run`` (weights, optimizer,
+    schedule, state, shuffling generator; the RNG states too). Returns its folder, or None."""
+    found = latest_checkpoint(run.run_dir) if resume and run.dist.is_main else None
+    ckpt = run.dist.broadcast_object(found)
     if ckpt is not None:  # every rank reads the same folder (shared file system)
         loaded = load_checkpoint(ckpt)  # also restores the python/numpy/torch RNG states
-        _load_trainable_state(policy, critic, loaded["model_state"])
-        optimizer.load_state_dict(loaded["optimizer"])
-        scheduler.load_state_dict(loaded["scheduler"])
-        state = TrainerState(**loaded["trainer_state"]["state"])
-        generator.set_state(torch.tensor(loaded["trainer_state"]["generator"], dtype=torch.uint8))
-        _say(quiet, f"resumed from {ckpt} at step {state.step}")
+        _load_trainable_state(run.policy, run.critic, loaded["model_state"])
+        run.optimizer.load_state_dict(loaded["optimizer"])
+        run.scheduler.load_state_dict(loaded["scheduler"])
+        run.state = TrainerState(**loaded["trainer_state"]["state"])
+        run.generator.set_state(torch.tensor(loaded["trainer_state"]["generator"], dtype=torch.uint8))
+        _say(run.quiet, f"resumed from {ckpt} at step {run.state.step}")
     elif resume:
-        _say(quiet, f"--resume: no complete checkpoint in {run_dir}/checkpoints, starting fresh")
-
-    if cfg.sft.steps > 0 and not state.sft_done:
-        from veriloop.algos.sft_train import warmup_from_config
-
-        if dist.is_main and cfg.eval.before_sft:  # the base model, logged with step 0 as eval_base/...
-            state.history["eval_base"] = _evaluate(cfg, policy, 0, quiet, tag="base", prefix="eval_base")
-
-        # every rank runs the same warm-up; only rank 0 saves it, and its weights are broadcast below
-        sft_metrics = warmup_from_config(cfg, policy, run_dir=run_dir / "sft" if dist.is_main else None)
-        state.sft_done = True
-        state.history["sft"] = sft_metrics
-        _say(quiet, f"SFT warm-up done: {sft_metrics}")
-
-    dist.broadcast_params(list(_trainable_state(policy, critic).values()))  # all ranks: rank 0's weights
-    # a resumed run keeps the rows up to its checkpoint's step; a fresh run starts an empty file
-    log = RunLog(run_dir, tensorboard=cfg.run.tensorboard, resume_from_step=state.step + 1 if ckpt else 0,
-                 wandb_project="veriloop" if cfg.run.wandb else None) if dist.is_main else None  # fmt: skip
-    try:
-        if state.step == 0 and log is not None:  # the base policy's numbers, for comparison
-            start = _evaluate(cfg, policy, 0, quiet) if cfg.eval.at_start or cfg.train.steps == 0 else {}
-            base = {**state.history.get("eval_base", {}), **start}
-            if base:
-                log.log(0, base)
-        _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_dir, quiet, dist)
-        if dist.is_main:
-            if any((run_dir / "eval").glob("*.json")):
-                (run_dir / "summary.md").write_text(run_summary(run_dir / "eval"))
-            save_policy(policy, run_dir / "final", card=_model_card(cfg, run_dir, state))
-    finally:
-        if log is not None:
-            log.close()
-        dist.barrier()
-        shutdown_distributed(dist)
-    return run_dir
+        _say(run.quiet, f"--resume: no complete checkpoint in {run.run_dir}/checkpoints, starting fresh")
+    return ckpt
 
 
-def _loop(cfg, policy, critic, optimizer, scheduler, state, generator, log, run_dir, quiet, dist) -> None:  # type: ignore[no-untyped-def]
-    # vLLM: one engine for the run, updated in place after every optimizer step
-    backend = (
-        make_backend("vllm", policy, **cfg.rollout.vllm_kwargs) if cfg.rollout.backend == "vllm" else None
-    )
-    bar = Progress(cfg.train.steps, "train", "steps", initial=state.step, quiet=quiet)
-    _say(quiet, f"RL: {cfg.train.steps - state.step} steps of {cfg.rollout.batch_size} episodes "
-                f"({cfg.rollout.prompts_per_step} problems x {cfg.rollout.group_size}), algorithm {cfg.algo.name}")  # fmt: skip
+def _sft_warmup(run: RunParts) -> None:
+    """The SFT warm-up (``cfg.sft``) before RL, once per run (a resumed run does not redo it)."""
+    from veriloop.algos.sft_train import warmup_from_config
+
+    cfg, state, main = run.cfg, run.state, run.dist.is_main
+    if main and cfg.eval.before_sft:  # the base model, logged with step 0 as eval_base/...
+        state.history["eval_base"] = _evaluate(cfg, run.policy, 0, run.quiet, tag="base", prefix="eval_base")
+    # every rank runs the same warm-up; only rank 0 saves it, and its weights are broadcast after it
+    sft_metrics = warmup_from_config(cfg, run.policy, run_dir=run.run_dir / "sft" if main else None)
+    state.sft_done = True
+    state.history["sft"] = sft_metrics
+    _say(run.quiet, f"SFT warm-up done: {sft_metrics}")
+
+
+def _loop(run: RunParts) -> None:
+    """RL steps ``state.step .. train.steps - 1``: collect -> update -> metrics -> eval / log / save."""
+    cfg, state = run.cfg, run.state
+    backend = _rollout_backend(cfg, run.policy)
+    bar = Progress(cfg.train.steps, "train", "steps", initial=state.step, quiet=run.quiet)
+    _say(run.quiet, f"RL: {cfg.train.steps - state.step} steps of {cfg.rollout.batch_size} episodes "
+                    f"({cfg.rollout.prompts_per_step} problems x {cfg.rollout.group_size}), algorithm {cfg.algo.name}")  # fmt: skip
     for step in range(state.step, cfg.train.steps):
         t0 = time.perf_counter()
-        trajs, sampled, sampling = collect(cfg, policy, state, dist, backend)
+        trajs, sampled, sampling = collect(cfg, run.policy, state, run.dist, backend)
         metrics: dict[str, Any] = dict(sampling)
         t_rollout = time.perf_counter() - t0
-        metrics.update(rollout_metrics(sampled, policy.tokenizer))
+        metrics.update(rollout_metrics(sampled, run.policy.tokenizer))  # every episode played, kept or not
         if cfg.env.mixture:
             envs = {n: (str(e.id), e.kwargs) for n, e in cfg.env.training_envs.items()}
             metrics.update(per_env_metrics(sampled, envs))
         t1 = time.perf_counter()
         # dynamic sampling may keep no group at all (every group had equal rewards): nothing to learn
         if trajs:
-            metrics.update(train_on_batch(cfg, policy, critic, optimizer, trajs, generator, dist))
+            metrics.update(train_on_batch(cfg, run.policy, run.critic, run.optimizer, trajs, run.generator,
+                                          run.dist, run.algo))  # fmt: skip
             if backend is not None:
-                backend.sync()  # type: ignore[attr-defined]
+                backend.sync()  # the engine samples the next step with the weights just trained
         else:
             metrics.update(_no_update())
         t_train = time.perf_counter() - t1
-        scheduler.step()
-        gen_tokens = sum(t.num_generated_tokens for t in sampled)
-        metrics.update({
-            "lr": scheduler.get_last_lr()[0],
-            "time/rollout_s": t_rollout, "time/train_s": t_train,
-            "time/rollout_fraction": t_rollout / max(t_rollout + t_train, 1e-9),
-            "throughput/rollout_tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
-            "throughput/train_tokens_per_s": metrics["train_tokens"] / max(t_train, 1e-9),
-        })  # fmt: skip
+        run.scheduler.step()  # once per RL step, whatever the number of optimizer steps in it
+        metrics.update(_timing(metrics, run.scheduler.get_last_lr()[0], sampled, t_rollout, t_train))
         _guard_nonfinite(cfg, state, metrics)
         state.step = step + 1
-        every_eval = cfg.eval.every
-        if dist.is_main and ((every_eval and state.step % every_eval == 0) or state.step == cfg.train.steps):
-            metrics.update(_evaluate(cfg, policy, state.step, quiet))
-        if log is not None and (state.step % cfg.train.log_every == 0 or state.step == cfg.train.steps):
-            log.log(state.step, metrics)
+        _evaluate_and_log(run, metrics)
         bar.set_postfix(_summary(metrics))
-        _say(quiet, f"step {state.step:4d}/{cfg.train.steps} | {_summary(metrics)}")
+        _say(run.quiet, f"step {state.step:4d}/{cfg.train.steps} | {_summary(metrics)}")
         bar.update()
         every = cfg.run.checkpoint_every
-        if dist.is_main and ((every and state.step % every == 0) or state.step == cfg.train.steps):
-            _checkpoint(cfg, policy, critic, optimizer, scheduler, state, generator, run_dir)
+        if run.dist.is_main and ((every and state.step % every == 0) or state.step == cfg.train.steps):
+            _checkpoint(run)
     bar.close()
+
+
+class _LiveBackend(Backend, Protocol):
+    """A backend with its own copy of the weights (vLLM): ``sync`` loads the trained ones into it."""
+
+    def sync(self) -> None: ...
+
+
+def _rollout_backend(cfg: ExperimentConfig, policy: Policy) -> _LiveBackend | None:
+    """vLLM: one engine for the run, updated in place after every optimizer step; None: each
+    rollout call uses ``engine.default_backend`` (the HF backend)."""
+    if cfg.rollout.backend != "vllm":
+        return None
+    return cast(_LiveBackend, make_backend("vllm", policy, **cfg.rollout.vllm_kwargs))
+
+
+def _timing(
+    metrics: dict[str, Any],
+    lr: float | torch.Tensor,
+    sampled: list[Trajectory],
+    t_rollout: float,
+    t_train: float,
+) -> dict[str, Any]:
+    """The step's learning rate, wall-clock split and throughputs."""
+    gen_tokens = sum(t.num_generated_tokens for t in sampled)
+    return {
+        "lr": lr,
+        "time/rollout_s": t_rollout, "time/train_s": t_train,
+        "time/rollout_fraction": t_rollout / max(t_rollout + t_train, 1e-9),
+        "throughput/rollout_tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
+        "throughput/train_tokens_per_s": metrics["train_tokens"] / max(t_train, 1e-9),
+    }  # fmt: skip
+
+
+def _evaluate_and_log(run: RunParts, metrics: dict[str, Any]) -> None:
+    """Evaluate (rank 0) and log as the schedules say; always after the last step."""
+    cfg, step, main = run.cfg, run.state.step, run.dist.is_main
+    last = step == cfg.train.steps
+    every_eval = cfg.eval.every
+    if main and ((every_eval and step % every_eval == 0) or last):
+        metrics.update(_evaluate(cfg, run.policy, step, run.quiet))
+    if run.log is not None and (step % cfg.train.log_every == 0 or last):
+        run.log.log(step, metrics)
 
 
 def _no_update() -> dict[str, float | None]:
@@ -504,15 +612,16 @@ def _no_update() -> dict[str, float | None]:
     }
 
 
-def _guard_nonfinite(cfg: ExperimentConfig, state: TrainerState, metrics: dict[str, float]) -> None:
-    """A skipped (non-finite) step is counted; several in a row stop the run."""
-    if metrics.get("skipped", 0.0) > 0:
-        state.skipped_steps += 1
-        state.consecutive_nonfinite += 1
-    else:
-        state.consecutive_nonfinite = 0
+def _guard_nonfinite(cfg: ExperimentConfig, state: TrainerState, metrics: dict[str, Any]) -> None:
+    """A skipped (non-finite) step is counted; several in a row stop the run (``NonFiniteGuard``,
+    shared with SFT). The counts live in ``state`` so a resumed run keeps them."""
+    guard = NonFiniteGuard(
+        cfg.train.max_consecutive_nonfinite, state.consecutive_nonfinite, state.skipped_steps
+    )
+    stop = guard.observe(metrics.get("skipped", 0.0) > 0)
+    state.consecutive_nonfinite, state.skipped_steps = guard.in_a_row, guard.total
     metrics["nonfinite_skipped_total"] = float(state.skipped_steps)
-    if state.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
+    if stop:
         raise NonFiniteTrainingError(
             f"{state.consecutive_nonfinite} consecutive steps had a non-finite loss or gradient and were skipped; "
             "lower train.lr, set train.max_grad_norm, or resume from the last checkpoint (non-finite weights "
@@ -525,20 +634,21 @@ def _guard_nonfinite(cfg: ExperimentConfig, state: TrainerState, metrics: dict[s
 SAVE_DELAY_ENV = "VERILOOP_TEST_SAVE_DELAY"
 
 
-def _checkpoint(cfg, policy, critic, optimizer, scheduler, state, generator, run_dir) -> None:  # type: ignore[no-untyped-def]
+def _checkpoint(run: RunParts) -> None:
     """Atomic save (see ``algos/checkpoint.py``); refuses non-finite weights, keeps the last K."""
-    trainer_state = {"state": dict(state.__dict__), "generator": generator.get_state().tolist()}
-    weights = _trainable_state(policy, critic)
+    state = run.state
+    trainer_state = {"state": dict(state.__dict__), "generator": run.generator.get_state().tolist()}
+    weights = _trainable_state(run.policy, run.critic)
     check_finite(weights.items())  # the critic too; save_checkpoint checks the policy model again
     delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
 
     def save_model(folder: Path) -> None:
         torch.save(weights, folder / "model.pt")
-        if delay > 0:
+        if delay > 0:  # test hook (SAVE_DELAY_ENV): a window to kill the process mid-save
             time.sleep(delay)
 
-    save_checkpoint(run_dir, state.step, model=policy.model, save_model=save_model, optimizer=optimizer,
-                    scheduler=scheduler, trainer_state=trainer_state, keep_last=cfg.run.keep_last)  # fmt: skip
+    save_checkpoint(run.run_dir, state.step, model=run.policy.model, save_model=save_model, optimizer=run.optimizer,
+                    scheduler=run.scheduler, trainer_state=trainer_state, keep_last=run.cfg.run.keep_last)  # fmt: skip
 
 
 def _evaluate(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool, *, tag: str | None = None,

@@ -83,7 +83,15 @@ POLICY_LOSSES: dict[str, Callable[[AlgoConfig], Callable[..., tuple[torch.Tensor
 }  # fmt: skip
 
 
-def _with_segments(fn: Callable[..., Any], lp, old, adv, m, seg):  # type: ignore[no-untyped-def]
+def _with_segments(
+    fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]],
+    lp: torch.Tensor,
+    old: torch.Tensor,
+    adv: torch.Tensor,
+    m: torch.Tensor,
+    seg: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A sequence-level objective (GSPO, GMPO) in the table's shared signature."""
     return fn(lp, old, adv, m, segments=seg)
 
 
