@@ -228,19 +228,9 @@ def evaluate_policy(
     results: dict[str, dict[str, float]] = {}
     with _eval_mode(policy):
         for name, split in splits.items():
-            specs = [EpisodeSpec(split.id, dict(split.kwargs), int(s), j) for j, s in enumerate(seeds)
-                     for _ in range(n_samples)]  # fmt: skip
-            trajs = _play(policy, specs, sampling, batch_episodes, f"eval {name}", **kw)
-            metrics = dict(summarize_split(_by_problem(trajs, len(seeds)), list(k_list)))
-            if greedy:
-                one = [EpisodeSpec(split.id, dict(split.kwargs), int(s), j) for j, s in enumerate(seeds)]
-                greedy_samples = list(map(final_sample, _play(policy, one, SamplingParams.greedy(max_new_tokens),
-                                                              batch_episodes, f"eval {name} greedy", **kw)))  # fmt: skip
-                metrics["greedy_acc"] = _nanmean(
-                    [float(s.correct and s.error is None) for s in greedy_samples]
-                )
-            metrics.update(task_metrics(trajs))
-            results[name] = metrics
+            greedy_params = SamplingParams.greedy(max_new_tokens) if greedy else None
+            results[name] = _evaluate_split(policy, name, split, seeds, n_samples, list(k_list), sampling,
+                                            greedy_params, batch_episodes, kw)  # fmt: skip
     meta = {
         "splits": {name: {"id": s.id, "kwargs": dict(s.kwargs)} for name, s in splits.items()},
         "num_problems": len(seeds), "first_seed": int(seeds[0]), "last_seed": int(seeds[-1]),
@@ -250,6 +240,33 @@ def evaluate_policy(
         "policy": getattr(policy, "name", type(policy).__name__), "time_s": time.perf_counter() - t0,
     }  # fmt: skip
     return {"splits": results, "gap": report_gap(results, reference_split), "meta": meta}
+
+
+def _evaluate_split(
+    policy: Any,
+    name: str,
+    split: Any,
+    seeds: Sequence[int],
+    n_samples: int,
+    k_list: list[int],
+    sampling: SamplingParams,
+    greedy: SamplingParams | None,
+    batch_episodes: int,
+    kw: dict[str, Any],
+) -> dict[str, float]:
+    """One split's metrics: ``n_samples`` per problem (pass@k, avg@n...), then, with ``greedy``
+    (its sampling parameters), each problem once greedily (``greedy_acc``), then the task's own."""
+    specs = [EpisodeSpec(split.id, dict(split.kwargs), int(s), j) for j, s in enumerate(seeds)
+             for _ in range(n_samples)]  # fmt: skip
+    trajs = _play(policy, specs, sampling, batch_episodes, f"eval {name}", **kw)
+    metrics = dict(summarize_split(_by_problem(trajs, len(seeds)), k_list))
+    if greedy is not None:
+        one = [EpisodeSpec(split.id, dict(split.kwargs), int(s), j) for j, s in enumerate(seeds)]
+        played = _play(policy, one, greedy, batch_episodes, f"eval {name} greedy", **kw)
+        greedy_samples = list(map(final_sample, played))
+        metrics["greedy_acc"] = _nanmean([float(s.correct and s.error is None) for s in greedy_samples])
+    metrics.update(task_metrics(trajs))
+    return metrics
 
 
 def report_gap(results: Mapping[str, Mapping[str, float]], reference_split: str = REFERENCE_SPLIT) -> dict:

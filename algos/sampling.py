@@ -80,14 +80,20 @@ def dynamic_sampling(
     short = len(kept) < num_groups
     if short:
         logger.warning("dynamic sampling kept %d of %d groups after %d rounds", len(kept), num_groups, rounds)
-    stats = {
+    return kept, _stats(rounds, sampled, len(kept), informative, zero_var, failed, short)
+
+
+def _stats(
+    rounds: int, sampled: int, kept: int, informative: int, zero_var: int, failed: int, short: bool
+) -> dict[str, float]:
+    """``dynamic_sampling``'s stats, as floats (see its docstring)."""
+    return {
         "rounds": float(rounds),
         "sampled_groups": float(sampled),
-        "kept_groups": float(len(kept)),
-        "kept_fraction": len(kept) / sampled if sampled else 0.0,
+        "kept_groups": float(kept),
+        "kept_fraction": kept / sampled if sampled else 0.0,
         "informative_fraction": informative / sampled if sampled else 0.0,
         "zero_variance_groups": float(zero_var),
         "verifier_failed": float(failed),
         "short_batch": float(short),
     }
-    return kept, stats

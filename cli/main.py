@@ -181,6 +181,41 @@ def _add_overwrite_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_eval_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``veriloop eval CONFIG --checkpoints ...``."""
+    p = sub.add_parser("eval", help="pass@k / avg@k / maj@k per split for checkpoints (or the base model)")
+    p.add_argument("config", help="experiment config naming the splits (env.eval_splits) and eval.* settings")
+    p.add_argument(
+        "--checkpoints",
+        nargs="+",
+        default=["base"],
+        help="saved policy folders (e.g. RUN/final) or 'base' for policy.model (default: base)",
+    )
+    p.add_argument("--out", default=None, help="output folder (default: RUN_DIR/eval-cli)")
+    p.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. eval.n_samples=16"
+    )
+    _add_import_arg(p)
+    p.set_defaults(handler=_cmd_eval)
+
+
+def _add_quickstart_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``veriloop quickstart [KEY=VALUE ...]``."""
+    p = sub.add_parser(
+        "quickstart", help="train the default model (~10 CPU minutes on 2 cores), evaluate, plot"
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="dotted overrides of configs/experiments/quickstart.yaml",
+    )
+    p.add_argument("--resume", action="store_true", help="continue an interrupted quickstart")
+    _add_overwrite_arg(p)
+    _add_import_arg(p)
+    p.set_defaults(handler=_cmd_quickstart)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="veriloop",
@@ -211,39 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overwrite_arg(p)
     p.set_defaults(handler=_cmd_sft)
 
-    p = sub.add_parser("eval", help="pass@k / avg@k / maj@k per split for checkpoints (or the base model)")
-    p.add_argument("config", help="experiment config naming the splits (env.eval_splits) and eval.* settings")
-    p.add_argument(
-        "--checkpoints",
-        nargs="+",
-        default=["base"],
-        help="saved policy folders (e.g. RUN/final) or 'base' for policy.model (default: base)",
-    )
-    p.add_argument("--out", default=None, help="output folder (default: RUN_DIR/eval-cli)")
-    p.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. eval.n_samples=16"
-    )
-    _add_import_arg(p)
-    p.set_defaults(handler=_cmd_eval)
-
+    _add_eval_command(sub)
     p = sub.add_parser("plot", help="draw a run's training curves to PNG files")
     p.add_argument("run", help="run folder (holds metrics.jsonl)")
     p.add_argument("--out", default=None, help="output folder (default: RUN/plots)")
     p.set_defaults(handler=_cmd_plot)
 
-    p = sub.add_parser(
-        "quickstart", help="train the default model (~10 CPU minutes on 2 cores), evaluate, plot"
-    )
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="KEY=VALUE",
-        help="dotted overrides of configs/experiments/quickstart.yaml",
-    )
-    p.add_argument("--resume", action="store_true", help="continue an interrupted quickstart")
-    _add_overwrite_arg(p)
-    _add_import_arg(p)
-    p.set_defaults(handler=_cmd_quickstart)
+    _add_quickstart_command(sub)
     return parser
 
 

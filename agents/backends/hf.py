@@ -241,6 +241,44 @@ class HFBackend:
         self, reqs: Sequence[GenRequest], sampling: SamplingParams, generator: torch.Generator
     ) -> list[GenResult]:
         device = self.policy.device
+        rows, logits, cache, mask, pos = self._prefill(reqs, sampling, device)
+        active = list(range(len(rows)))  # batch row b -> rows[active[b]]
+        done: list[int] = []
+        next_pos = pos[:, -1] + 1  # [B]
+        while True:
+            tokens, lps = sample_next(logits, sampling, generator)  # [B], [B]
+            for b, r in enumerate(active):
+                row = rows[r]
+                if row.finish is None:
+                    self._append(row, int(tokens[b]), float(lps[b]), sampling)
+            if all(rows[r].finish is not None for r in active):
+                break
+            finished = [b for b, r in enumerate(active) if rows[r].finish is not None]
+            if finished and len(finished) >= self.compact_fraction * len(active):
+                keep = [b for b in range(len(active)) if rows[active[b]].finish is None]
+                self._save(
+                    cache,
+                    [rows[active[b]] for b in finished],
+                    [reqs[active[b]].key for b in finished],
+                    finished,
+                )
+                done += [active[b] for b in finished]
+                index = torch.tensor(keep)
+                cache.batch_select_indices(index)
+                tokens, mask, next_pos = tokens[index], mask[index], next_pos[index]
+                active = [active[b] for b in keep]
+            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
+            logits = self._forward(tokens[:, None], mask, next_pos[:, None], cache, device)
+            next_pos = next_pos + 1
+        self._save(cache, [rows[r] for r in active], [reqs[r].key for r in active], list(range(len(active))))
+        return [GenResult(row.sampled, row.logprobs, row.finish or "length") for row in rows]  # type: ignore[arg-type]
+
+    def _prefill(
+        self, reqs: Sequence[GenRequest], sampling: SamplingParams, device: torch.device
+    ) -> tuple[list[_Row], torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        """Left-padded forward of every request's uncached context (each distinct one once when
+        ``share_prefill``). Returns the rows, the next-token logits [B, V], the cache, the
+        attention mask [B, P + W] and the positions [B, W] of the tokens fed."""
         cached = [self._cached_length(r) for r in reqs]
         lengths = [len(r.context_ids) for r in reqs]
         width = max(t - c for t, c in zip(lengths, cached))  # W
@@ -275,36 +313,7 @@ class HFBackend:
             logits = logits[expand.to(logits.device)]
             cache.batch_select_indices(expand.to(device))
             self.stats["shared_prefill_rows"] += len(reqs) - len(fed)
-        active = list(range(len(rows)))  # batch row b -> rows[active[b]]
-        done: list[int] = []
-        next_pos = pos[:, -1] + 1  # [B]
-        while True:
-            tokens, lps = sample_next(logits, sampling, generator)  # [B], [B]
-            for b, r in enumerate(active):
-                row = rows[r]
-                if row.finish is None:
-                    self._append(row, int(tokens[b]), float(lps[b]), sampling)
-            if all(rows[r].finish is not None for r in active):
-                break
-            finished = [b for b, r in enumerate(active) if rows[r].finish is not None]
-            if finished and len(finished) >= self.compact_fraction * len(active):
-                keep = [b for b in range(len(active)) if rows[active[b]].finish is None]
-                self._save(
-                    cache,
-                    [rows[active[b]] for b in finished],
-                    [reqs[active[b]].key for b in finished],
-                    finished,
-                )
-                done += [active[b] for b in finished]
-                index = torch.tensor(keep)
-                cache.batch_select_indices(index)
-                tokens, mask, next_pos = tokens[index], mask[index], next_pos[index]
-                active = [active[b] for b in keep]
-            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
-            logits = self._forward(tokens[:, None], mask, next_pos[:, None], cache, device)
-            next_pos = next_pos + 1
-        self._save(cache, [rows[r] for r in active], [reqs[r].key for r in active], list(range(len(active))))
-        return [GenResult(row.sampled, row.logprobs, row.finish or "length") for row in rows]  # type: ignore[arg-type]
+        return rows, logits, cache, mask, pos
 
     def _append(self, row: _Row, token: int, logprob: float, sampling: SamplingParams) -> None:
         row.sampled.append(token)
