@@ -70,7 +70,7 @@ from typing import Any, Literal
 
 import torch
 
-from veriloop.agents.backends import GenRequest, GenResult, eos_token_ids
+from veriloop.agents.backends import FinishReason, GenRequest, GenResult, eos_token_ids
 from veriloop.agents.policy import Policy
 from veriloop.agents.sampling_params import SamplingParams
 
@@ -319,6 +319,7 @@ class VLLMBackend:
             raise RuntimeError(
                 f"vLLM returned {len(logprobs)} log-probs for {len(ids)} tokens; need logprobs=0"
             )
+        finish: FinishReason
         if completion.finish_reason == "length":
             finish = "length"
         elif isinstance(completion.stop_reason, str):
