@@ -86,12 +86,12 @@ class VisionBuildSettings:
     vision_layers: int = 2
     vision_heads: int = 4
     vision_mlp: int = 768
-    align_steps: int = 400
+    align_steps: int = 300
     align_batch: int = 16
     align_lr: float = 1.0e-3
-    caption_steps: int = 30
+    caption_steps: int = 150
     caption_batch: int = 8
-    caption_lr: float = 3.0e-4
+    caption_lr: float = 1.0e-3
     eval_deals: int = 100
     checkpoint_every_s: float = 180.0
 
