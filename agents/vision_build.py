@@ -142,33 +142,9 @@ def build_vision_model(
         ("align", settings.align_steps, settings.align_lr, lambda s: _align_step(model, processor, settings, exclude, s)),
         ("caption", settings.caption_steps, settings.caption_lr, lambda s: _caption_step(model, processor, settings, exclude, s)),
     ]  # fmt: skip
-    start_stage = state["stage"] if state else 0
     for index, (name, steps, lr, run_step) in enumerate(stages):
-        if index < start_stage:
-            continue
-        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-        start = 0
-        if state is not None and index == state["stage"] and state["optimizer"] is not None:
-            optimizer.load_state_dict(state["optimizer"])
-            start = state["step"]
-        progress = _Stage(f"stage {index + 1}/2 {name}", steps, start, say)
-        last_save = time.monotonic()
-        model.train()
-        for step in range(start, steps):
-            for group in optimizer.param_groups:
-                group["lr"] = _lr(lr, step, steps)
-            loss, metrics = run_step(step)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            progress.step(step + 1, metrics)
-            if resume is not None and time.monotonic() - last_save >= settings.checkpoint_every_s:
-                _save_resume(resume, model, optimizer, settings, index, step + 1)
-                last_save = time.monotonic()
-        if resume is not None:
-            _save_resume(resume, model, None, settings, index + 1, 0)  # next stage: a fresh optimizer
-        model.eval()
+        if index >= (state["stage"] if state else 0):
+            _run_stage(model, params, index, name, steps, lr, run_step, state, settings, resume, say)
     say(f"evaluating on {settings.eval_deals} held-out black-suit and {settings.eval_deals} red-suit deals")
     report = {
         "settings": dataclasses.asdict(settings),
@@ -176,6 +152,19 @@ def build_vision_model(
         **evaluate(model, processor, settings),
     }
     report["build_seconds"] = round(time.monotonic() - t_start, 1)
+    _finish(out, model, processor, report, resume, say)
+    return report
+
+
+def _finish(
+    out: Path,
+    model: Any,
+    processor: Any,
+    report: dict[str, Any],
+    resume: Path | None,
+    say: Callable[[str], None],
+) -> None:
+    """Save the model, the processor and the report into ``out``; drop the resume checkpoint."""
     model.save_pretrained(out)
     processor.save_pretrained(out)
     (Path(out) / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
@@ -185,7 +174,46 @@ def build_vision_model(
         f"({red['per_card']:.1%} of cards)")  # fmt: skip
     if resume is not None and resume.is_file():
         resume.unlink()
-    return report
+
+
+def _run_stage(
+    model: Any,
+    params: list[torch.nn.Parameter],
+    index: int,
+    name: str,
+    steps: int,
+    lr: float,
+    run_step: Callable[[int], tuple[torch.Tensor, dict[str, float]]],
+    state: dict[str, Any] | None,
+    settings: VisionBuildSettings,
+    resume: Path | None,
+    say: Callable[[str], None],
+) -> None:
+    """One stage: ``steps`` AdamW steps of ``run_step(step) -> (loss, metrics)`` (from the resume
+    state's step when it is this stage's), with progress lines and resume checkpoints."""
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    start = 0
+    if state is not None and index == state["stage"] and state["optimizer"] is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["step"]
+    progress = _Stage(f"stage {index + 1}/2 {name}", steps, start, say)
+    last_save = time.monotonic()
+    model.train()
+    for step in range(start, steps):
+        for group in optimizer.param_groups:
+            group["lr"] = _lr(lr, step, steps)
+        loss, metrics = run_step(step)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        progress.step(step + 1, metrics)
+        if resume is not None and time.monotonic() - last_save >= settings.checkpoint_every_s:
+            _save_resume(resume, model, optimizer, settings, index, step + 1)
+            last_save = time.monotonic()
+    if resume is not None:
+        _save_resume(resume, model, None, settings, index + 1, 0)  # next stage: a fresh optimizer
+    model.eval()
 
 
 def _align_step(
