@@ -105,7 +105,7 @@ def _file_lock(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def build_cached(target: Path, build: Callable[[Path], None]) -> Path:
+def build_cached(target: Path, build: Callable[[Path], object]) -> Path:
     """Return ``target``, first creating it with ``build(tmp_folder)`` unless already complete.
 
     ``build`` writes into an empty temporary sibling folder; the marker is added and the folder

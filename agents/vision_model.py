@@ -180,7 +180,8 @@ def assemble(text_model: Any, tokenizer: Any, settings: VisionBuildSettings) -> 
     if not text_model.config.tie_word_embeddings:
         model.lm_head.load_state_dict(text_model.lm_head.state_dict())
     eos = end_of_turn_ids(tokenizer)
-    model.config.text_config.eos_token_id = eos[0]
+    text_config: Any = model.config.text_config  # a PreTrainedConfig once the model is built
+    text_config.eos_token_id = eos[0]
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.eval()
