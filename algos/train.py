@@ -39,6 +39,7 @@ from veriloop.algos.checkpoint import check_finite, latest_checkpoint, load_chec
 from veriloop.algos.critic import ValueModel
 from veriloop.algos.distributed import DistContext, init_distributed, shutdown_distributed
 from veriloop.algos.evaluate import final_sample, run_summary
+from veriloop.algos.mismatch import MismatchStats
 from veriloop.algos.mixture import assign_envs, per_env_metrics
 from veriloop.algos.nonfinite import NonFiniteGuard
 from veriloop.algos.progress import Progress, say
@@ -339,6 +340,7 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
     policy.model.train()
     sums: dict[str, float] = {}
     updates = 0
+    mismatch: list[MismatchStats] = []  # sampler vs trainer, measured in the first update's forward passes
     for _ in range(cfg.algo.epochs):
         for mb in minibatches(batch, cfg.mini_batch_size, shuffle=generator):
             part = mb.select(torch.arange(dist.rank, mb.size, dist.world_size)) if dist.enabled else mb
@@ -349,7 +351,8 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
             m = update_step(policy.model, optimizer, part, algo, micro_batch_size=cfg.train.micro_batch_size,
                             micro_batch_tokens=cfg.train.micro_batch_tokens, max_grad_norm=cfg.train.max_grad_norm or float("inf"),
                             ref_model_ctx=ref_ctx, critic=critic,
-                            max_new_tokens=r.max_new_tokens, temperature=r.temperature, **sync)  # fmt: skip
+                            max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                            mismatch=mismatch if updates == 0 else None, **sync)  # fmt: skip
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
             updates += 1
@@ -359,7 +362,8 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
     out["updates"] = float(updates)
     out["train_tokens"] = float(batch.loss_mask.sum())
     out["kl_ref"] = kl_to_reference(batch)  # None without a reference: logged as null
-    return {**out, **adv_metrics}
+    out.update(sum(mismatch, MismatchStats()).metrics())  # every step, either backend
+    return {**out, **adv_metrics}  # rollout correction's own mismatch/* (whole batch) wins
 
 
 # -------------------------------------------------------------------------------------- run folder

@@ -36,6 +36,7 @@ from veriloop.algos.batch import TokenBatch, collate, minibatches, with_advantag
 from veriloop.algos.correction import rollout_correction
 from veriloop.algos.critic import ValueModel, values
 from veriloop.algos.losses import aggregate, entropy_bonus, kl_penalty, value_loss
+from veriloop.algos.mismatch import MismatchStats, mismatch_stats
 from veriloop.algos.sampling import verifier_failed
 from veriloop.algos.shaping import format_reward, kl_reward_penalty, overlong_filter_mask, overlong_penalty
 from veriloop.configs.algo import AlgoConfig
@@ -551,6 +552,7 @@ def policy_loss(
     total_tokens: float | None = None,
     total_seqs: float | None = None,
     temperature: float = 1.0,
+    mismatch: list[MismatchStats] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of one (micro-)batch: aggregate(w * policy objective + kl_coef KL - entropy_coef H)
     + vf_coef V-loss.
@@ -583,6 +585,9 @@ def policy_loss(
                                temperature=temperature, first_position=first,
                                shared_prefix=prefix if prefix >= MIN_SHARED_PREFIX else 0, **batch.extras)  # fmt: skip
     assert ent is not None  # [B, T] like logp
+    if mismatch is not None:  # sampler (mu) vs this forward pass, before any update (the caller's choice)
+        mu = batch.sampler_logprobs if batch.sampler_logprobs is not None else batch.old_logprobs
+        mismatch.append(mismatch_stats(logp.detach(), mu, mask))
     agg = partial(algo.aggregation, mask=mask, constant=algo.cfg.loss_agg_constant or agg_constant,
                   total_tokens=total_tokens, total_seqs=total_seqs)  # fmt: skip
     segments = batch.turn_index if algo.per_turn_segments else None
@@ -686,6 +691,7 @@ def update_step(
     temperature: float = 1.0,
     global_tokens: float | None = None,
     global_seqs: float | None = None,
+    mismatch: list[MismatchStats] | None = None,
 ) -> dict[str, float]:
     """One optimizer step on ``batch``: gradient accumulation over micro-batches, grad-norm clipping
     over the optimizer's parameters, and a non-finite guard (a NaN/inf loss or gradient norm skips
@@ -698,6 +704,8 @@ def update_step(
     ``temperature``: the rollout's sampling temperature (see ``policy_loss``).
     ``global_tokens`` / ``global_seqs``: the loss normalisers when ``batch`` is this rank's part
     of a larger mini-batch (``loss_normalisers``); None = ``batch``'s own counts.
+    ``mismatch``: when given, each micro-batch's sampler-vs-trainer :class:`MismatchStats` is
+    appended (all forward passes of one step precede its optimizer step, so these are pre-update).
 
     Returns:
         ``METRIC_NAMES`` metrics (losses summed over micro-batches, rates token-weighted) + ``skipped``.
@@ -709,7 +717,7 @@ def update_step(
     total_seqs = float((lengths > 0).sum()) if global_seqs is None else global_seqs
     loss_fn = partial(policy_loss, cfg=resolve(cfg), ref_model_ctx=ref_model_ctx, critic=critic,
                       agg_constant=max_new_tokens, temperature=temperature, total_tokens=total_tokens,
-                      total_seqs=total_seqs)  # fmt: skip
+                      total_seqs=total_seqs, mismatch=mismatch)  # fmt: skip
     # similar lengths, little padding; at most micro_batch_tokens padded tokens each when set
     micro = minibatches(batch, micro_batch_size, by_length=True, max_tokens=micro_batch_tokens)
     sums, finite = _accumulate_gradients(model, micro, loss_fn, own_tokens=float(lengths.sum()))
