@@ -40,6 +40,9 @@ class TokenBatch:
             ``algos.correction``) multiplying the policy loss; None = no correction.
         extras: extra model inputs (e.g. ``pixel_values``); tensors whose first dim is B are
             sliced with the batch.
+        extra_counts: For an extra stacked per item rather than per row (a multi-turn VLM
+            episode has one image per turn: ``pixel_values`` is [N_images, ...]), [B] long, how
+            many leading entries each row owns, in row order; ``select`` takes each row's own.
     """
 
     input_ids: torch.Tensor
@@ -54,6 +57,7 @@ class TokenBatch:
     sampler_logprobs: torch.Tensor | None = None
     is_weights: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    extra_counts: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids.shape)
@@ -99,17 +103,25 @@ class TokenBatch:
                 return x[rows]
             return x
 
-        extras = {}
+        extras, counts = {}, {}
         for k, v in self.extras.items():
-            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == b:
+            if k in self.extra_counts:  # [N_items, ...]: each selected row's own items, in order
+                own = self.extra_counts[k]  # [B]
+                starts = torch.cumsum(own, 0) - own
+                idx = torch.arange(b)[rows]
+                items = [torch.arange(int(starts[i]), int(starts[i] + own[i])) for i in idx.tolist()]
+                extras[k] = v[torch.cat(items)] if items else v[:0]
+                counts[k] = own[idx]
+            elif isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == b:
                 extras[k] = v[rows]
             else:
                 raise ValueError(
-                    f"cannot split extras[{k!r}] by rows (its first dim is not B={b}); "
+                    f"cannot split extras[{k!r}] by rows (its first dim is not B={b}, and no per-row counts); "
                     "use a mini-batch size equal to the batch size for this model"
                 )
-        vals = {f.name: pick(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "extras"}
-        return TokenBatch(**vals, extras=extras)
+        skip = ("extras", "extra_counts")
+        vals = {f.name: pick(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
+        return TokenBatch(**vals, extras=extras, extra_counts=counts)
 
 
 def _pad(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype, length: int) -> torch.Tensor:
@@ -120,15 +132,19 @@ def _pad(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype, leng
     return out
 
 
-def _collate_extras(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+def _collate_extras(trajectories: Sequence[Trajectory]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Extras stacked along dim 0 in trajectory order, and how many entries each trajectory gave."""
     keys = set().union(*(t.extras.keys() for t in trajectories)) if trajectories else set()
     out: dict[str, Any] = {}
+    counts: dict[str, torch.Tensor] = {}
     for k in sorted(keys):
         vals = [t.extras.get(k) for t in trajectories]
-        if any(v is None for v in vals) or not all(isinstance(v, torch.Tensor) for v in vals):
+        tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+        if len(tensors) != len(vals):
             raise ValueError(f"extras[{k!r}] must be a tensor on every trajectory to be collated")
-        out[k] = torch.cat([v for v in vals if isinstance(v, torch.Tensor)], dim=0)  # stacked on dim 0
-    return out
+        out[k] = torch.cat(tensors, dim=0)  # stacked on dim 0
+        counts[k] = torch.tensor([v.shape[0] for v in tensors], dtype=torch.long)  # [B]
+    return out, counts
 
 
 def collate(
@@ -177,6 +193,7 @@ def collate(
         if len(advantages_per_token) != n:
             raise ValueError(f"got {len(advantages_per_token)} advantage rows for {n} trajectories")
         adv = _pad(advantages_per_token, 0.0, torch.float32, t_max)
+    extras, extra_counts = _collate_extras(trajectories)
     return TokenBatch(
         input_ids=input_ids,
         attention_mask=attn,
@@ -184,7 +201,8 @@ def collate(
         old_logprobs=old_lp,
         turn_index=turn_index,
         advantages=adv * loss_mask,
-        extras=_collate_extras(trajectories),
+        extras=extras,
+        extra_counts=extra_counts,
     )
 
 

@@ -255,12 +255,6 @@ def test_the_shipped_vision_config_names_default_vision():
     assert cfg.sft.steps == 0  # the SFT data builders take text observations only
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="algos/batch.py: TokenBatch.select cannot split pixel_values [N_images, ...] of multi-turn "
-    "episodes by rows (minibatches always selects), so the trainer's update fails for a VLM",
-)
 def test_the_shipped_vision_config_trains_one_step_with_a_built_vlm(built, tmp_path):
     from veriloop.algos.train import train
     from veriloop.configs.loader import load_config

@@ -94,3 +94,20 @@ def test_micro_batches_capped_by_padded_tokens(make_traj):
     uncapped = list(minibatches(batch, 4, by_length=True))
     assert [p.size for p in uncapped] == [4, 1]  # without the cap: by rows only
     assert [p.size for p in minibatches(batch, 4, by_length=True, max_tokens=100)] == [4, 1]
+
+
+def test_select_takes_each_rows_own_images_when_episodes_have_several():
+    """Multi-turn VLM episodes: pixel_values is [N_images, ...] (one per turn), not [B, ...]."""
+    import torch
+
+    from veriloop.algos.batch import TokenBatch
+
+    ids = torch.ones(3, 4, dtype=torch.long)
+    z = torch.zeros(3, 4)
+    pixels = torch.arange(6).float().view(6, 1)  # rows own 1, 3 and 2 images
+    batch = TokenBatch(ids, ids, z, z, ids, z, extras={"pixel_values": pixels},
+                       extra_counts={"pixel_values": torch.tensor([1, 3, 2])})  # fmt: skip
+    part = batch.select(torch.tensor([2, 0]))
+    assert part.extras["pixel_values"].view(-1).tolist() == [4.0, 5.0, 0.0]
+    assert part.extra_counts["pixel_values"].tolist() == [2, 1]
+    assert batch.select(slice(1, 2)).extras["pixel_values"].view(-1).tolist() == [1.0, 2.0, 3.0]
