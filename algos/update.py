@@ -576,8 +576,7 @@ def policy_loss(
         scalar loss (with grad) and the metrics named in ``METRIC_NAMES`` (except grad_norm),
         plus ``cov_frac`` for Clip-Cov / KL-Cov.
     """
-    algo = resolve(cfg)
-    mask = batch.loss_mask  # [B, T]
+    algo, mask = resolve(cfg), batch.loss_mask  # mask: [B, T]
     first = first_loss_position(mask)
     # rows of one group share their prompt: run it once (same numbers and gradients, less compute)
     prefix = shared_prefix_length(batch.input_ids, batch.attention_mask, limit=first)
@@ -586,8 +585,7 @@ def policy_loss(
                                shared_prefix=prefix if prefix >= MIN_SHARED_PREFIX else 0, **batch.extras)  # fmt: skip
     assert ent is not None  # [B, T] like logp
     if mismatch is not None:  # sampler (mu) vs this forward pass, before any update (the caller's choice)
-        mu = batch.sampler_logprobs if batch.sampler_logprobs is not None else batch.old_logprobs
-        mismatch.append(mismatch_stats(logp.detach(), mu, mask))
+        mismatch.append(_mismatch(batch, logp))
     agg = partial(algo.aggregation, mask=mask, constant=algo.cfg.loss_agg_constant or agg_constant,
                   total_tokens=total_tokens, total_seqs=total_seqs)  # fmt: skip
     segments = batch.turn_index if algo.per_turn_segments else None
@@ -603,6 +601,12 @@ def policy_loss(
     loss_v = _value_loss(batch, algo.cfg, critic, total_tokens) if critic is not None else zero
     loss = loss_pg + loss_kl + loss_ent + loss_v
     return loss, _loss_metrics(loss_pg, loss_kl, loss_ent, loss_v, stats, logp, ent, mask)
+
+
+def _mismatch(batch: TokenBatch, logp: torch.Tensor) -> MismatchStats:
+    """``mismatch_stats`` of the sampler's log-probs (mu, else pi_old) against this forward pass."""
+    mu = batch.sampler_logprobs if batch.sampler_logprobs is not None else batch.old_logprobs
+    return mismatch_stats(logp.detach(), mu, batch.loss_mask)
 
 
 def _kl_loss(
