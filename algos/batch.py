@@ -91,7 +91,7 @@ class TokenBatch:
         if width == self.input_ids.shape[1]:
             return self
         vals = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extras"}
-        cut = {k: v[:, :width] if isinstance(v, torch.Tensor) else v for k, v in vals.items()}
+        cut: dict[str, Any] = {k: v[:, :width] if isinstance(v, torch.Tensor) else v for k, v in vals.items()}
         return TokenBatch(**cut, extras=self.extras)
 
     def select(self, rows: slice | torch.Tensor) -> TokenBatch:
