@@ -23,6 +23,7 @@ import torch
 
 from veriloop.agents.loading import LoraSettings, build_policy
 from veriloop.agents.policy import Policy
+from veriloop.agents.vision import CHATML_VISION_TEMPLATE
 
 #: Placeholder token the VLM's chat template emits for each ``{"type": "image"}`` content part.
 IMAGE_TOKEN = "<image>"
@@ -31,23 +32,8 @@ TINY_IMAGE_SIZE = 32
 TINY_PATCH_SIZE = 8
 TINY_LORA = LoraSettings(r=8, alpha=16, dropout=0.0)
 
-#: ChatML like SmolLM2's, extended to list-of-parts content: text parts are concatenated and each
-#: image part becomes one ``<image>`` placeholder (the processor expands it to the patch count).
-VISION_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
-    "{% endif %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}{{ '<image>' }}"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}"
-    "{{ '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+#: ChatML like SmolLM2's, extended to list-of-parts content (the built default-vision model's own).
+VISION_CHAT_TEMPLATE = CHATML_VISION_TEMPLATE
 
 
 @functools.lru_cache(maxsize=1)
