@@ -180,6 +180,18 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     return min(int(same.long().cumprod(0).sum()), limit)
 
 
+def _cache_argument() -> str:
+    """The name transformers' forward takes the KV cache under: ``cache`` from 5.24 on (where
+    ``past_key_values`` warns that it goes away in 5.40), ``past_key_values`` before."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+#: ``model(..., **{CACHE_ARG: cache})`` and ``getattr(out, CACHE_ARG)`` work on every supported transformers.
+CACHE_ARG = _cache_argument()
+
+
 def _shared_prefix_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int,
                           keep: int) -> torch.Tensor:  # fmt: skip
     """Logits of the last ``keep`` positions, with columns ``0 .. prefix-2`` run once for all rows.
@@ -190,11 +202,11 @@ def _shared_prefix_logits(model: Any, input_ids: torch.Tensor, attention_mask: t
     """
     b, t = input_ids.shape
     head = model(input_ids=input_ids[:1, : prefix - 1], use_cache=True, logits_to_keep=1)
-    cache = head.past_key_values
+    cache = getattr(head, CACHE_ARG)
     for layer in cache.layers:  # [1, H, P-1, D] -> [B, H, P-1, D], no copy
         layer.keys = layer.keys.expand(b, -1, -1, -1)
         layer.values = layer.values.expand(b, -1, -1, -1)
     positions = torch.arange(prefix - 1, t, device=input_ids.device).expand(b, -1)  # [B, T-P+1]
     out = model(input_ids=input_ids[:, prefix - 1 :], attention_mask=attention_mask, position_ids=positions,
-                past_key_values=cache, use_cache=True, logits_to_keep=keep)  # fmt: skip
+                use_cache=True, logits_to_keep=keep, **{CACHE_ARG: cache})  # fmt: skip
     return out.logits

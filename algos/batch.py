@@ -132,6 +132,68 @@ def _pad(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype, leng
     return out
 
 
+def _pad_tokens(
+    ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[float]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The padding both collates share: ``input_ids``, ``attention_mask`` (long) and ``loss_mask``
+    (float32), each [B, T] with T the longest sequence, real tokens first (right padding)."""
+    t_max = max(len(x) for x in ids)
+    input_ids = _pad(ids, pad_id, torch.long, t_max)  # [B, T]
+    attention_mask = _pad([[1] * len(x) for x in ids], 0, torch.long, t_max)  # [B, T]
+    loss_mask = _pad(loss_masks, 0, torch.float32, t_max)  # [B, T]
+    return input_ids, attention_mask, loss_mask
+
+
+def collate_tokens(
+    ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[float]], *, pad_id: int = 0
+) -> TokenBatch:
+    """Pad plain token sequences and their loss masks into a ``TokenBatch`` (SFT's batches).
+
+    The same padding as :func:`collate`, for data that is not a rollout: ``old_logprobs`` and
+    ``advantages`` are 0 and ``turn_index`` is -1 (no sampled turns); the loss mask is the one given.
+
+    Args:
+        ids: B token-id lists. loss_masks: B lists of the same lengths, 1 on tokens to learn.
+        pad_id: Token id for padding (never attended, never trained).
+    """
+    if not ids or len(ids) != len(loss_masks):
+        raise ValueError(
+            f"collate_tokens needs B >= 1 rows of ids and B loss masks, got {len(ids)} and {len(loss_masks)}"
+        )
+    bad = [b for b, (x, m) in enumerate(zip(ids, loss_masks)) if len(x) != len(m)]
+    if bad:
+        b = bad[0]
+        raise ValueError(f"row {b}: {len(ids[b])} token ids but {len(loss_masks[b])} loss-mask entries")
+    input_ids, attention_mask, loss_mask = _pad_tokens(ids, loss_masks, pad_id)
+    zeros = torch.zeros_like(loss_mask)  # [B, T]
+    no_turn = torch.full_like(input_ids, -1)  # [B, T]
+    return TokenBatch(
+        input_ids, attention_mask, loss_mask, old_logprobs=zeros, turn_index=no_turn, advantages=zeros
+    )
+
+
+def with_row_extras(batch: TokenBatch, per_row: Sequence[dict[str, torch.Tensor]]) -> TokenBatch:
+    """``batch`` with per-row model inputs attached (e.g. each SFT example's ``pixel_values``).
+
+    Row b's tensors (first dim = its item count, 0 or more images) are stacked along dim 0 in row
+    order into ``extras[k]`` [N_items, ...], with ``extra_counts[k]`` [B] saying how many each row
+    owns, so :meth:`TokenBatch.select` (micro-batches) takes each row's own items. A row without
+    key k owns 0 of them.
+    """
+    if len(per_row) != batch.size:
+        raise ValueError(f"{len(per_row)} rows of extras for a batch of {batch.size} rows")
+    keys = sorted(set().union(*(r.keys() for r in per_row))) if per_row else []
+    extras: dict[str, Any] = {}
+    counts: dict[str, torch.Tensor] = {}
+    for k in keys:
+        tensors = [r[k] for r in per_row if k in r]
+        extras[k] = torch.cat(tensors, dim=0)  # [N_items, ...]
+        counts[k] = torch.tensor(
+            [int(r[k].shape[0]) if k in r else 0 for r in per_row], dtype=torch.long
+        )  # [B]
+    return dataclasses.replace(batch, extras=extras, extra_counts=counts)
+
+
 def _collate_extras(trajectories: Sequence[Trajectory]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Extras stacked along dim 0 in trajectory order, and how many entries each trajectory gave."""
     keys = set().union(*(t.extras.keys() for t in trajectories)) if trajectories else set()
@@ -168,13 +230,12 @@ def collate(
     if not trajectories:
         raise ValueError("collate needs at least one trajectory")
     n = len(trajectories)
-    t_max = max(len(t.token_ids) for t in trajectories)
     for t in trajectories:
         if not (len(t.token_ids) == len(t.loss_mask) == len(t.logprobs) == len(t.turn_index)):
             raise ValueError(f"trajectory (group {t.group_id}) has per-token lists of different lengths")
-    input_ids = _pad([t.token_ids for t in trajectories], pad_id, torch.long, t_max)
-    attn = _pad([[1] * len(t.token_ids) for t in trajectories], 0, torch.long, t_max)
-    loss_mask = _pad([t.loss_mask for t in trajectories], 0, torch.float32, t_max)
+    ids, masks = [t.token_ids for t in trajectories], [t.loss_mask for t in trajectories]
+    input_ids, attn, loss_mask = _pad_tokens(ids, masks, pad_id)  # [N, T] each
+    t_max = input_ids.shape[1]
     if sample_mask is not None:
         if sample_mask.shape != (n,):
             raise ValueError(f"sample_mask must be [{n}], got {tuple(sample_mask.shape)}")

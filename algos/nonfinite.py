@@ -1,4 +1,5 @@
-"""The non-finite guard both training loops share (RL in ``train.py``, SFT in ``sft_train.py``).
+"""The non-finite guard both training loops share (through ``steps.StepLoop``: RL in ``train.py``,
+SFT in ``sft_train.py``), with one limit, ``train.max_consecutive_nonfinite``.
 
 A step whose loss or gradient norm is NaN/inf is skipped by the loop (no optimizer step, the
 weights stay as they were); the guard counts those steps and tells the loop when too many came in a
@@ -8,6 +9,10 @@ row, so a run that has diverged stops instead of spinning through skipped steps.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Too many consecutive steps had a NaN/inf loss or gradient (RL or SFT)."""
 
 
 @dataclass

@@ -1,16 +1,22 @@
 """The SFT warm-up loop (``veriloop sft``): chat examples in, a fine-tuned policy out.
 
     tokenise every example once (build_sft_example: chat template, loss only on trainable turns)
-    for step in start .. steps-1:
+    for step in start .. steps-1:                                       (steps.StepLoop, as RL's loop)
         batch = B examples from a seeded per-epoch permutation          (resumable from `step` alone)
-        for each micro-batch m:  (L_m · n_m / n).backward()              n = loss tokens in the batch
+        collate them once (batch.collate_tokens, RL's padding); for each micro-batch m of its rows:
+            (L_m · n_m / n).backward()                                  n = loss tokens in the batch
         clip grad norm; skip the update if loss or norm is non-finite
         AdamW step, linear warm-up of the learning rate
-        log; checkpoint every `checkpoint_every` steps (atomic, resumable)
+        guard: `max_consecutive_nonfinite` skipped steps in a row stop the run (RL's limit)
+        log; checkpoint every `checkpoint_every` steps and after the last (atomic, resumable)
     save_policy(policy, run_dir / "final")
 
 The loss is the token mean over the whole batch, L = -Σ m·log p / Σ m, whatever the micro-batch
-split (each micro-batch's mean is re-weighted by its share of the loss tokens). Nothing is silent:
+split (each micro-batch's mean is re-weighted by its share of the loss tokens). Vision examples
+(images on the example, a policy with a processor) are tokenised through the processor
+(:mod:`veriloop.algos.sft_vision`); their image inputs ride with their rows (``TokenBatch.extras``
+with per-row counts), so a micro-batch takes its rows' images and the model's forward gets them.
+Nothing is silent:
 examples cut at ``max_len`` are counted (``truncated``), and those left with no trainable token are
 dropped and counted (``dropped_empty``).
 """
@@ -23,19 +29,22 @@ import math
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from veriloop.algos.batch import collate_tokens, minibatches, with_row_extras
 from veriloop.algos.nonfinite import NonFiniteGuard
+from veriloop.algos.run_log import RunLog
 from veriloop.algos.sft import build_sft_example, sft_loss
 from veriloop.algos.sft_data import SFTExample
+from veriloop.algos.steps import StepLoop
+from veriloop.configs.schema import TrainConfig
 
 TRAINABLE_FILE = "trainable.pt"
-MAX_NONFINITE_IN_A_ROW = 10  # SFT's limit for NonFiniteGuard (RL: train.max_consecutive_nonfinite)
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,8 @@ class SFTSettings:
         checkpoint_every: Checkpoint every this many steps; 0 = only at the end (with ``run_dir``).
         keep_last: Complete checkpoints kept.
         tensorboard: Also write TensorBoard scalars into ``run_dir/tb``.
+        max_consecutive_nonfinite: Stop after this many steps in a row with a NaN/inf loss or
+            gradient (each is skipped); the RL loop's limit, ``train.max_consecutive_nonfinite``.
     """
 
     steps: int
@@ -74,6 +85,7 @@ class SFTSettings:
     checkpoint_every: int = 0
     keep_last: int = 2
     tensorboard: bool = True
+    max_consecutive_nonfinite: int = TrainConfig.max_consecutive_nonfinite
 
     def __post_init__(self) -> None:
         ints = {
@@ -84,6 +96,7 @@ class SFTSettings:
             "log_every": 1,
             "checkpoint_every": 0,
             "keep_last": 1,
+            "max_consecutive_nonfinite": 1,
         }
         bad = [f"{k}={getattr(self, k)} (need >= {lo})" for k, lo in ints.items() if getattr(self, k) < lo]
         if self.micro_batch_size is not None and not 1 <= self.micro_batch_size <= self.batch_size:
@@ -103,26 +116,63 @@ class SFTSettings:
 # ---------------------------------------------------------------------------------- data
 @dataclass(frozen=True)
 class Tokenised:
-    """Examples as token lists, ready to batch; ``truncated`` / ``dropped_empty`` counts."""
+    """Examples as token lists, ready to batch; ``truncated`` / ``dropped_empty`` counts.
+
+    ``vision``: per example, its image inputs (``pixel_values`` [N_images, C, H, W] ...; ``{}`` for
+    a text example); empty when no example has images.
+    """
 
     ids: list[list[int]]
     masks: list[list[int]]
     truncated: int
     dropped_empty: int
+    vision: list[dict[str, torch.Tensor]] = field(default_factory=list)
 
     def fingerprint(self) -> str:
-        """Hash of every token and mask: a resumed run must train on the same data."""
+        """Hash of every token and mask (and image input): a resumed run must train on the same data."""
         h = hashlib.sha256()
         for ids, mask in zip(self.ids, self.masks):
             h.update(json.dumps([ids, mask]).encode())
+        for inputs in self.vision:
+            for k in sorted(inputs):
+                h.update(k.encode() + inputs[k].detach().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()[:16]
 
 
-def tokenise(tokenizer: Any, examples: Sequence[SFTExample], max_len: int) -> Tokenised:
-    """``build_sft_example`` on each example, cut to ``max_len`` tokens (counted, never silent)."""
-    ids_all, masks_all, truncated, dropped = [], [], 0, 0
-    for ex in examples:
+def _encode(
+    tokenizer: Any, processor: Any, ex: SFTExample, max_len: int
+) -> tuple[list[int], list[int], dict]:
+    """One example's ids, loss mask and image inputs, uncut; a vision example needs ``processor``,
+    and its images must end before ``max_len`` (an image cut in half has no valid input)."""
+    if not ex.images:
         ids, mask = build_sft_example(tokenizer, list(ex.messages), list(ex.trainable))
+        return ids, mask, {}
+    from veriloop.algos.sft_vision import build_vision_sft_example, image_token_count
+
+    if processor is None:
+        raise ValueError(
+            f"an SFT example has {len(ex.images)} image(s) but the policy has no processor; load a "
+            "vision-language policy (e.g. default-vision) or build text examples (images=False)"
+        )
+    ids, mask, vision = build_vision_sft_example(
+        processor, list(ex.messages), list(ex.trainable), ex.images, ex.image_messages
+    )
+    if image_token_count(processor, ids[:max_len]) != image_token_count(processor, ids):
+        raise ValueError(
+            f"max_len={max_len} cuts an image of an SFT example ({len(ids)} tokens); raise max_len "
+            "(rollout.max_context) so every image fits"
+        )
+    return ids, mask, vision
+
+
+def tokenise(
+    tokenizer: Any, examples: Sequence[SFTExample], max_len: int, processor: Any = None
+) -> Tokenised:
+    """``build_sft_example`` on each example (vision examples through ``processor``), cut to
+    ``max_len`` tokens (counted, never silent)."""
+    ids_all, masks_all, vision_all, truncated, dropped = [], [], [], 0, 0
+    for ex in examples:
+        ids, mask, vision = _encode(tokenizer, processor, ex, max_len)
         if len(ids) > max_len:
             truncated += 1
             ids, mask = ids[:max_len], mask[:max_len]
@@ -131,12 +181,14 @@ def tokenise(tokenizer: Any, examples: Sequence[SFTExample], max_len: int) -> To
             continue
         ids_all.append(ids)
         masks_all.append(mask)
+        vision_all.append(vision)
     if not ids_all:
         raise ValueError(
             f"no SFT example has a trainable token within max_len={max_len} ({len(examples)} given, "
             f"{dropped} dropped); raise max_len or check the examples' trainable flags"
         )
-    return Tokenised(ids_all, masks_all, truncated, dropped)
+    has_images = any(vision_all)
+    return Tokenised(ids_all, masks_all, truncated, dropped, vision_all if has_images else [])
 
 
 def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
@@ -151,19 +203,6 @@ def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
         epoch, i = divmod(pos, n)
         out.append(int(np.random.default_rng([seed, epoch]).permutation(n)[i]))
     return out
-
-
-def collate(ids: Sequence[list[int]], masks: Sequence[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest sequence: ``input_ids``, ``attention_mask``, ``loss_mask`` [B, T]."""
-    width = max(len(x) for x in ids)
-    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)  # [B, T]
-    attention = torch.zeros((len(ids), width), dtype=torch.long)  # [B, T]
-    loss_mask = torch.zeros((len(ids), width), dtype=torch.float32)  # [B, T]
-    for b, (x, m) in enumerate(zip(ids, masks)):
-        input_ids[b, : len(x)] = torch.tensor(x)
-        attention[b, : len(x)] = 1
-        loss_mask[b, : len(m)] = torch.tensor(m, dtype=torch.float32)
-    return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
 
 
 # ---------------------------------------------------------------------------------- checkpoints
@@ -202,29 +241,19 @@ def _resume(run_dir: Path, policy: Any, optimizer: Any, scheduler: Any, fingerpr
     return dict(state)
 
 
+def _save(sft: _SFTRun, guard: NonFiniteGuard, run: Path, step: int, fingerprint: str) -> None:
+    """A resumable checkpoint after ``step`` steps: the trained weights, optimizer, schedule, and
+    the guard's counts (a resumed run keeps them, as RL's does)."""
+    from veriloop.algos.checkpoint import save_checkpoint
+
+    state = {"step": step, "skipped_nonfinite": guard.total, "consecutive_nonfinite": guard.in_a_row,
+             "data_fingerprint": fingerprint}  # fmt: skip
+    model = sft.policy.model
+    save_checkpoint(run, step, model=model, save_model=lambda d: _save_trainable(model, d), optimizer=sft.optimizer,
+                    scheduler=sft.scheduler, trainer_state=state, keep_last=sft.settings.keep_last)  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------- the loop
-def _one_step(
-    policy: Any, data: Tokenised, idx: list[int], s: SFTSettings, pad_id: int
-) -> tuple[float, float, int]:
-    """Forward/backward over the micro-batches of one batch: (loss, tokens seen, loss tokens)."""
-    n_loss = sum(sum(data.masks[i][1:]) for i in idx)  # position 0 is never predicted
-    loss_sum, seen = 0.0, 0
-    device = policy.device
-    for k in range(0, len(idx), s.micro):
-        part = idx[k : k + s.micro]
-        batch = collate([data.ids[i] for i in part], [data.masks[i] for i in part], pad_id)
-        batch = {name: t.to(device) for name, t in batch.items()}
-        batch["loss_mask"][:, 0] = 0
-        n_part = float(batch["loss_mask"].sum())
-        seen += int(batch["attention_mask"].sum())
-        if n_part == 0:
-            continue
-        loss, _ = sft_loss(policy.model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
-        (loss * (n_part / n_loss)).backward()  # token mean over the whole batch
-        loss_sum += float(loss.detach()) * n_part
-    return loss_sum / max(n_loss, 1), float(seen), n_loss
-
-
 def train_sft(
     policy: Any,
     examples: Sequence[SFTExample],
@@ -243,19 +272,21 @@ def train_sft(
     max_grad_norm: float = 1.0,
     epochs: int | None = None,
     tensorboard: bool = True,
+    max_consecutive_nonfinite: int = TrainConfig.max_consecutive_nonfinite,
 ) -> dict[str, Any]:
     """Supervised warm-up of ``policy`` on ``examples``; arguments as in :class:`SFTSettings`."""
     settings = SFTSettings(
         steps=steps, lr=lr, batch_size=batch_size, micro_batch_size=micro_batch_size, max_len=max_len,
         warmup=warmup, seed=seed, log_every=log_every, checkpoint_every=checkpoint_every,
         keep_last=keep_last, max_grad_norm=max_grad_norm, epochs=epochs, tensorboard=tensorboard,
+        max_consecutive_nonfinite=max_consecutive_nonfinite,
     )  # fmt: skip
     return run_sft(policy, examples, settings, run_dir=run_dir)
 
 
 @dataclass
 class _SFTRun:
-    """What the SFT loop reads and updates (built once by ``run_sft``)."""
+    """What one SFT step reads and updates (built once by ``run_sft``)."""
 
     policy: Any
     data: Tokenised
@@ -263,7 +294,6 @@ class _SFTRun:
     params: list[torch.nn.Parameter]
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    guard: NonFiniteGuard  # shared with RL; ``total`` is the run's skipped steps (checkpointed)
     pad_id: int
 
 
@@ -278,56 +308,52 @@ def run_sft(
         ``truncated``, ``dropped_empty``, ``examples``, ``tokens_per_s``, ``final_dir``.
     """
     s = settings
-    data = tokenise(policy.tokenizer, examples, s.max_len)
-    n = len(data.ids)
-    total = s.steps if s.epochs is None else min(s.steps, math.ceil(s.epochs * n / s.batch_size))
+    data = tokenise(policy.tokenizer, examples, s.max_len, getattr(policy, "processor", None))
+    total = s.steps if s.epochs is None else min(s.steps, math.ceil(s.epochs * len(data.ids) / s.batch_size))
     sft = _build(policy, data, s)
     fingerprint = data.fingerprint()
     run = Path(run_dir) if run_dir is not None else None
     state = _resume(run, policy, sft.optimizer, sft.scheduler, fingerprint) if run is not None else {}
     start = int(state.get("step", 0))
-    sft.guard.total = int(state.get("skipped_nonfinite", 0))
-    log = _open_log(run, s, start)
+    loop = _step_loop(s, total, state, _open_log(run, s, start))
     losses: list[float] = []
     tok_total, time_total = 0.0, 0.0
     was_training = policy.model.training
     policy.model.train()
     try:
-        from veriloop.algos.progress import track
-
-        # a bar at a terminal, a line when it starts and every 30 s in a log file
-        for step in track(range(start, total), total, "sft warm-up", "steps", initial=start):
+        for step in loop.steps(start):
             t0 = time.perf_counter()
-            loss, seen, n_loss, grad_norm, lr_now = _sft_step(sft, step)
+            out = _sft_step(sft, step)
+            loop.observe(skipped=not out.finite)  # NonFiniteTrainingError after too many in a row
             dt = time.perf_counter() - t0
-            tok_total, time_total = tok_total + seen, time_total + dt
-            losses.append(loss)
+            tok_total, time_total = tok_total + out.seen, time_total + dt
+            losses.append(out.loss)
             done = step + 1
-            if log is not None and (done % s.log_every == 0 or done == total):
-                log.log(done, {
-                    "loss/sft": loss, "sft/grad_norm": grad_norm, "sft/lr": lr_now, "sft/loss_tokens": n_loss,
-                    "perf/tokens_per_s": seen / dt, "sft/skipped_nonfinite": sft.guard.total,
-                    "sft/truncated": data.truncated, "sft/dropped_empty": data.dropped_empty,
-                })  # fmt: skip
-            if run is not None and s.checkpoint_every and done % s.checkpoint_every == 0 and done < total:
-                _save(sft, run, done, fingerprint)
+            loop.log_metrics(done, {
+                "loss/sft": out.loss, "sft/grad_norm": out.grad_norm, "sft/lr": out.lr, "sft/loss_tokens": out.n_loss,
+                "perf/tokens_per_s": out.seen / dt, "sft/skipped_nonfinite": loop.guard.total,
+                "sft/truncated": data.truncated, "sft/dropped_empty": data.dropped_empty,
+            })  # fmt: skip
+            if run is not None and loop.checkpoint_due(done):  # the last step's too: resumable to the end
+                _save(sft, loop.guard, run, done, fingerprint)
     finally:
         policy.model.train(was_training)
-        if log is not None:
-            log.close()
-    final_dir = _save_final(sft, run, total, fingerprint, resumed_at=start) if run is not None else None
+        if loop.log is not None:
+            loop.log.close()
+    final_dir = _save_final(policy, run) if run is not None else None
     finite_losses = [x for x in losses if math.isfinite(x)]
     return {
         "steps_done": total, "start_step": start, "losses": losses,
         "loss_first": finite_losses[0] if finite_losses else None,
         "loss_last": finite_losses[-1] if finite_losses else None,
-        "skipped_nonfinite": sft.guard.total, "truncated": data.truncated, "dropped_empty": data.dropped_empty,
-        "examples": n, "tokens_per_s": tok_total / time_total if time_total else None, "final_dir": final_dir,
+        "skipped_nonfinite": loop.guard.total, "truncated": data.truncated, "dropped_empty": data.dropped_empty,
+        "examples": len(data.ids), "tokens_per_s": tok_total / time_total if time_total else None,
+        "final_dir": final_dir,
     }  # fmt: skip
 
 
 def _build(policy: Any, data: Tokenised, s: SFTSettings) -> _SFTRun:
-    """Optimizer over the trainable parameters, linear warm-up schedule, the non-finite guard."""
+    """Optimizer over the trainable parameters and the linear warm-up schedule."""
     params = policy.trainable_parameters()
     if not params:
         raise ValueError(
@@ -339,83 +365,102 @@ def _build(policy: Any, data: Tokenised, s: SFTSettings) -> _SFTRun:
         optimizer, lambda k: min(1.0, (k + 1) / s.warmup) if s.warmup else 1.0
     )
     pad_id = policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else 0
-    guard = NonFiniteGuard(MAX_NONFINITE_IN_A_ROW)
-    return _SFTRun(policy, data, s, params, optimizer, scheduler, guard, pad_id)
+    return _SFTRun(policy, data, s, params, optimizer, scheduler, pad_id)
 
 
-def _save(sft: _SFTRun, run: Path, step: int, fingerprint: str) -> None:
-    """A resumable checkpoint after ``step`` steps (weights, optimizer, schedule, skipped count)."""
-    s = sft.settings
-    _checkpoint(
-        run, step, sft.policy, sft.optimizer, sft.scheduler, sft.guard.total, fingerprint, s.keep_last
-    )
+def _step_loop(s: SFTSettings, total: int, state: dict[str, Any], log: RunLog | None) -> StepLoop:
+    """The SFT phase's ``StepLoop`` (the machinery RL's loop runs on): ``total`` steps, the guard
+    with ``s.max_consecutive_nonfinite`` and the checkpoint's counts, ``log_every``, ``checkpoint_every``."""
+    guard = NonFiniteGuard(s.max_consecutive_nonfinite, int(state.get("consecutive_nonfinite", 0)),
+                           int(state.get("skipped_nonfinite", 0)))  # fmt: skip
+    advice = f"lower lr (now {s.lr}) or max_grad_norm, or check the data"
+    return StepLoop(total, "sft warm-up", guard, log_every=s.log_every, checkpoint_every=s.checkpoint_every,
+                    log=log, advice=advice)  # fmt: skip
 
 
-def _save_final(sft: _SFTRun, run: Path, total: int, fingerprint: str, *, resumed_at: int) -> str:
-    """The last checkpoint (unless this call trained no step) and ``run/final``; returns its path."""
+def _save_final(policy: Any, run: Path) -> str:
+    """``run/final``: the warmed-up policy, loadable with ``load_policy``; returns its path."""
     from veriloop.agents.loading import save_policy
 
-    if total > resumed_at:
-        _save(sft, run, total, fingerprint)
-    return str(save_policy(sft.policy, run / "final"))
+    return str(save_policy(policy, run / "final"))
 
 
-def _open_log(run: Path | None, s: SFTSettings, start: int) -> Any:
+def _open_log(run: Path | None, s: SFTSettings, start: int) -> RunLog | None:
     """The metrics log of a run folder (None without one); writes ``sft_settings.json``."""
     if run is None:
         return None
-    from veriloop.algos.run_log import RunLog
-
     # rows are logged under the number of completed steps; keep those up to the checkpoint's
     log = RunLog(run, tensorboard=s.tensorboard, resume_from_step=start + 1 if start else None)
     (run / "sft_settings.json").write_text(json.dumps(asdict(s), indent=1) + "\n")
     return log
 
 
-def _sft_step(sft: _SFTRun, step: int) -> tuple[float, float, int, float, float | torch.Tensor]:
-    """One SFT step: forward/backward, clip, optimizer step unless non-finite, schedule step.
+@dataclass(frozen=True)
+class SFTStep:
+    """What one SFT step reports.
 
-    Returns (loss, tokens seen, loss tokens, grad norm, the step's lr)."""
+    Attributes:
+        loss: Token-mean loss of the batch (NaN/inf when the step was skipped).
+        seen: Tokens the forward passes read (padding excluded).
+        n_loss: Tokens the loss was taken over.
+        grad_norm: Global gradient norm before clipping.
+        lr: The learning rate the step used.
+        finite: Loss and gradient norm were finite, and the optimizer stepped.
+    """
+
+    loss: float
+    seen: float
+    n_loss: int
+    grad_norm: float
+    lr: float | torch.Tensor
+    finite: bool
+
+
+def _sft_step(sft: _SFTRun, step: int) -> SFTStep:
+    """One SFT step: forward/backward, clip, optimizer step unless non-finite, schedule step."""
     s, optimizer = sft.settings, sft.optimizer
     optimizer.zero_grad(set_to_none=True)
     idx = batch_indices(len(sft.data.ids), s.batch_size, step, s.seed)
-    loss, seen, n_loss = _one_step(sft.policy, sft.data, idx, s, sft.pad_id)
+    loss, seen, n_loss = _forward_backward(sft, idx)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(sft.params, s.max_grad_norm or math.inf))
     finite = math.isfinite(loss) and math.isfinite(grad_norm)
-    stop = sft.guard.observe(not finite)
     if finite:
         optimizer.step()
     else:  # skip the update, keep the weights; the schedule still advances with the step
         optimizer.zero_grad(set_to_none=True)
-        if stop:
-            raise FloatingPointError(
-                f"SFT step {step}: {sft.guard.in_a_row} non-finite losses/gradients in a row; lower lr "
-                f"(now {s.lr}) or max_grad_norm, or check the data"
-            )
     lr_now = sft.scheduler.get_last_lr()[0]
     with warnings.catch_warnings():  # a skipped update still advances the schedule, on purpose
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
         sft.scheduler.step()
-    return loss, seen, n_loss, grad_norm, lr_now
+    return SFTStep(loss, seen, n_loss, grad_norm, lr_now, finite)
 
 
-def _checkpoint(
-    run: Path,
-    step: int,
-    policy: Any,
-    optimizer: Any,
-    scheduler: Any,
-    skipped: int,
-    fingerprint: str,
-    keep_last: int,
-) -> None:
-    from veriloop.algos.checkpoint import save_checkpoint
+def _forward_backward(sft: _SFTRun, idx: list[int]) -> tuple[float, float, int]:
+    """Forward/backward over the micro-batches of one batch: (loss, tokens seen, loss tokens).
 
-    state = {"step": step, "skipped_nonfinite": skipped, "data_fingerprint": fingerprint}
-    save_checkpoint(
-        run, step, model=policy.model, save_model=lambda d: _save_trainable(policy.model, d),
-        optimizer=optimizer, scheduler=scheduler, trainer_state=state, keep_last=keep_last,
-    )  # fmt: skip
+    The batch is collated once; its micro-batches are consecutive row slices of it, each trimmed
+    to its own longest row. Each micro-batch's token-mean loss is weighted by its share of the
+    batch's loss tokens, so the summed gradient is the whole batch's token mean whatever the split.
+    """
+    data, device = sft.data, sft.policy.device
+    ids, masks = [data.ids[i] for i in idx], [data.masks[i] for i in idx]
+    batch = collate_tokens(ids, masks, pad_id=sft.pad_id)  # [B, T], once per step
+    if data.vision:  # each row's images, stacked [N_images, ...] with per-row counts
+        batch = with_row_extras(batch, [data.vision[i] for i in idx])
+    n_loss = int(batch.loss_mask.sum())  # position 0 is never a target (build_sft_example zeroes it)
+    loss_sum, seen = 0.0, 0
+    for part in minibatches(batch, sft.settings.micro):
+        part = part.trimmed()  # [b, t]: t is this micro-batch's longest row
+        n_part = float(part.loss_mask.sum())
+        seen += int(part.attention_mask.sum())
+        if n_part == 0:
+            continue
+        images = {k: v.to(device) for k, v in part.extras.items() if len(v)}  # this part's rows' images
+        loss, _ = sft_loss(sft.policy.model, part.input_ids.to(device), part.attention_mask.to(device),
+                           part.loss_mask.to(device), **images)  # fmt: skip
+        (loss * (n_part / n_loss)).backward()  # token mean over the whole batch
+        loss_sum += float(loss.detach()) * n_part
+    return loss_sum / max(n_loss, 1), float(seen), n_loss
 
 
 #: Warm-up constants the typed config does not (yet) expose.
@@ -427,11 +472,12 @@ def warmup_from_config(cfg: Any, policy: Any, *, run_dir: str | Path | None = No
     """``veriloop sft`` / the SFT stage of ``veriloop train`` from an ``ExperimentConfig``.
 
     Demonstrations come from ``cfg.sft.source`` on the training env, with env seeds
-    ``rollout.seed .. rollout.seed + sft.examples - 1`` (RL problems start after them). Batch size
+    ``rollout.seed .. rollout.seed + sft.examples - 1`` (RL problems start after them); a policy
+    with a processor (a VLM) gets the observations' images in its examples. Batch size
     :data:`SFT_BATCH_SIZE`, micro-batches of ``train.micro_batch_size``, sequences cut at
     ``rollout.max_context``, warm-up over :data:`SFT_WARMUP_FRACTION` of ``sft.steps``; clipping,
-    logging and checkpointing follow ``train`` and ``run``. Returns :func:`run_sft`'s summary
-    without the per-step losses (they are in ``run_dir/metrics.jsonl``).
+    the non-finite limit, logging and checkpointing follow ``train`` and ``run``. Returns
+    :func:`run_sft`'s summary without the per-step losses (they are in ``run_dir/metrics.jsonl``).
     """
     from veriloop.algos.sft_data import build_examples
 
@@ -455,6 +501,7 @@ def warmup_from_config(cfg: Any, policy: Any, *, run_dir: str | Path | None = No
         seeds,
         seed=r.seed,
         system_prompt=cfg.env.system_prompt,
+        images=getattr(policy, "processor", None) is not None,  # a VLM sees the observations' images
         **extra,
     )
     if not examples:
@@ -468,6 +515,7 @@ def warmup_from_config(cfg: Any, policy: Any, *, run_dir: str | Path | None = No
         max_len=r.max_context, warmup=int(SFT_WARMUP_FRACTION * sft.steps), max_grad_norm=cfg.train.max_grad_norm,
         weight_decay=cfg.train.weight_decay, epochs=sft.epochs, seed=r.seed, log_every=cfg.train.log_every,
         checkpoint_every=cfg.run.checkpoint_every, keep_last=cfg.run.keep_last, tensorboard=cfg.run.tensorboard,
+        max_consecutive_nonfinite=cfg.train.max_consecutive_nonfinite,
     )  # fmt: skip
     out = run_sft(policy, examples, settings, run_dir=run_dir)
     out.pop("losses")

@@ -2,12 +2,13 @@
 
 rollout (with dynamic sampling when on) -> shaping and advantages -> epochs x mini-batches of
 updates -> metrics -> periodic evaluation -> checkpoint. Every algorithm runs through this one
-loop; which parts it uses was decided by ``cfg.algo`` before the loop starts (``update.resolve``
+loop; which parts it uses was decided by ``cfg.algo`` before the loop starts (``algorithm.resolve``
 builds the ``Algorithm`` record once, in ``train``).
 
 Reading order: ``train`` (set up, restore, SFT warm-up) -> ``_loop`` (one step: ``collect`` ->
 ``train_on_batch`` -> metrics -> guard -> eval / log / checkpoint). Everything a step needs is
-one :class:`RunParts`.
+one :class:`RunParts`; the step schedule, the non-finite guard and the log / checkpoint cadence
+are ``steps.StepLoop``, the same machinery the SFT warm-up (``sft_train.py``) runs on.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -27,13 +28,14 @@ import yaml
 
 import veriloop.envs  # noqa: F401  (registers the environments)
 from veriloop.agents.atomic import write_text_atomic
-from veriloop.agents.backends import Backend, make_backend
+from veriloop.agents.backends import Backend, make_backend, resolve_backend
 from veriloop.agents.drift import drift_rate
 from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.loading import LoraSettings, load_policy, save_policy
 from veriloop.agents.policy import Policy
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory
+from veriloop.algos.algorithm import Algorithm, resolve
 from veriloop.algos.batch import TokenBatch, minibatches
 from veriloop.algos.checkpoint import check_finite, latest_checkpoint, load_checkpoint, save_checkpoint
 from veriloop.algos.critic import ValueModel
@@ -41,27 +43,16 @@ from veriloop.algos.distributed import DistContext, init_distributed, shutdown_d
 from veriloop.algos.evaluate import final_sample, run_summary
 from veriloop.algos.mismatch import MismatchStats
 from veriloop.algos.mixture import assign_envs, per_env_metrics
-from veriloop.algos.nonfinite import NonFiniteGuard
-from veriloop.algos.progress import Progress, say
+from veriloop.algos.nonfinite import NonFiniteGuard, NonFiniteTrainingError  # noqa: F401  (train raises it)
+from veriloop.algos.progress import say
 from veriloop.algos.run_log import RunLog
 from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
-from veriloop.algos.update import (
-    METRIC_NAMES,
-    Algorithm,
-    learning_signal,
-    loss_normalisers,
-    prepare_batch,
-    resolve,
-    update_step,
-)
+from veriloop.algos.steps import StepLoop
+from veriloop.algos.update import METRIC_NAMES, learning_signal, loss_normalisers, prepare_batch, update_step
 from veriloop.configs.loader import config_to_yaml, dump_config
 from veriloop.configs.schema import ConfigError, ExperimentConfig
 
 SINGLE_PROCESS = DistContext()
-
-
-class NonFiniteTrainingError(RuntimeError):
-    """Too many consecutive steps had a NaN/inf loss or gradient."""
 
 
 @dataclass
@@ -81,7 +72,7 @@ class RunParts:
     """Everything one run's loop reads and updates, built once by ``train``."""
 
     cfg: ExperimentConfig
-    algo: Algorithm  # cfg.algo's parts, looked up once (update.resolve)
+    algo: Algorithm  # cfg.algo's parts, looked up once (algorithm.resolve)
     policy: Policy
     critic: ValueModel | None
     optimizer: torch.optim.Optimizer
@@ -92,6 +83,7 @@ class RunParts:
     dist: DistContext
     quiet: bool
     log: RunLog | None = None  # rank 0 only
+    backend: _LiveBackend | None = None  # vLLM (in-process or servers); None = the HF engine
 
 
 # ----------------------------------------------------------------------------------------- setup
@@ -370,7 +362,7 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
 
 #: Settings a resumed run may change from the saved config (how long, how often, how it is measured).
 RESUMABLE_CHANGES = ("train.steps", "eval.", "run.checkpoint_every", "run.keep_last", "run.tensorboard",
-                     "run.wandb", "train.log_every")  # fmt: skip
+                     "run.wandb", "train.log_every", "rollout.server.")  # fmt: skip
 
 
 def claim_run_dir(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwrite: bool) -> None:
@@ -434,30 +426,30 @@ def train(
     Under ``accelerate launch`` / ``torchrun`` with several processes this is data-parallel (see
     :mod:`veriloop.algos.distributed`); only rank 0 writes anything.
     """
-    cfg.validate()
-    cfg.env.resolve()  # the environments exist (users' modules imported) before anything slow
-    if cfg.sft.steps > 0:
-        from veriloop.algos.sft_data import check_source
-
-        check_source(cfg.sft.source, cfg.env.id, cfg.env.kwargs)
+    _check_before_loading(cfg)
     dist = init_distributed()
     run_dir = Path(cfg.run.out_dir) / cfg.run_name
     if dist.is_main:
         claim_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite)
     run = _build_run(cfg, run_dir, dist, quiet=quiet or not dist.is_main)
     ckpt = _restore(run, resume)
+    run.backend = _rollout_backend(cfg, run.policy, dist)  # holds the (restored) weights from here on
     if cfg.sft.steps > 0 and not run.state.sft_done:
         _sft_warmup(run)
     dist.broadcast_params(
         list(_trainable_state(run.policy, run.critic).values())
     )  # all ranks: rank 0's weights
+    if run.backend is not None and run.state.step == 0 and cfg.sft.steps > 0:
+        run.backend.sync()  # the warm-up's weights (and on every rank rank 0's, just broadcast)
     # a resumed run keeps the rows up to its checkpoint's step; a fresh run starts an empty file
     run.log = RunLog(run_dir, tensorboard=cfg.run.tensorboard, resume_from_step=run.state.step + 1 if ckpt else 0,
                      wandb_project="veriloop" if cfg.run.wandb else None) if dist.is_main else None  # fmt: skip
     try:
         if run.state.step == 0 and run.log is not None:  # the base policy's numbers, for comparison
             start = (
-                _evaluate(cfg, run.policy, 0, run.quiet) if cfg.eval.at_start or cfg.train.steps == 0 else {}
+                _evaluate(cfg, run.policy, 0, run.quiet, backend=_eval_backend(run))
+                if cfg.eval.at_start or cfg.train.steps == 0
+                else {}
             )
             base = {**run.state.history.get("eval_base", {}), **start}
             if base:
@@ -470,9 +462,23 @@ def train(
     finally:
         if run.log is not None:
             run.log.close()
+        if run.backend is not None:
+            run.backend.close()
         dist.barrier()
         shutdown_distributed(dist)
     return run_dir
+
+
+def _check_before_loading(cfg: ExperimentConfig) -> None:
+    """Everything that can be wrong with ``cfg`` fails here, before any model loads."""
+    cfg.validate()
+    cfg.env.resolve()  # the environments exist (users' modules imported) before anything slow
+    if cfg.rollout.backend == "vllm_server":  # an unreachable server fails now, not after loading
+        _check_servers(cfg)
+    if cfg.sft.steps > 0:
+        from veriloop.algos.sft_data import check_source
+
+        check_source(cfg.sft.source, cfg.env.id, cfg.env.kwargs)
 
 
 def _build_run(cfg: ExperimentConfig, run_dir: Path, dist: DistContext, *, quiet: bool) -> RunParts:
@@ -514,7 +520,8 @@ def _sft_warmup(run: RunParts) -> None:
 
     cfg, state, main = run.cfg, run.state, run.dist.is_main
     if main and cfg.eval.before_sft:  # the base model, logged with step 0 as eval_base/...
-        state.history["eval_base"] = _evaluate(cfg, run.policy, 0, run.quiet, tag="base", prefix="eval_base")
+        state.history["eval_base"] = _evaluate(cfg, run.policy, 0, run.quiet, tag="base", prefix="eval_base",
+                                               backend=_eval_backend(run))  # fmt: skip
     # every rank runs the same warm-up; only rank 0 saves it, and its weights are broadcast after it
     sft_metrics = warmup_from_config(cfg, run.policy, run_dir=run.run_dir / "sft" if main else None)
     state.sft_done = True
@@ -524,12 +531,11 @@ def _sft_warmup(run: RunParts) -> None:
 
 def _loop(run: RunParts) -> None:
     """RL steps ``state.step .. train.steps - 1``: collect -> update -> metrics -> eval / log / save."""
-    cfg, state = run.cfg, run.state
-    backend = _rollout_backend(cfg, run.policy)
-    bar = Progress(cfg.train.steps, "train", "steps", initial=state.step, quiet=run.quiet)
+    cfg, state, backend = run.cfg, run.state, run.backend
+    loop = _step_loop(run)
     _say(run.quiet, f"RL: {cfg.train.steps - state.step} steps of {cfg.rollout.batch_size} episodes "
                     f"({cfg.rollout.prompts_per_step} problems x {cfg.rollout.group_size}), algorithm {cfg.algo.name}")  # fmt: skip
-    for step in range(state.step, cfg.train.steps):
+    for step in loop.steps(state.step):
         t0 = time.perf_counter()
         trajs, sampled, sampling = collect(cfg, run.policy, state, run.dist, backend)
         metrics: dict[str, Any] = dict(sampling)
@@ -550,16 +556,26 @@ def _loop(run: RunParts) -> None:
         t_train = time.perf_counter() - t1
         run.scheduler.step()  # once per RL step, whatever the number of optimizer steps in it
         metrics.update(_timing(metrics, run.scheduler.get_last_lr()[0], sampled, t_rollout, t_train))
-        _guard_nonfinite(cfg, state, metrics)
+        _guard_nonfinite(loop, state, metrics)  # a skipped step is counted; too many in a row stop the run
         state.step = step + 1
-        _evaluate_and_log(run, metrics)
-        bar.set_postfix(_summary(metrics))
+        _evaluate_and_log(run, loop, metrics)
+        loop.show(_summary(metrics))
         _say(run.quiet, f"step {state.step:4d}/{cfg.train.steps} | {_summary(metrics)}")
-        bar.update()
-        every = cfg.run.checkpoint_every
-        if run.dist.is_main and ((every and state.step % every == 0) or state.step == cfg.train.steps):
+        if run.dist.is_main and loop.checkpoint_due(state.step):
             _checkpoint(run)
-    bar.close()
+
+
+def _step_loop(run: RunParts) -> StepLoop:
+    """The RL phase's ``StepLoop``: ``train.steps``, the guard's counts as ``run.state`` holds them
+    (a resumed run keeps them), ``train.log_every`` and ``run.checkpoint_every``."""
+    cfg, state = run.cfg, run.state
+    guard = NonFiniteGuard(
+        cfg.train.max_consecutive_nonfinite, state.consecutive_nonfinite, state.skipped_steps
+    )
+    advice = ("lower train.lr, set train.max_grad_norm, or resume from the last checkpoint (non-finite weights "
+              "are never checkpointed)")  # fmt: skip
+    return StepLoop(cfg.train.steps, "train", guard, log_every=cfg.train.log_every,
+                    checkpoint_every=cfg.run.checkpoint_every, log=run.log, advice=advice, quiet=run.quiet)  # fmt: skip
 
 
 class _LiveBackend(Backend, Protocol):
@@ -567,13 +583,32 @@ class _LiveBackend(Backend, Protocol):
 
     def sync(self) -> None: ...
 
+    def close(self) -> None: ...
 
-def _rollout_backend(cfg: ExperimentConfig, policy: Policy) -> _LiveBackend | None:
-    """vLLM: one engine for the run, updated in place after every optimizer step; None: each
-    rollout call uses ``engine.default_backend`` (the HF backend)."""
-    if cfg.rollout.backend != "vllm":
+
+def _rollout_backend(cfg: ExperimentConfig, policy: Policy, dist: DistContext) -> _LiveBackend | None:
+    """vLLM: one engine for the run, updated in place after every optimizer step; vllm_server: the
+    same through HTTP (rank 0 pushes, every rank waits); None: each rollout call uses
+    ``engine.default_backend`` (the HF backend). ``auto`` is resolved here (``resolve_backend``)."""
+    name = resolve_backend(cfg.rollout.backend, policy)
+    if name == "vllm_server":
+        server = asdict(cfg.rollout.server)
+        return cast(_LiveBackend, make_backend("vllm_server", policy, dist=dist, **server))
+    if name != "vllm":
         return None
     return cast(_LiveBackend, make_backend("vllm", policy, **cfg.rollout.vllm_kwargs))
+
+
+def _eval_backend(run: RunParts) -> _LiveBackend | None:
+    """The engine evaluations sample with: the rollouts' (``eval.backend: rollout``) or HF (None)."""
+    return run.backend if run.cfg.eval.backend == "rollout" else None
+
+
+def _check_servers(cfg: ExperimentConfig) -> None:
+    from veriloop.agents.backends.http_client import RetryPolicy, check_servers
+
+    server = cfg.rollout.server
+    check_servers(server.urls, RetryPolicy(server.retries, server.backoff_s, server.timeout_s))
 
 
 def _timing(
@@ -594,15 +629,14 @@ def _timing(
     }  # fmt: skip
 
 
-def _evaluate_and_log(run: RunParts, metrics: dict[str, Any]) -> None:
-    """Evaluate (rank 0) and log as the schedules say; always after the last step."""
+def _evaluate_and_log(run: RunParts, loop: StepLoop, metrics: dict[str, Any]) -> None:
+    """Evaluate (rank 0) every ``eval.every`` steps and log as ``loop`` says; both after the last step."""
     cfg, step, main = run.cfg, run.state.step, run.dist.is_main
     last = step == cfg.train.steps
     every_eval = cfg.eval.every
     if main and ((every_eval and step % every_eval == 0) or last):
-        metrics.update(_evaluate(cfg, run.policy, step, run.quiet))
-    if run.log is not None and (step % cfg.train.log_every == 0 or last):
-        run.log.log(step, metrics)
+        metrics.update(_evaluate(cfg, run.policy, step, run.quiet, backend=_eval_backend(run)))
+    loop.log_metrics(step, metrics)  # rank 0 only: the others have no log
 
 
 def _no_update() -> dict[str, float | None]:
@@ -616,21 +650,14 @@ def _no_update() -> dict[str, float | None]:
     }
 
 
-def _guard_nonfinite(cfg: ExperimentConfig, state: TrainerState, metrics: dict[str, Any]) -> None:
-    """A skipped (non-finite) step is counted; several in a row stop the run (``NonFiniteGuard``,
-    shared with SFT). The counts live in ``state`` so a resumed run keeps them."""
-    guard = NonFiniteGuard(
-        cfg.train.max_consecutive_nonfinite, state.consecutive_nonfinite, state.skipped_steps
-    )
-    stop = guard.observe(metrics.get("skipped", 0.0) > 0)
-    state.consecutive_nonfinite, state.skipped_steps = guard.in_a_row, guard.total
-    metrics["nonfinite_skipped_total"] = float(state.skipped_steps)
-    if stop:
-        raise NonFiniteTrainingError(
-            f"{state.consecutive_nonfinite} consecutive steps had a non-finite loss or gradient and were skipped; "
-            "lower train.lr, set train.max_grad_norm, or resume from the last checkpoint (non-finite weights "
-            "are never checkpointed)"
-        )
+def _guard_nonfinite(loop: StepLoop, state: TrainerState, metrics: dict[str, Any]) -> None:
+    """Count the step in ``loop``'s guard (``NonFiniteTrainingError`` after ``train.max_consecutive_nonfinite``
+    skipped steps in a row) and copy its counts into ``state``, which checkpoints them."""
+    try:
+        loop.observe(skipped=metrics.get("skipped", 0.0) > 0)
+    finally:  # also when it raises: the state says how the run ended
+        state.consecutive_nonfinite, state.skipped_steps = loop.guard.in_a_row, loop.guard.total
+        metrics["nonfinite_skipped_total"] = float(state.skipped_steps)
 
 
 #: Test hook: seconds to sleep inside a checkpoint save, after the weights are written and before
@@ -656,13 +683,13 @@ def _checkpoint(run: RunParts) -> None:
 
 
 def _evaluate(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool, *, tag: str | None = None,
-              prefix: str = "eval") -> dict[str, float]:  # fmt: skip
+              prefix: str = "eval", backend: Backend | None = None) -> dict[str, float]:  # fmt: skip
     from veriloop.algos.evaluate import evaluate_config, write_report
 
     splits = cfg.env.resolved_eval_splits
     _say(quiet, f"evaluating {_checkpoint_label(cfg, step, tag)}: {len(splits)} split(s) ({', '.join(splits)}) x "
                 f"{cfg.eval.num_problems} problems x {cfg.eval.n_samples} samples")  # fmt: skip
-    report = evaluate_config(cfg, policy, step=step)
+    report = evaluate_config(cfg, policy, step=step, backend=backend)
     report["meta"]["checkpoint"] = _checkpoint_label(cfg, step, tag)
     write_report(report, Path(cfg.run.out_dir) / cfg.run_name / "eval", tag or f"step-{step:06d}")
     flat = {f"{prefix}/{split}/{k}": float(v) for split, m in report["splits"].items()

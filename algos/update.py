@@ -1,9 +1,9 @@
-"""The one place where ``AlgoConfig`` picks the parts: advantages, the loss, and one update step.
+"""The update: a rollout batch in, advantages once, then optimizer steps on its mini-batches.
 
-The parts are picked once: ``resolve(cfg)`` looks the estimator (``ADVANTAGE_ESTIMATORS``), the
-policy objective (``POLICY_LOSSES``) and the aggregation (``losses.aggregate`` with ``cfg.loss_agg``)
-up and returns a frozen :class:`Algorithm`; the functions below read only that record (each also
-accepts the ``AlgoConfig`` itself and resolves it on entry).
+What to compute was picked once, by ``algorithm.resolve(cfg)`` (the estimator, the policy
+objective and the aggregation, in a frozen :class:`~veriloop.algos.algorithm.Algorithm`); the
+functions here only call those parts (each also accepts the ``AlgoConfig`` itself and resolves it
+on entry).
 
 Flow per rollout batch (the training loop calls these in order)::
 
@@ -19,7 +19,6 @@ Every metric name is the same for every algorithm (zeros where a part is off).
 from __future__ import annotations
 
 import contextlib
-import difflib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -31,7 +30,7 @@ import torch
 from veriloop.agents.forward import first_loss_position, shared_prefix_length, token_logprobs
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos import advantages as A
-from veriloop.algos import losses as L
+from veriloop.algos.algorithm import Algorithm, RewardInputs, resolve
 from veriloop.algos.batch import TokenBatch, collate, minibatches, with_advantages
 from veriloop.algos.correction import rollout_correction
 from veriloop.algos.critic import ValueModel, values
@@ -48,63 +47,6 @@ METRIC_NAMES = (
 #: Shortest common prompt worth running once for a whole micro-batch (see ``token_logprobs``).
 MIN_SHARED_PREFIX = 8
 _SUMMED = ("loss/policy", "loss/kl", "loss/entropy", "loss/value")  # already globally normalised
-
-#: Critic-free episode-level estimators: (rewards [N], group_ids [N], valid [N]) -> [N].
-EPISODE_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
-    "group_norm": partial(A.group_normalized, std_normalize=True),
-    "group_mean": partial(A.group_normalized, std_normalize=False),
-    "rloo": A.leave_one_out,
-}
-#: REINFORCE++ family: a raw per-token return (after an optional group-mean baseline) plus the KL
-#: penalty to go, whitened over the batch's valid *tokens* whatever ``kl_coef`` is (OpenRLHF's and
-#: verl's ``masked_whiten``). (cfg, turn_r [N, K], turn_m, groups [N], valid [N], turn_index
-#: [N, T], loss_mask [N, T]) -> [N, T] un-whitened returns.
-TOKEN_WHITENED: dict[str, Callable[..., torch.Tensor]] = {
-    "batch_norm": lambda cfg, r, m, g, v, ti, lm: _raw_returns(cfg, r, m, ti, lm),
-    "group_mean_batch_norm": lambda cfg, r, m, g, v, ti, lm: _group_mean_returns(cfg, r, m, g, v, ti, lm),
-}
-#: Policy objectives, each built once from the config: (cfg) -> fn(logp, old, adv, mask, segments)
-#: -> (per_token_loss [B, T], stats). ``segments`` is the turn index for ``sequence_unit="turn"``.
-POLICY_LOSSES: dict[str, Callable[[AlgoConfig], Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]]] = {
-    "ppo_clip": lambda c: lambda lp, old, adv, m, seg: L.clipped_pg_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, dual_clip=c.dual_clip),
-    "gspo": lambda c: partial(_with_segments, partial(L.gspo_loss, clip_low=c.clip_low, clip_high=c.clip_high)),
-    "gspo_token": lambda c: partial(_with_segments, partial(L.gspo_loss, clip_low=c.clip_low,
-                                                            clip_high=c.clip_high, level="token")),
-    "cispo": lambda c: lambda lp, old, adv, m, seg: L.cispo_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high),
-    "sapo": lambda c: lambda lp, old, adv, m, seg: L.sapo_loss(
-        lp, old, adv, m, tau_pos=c.sapo_tau_pos, tau_neg=c.sapo_tau_neg),
-    "gmpo": lambda c: partial(_with_segments, partial(L.gmpo_loss, clip_low=c.clip_low, clip_high=c.clip_high)),
-    "clip_cov": lambda c: lambda lp, old, adv, m, seg: L.clip_cov_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, cov_ratio=c.cov_ratio,
-        cov_lb=c.cov_lb, cov_ub=c.cov_ub),
-    "kl_cov": lambda c: lambda lp, old, adv, m, seg: L.kl_cov_loss(
-        lp, old, adv, m, cov_ratio=c.cov_ratio, kl_coef=c.cov_kl_coef),
-}  # fmt: skip
-
-
-def _with_segments(
-    fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]],
-    lp: torch.Tensor,
-    old: torch.Tensor,
-    adv: torch.Tensor,
-    m: torch.Tensor,
-    seg: torch.Tensor | None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """A sequence-level objective (GSPO, GMPO) in the table's shared signature."""
-    return fn(lp, old, adv, m, segments=seg)
-
-
-def pick_policy_loss(cfg: AlgoConfig) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
-    """The policy objective ``cfg.policy_loss`` names, with its hyperparameters bound."""
-    if cfg.policy_loss not in POLICY_LOSSES:
-        close = difflib.get_close_matches(str(cfg.policy_loss), POLICY_LOSSES, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(
-            f"unknown policy_loss {cfg.policy_loss!r}{hint}; choose one of {tuple(POLICY_LOSSES)}"
-        )
-    return POLICY_LOSSES[cfg.policy_loss](cfg)
 
 
 @dataclass(frozen=True)
@@ -190,184 +132,6 @@ def _refuse_paid_attempts(trajs: Sequence[Trajectory], rewards: torch.Tensor) ->
                 "success worth more than a first-attempt one). Use reward_level=outcome (the last turn's "
                 "reward) or reward_level=turn, or make the environment's non-final rewards <= 0"
             )
-
-
-def _turn_end_rewards(trajs: Sequence[Trajectory], per_turn: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """[N, T] token rewards: turn k's reward on its last sampled token (index ``end - 1``)."""
-    out = torch.zeros(shape, dtype=torch.float64)
-    for i, t in enumerate(trajs):
-        for j, turn in enumerate(t.turns):
-            if turn.end <= turn.start:
-                raise ValueError(f"turn {j} of an episode in group {t.group_id} has no sampled tokens")
-            out[i, turn.end - 1] += per_turn[i, j]
-    return out
-
-
-def _action_kinds(trajs: Sequence[Trajectory], k: int) -> torch.Tensor:
-    """[N, K] kind index of every action, from ``turn.signal.action_kind`` (the environment names
-    the kind; an invalid action is named as the kind it was expected to be, see ``LearnerSignal``).
-    Kinds are numbered in sorted order of their names (at most two, as ``process_advantages`` needs)."""
-    names = [[turn.signal.action_kind for turn in t.turns] for t in trajs]
-    for i, row in enumerate(names):
-        for j, kind in enumerate(row):
-            if kind is None:
-                raise ValueError(
-                    "advantage='process' needs every turn's signal.action_kind (LearnerSignal), got None "
-                    f"(turn {j}, group {trajs[i].group_id}); use an env that names its action kinds or another estimator"
-                )
-    order = sorted({kind for row in names for kind in row if kind is not None})
-    if len(order) > 2:
-        raise ValueError(f"advantage='process' baselines at most two action kinds, got {order}")
-    kinds = torch.zeros(len(trajs), k, dtype=torch.long)
-    for i, row in enumerate(names):
-        for j, kind in enumerate(row):
-            kinds[i, j] = order.index(str(kind))
-    return kinds
-
-
-@dataclass(frozen=True)
-class RewardInputs:
-    """What every advantage estimator reads, built once per batch by ``compute_advantages``.
-
-    Attributes:
-        trajectories: the N episodes.
-        turn_rewards: [N, K] float64 per-turn rewards after shaping (``_turn_tensors``).
-        turn_mask: [N, K] 1 for a real turn.
-        groups: [N] group id (episodes of one start state share it).
-        valid: [N] bool, False where the verifier failed (left out of every baseline).
-        turn_index: [N, T] turn of each token, -1 on padding and env tokens.
-        loss_mask: [N, T] 1 on sampled tokens.
-        kl_tokens: [N, T] float64 per-token KL reward (``kl_mode="reward"``), else zeros.
-        values: [N, T] rollout-time critic values (GAE only), else None.
-    """
-
-    trajectories: Sequence[Trajectory]
-    turn_rewards: torch.Tensor
-    turn_mask: torch.Tensor
-    groups: torch.Tensor
-    valid: torch.Tensor
-    turn_index: torch.Tensor
-    loss_mask: torch.Tensor
-    kl_tokens: torch.Tensor
-    values: torch.Tensor | None
-
-
-#: One signature for every estimator: (cfg, inputs) -> (advantages [N, T] float64, returns [N, T] | None).
-Estimator = Callable[[AlgoConfig, RewardInputs], tuple[torch.Tensor, torch.Tensor | None]]
-
-
-def _kl_to_go(x: RewardInputs) -> torch.Tensor:
-    """[N, T] sum_{s >= t} of the per-token KL reward: what critic-free estimators add to A_t."""
-    kl_to_go, _ = A.gae(
-        x.kl_tokens * x.loss_mask, torch.zeros_like(x.kl_tokens), x.loss_mask, gamma=1.0, lam=1.0
-    )
-    return kl_to_go
-
-
-def _gae_estimate(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """GAE: each turn's reward on its last sampled token (``reward_level="outcome"``: only the last
-    turn's), the KL reward in the token chain, bootstrapped by the critic's ``values``."""
-    shape = x.loss_mask.shape
-    if x.values is None or x.values.shape != shape:
-        got = None if x.values is None else tuple(x.values.shape)
-        raise ValueError(f"advantage='gae' needs values of shape {tuple(shape)}, got {got}")
-    turn_r, turn_m = x.turn_rewards, x.turn_mask
-    per_turn = turn_r * turn_m if cfg.reward_level != "outcome" else _last_turn_only(turn_r, turn_m)
-    tok_r = (_turn_end_rewards(x.trajectories, per_turn, shape) + x.kl_tokens) * x.loss_mask
-    return A.gae(tok_r, x.values.double(), x.loss_mask, gamma=cfg.gamma, lam=cfg.lam)
-
-
-def _token_whitened(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """REINFORCE++ (-baseline): normalise (reward + KL penalty to go) over tokens, with or without KL."""
-    raw = TOKEN_WHITENED[cfg.advantage](
-        cfg, x.turn_rewards, x.turn_mask, x.groups, x.valid, x.turn_index, x.loss_mask
-    )
-    valid_tokens = x.loss_mask * x.valid.unsqueeze(1).to(x.loss_mask.dtype)
-    return A.whiten(raw + _kl_to_go(x), valid_tokens, eps=1e-6), None
-
-
-def _process_estimate(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """S2R process level: each action against the comparable actions (``process_baseline``)."""
-    kinds = _action_kinds(x.trajectories, x.turn_rewards.shape[1])
-    per_turn = A.process_advantages(
-        x.turn_rewards, x.turn_mask, kinds, x.groups, baseline=cfg.process_baseline, valid=x.valid
-    )
-    adv = A.broadcast_to_tokens(per_turn, x.turn_index, x.loss_mask)
-    return adv.double() + _kl_to_go(x), None
-
-
-def _critic_free(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Group baselines (GRPO, Dr. GRPO, RLOO): per turn (``reward_level="turn"``, ``turn_level``)
-    or per episode (``EPISODE_ESTIMATORS``), plus the KL return-to-go."""
-    turn_r, turn_m, groups, valid = x.turn_rewards, x.turn_mask, x.groups, x.valid
-    if cfg.reward_level == "turn":
-        std = cfg.advantage == "group_norm"
-        per_turn = A.turn_level(turn_r, turn_m, groups, gamma=cfg.turn_gamma, std_normalize=std, valid=valid)
-        adv = A.broadcast_to_tokens(per_turn, x.turn_index, x.loss_mask)
-    else:
-        r = A.episode_rewards(turn_r, turn_m, cfg.reward_level)
-        per = EPISODE_ESTIMATORS[cfg.advantage](r, groups, valid=valid)
-        adv = A.broadcast_to_tokens(per, x.turn_index, x.loss_mask)
-    return adv.double() + _kl_to_go(x), None
-
-
-#: ``cfg.advantage`` -> its estimator, all of one signature (``Estimator``).
-ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
-    **dict.fromkeys(EPISODE_ESTIMATORS, _critic_free),
-    **dict.fromkeys(TOKEN_WHITENED, _token_whitened),
-    "gae": _gae_estimate,
-    "process": _process_estimate,
-}
-
-
-@dataclass(frozen=True)
-class Algorithm:
-    """The parts an ``AlgoConfig`` names, looked up once (``resolve``) and read by every batch.
-
-    Attributes:
-        cfg: the config they came from (hyperparameters the parts read).
-        estimator: ``ADVANTAGE_ESTIMATORS[cfg.advantage]``: (cfg, RewardInputs) -> (adv, returns).
-        objective: ``POLICY_LOSSES[cfg.policy_loss]`` bound to its hyperparameters:
-            (logp, old, adv, mask, segments) -> (per-token loss [B, T], stats).
-        aggregation: ``losses.aggregate`` with ``mode=cfg.loss_agg``: (per_token, mask=..., constant=...,
-            total_tokens=..., total_seqs=...) -> scalar.
-        per_turn_segments: GSPO / GMPO / the sequence mask treat each turn as its own sequence.
-        kl_loss_coef: the KL term's weight in the loss (``kl_mode="loss"``), 0 when it is off.
-        kl_reward_coef: the KL penalty's weight in the reward (``kl_mode="reward"``), 0 when off.
-    """
-
-    cfg: AlgoConfig
-    estimator: Estimator
-    objective: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-    aggregation: Callable[..., torch.Tensor]
-    per_turn_segments: bool
-    kl_loss_coef: float
-    kl_reward_coef: float
-
-
-def _choose(kind: str, name: str, table: Sequence[str] | dict[str, Any]) -> None:
-    """Raise a did-you-mean error when ``name`` is not in ``table``."""
-    if name not in table:
-        close = difflib.get_close_matches(str(name), list(table), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown {kind} {name!r}{hint}; choose one of {tuple(table)}")
-
-
-def resolve(cfg: AlgoConfig | Algorithm) -> Algorithm:
-    """Validate ``cfg`` and look its parts up in the tables, once (an ``Algorithm`` passes through)."""
-    if isinstance(cfg, Algorithm):
-        return cfg
-    cfg.validate()
-    _choose("advantage estimator", cfg.advantage, ADVANTAGE_ESTIMATORS)
-    return Algorithm(
-        cfg=cfg,
-        estimator=ADVANTAGE_ESTIMATORS[cfg.advantage],
-        objective=pick_policy_loss(cfg),
-        aggregation=partial(aggregate, mode=cfg.loss_agg),
-        per_turn_segments=cfg.sequence_unit == "turn",
-        kl_loss_coef=cfg.kl_coef if cfg.kl_coef > 0 and cfg.kl_mode == "loss" else 0.0,
-        kl_reward_coef=cfg.kl_coef if cfg.kl_coef > 0 and cfg.kl_mode == "reward" else 0.0,
-    )
 
 
 def _reward_inputs(
@@ -457,42 +221,6 @@ def compute_advantages(
     return Advantages(adv, ret, keep.float(), metrics)
 
 
-def _raw_returns(
-    cfg: AlgoConfig,
-    turn_r: torch.Tensor,
-    turn_m: torch.Tensor,
-    turn_index: torch.Tensor,
-    loss_mask: torch.Tensor,
-) -> torch.Tensor:
-    """[N, T] un-normalised return of every sampled token: its episode's reward (``outcome`` /
-    ``sum``) or its turn's discounted return-to-go (``turn``); turn tensors are [N, K]."""
-    if cfg.reward_level == "turn":
-        per = A.turn_returns(turn_r, turn_m, gamma=cfg.turn_gamma)
-    else:
-        per = A.episode_rewards(turn_r, turn_m, cfg.reward_level)
-    return A.broadcast_to_tokens(per, turn_index, loss_mask).double()
-
-
-def _group_mean_returns(
-    cfg: AlgoConfig,
-    turn_r: torch.Tensor,
-    turn_m: torch.Tensor,
-    groups: torch.Tensor,
-    valid: torch.Tensor,
-    turn_index: torch.Tensor,
-    loss_mask: torch.Tensor,
-) -> torch.Tensor:
-    """[N, T] REINFORCE++-baseline return before whitening: the episode reward minus its group's
-    mean (``reward_level`` outcome / sum), or each turn's return-to-go minus the mean of the
-    other episodes' at that turn (``turn``, ``advantages.turn_level``)."""
-    if cfg.reward_level == "turn":
-        per = A.turn_level(turn_r, turn_m, groups, gamma=cfg.turn_gamma, valid=valid)
-    else:
-        r = A.episode_rewards(turn_r, turn_m, cfg.reward_level)
-        per = A.group_normalized(r, groups, std_normalize=False, valid=valid)
-    return A.broadcast_to_tokens(per, turn_index, loss_mask).double()
-
-
 def learning_signal(traj: Trajectory, cfg: AlgoConfig) -> tuple[float, ...]:
     """The rewards of one episode that ``cfg``'s estimator learns from (``_turn_reward`` plus
     shaping): one number for ``reward_level`` outcome / sum, one per turn (action) for ``turn``
@@ -502,14 +230,6 @@ def learning_signal(traj: Trajectory, cfg: AlgoConfig) -> tuple[float, ...]:
     if cfg.advantage == "process" or cfg.reward_level == "turn":
         return tuple(float(x) for x in turn_r[0, : traj.num_turns])
     return (float(A.episode_rewards(turn_r, turn_m, cfg.reward_level)[0]),)
-
-
-def _last_turn_only(turn_r: torch.Tensor, turn_m: torch.Tensor) -> torch.Tensor:
-    """[N, K] keeping only the last real turn's reward (reward_level='outcome')."""
-    last = (turn_m.sum(1).long() - 1).clamp(min=0)
-    out = torch.zeros_like(turn_r)
-    out[torch.arange(turn_r.shape[0]), last] = A.episode_rewards(turn_r, turn_m, "outcome")
-    return out
 
 
 def _ref_logprobs(

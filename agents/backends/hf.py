@@ -36,6 +36,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from veriloop.agents.backends import GenRequest, GenResult, eos_token_ids, hit_stop
+from veriloop.agents.forward import CACHE_ARG
 from veriloop.agents.policy import Policy
 from veriloop.agents.sampling_params import SamplingParams, sample_next
 
@@ -340,9 +341,9 @@ class HFBackend:
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
             position_ids=pos.to(device),
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{CACHE_ARG: cache},
             **extra,
         )
         return out.logits[:, -1]

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from veriloop.algos.batch import TokenBatch, collate, minibatches
+from veriloop.algos.batch import TokenBatch, collate, collate_tokens, minibatches
 
 
 def _two(make_traj):
@@ -28,6 +28,30 @@ def test_collate_right_pads_and_masks(make_traj):
     assert batch.old_logprobs.tolist()[1] == [0, 0, 0, -1, 0, 0, 0]
     dropped = collate([a, b], adv, sample_mask=torch.tensor([1.0, 0.0]))
     assert dropped.loss_mask[1].sum() == 0 and dropped.advantages[1].abs().sum() == 0
+
+
+def test_collate_tokens_pads_right_like_collate(make_traj):
+    """SFT's batches: the same padding as a rollout's, no turns, zero log-probs and advantages."""
+    out = collate_tokens([[5, 6, 7], [8]], [[0, 1, 1], [0]], pad_id=0)
+    assert out.input_ids.tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert out.attention_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert out.loss_mask.tolist() == [[0, 1, 1], [0, 0, 0]]
+    assert out.loss_mask.dtype == torch.float32 and out.input_ids.dtype == torch.long
+    assert out.turn_index.tolist() == [[-1] * 3] * 2
+    assert out.old_logprobs.abs().sum() == 0 and out.advantages.abs().sum() == 0
+    # invariant: a trajectory's tokens and loss mask collate to the same tensors either way
+    a, b = _two(make_traj)
+    rollout = collate([a, b], [[0.0] * len(t.token_ids) for t in (a, b)], pad_id=63)
+    plain = collate_tokens([a.token_ids, b.token_ids], [a.loss_mask, b.loss_mask], pad_id=63)
+    for name in ("input_ids", "attention_mask", "loss_mask"):
+        assert torch.equal(getattr(plain, name), getattr(rollout, name)), name
+
+
+def test_collate_tokens_rejects_mismatched_rows():
+    with pytest.raises(ValueError, match="row 1: 1 token ids but 2 loss-mask entries"):
+        collate_tokens([[5, 6], [7]], [[0, 1], [0, 1]])
+    with pytest.raises(ValueError, match="got 0 and 0"):
+        collate_tokens([], [])
 
 
 def test_collate_tensor_advantages_and_shape_errors(make_traj):

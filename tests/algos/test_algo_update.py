@@ -103,6 +103,23 @@ def _episodes(model, make_traj, with_logprobs, early=lambda r: r - 1):
     return [with_logprobs(t, lp[i, : len(t.token_ids)]) for i, t in enumerate(trajs)]
 
 
+def test_a_rollout_batch_is_collated_once(tiny_llama, make_traj, with_logprobs, monkeypatch):
+    """Reference log-probs, critic values, advantages, rollout correction and every update step all
+    read the one ``TokenBatch`` that ``prepare_batch`` collated (mini-batches are row selections)."""
+    import veriloop.algos.update as U
+
+    trajs = _episodes(tiny_llama, make_traj, with_logprobs)
+    calls = []
+    real = U.collate
+    monkeypatch.setattr(U, "collate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    cfg = AlgoConfig(advantage="gae", critic="value_head", kl_coef=0.04, rollout_is="truncate")
+    critic = ValueModel(tiny_llama)
+    batch, _ = prepare_batch(trajs, cfg, model=tiny_llama, critic=critic, ref_model=copy.deepcopy(tiny_llama))
+    opt = torch.optim.SGD(tiny_llama.parameters(), lr=1e-3)
+    update_step(tiny_llama, opt, batch, cfg, micro_batch_size=1, max_grad_norm=1.0, critic=critic)
+    assert calls == [1]
+
+
 @pytest.mark.parametrize("preset", list_presets())
 def test_one_step_moves_logprobs_with_advantage_sign(preset, tiny_llama, make_traj, with_logprobs):
     cfg = load_preset(preset)

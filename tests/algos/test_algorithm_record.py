@@ -1,4 +1,4 @@
-"""``update.resolve``: an AlgoConfig's parts are looked up once into a frozen ``Algorithm``."""
+"""``algorithm.resolve``: an AlgoConfig's parts are looked up once into a frozen ``Algorithm``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from veriloop.algos import update as U
+from veriloop.algos import algorithm as U
 from veriloop.algos.losses import aggregate
 from veriloop.configs.algo import AlgoConfig
 
@@ -35,3 +35,24 @@ def test_unknown_estimator_suggests_the_closest():
     object.__setattr__(cfg, "advantage", "group_nrom")
     with pytest.raises(ValueError, match="did you mean 'group_norm'"):
         U.resolve(cfg)
+
+
+def test_unknown_policy_loss_suggests_the_closest():
+    cfg = AlgoConfig()
+    object.__setattr__(cfg, "policy_loss", "cispoo")
+    with pytest.raises(ValueError, match=r"unknown policy_loss 'cispoo' \(did you mean 'cispo'\?\)"):
+        U.pick_policy_loss(cfg)
+
+
+def test_every_policy_loss_has_one_signature():
+    """Each table entry, built from the default config, takes (logp, old, adv, mask, segments)."""
+    import torch
+
+    logp = torch.tensor([[0.0, -1.0, -0.5]])  # [B, T]
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    adv = torch.tensor([[0.0, 1.0, 1.0]])
+    for name in U.POLICY_LOSSES:
+        cfg = AlgoConfig(policy_loss=name)
+        loss, stats = U.pick_policy_loss(cfg)(logp, logp, adv, mask, None)
+        assert loss.shape == (1, 3), name
+        assert {"clip_frac_low", "clip_frac_high", "approx_kl"} <= set(stats), name

@@ -12,7 +12,6 @@ from veriloop.algos.sft_data import SFTExample, demonstration_examples
 from veriloop.algos.sft_train import (
     SFTSettings,
     batch_indices,
-    collate,
     tokenise,
     train_sft,
     warmup_from_config,
@@ -54,13 +53,6 @@ def test_batch_indices_cover_each_epoch_once():
     assert stream[:n] != [i for s in range(3) for i in batch_indices(n, b, s, seed=6)][:n]
 
 
-def test_collate_pads_right_and_masks_padding():
-    out = collate([[5, 6, 7], [8]], [[0, 1, 1], [0]], pad_id=0)
-    assert out["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
-    assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
-    assert out["loss_mask"].tolist() == [[0, 1, 1], [0, 0, 0]]
-
-
 def _grads_after_one_step(micro):
     from veriloop.agents.testing import tiny_policy
 
@@ -96,6 +88,20 @@ def test_micro_batches_give_the_same_token_mean_loss_and_gradient():
         torch.testing.assert_close(g_micro[name], g, rtol=1e-4, atol=1e-6)
 
 
+def test_each_sft_batch_is_collated_once(monkeypatch):
+    """One ``collate_tokens`` per step (RL's padding); micro-batches are row slices of it."""
+    import veriloop.algos.sft_train as sft_train
+    from veriloop.agents.testing import tiny_policy
+
+    calls = []
+    real = sft_train.collate_tokens
+    monkeypatch.setattr(
+        sft_train, "collate_tokens", lambda *a, **kw: calls.append(len(a[0])) or real(*a, **kw)
+    )
+    train_sft(tiny_policy(seed=3), _short(4), steps=2, lr=1e-3, batch_size=4, micro_batch_size=1)
+    assert calls == [4, 4]  # two steps, each its four examples at once
+
+
 def test_truncation_and_empty_examples_are_counted(tiny_text_policy):
     tok = tiny_text_policy.tokenizer
     examples = _short(2) + demonstration_examples("veriloop/Points24-text-v0", {}, range(1))
@@ -128,6 +134,88 @@ def test_nonfinite_step_is_skipped_and_counted():
     handle.remove()
     assert out["skipped_nonfinite"] == 0
     assert any(not torch.equal(w, before[n]) for n, w in _weights(policy).items())
+
+
+def _poison_from(policy, first_call: int):  # type: ignore[no-untyped-def]
+    """Make every forward pass from the ``first_call``-th on return NaN logits; returns the handle."""
+    calls = {"n": 0}
+
+    def poison(_module, _inputs, output):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] >= first_call:
+            output.logits = output.logits * float("nan")
+        return output
+
+    return policy.model.register_forward_hook(poison)
+
+
+def test_sft_stops_after_max_consecutive_nonfinite_steps_like_rl(tmp_path):
+    """The RL loop's guard and limit: the 2nd bad step in a row stops SFT, nothing non-finite is saved."""
+    from veriloop.agents.testing import tiny_policy
+    from veriloop.algos.checkpoint import latest_checkpoint
+    from veriloop.algos.nonfinite import NonFiniteTrainingError
+    from veriloop.algos.run_log import read_metrics
+
+    policy = tiny_policy(seed=1)
+    handle = _poison_from(policy, first_call=2)  # step 0 is finite, steps 1.. are NaN (one forward each)
+    kw = {"lr": 1e-2, "batch_size": 2, "log_every": 1, "tensorboard": False, "checkpoint_every": 1}
+    with pytest.raises(NonFiniteTrainingError, match="sft warm-up: 2 consecutive steps.*lower lr"):
+        train_sft(policy, _short(2), steps=10, run_dir=tmp_path, max_consecutive_nonfinite=2, **kw)
+    handle.remove()
+    rows = read_metrics(tmp_path)
+    assert [r["sft/skipped_nonfinite"] for r in rows] == [0, 1]  # the 2nd bad step raised before its row
+    assert latest_checkpoint(tmp_path).name == "step-000002"  # after one good and one skipped step
+
+    lenient = tiny_policy(seed=1)  # the same bad steps under a larger limit: skipped, counted, not fatal
+    handle = _poison_from(lenient, first_call=2)
+    out = train_sft(lenient, _short(2), steps=3, max_consecutive_nonfinite=3, lr=1e-2, batch_size=2)
+    handle.remove()
+    assert out["skipped_nonfinite"] == 2 and out["loss_first"] is not None
+
+
+def test_sft_limit_is_train_max_consecutive_nonfinite(tmp_path):
+    """``warmup_from_config`` takes the limit from ``train.max_consecutive_nonfinite`` (one setting)."""
+    from veriloop.agents.testing import tiny_policy
+    from veriloop.algos.nonfinite import NonFiniteTrainingError
+    from veriloop.configs.schema import EnvConfig, ExperimentConfig, RunConfig, SFTConfig, TrainConfig
+
+    assert SFTSettings(steps=1).max_consecutive_nonfinite == TrainConfig().max_consecutive_nonfinite
+    cfg = ExperimentConfig(
+        env=EnvConfig(id="veriloop/Points24-text-v0"),
+        sft=SFTConfig(source="solver", steps=5, lr=1e-2, examples=2),
+        train=TrainConfig(max_consecutive_nonfinite=1),
+        run=RunConfig(tensorboard=False, checkpoint_every=0),
+    )
+    policy = tiny_policy(seed=1)
+    handle = _poison_from(policy, first_call=1)
+    with pytest.raises(NonFiniteTrainingError, match="1 consecutive steps"):  # the first bad step
+        warmup_from_config(cfg, policy, run_dir=None)
+    handle.remove()
+
+
+def test_resumed_sft_keeps_the_guard_counts(tmp_path):
+    """A checkpoint holds the skipped-step counts; the resumed run continues them, as RL's does."""
+    from veriloop.agents.testing import tiny_policy
+    from veriloop.algos.nonfinite import NonFiniteTrainingError
+
+    kw = {
+        "lr": 1e-2,
+        "batch_size": 2,
+        "tensorboard": False,
+        "checkpoint_every": 1,
+        "max_consecutive_nonfinite": 2,
+    }
+    torch.manual_seed(2)
+    policy = tiny_policy(lora=True, seed=2)
+    handle = _poison_from(policy, first_call=2)
+    train_sft(policy, _short(2), steps=2, run_dir=tmp_path, **kw)  # step 1 skipped: 1 in a row
+    handle.remove()
+    handle = _poison_from(policy, first_call=1)
+    with pytest.raises(
+        NonFiniteTrainingError, match="2 consecutive steps"
+    ):  # one more bad step makes 2 in a row
+        train_sft(policy, _short(2), steps=3, run_dir=tmp_path, **kw)
+    handle.remove()
 
 
 def test_checkpoint_resume_matches_an_uninterrupted_run(tmp_path):
