@@ -20,9 +20,10 @@ Per split, next to :func:`summarize_split`'s ``pass@k``, ``avg@n``, ``maj@k``:
   verdict reason, e.g. Points24's ``reason/illegal_numbers`` (numbers that break the split's rule
   for J/Q/K: what a policy that memorised J = 10 shows on the rule-OOD split);
 * the environment's own metrics, from its learner contract (``LearnerSignal.step_metrics``, averaged
-  over the steps that have a value, and ``episode_metrics``, averaged over episodes), e.g.
-  Points24's ``recognition_acc`` (Chu et al. 2025) and SolveVerify's ``verify_acc``,
-  ``wrong_to_right`` and ``right_to_wrong`` (Ma et al. 2025).
+  over the steps that have a value, ``episode_metrics``, averaged over episodes, and whatever its
+  ``summarize`` function computes from the whole split), e.g. Points24's ``recognition_acc`` (Chu et
+  al. 2025) and SolveVerify's ``verify_acc``, balanced accuracy and F1 of its verifies, and the
+  ``wrong_to_right`` rate with its 95% interval (Ma et al. 2025).
 
 Rates with no data are ``nan``. The report is plain data: ``{"splits": {name: metrics}, "gap":
 {split: {metric: id - split}}, "meta": {...}}``; :func:`write_report` saves it as JSON (``nan`` as
@@ -46,9 +47,11 @@ from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.eval_metrics import (
     Sample,
+    avg_at_k,
     generalization_gap,
     markdown_table,
     reference_of,
+    standard_error,
     summarize_split,
 )
 
@@ -67,7 +70,7 @@ _GENERIC = {
     "error_rate",
     "response_length/max",
 }
-_GENERIC_PREFIXES = ("pass@", "avg@", "maj@", "reason/", "attempts/")
+_GENERIC_PREFIXES = ("pass@", "avg@", "maj@", "reason/", "attempts/", "se/")
 
 
 # ------------------------------------------------------------------------------- per episode
@@ -102,6 +105,16 @@ def _env_metrics(trajs: Sequence[Trajectory]) -> tuple[dict[str, float], list[di
     return per_step, [dict(t.turns[-1].signal.episode_metrics) if t.turns else {} for t in trajs]
 
 
+def _env_summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """The split metrics an environment computes itself (``LearnerSignal.summarize``, e.g. balanced
+    accuracy), from every episode's signals; empty when no step names such a function."""
+    for t in trajs:
+        for tr in t.turns:
+            if tr.signal.summarize is not None:
+                return dict(tr.signal.summarize([[turn.signal for turn in u.turns] for u in trajs]))
+    return {}
+
+
 def task_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """Length, truncation, attempts (by level) and the environments' own metrics of one split."""
     n = max(len(trajs), 1)
@@ -131,6 +144,7 @@ def task_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     names = dict.fromkeys(name for e in episodes for name in e if name != "attempts")
     for name in names:
         out[name] = _nanmean([e[name] for e in episodes if name in e])
+    out.update(_env_summary(trajs))
     return out
 
 
@@ -198,8 +212,13 @@ def evaluate_policy(
     batch_episodes: int = 64,
     sampling_seed: int = 0,
     reference_split: str = REFERENCE_SPLIT,
+    backend: Any = None,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on every split; see the module docstring for the metrics.
+
+    The report's ``per_problem[split]`` holds each problem's accuracy over its samples (``avg@n``)
+    and, with ``greedy``, its greedy result, in problem order: two evaluations of the same problems
+    compare pairwise (:func:`~veriloop.algos.eval_metrics.paired_difference`).
 
     Args:
         policy: A :class:`~veriloop.agents.policy.Policy` or a scripted policy.
@@ -213,24 +232,20 @@ def evaluate_policy(
         batch_episodes: Episodes per rollout call (memory vs speed).
         sampling_seed: Seed of the first rollout batch (batch ``b`` uses ``sampling_seed + b``).
         reference_split: Split the generalization gap is measured against.
+        backend: The generation backend (default: the HF engine on ``policy``); a live vLLM backend
+            must already hold the policy's weights.
     """
-    if not seeds or n_samples < 1 or batch_episodes < 1:
-        raise ValueError(f"need seeds, n_samples >= 1 and batch_episodes >= 1; got {len(seeds)} seeds, "
-                         f"n_samples={n_samples}, batch_episodes={batch_episodes}")  # fmt: skip
-    bad = [k for k in k_list if not 1 <= k <= n_samples]
-    if bad:
-        raise ValueError(
-            f"k_list values {bad} are not in [1, n_samples={n_samples}]: raise n_samples or drop them"
-        )
+    _check_eval_args(seeds, n_samples, k_list, batch_episodes)
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=sampling_seed)
-    kw = {"limits": limits, "system_prompt": system_prompt}
+    kw = {"limits": limits, "system_prompt": system_prompt, "backend": backend}
     t0 = time.perf_counter()
     results: dict[str, dict[str, float]] = {}
+    per_problem: dict[str, dict[str, list[float]]] = {}
     with _eval_mode(policy):
         for name, split in splits.items():
             greedy_params = SamplingParams.greedy(max_new_tokens) if greedy else None
-            results[name] = _evaluate_split(policy, name, split, seeds, n_samples, list(k_list), sampling,
-                                            greedy_params, batch_episodes, kw)  # fmt: skip
+            results[name], per_problem[name] = _evaluate_split(policy, name, split, seeds, n_samples, list(k_list),
+                                                               sampling, greedy_params, batch_episodes, kw)  # fmt: skip
     meta = {
         "splits": {name: {"id": s.id, "kwargs": dict(s.kwargs)} for name, s in splits.items()},
         "num_problems": len(seeds), "first_seed": int(seeds[0]), "last_seed": int(seeds[-1]),
@@ -239,7 +254,21 @@ def evaluate_policy(
         "sampling_seed": sampling_seed, "reference_split": reference_split,
         "policy": getattr(policy, "name", type(policy).__name__), "time_s": time.perf_counter() - t0,
     }  # fmt: skip
-    return {"splits": results, "gap": report_gap(results, reference_split), "meta": meta}
+    report = {"splits": results, "gap": report_gap(results, reference_split), "meta": meta}
+    return {**report, "per_problem": per_problem}
+
+
+def _check_eval_args(
+    seeds: Sequence[int], n_samples: int, k_list: Sequence[int], batch_episodes: int
+) -> None:
+    if not seeds or n_samples < 1 or batch_episodes < 1:
+        raise ValueError(f"need seeds, n_samples >= 1 and batch_episodes >= 1; got {len(seeds)} seeds, "
+                         f"n_samples={n_samples}, batch_episodes={batch_episodes}")  # fmt: skip
+    bad = [k for k in k_list if not 1 <= k <= n_samples]
+    if bad:
+        raise ValueError(
+            f"k_list values {bad} are not in [1, n_samples={n_samples}]: raise n_samples or drop them"
+        )
 
 
 def _evaluate_split(
@@ -253,20 +282,24 @@ def _evaluate_split(
     greedy: SamplingParams | None,
     batch_episodes: int,
     kw: dict[str, Any],
-) -> dict[str, float]:
+) -> tuple[dict[str, float], dict[str, list[float]]]:
     """One split's metrics: ``n_samples`` per problem (pass@k, avg@n...), then, with ``greedy``
-    (its sampling parameters), each problem once greedily (``greedy_acc``), then the task's own."""
+    (its sampling parameters), each problem once greedily (``greedy_acc``), then the task's own;
+    and the per-problem accuracies (``avg@n``, ``greedy``) in problem order."""
     specs = [EpisodeSpec(split.id, dict(split.kwargs), int(s), j) for j, s in enumerate(seeds)
              for _ in range(n_samples)]  # fmt: skip
     trajs = _play(policy, specs, sampling, batch_episodes, f"eval {name}", **kw)
-    metrics = dict(summarize_split(_by_problem(trajs, len(seeds)), k_list))
+    problems = _by_problem(trajs, len(seeds))
+    metrics = dict(summarize_split(problems, k_list))
+    per_problem = {"avg@n": [avg_at_k([s.correct and s.error is None for s in p]) for p in problems]}
     if greedy is not None:
         one = [EpisodeSpec(split.id, dict(split.kwargs), int(s), j) for j, s in enumerate(seeds)]
         played = _play(policy, one, greedy, batch_episodes, f"eval {name} greedy", **kw)
-        greedy_samples = list(map(final_sample, played))
-        metrics["greedy_acc"] = _nanmean([float(s.correct and s.error is None) for s in greedy_samples])
+        per_problem["greedy"] = [float(s.correct and s.error is None) for s in map(final_sample, played)]
+        metrics["greedy_acc"] = _nanmean(per_problem["greedy"])
+        metrics["se/greedy_acc"] = standard_error(per_problem["greedy"])
     metrics.update(task_metrics(trajs))
-    return metrics
+    return metrics, per_problem
 
 
 def report_gap(results: Mapping[str, Mapping[str, float]], reference_split: str = REFERENCE_SPLIT) -> dict:
@@ -282,7 +315,7 @@ def report_gap(results: Mapping[str, Mapping[str, float]], reference_split: str 
 
 
 def evaluate_config(
-    cfg: Any, policy: Any, *, step: int | None = None, batch_episodes: int = 64
+    cfg: Any, policy: Any, *, step: int | None = None, batch_episodes: int = 64, backend: Any = None
 ) -> dict[str, Any]:
     """:func:`evaluate_policy` as ``cfg`` (an ``ExperimentConfig``) describes it; ``step`` goes into meta."""
     r, e = cfg.rollout, cfg.eval
@@ -291,6 +324,7 @@ def evaluate_config(
         k_list=e.k_list, temperature=e.temperature, greedy=e.greedy,
         limits=RolloutLimits(r.max_new_tokens, r.max_context, r.max_turns), max_new_tokens=r.max_new_tokens,
         system_prompt=cfg.env.system_prompt, batch_episodes=batch_episodes, sampling_seed=e.seed_offset,
+        backend=backend,
     )  # fmt: skip
     report["meta"]["step"] = step
     return report
@@ -365,7 +399,8 @@ def run_summary(eval_dir: str | Path) -> str:
         raise FileNotFoundError(f"no evaluation reports (*.json) in {eval_dir}")
     reports.sort(key=lambda r: r[0])
     rates = list(dict.fromkeys(k for _, _, r in reports for m in r["splits"].values() for k in m
-                               if k.startswith(("avg@", "pass@", "maj@", "greedy_acc")) and k != "pass@1"))  # fmt: skip
+                               if k.startswith(("avg@", "pass@", "maj@", "greedy_acc", "se/"))
+                               and k != "pass@1"))  # fmt: skip
     header = ["checkpoint", "split", *rates, "error rate"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for _, label, report in reports:

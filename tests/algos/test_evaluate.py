@@ -118,6 +118,12 @@ def test_math_pass_maj_greedy_against_hand_values(tokenizer):
     assert all(v == 0 for v in report["gap"]["copy"].values())
     assert max(policy.calls) <= 3  # batches of at most batch_episodes
     assert report["meta"]["num_problems"] == 4 and report["meta"]["k_list"] == [1, 2, 4]
+    # per-problem results in problem order, and the SEs over problems, by hand:
+    # accuracies 0, .5, .25, 1 -> mean .4375, sample var ((.4375^2 + .0625^2 + .1875^2 + .5625^2) / 3)
+    assert report["per_problem"]["id"] == {"avg@n": [0.0, 0.5, 0.25, 1.0], "greedy": [0.0, 1.0, 0.0, 1.0]}
+    var = (0.4375**2 + 0.0625**2 + 0.1875**2 + 0.5625**2) / 3
+    assert m["se/avg@n"] == pytest.approx(math.sqrt(var / 4))
+    assert m["se/greedy_acc"] == pytest.approx(math.sqrt((4 * 0.25 / 3) / 4))  # var of 0,1,0,1 = 1/3
 
 
 def test_k_larger_than_n_is_rejected(tokenizer):
@@ -211,6 +217,14 @@ def test_solve_verify_task_metrics_from_scripted_traces(tokenizer):
     assert m["pass@1"] == m["pass@2"] == pytest.approx(0.5)
     assert m["verify_acc"] == pytest.approx(0.75)
     assert m["wrong_to_right"] == pytest.approx(0.5) and m["right_to_wrong"] == pytest.approx(0.5)
+    # the env's own split summary: verifies of a right solve A2 (hit), B1 (miss); of a wrong one A1, B3
+    # (hits): recalls 1/2 and 1, F1 2*1/(2*1+0+1) and 2*2/(2*2+1+0); wrong->right 2 of 4 episodes
+    assert (m["verify_recall_right"], m["verify_recall_wrong"]) == pytest.approx((0.5, 1.0))
+    assert m["verify_balanced_acc"] == pytest.approx(0.75) and m["verify_count"] == 8
+    assert (m["verify_f1_right"], m["verify_f1_wrong"]) == pytest.approx((2 / 3, 0.8))
+    assert (m["wrong_to_right/ci95_low"], m["wrong_to_right/ci95_high"]) == pytest.approx(
+        (0.15, 0.85), abs=1e-4
+    )
     assert m["attempts/mean"] == 2.0 and m["attempts/level_2"] == 2.0 and m["turns/mean"] == 4.0
     assert report["gap"] == {}  # one split, nothing to compare
 

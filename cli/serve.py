@@ -1,0 +1,68 @@
+"""``veriloop serve-vllm``: start a vLLM generation server for ``rollout.backend: vllm_server``.
+
+It runs vLLM's OpenAI-compatible server with the flags the server backend relies on
+(:func:`veriloop.agents.backends.vllm_server.serve_command` says which and why); ``--print`` shows
+the command line and environment instead, to run by hand or in a job script on another machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+
+def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``veriloop serve-vllm [--model M] [--port P] [--lora-rank R] [--print] [-- VLLM_ARGS...]``."""
+    p = sub.add_parser("serve-vllm", help="start a vLLM server for rollout.backend=vllm_server (needs vllm)")
+    p.add_argument(
+        "--model", default="default", help="base model folder or Hub id ('default': the cached SmolLM2)"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for other nodes)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--dtype", default="float32", help="weights dtype; the trainer's own (float32) avoids a "
+                   "sampler/trainer mismatch, bfloat16 samples faster (default float32)")  # fmt: skip
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="serve LoRA adapters up to this rank (lora_sync=adapter); 0 = off (full weights)")  # fmt: skip
+    p.add_argument("--max-model-len", type=int, default=2048, help="longest context in tokens (default 2048)")
+    p.add_argument("--kv-cache-gib", type=float, default=None,
+                   help="KV cache size in GiB (default: 1 on CPU, vLLM's own share of GPU memory on GPUs)")  # fmt: skip
+    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
+                   help="settings for vLLM's CPU build or a GPU build (auto: cpu without CUDA)")  # fmt: skip
+    p.add_argument("--print", action="store_true", help="print the command and environment; start nothing")
+    p.add_argument("vllm_args", nargs="*", metavar="-- VLLM_ARG", help="more vLLM server flags, after --")
+    p.set_defaults(handler=cmd_serve_vllm)
+
+
+def cmd_serve_vllm(args: argparse.Namespace) -> int:
+    from veriloop.agents.backends.vllm_server import serve_command
+
+    model = args.model
+    if model == "default":
+        from veriloop.agents import default_model
+
+        model = str(default_model.default_model_path())
+    argv, env = serve_command(model, port=args.port, host=args.host, dtype=args.dtype, lora_rank=args.lora_rank,
+                              max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
+                              cpu=_on_cpu(args.device), python=sys.executable, extra=args.vllm_args)  # fmt: skip
+    env = {k: v for k, v in env.items() if k not in os.environ}  # the caller's own settings win
+    if args.print:
+        print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv))
+        return 0
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        print("veriloop serve-vllm: vllm is not installed here; `make setup-vllm` (CPU) or "
+              "`pip install veriloop[vllm]` (GPU), then run .venv-vllm/bin/veriloop serve-vllm", file=sys.stderr)  # fmt: skip
+        return 2
+    print(f"serving {model} at http://{args.host}:{args.port} (ready when GET /health answers)", flush=True)
+    os.execve(argv[0], argv, {**os.environ, **env})
+
+
+def _on_cpu(device: str) -> bool:
+    if device != "auto":
+        return device == "cpu"
+    import torch
+
+    return not torch.cuda.is_available()
