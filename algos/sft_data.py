@@ -22,6 +22,11 @@ is its ``demonstration_source``. Nothing here knows any particular environment.
 An :class:`SFTExample` holds ``messages`` (role/content dicts), ``trainable`` (one flag per
 assistant message: does its loss count) and ``meta`` (seed, env id, how it was made). Files are
 JSONL, one example per line (:func:`save_examples`, :func:`load_examples`).
+
+Vision envs (observations ``{"text", "image"}``): with ``images=True`` the builders keep each
+observation's image on the example (``images``, and ``image_messages``: the user message each one
+belongs to, shown before its text as the rollout engine does). Such examples live in memory only
+(rebuilt from env seeds, never written to JSONL); :mod:`veriloop.algos.sft_vision` tokenises them.
 """
 
 from __future__ import annotations
@@ -57,20 +62,39 @@ class SFTExample:
         messages: ``{"role": "system"|"user"|"assistant", "content": str}`` in conversation order.
         trainable: One flag per assistant message: True = its tokens are in the SFT loss.
         meta: JSON-ready facts about the example (``source``, ``env_id``, ``seed`` ...).
+        images: Observation images (arrays [H, W, 3] uint8), one per image-bearing user message;
+            empty for text examples.
+        image_messages: For each image, the index in ``messages`` of the user message it belongs
+            to (the image comes before that message's text), increasing.
     """
 
     messages: tuple[dict[str, str], ...]
     trainable: tuple[bool, ...]
     meta: dict[str, Any] = field(default_factory=dict)
+    images: tuple[Any, ...] = ()
+    image_messages: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "messages", tuple(dict(m) for m in self.messages))
         object.__setattr__(self, "trainable", tuple(self.trainable))
-        problem = _problem(self.messages, self.trainable, self.meta)
+        object.__setattr__(self, "images", tuple(self.images))
+        object.__setattr__(self, "image_messages", tuple(int(i) for i in self.image_messages))
+        problem = _problem(self.messages, self.trainable, self.meta) or _image_problem(self)
         if problem:
             raise SFTDataError(problem)
 
+    def with_system(self, system_prompt: str) -> SFTExample:
+        """The same example with a system message first (image positions shift with it)."""
+        system = {"role": "system", "content": system_prompt}
+        shifted = tuple(i + 1 for i in self.image_messages)
+        return SFTExample((system, *self.messages), self.trainable, self.meta, self.images, shifted)
+
     def to_dict(self) -> dict[str, Any]:
+        if self.images:
+            raise SFTDataError(
+                "a vision example holds images, which are not written to JSONL; rebuild vision examples "
+                "from env seeds (demonstration_examples(..., images=True)) instead of saving them"
+            )
         return {
             "messages": [dict(m) for m in self.messages],
             "trainable": list(self.trainable),
@@ -96,6 +120,18 @@ def _problem(messages: Any, trainable: Any, meta: Any) -> str | None:
         return "no assistant message is trainable: the example would teach nothing"
     if not isinstance(meta, Mapping):
         return f"'meta' must be a dict, got {type(meta).__name__}"
+    return None
+
+
+def _image_problem(ex: SFTExample) -> str | None:
+    """What is wrong with an example's images, or None."""
+    if len(ex.images) != len(ex.image_messages):
+        return f"{len(ex.images)} images but {len(ex.image_messages)} image_messages (one message index per image)"
+    if list(ex.image_messages) != sorted(set(ex.image_messages)):
+        return f"image_messages must be increasing message indices, got {ex.image_messages}"
+    bad = [i for i in ex.image_messages if not 0 <= i < len(ex.messages) or ex.messages[i]["role"] != "user"]
+    if bad:
+        return f"image_messages {bad} do not point at user messages (images belong to observations)"
     return None
 
 
@@ -139,13 +175,29 @@ def load_examples(path: str | Path) -> list[SFTExample]:
 
 # ------------------------------------------------------------------------------ stepping envs
 class _Episode:
-    """An env episode recorded as chat messages: reset once, then :meth:`act` per response."""
+    """An env episode recorded as chat messages: reset once, then :meth:`act` per response.
+    With ``images``, a vision observation's image is kept (``images`` / ``image_messages``)."""
 
-    def __init__(self, env: gym.Env, seed: int) -> None:
+    def __init__(self, env: gym.Env, seed: int, images: bool = False) -> None:
         obs, info = env.reset(seed=int(seed))
-        self.env, self.task = env, info["task"]
-        self.messages: list[dict[str, str]] = [{"role": "user", "content": _text(obs)}]
+        self.env, self.task, self.keep_images = env, info["task"], images
+        self.images: list[Any] = []
+        self.image_messages: list[int] = []
+        self.messages: list[dict[str, str]] = []
+        self._observe(obs)
         self.done = False
+
+    def _observe(self, obs: Any) -> None:
+        if self.keep_images and isinstance(obs, dict) and obs.get("image") is not None:
+            self.images.append(obs["image"])
+            self.image_messages.append(len(self.messages))
+            obs = str(obs["text"])
+        self.messages.append({"role": "user", "content": _text(obs)})
+
+    def example(self, trainable: Sequence[bool], meta: dict[str, Any]) -> SFTExample:
+        return SFTExample(
+            tuple(self.messages), tuple(trainable), meta, tuple(self.images), tuple(self.image_messages)
+        )
 
     def act(self, response: str) -> dict[str, Any]:
         """Step ``response``; append it and (unless the episode ended) the next observation."""
@@ -155,7 +207,7 @@ class _Episode:
         self.messages.append({"role": "assistant", "content": response})
         self.done = bool(terminated or truncated)
         if not self.done:
-            self.messages.append({"role": "user", "content": _text(obs)})
+            self._observe(obs)
         return info
 
 
@@ -163,7 +215,7 @@ def _text(obs: Any) -> str:
     if not isinstance(obs, str):
         raise SFTDataError(
             f"SFT data builders need text observations, got {type(obs).__name__}; use the env's text "
-            "variant (not a vision one)"
+            "variant, or pass images=True to keep the images (for a vision-language policy)"
         )
     return obs
 
@@ -176,6 +228,7 @@ def demonstration_examples(
     *,
     rng: np.random.Generator | None = None,
     p_wrong_first: float = 0.0,
+    images: bool = False,
 ) -> list[SFTExample]:
     """One verified example per seed, written by the environment itself: its
     :meth:`~veriloop.envs.base.VerifierEnv.demonstration_episode` (by default the single
@@ -185,6 +238,7 @@ def demonstration_examples(
     response's trainable flag, and the episode ends solved (anything else is a bug and raises).
     ``rng`` draws what the env leaves to chance (e.g. wrong first attempts, with probability
     ``p_wrong_first``, in correction traces); ``meta["wrong_attempts"]`` counts untrained responses.
+    ``images``: keep vision observations' images on the examples (else a vision env raises).
     """
     if not 0.0 <= p_wrong_first <= 1.0:
         raise ValueError(f"p_wrong_first must be a probability in [0, 1], got {p_wrong_first}")
@@ -195,7 +249,7 @@ def demonstration_examples(
     try:
         out = []
         for seed in seeds:
-            ep = _Episode(env, seed)
+            ep = _Episode(env, seed, images)
             plan = base.demonstration_episode(base.task, rng, p_wrong_first=p_wrong_first)
             if plan is None:
                 raise SFTDataError(f"{env_id} seed {seed}: the env has no demonstration for this task")
@@ -217,7 +271,7 @@ def demonstration_examples(
                 "seed": int(seed),
                 "wrong_attempts": flags.count(False),
             }
-            out.append(SFTExample(tuple(ep.messages), flags, meta))
+            out.append(ep.example(flags, meta))
         return out
     finally:
         env.close()
@@ -251,6 +305,8 @@ def rejection_examples(
 
     Wrong attempts inside a kept multi-turn episode stay as context but are not trainable (as in
     S2R); ``meta["kept"]`` / ``meta["sampled"]`` on every example record the acceptance rate.
+    Episodes a vision-language policy played (with image inputs) are replayed from their seed to
+    get their images back (:func:`_replayed`).
     """
     from veriloop.agents.engine import grouped_specs, rollout
 
@@ -270,8 +326,32 @@ def rejection_examples(
             "kept": len(kept),
             "sampled": len(trajs),
         }
-        out.append(SFTExample(messages, flags, meta))
+        if t.extras:  # a vision episode: the trajectory has pixel values, not the images
+            out.append(_replayed(t, env_id, dict(env_kwargs or {}), flags, meta, system_prompt))
+        else:
+            out.append(SFTExample(messages, flags, meta))
     return out
+
+
+def _replayed(
+    traj: Any,
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    flags: tuple[bool, ...],
+    meta: dict[str, Any],
+    system_prompt: str | None,
+) -> SFTExample:
+    """A sampled vision episode as an example with its images: the env is reset with the episode's
+    seed and stepped with its responses, which gives back the same observations (images included)."""
+    env = gym.make(env_id, **env_kwargs)
+    try:
+        ep = _Episode(env, traj.seed, images=True)
+        for turn in traj.turns:
+            ep.act(turn.text)
+    finally:
+        env.close()
+    ex = ep.example(flags, meta)
+    return ex.with_system(system_prompt) if system_prompt is not None else ex
 
 
 # ------------------------------------------------------------------------------ one entry point
@@ -364,13 +444,15 @@ def build_examples(
     samples: int = 1,
     sampling: Any = None,
     limits: Any = None,
+    images: bool = False,
 ) -> list[SFTExample]:
     """Demonstrations from ``source`` for the training env (dispatch for ``SFTConfig.source``).
 
     ``solver`` / ``generator`` / ``s2r`` need an env that serves that source (``supported_sources``;
     ``seed`` seeds what its demonstrations leave to chance), ``rejection`` a ``policy``,
     ``samples`` per seed and ``sampling``. ``system_prompt`` is put first in every
-    chat, as the rollout does, so warm-up and RL see the same context.
+    chat, as the rollout does, so warm-up and RL see the same context. ``images``: keep vision
+    observations' images (for a vision-language policy; see :func:`demonstration_examples`).
     """
     kwargs = dict(env_kwargs or {})
     check_source(source, env_id, kwargs)
@@ -389,9 +471,8 @@ def build_examples(
         )
     out = demonstration_examples(
         env_id, kwargs, seeds, rng=np.random.default_rng(seed),
-        p_wrong_first=DEFAULT_P_WRONG_FIRST if source == "s2r" else 0.0,
+        p_wrong_first=DEFAULT_P_WRONG_FIRST if source == "s2r" else 0.0, images=images,
     )  # fmt: skip
     if system_prompt is None:
         return out
-    system = {"role": "system", "content": system_prompt}
-    return [SFTExample((system, *ex.messages), ex.trainable, ex.meta) for ex in out]
+    return [ex.with_system(system_prompt) for ex in out]

@@ -252,7 +252,8 @@ def test_the_shipped_vision_config_names_default_vision():
 
     cfg = load_config("configs/experiments/points24_vision_grpo.yaml", [])
     assert cfg.policy.model == "default-vision" and cfg.env.id == "veriloop/Points24-vision-v0"
-    assert cfg.sft.steps == 0  # the SFT data builders take text observations only
+    # a short SFT warm-up on the solver's answers (image + text demonstrations) teaches the JSON format
+    assert cfg.sft.source == "solver" and cfg.sft.steps > 0
 
 
 def test_the_shipped_vision_config_trains_one_step_with_a_built_vlm(built, tmp_path):
