@@ -9,6 +9,10 @@ of which ``c`` are correct:
 * **avg@n** -- the mean accuracy over the ``n`` samples (pass@1 equals avg@n).
 * **maj@k** -- majority vote over the first ``k`` sampled final answers; the problem counts as
   solved when the winning answer is correct.
+* **se/avg@n** -- the standard error of avg@n over problems: ``sd(a_1..a_P) / sqrt(P)`` with ``a_j``
+  problem j's accuracy over its n samples (sample sd, ddof = 1). It is the noise that drawing the P
+  problems puts on avg@n; :func:`paired_difference` gives the SE of a change between two
+  evaluations of the same problems, which is smaller when the per-problem results are correlated.
 
 A sample whose verifier failed (timeout, memory, crash; ``Verdict.error`` set) was not judged, and an
 answer nobody could check is not a success: in evaluation it counts as UNSOLVED in avg@n, pass@k and
@@ -151,6 +155,7 @@ def summarize_split(
         "verifier_errors": errors,
         "error_rate": errors / total,
         "avg@n": _mean([avg_at_k(c) for c in solved]),
+        "se/avg@n": standard_error([avg_at_k(c) for c in solved]),
     }
     # maj@k votes on the extracted answers (``Verdict.parsed``); a judged-correct sample without
     # one means the env does not extract answers, and any vote would be a wrong number: n/a (nan)
@@ -185,6 +190,36 @@ def _vote_truth(samples: Sequence[Sample]) -> dict[str, bool]:
 
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
+
+
+def standard_error(values: Sequence[float]) -> float:
+    """Standard error of the mean: ``sd(values) / sqrt(len(values))``, sample sd (ddof = 1); ``nan``
+    for fewer than two values (one value says nothing about its spread)."""
+    n = len(values)
+    if n < 2:
+        return math.nan
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def paired_difference(before: Sequence[float], after: Sequence[float]) -> dict[str, float]:
+    """The change in mean accuracy between two evaluations of the same problems, with its SE.
+
+    ``d_j = after_j - before_j`` per problem; ``diff = mean(d)``, ``se = sd(d) / sqrt(P)`` (paired:
+    the problems' own difficulty cancels), ``z = diff / se`` (``inf`` when every problem moved
+    alike, ``nan`` for no change at all or fewer than two problems).
+    """
+    if len(before) != len(after):
+        raise ValueError(f"paired_difference needs the same problems: {len(before)} vs {len(after)} values")
+    d = [a - b for a, b in zip(after, before, strict=True)]
+    diff, se = _mean(d), standard_error(d)
+    if math.isnan(se) or math.isnan(diff):
+        z = math.nan
+    elif se == 0:
+        z = math.nan if diff == 0 else math.copysign(math.inf, diff)
+    else:
+        z = diff / se
+    return {"diff": diff, "se": se, "z": z, "num_problems": float(len(d))}
 
 
 def reference_of(split: str, splits: Collection[str], default: str = "id") -> str | None:

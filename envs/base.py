@@ -42,7 +42,10 @@ never an environment's own ``info`` keys, so a new environment needs no change t
   imitating (rejection-sampled SFT keeps its tokens as targets);
 * ``step_metrics`` / ``episode_metrics`` -- evaluation metrics: a step metric is averaged over the
   steps that report it (``nan`` = "this step has no value"), an episode metric is read from each
-  episode's last step and averaged over episodes (``"attempts"`` replaces the turn count).
+  episode's last step and averaged over episodes (``"attempts"`` replaces the turn count);
+* ``summarize`` -- the environment's own function from a whole split's signals (one list per
+  episode) to metrics that are not means, e.g. balanced accuracy or a confidence interval; the
+  evaluator calls it once per split and reports what it returns beside the means.
 
 The defaults come from the verdict (:meth:`VerifierEnv.signal`); override :meth:`signal` or
 :meth:`step_metrics`, or build the record yourself in a custom ``step``. Supervised warm-up data
@@ -80,7 +83,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
@@ -132,6 +135,10 @@ SIGNAL_KEY = "signal"
 DemonstrationSource = Literal["solver", "generator", "s2r"]
 
 
+#: ``LearnerSignal.summarize``: each episode's signals in step order -> named metrics of the split.
+SplitSummary = Callable[[Sequence[Sequence["LearnerSignal"]]], Mapping[str, float]]
+
+
 @dataclass(frozen=True)
 class LearnerSignal:
     """What one step gives a learner besides the step reward (``info[SIGNAL_KEY]``).
@@ -152,6 +159,9 @@ class LearnerSignal:
             them; ``nan`` = no value at this step (the metric still appears in the report).
         episode_metrics: Named evaluation metrics of the episode so far, read from its last step
             and averaged over episodes; ``"attempts"`` replaces the turn count in ``attempts/*``.
+        summarize: Metrics of a whole split that are not means of the above (ratios of pooled
+            counts, confidence intervals), as a function of every episode's signals; ``None`` = none.
+            A module-level function, so that signals stay picklable.
     """
 
     process_reward: float | None = None
@@ -161,6 +171,7 @@ class LearnerSignal:
     imitate: bool = False
     step_metrics: Mapping[str, float] = field(default_factory=dict)
     episode_metrics: Mapping[str, float] = field(default_factory=dict)
+    summarize: SplitSummary | None = None
 
     @classmethod
     def from_verdict(cls, verdict: Verdict | None) -> LearnerSignal:

@@ -40,9 +40,22 @@ if the last solve so far was right, else -1 (on a step before the end: the outco
 rollout limit cut there; ``None`` when the verifier failed). ``action_kind`` is ``"solve"`` or
 ``"verify"``; an invalid action is counted as a failed attempt at the action the protocol expected
 (a verify right after a valid solve, a solve otherwise), so it is baselined against those actions
-and the model is taught to stop emitting it. Evaluation metrics: ``verify_acc`` (per verify
-action), ``wrong_to_right``, ``right_to_wrong`` (episodes with at least one such transition) and
-``attempts`` (solve actions). ``demonstration_episode`` writes S2R behaviour-initialisation traces.
+and the model is taught to stop emitting it. ``demonstration_episode`` writes S2R
+behaviour-initialisation traces.
+
+Evaluation metrics (per split; :func:`verification_summary` computes the last group):
+
+* ``verify_acc`` -- the share of verify actions whose verdict matches the truth of the solve;
+  ``verify_recall_right`` / ``verify_recall_wrong`` -- the same share among verifies of a right /
+  of a wrong solve (per-class recall);
+* ``wrong_to_right``, ``right_to_wrong`` -- the share of episodes with at least one such transition
+  between consecutive solves; ``attempts`` -- solve actions per episode;
+* ``verify_balanced_acc`` (the mean of the two recalls: 0.5 for a verifier that always says the same
+  thing, whatever the share of wrong solves), ``verify_f1_right``, ``verify_f1_wrong`` (F1 with "the
+  solve was right" / "was wrong" as the positive class) and ``verify_macro_f1``, over the split's
+  pooled verifies; ``verify_wrong_share`` -- the share of verified solves that were wrong (the accuracy
+  of always saying "incorrect"); ``verify_count``; ``wrong_to_right/ci95_low`` and ``/ci95_high`` -- a
+  95% Wilson interval of the per-episode wrong→right rate (see :mod:`veriloop.envs.judgement_metrics`).
 """
 
 from __future__ import annotations
@@ -52,6 +65,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from veriloop.envs.base import SIGNAL_KEY, LearnerSignal, VerifierEnv
+from veriloop.envs.judgement_metrics import judgement_metrics, wilson_interval
 from veriloop.envs.verifiers import Verdict
 
 TaskName = Literal["math", "points24"]
@@ -135,6 +149,47 @@ def s2r_trainable_actions(kinds: Sequence[ActionKind], solve_correct: Sequence[b
         else:
             raise ValueError(f"action kind must be 'solve' or 'verify', got {kind!r}")
     return out
+
+
+def _verify_metrics(matches: bool | None, solve_correct: bool | None) -> dict[str, float]:
+    """One step's verification metrics: ``nan`` where the step is not a verify of that class."""
+    hit = math.nan if matches is None else float(matches)
+    return {
+        "verify_acc": hit,
+        "verify_recall_right": hit if solve_correct is True else math.nan,
+        "verify_recall_wrong": hit if solve_correct is False else math.nan,
+    }
+
+
+def verification_summary(episodes: Sequence[Sequence[LearnerSignal]]) -> dict[str, float]:
+    """The split-level metrics of the module docstring, from every episode's signals.
+
+    A verify step is one with a ``verify_acc`` value; its solve was right when it has a
+    ``verify_recall_right`` value; it said "correct" when it matched a right solve or missed a wrong
+    one. The wrong→right interval counts the episodes whose last signal reports ``wrong_to_right``.
+    """
+    pairs = []  # (says "the solve was wrong", the solve was wrong): "wrong" is the positive class
+    for signals in episodes:
+        for sig in signals:
+            hit = sig.step_metrics.get("verify_acc", math.nan)
+            if math.isnan(hit):
+                continue
+            wrong = math.isnan(sig.step_metrics.get("verify_recall_right", math.nan))
+            pairs.append((wrong == bool(hit), wrong))
+    judged = judgement_metrics(pairs)
+    transitions = [s[-1].episode_metrics["wrong_to_right"] for s in episodes
+                   if s and "wrong_to_right" in s[-1].episode_metrics]  # fmt: skip
+    low, high = wilson_interval(int(sum(t > 0 for t in transitions)), len(transitions))
+    return {
+        "verify_balanced_acc": judged["balanced_accuracy"],
+        "verify_f1_right": judged["f1_negative"],
+        "verify_f1_wrong": judged["f1_positive"],
+        "verify_macro_f1": judged["macro_f1"],
+        "verify_wrong_share": judged["positive_share"],
+        "verify_count": judged["n"],
+        "wrong_to_right/ci95_low": low,
+        "wrong_to_right/ci95_high": high,
+    }
 
 
 class SolveVerifyEnv(VerifierEnv[Any]):
@@ -336,12 +391,13 @@ class SolveVerifyEnv(VerifierEnv[Any]):
             action_kind=self._expected if kind == "invalid" else kind,
             solved=solved,
             imitate=kind == "verify" or (kind == "solve" and bool(info["solve_correct"])),
-            step_metrics={"verify_acc": math.nan if matches is None else float(matches)},
+            step_metrics=_verify_metrics(matches, info["solve_correct"]),
             episode_metrics={
                 "wrong_to_right": float(stats["wrong_to_right"] > 0),
                 "right_to_wrong": float(stats["right_to_wrong"] > 0),
                 "attempts": float(stats["solves"]),
             },
+            summarize=verification_summary,
         )
 
     def _finish(

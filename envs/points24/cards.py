@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -16,6 +17,9 @@ SUITS = ("S", "C", "H", "D")  # spades, clubs, hearts, diamonds
 SUIT_SYMBOLS = {"S": "♠", "C": "♣", "H": "♥", "D": "♦"}
 SUIT_SETS: dict[str, tuple[str, ...]] = {"black": ("S", "C"), "red": ("H", "D"), "any": SUITS}
 FACE_RULES: tuple[str, ...] = ("10", "11-12-13")
+ALL_RANKS: tuple[int, ...] = tuple(range(1, 14))
+#: Ranks whose value depends on the face-card rule (J, Q, K).
+FACE_RANKS = frozenset({11, 12, 13})
 
 
 @dataclass(frozen=True, order=True)
@@ -75,16 +79,68 @@ def card_value(rank: int, face_cards: FaceRule) -> int:
     return 10
 
 
-def deck(suits: SuitSet = "any") -> tuple[Card, ...]:
-    """All cards of the chosen suits, in a fixed order (so dealing depends only on the RNG)."""
+def check_ranks(ranks: Sequence[object] | None) -> tuple[int, ...]:
+    """The sorted ranks (1..13) a deck holds, from names or numbers: ``["A", 2, "3", "J"]`` -> ``(1, 2, 3, 11)``.
+
+    ``None`` means all thirteen, A..K. Raises ``ValueError`` naming the bad entry and the fix for a
+    string instead of a list, an unknown rank (with the closest name), a repeated rank or an empty list.
+    """
+    if ranks is None:
+        return ALL_RANKS
+    example = "['A', '2', '3', '4', '5', '6'] (A..6), or leave it out for all of A..K"
+    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
+        raise ValueError(f"ranks must be a list of card ranks such as {example}; got {ranks!r}")
+    out: list[int] = []
+    for entry in ranks:
+        rank = _rank_entry(entry)
+        if rank is None:
+            hint = difflib.get_close_matches(str(entry).strip().upper(), RANK_NAMES, n=1)
+            extra = f" Did you mean {hint[0]!r}?" if hint else ""
+            raise ValueError(
+                f"ranks: {entry!r} is not a card rank; use names {', '.join(RANK_NAMES)} or numbers 1..13.{extra}"
+            )
+        if rank in out:
+            raise ValueError(
+                f"ranks lists {RANK_NAMES[rank - 1]!r} twice ({list(ranks)!r}); list each rank once"
+            )
+        out.append(rank)
+    if not out:
+        raise ValueError(f"ranks is empty: list at least one rank, e.g. {example}")
+    return tuple(sorted(out))
+
+
+def _rank_entry(entry: object) -> int | None:
+    """One entry of ``ranks``: a rank name (``"A"``, ``"10"``, ``"k"``) or a number 1..13, else ``None``."""
+    if isinstance(entry, str):
+        text = entry.strip().upper()
+        if text in RANK_NAMES:
+            return RANK_NAMES.index(text) + 1
+        return int(text) if text.isdigit() and 1 <= int(text) <= 13 else None
+    if isinstance(entry, int) and not isinstance(entry, bool) and 1 <= entry <= 13:
+        return entry
+    return None
+
+
+def deck(suits: SuitSet = "any", ranks: Sequence[int] | None = None) -> tuple[Card, ...]:
+    """All cards of the chosen suits and ranks (default all 13), in a fixed order (so dealing
+    depends only on the RNG): suit by suit, ranks ascending."""
     if suits not in SUIT_SETS:
         raise ValueError(f"suits must be one of {tuple(SUIT_SETS)}, got {suits!r}")
-    return tuple(Card(rank, suit) for suit in SUIT_SETS[suits] for rank in range(1, 14))
+    chosen = ALL_RANKS if ranks is None else tuple(sorted(ranks))
+    return tuple(Card(rank, suit) for suit in SUIT_SETS[suits] for rank in chosen)
 
 
-def deal(rng: np.random.Generator, n: int = 4, suits: SuitSet = "any") -> tuple[Card, ...]:
-    """``n`` distinct cards drawn without replacement with ``rng``."""
-    cards = deck(suits)
+def deal(
+    rng: np.random.Generator, n: int = 4, suits: SuitSet = "any", ranks: Sequence[int] | None = None
+) -> tuple[Card, ...]:
+    """``n`` distinct cards of :func:`deck` ``(suits, ranks)`` drawn without replacement with ``rng``."""
+    cards = deck(suits, ranks)
+    if not 1 <= n <= len(cards):
+        raise ValueError(
+            f"cannot deal {n} distinct cards from a deck of {len(cards)} (suits {suits!r}, ranks "
+            f"{[RANK_NAMES[r - 1] for r in sorted({c.rank for c in cards})]}): deal fewer cards, add "
+            "ranks or use suits='any'"
+        )
     picks = rng.choice(len(cards), size=n, replace=False)
     return tuple(cards[int(i)] for i in picks)
 

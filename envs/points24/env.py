@@ -1,5 +1,10 @@
 """Points24 (GeneralPoints): make 24 from four cards, as text or as an image.
 
+Options (keyword arguments of ``gymnasium.make``) make easier or harder variants of the same game:
+``num_cards`` (2, 3 or 4 cards, default 4), ``target`` (default 24) and ``ranks`` (the ranks in the
+deck, default all of A..K). With the defaults the deals, prompts and checks are exactly the original
+game's. Rule OOD still means J, Q, K = 11, 12, 13, so a deck meant for it must hold J, Q or K.
+
 Registered ids (see :mod:`veriloop.envs.splits` for the evaluation splits):
 
 ================================== ======== ============ ======= =========================
@@ -31,11 +36,14 @@ from gymnasium import spaces
 
 from veriloop.envs.base import VerifierEnv
 from veriloop.envs.points24.cards import (
+    ALL_RANKS,
+    FACE_RANKS,
     RANK_NAMES,
     Card,
     FaceRule,
     SuitSet,
     card_value,
+    check_ranks,
     check_rule,
     deal,
     parse_code,
@@ -66,6 +74,9 @@ DEFAULT_REWARDS: dict[str, float] = {
     "gave_up": -5.0,
 }
 MAX_DEALS = 1000
+#: The hand sizes Points24 offers: the exact solver and the card image are sized for at most four.
+NUM_CARDS = (2, 3, 4)
+_COUNT_WORDS = {2: "two", 3: "three", 4: "four"}
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,25 @@ class Points24Task:
         }
 
 
+def check_num_cards(num_cards: Any) -> int:
+    """``num_cards`` as an int in :data:`NUM_CARDS`, else a ``ValueError`` that says what to pass."""
+    if isinstance(num_cards, bool) or not isinstance(num_cards, int) or num_cards not in NUM_CARDS:
+        raise ValueError(
+            f"num_cards must be one of {NUM_CARDS} (the exact solver and the card image are sized for at "
+            f"most four cards; fewer make the game easier), got {num_cards!r}"
+        )
+    return num_cards
+
+
+def check_target(target: Any) -> int:
+    """``target`` as a positive int, else a ``ValueError`` that says what to pass."""
+    if isinstance(target, float) and target.is_integer():
+        target = int(target)
+    if isinstance(target, bool) or not isinstance(target, int) or target < 1:
+        raise ValueError(f"target must be a positive whole number such as 24 (default) or 12, got {target!r}")
+    return target
+
+
 def merge_rewards(rewards: Mapping[str, float] | None) -> dict[str, float]:
     """``DEFAULT_REWARDS`` updated by ``rewards``; unknown reasons raise with a suggestion."""
     table = dict(DEFAULT_REWARDS)
@@ -111,13 +141,18 @@ def merge_rewards(rewards: Mapping[str, float] | None) -> dict[str, float]:
 
 
 class Points24Env(VerifierEnv[Points24Task]):
-    """Use each of four cards' numbers once with ``+ - * /`` and parentheses to reach ``target``.
+    """Use each dealt card's number once with ``+ - * /`` and parentheses to reach ``target``.
 
     Args:
         vision: Show the cards as an image (observation ``{"text", "image"}``) instead of in the text.
         face_cards: ``"10"`` (J, Q, K = 10; training) or ``"11-12-13"`` (rule OOD).
         suits: ``"black"`` (♠♣, training), ``"red"`` (♥♦, visual OOD) or ``"any"``.
-        target: The number to reach (24).
+        target: The number to reach, a positive whole number (24).
+        num_cards: Cards per hand: 2, 3 or 4 (4). Fewer cards make the search shallower; the
+            verifier still requires each dealt card's number exactly once.
+        ranks: The ranks in the deck, as names or numbers (``["A", 2, "3", "J"]``); ``None`` = all
+            of A..K. ``["A", "2", "3", "4", "5", "6"]`` keeps every value at most 6; keep J, Q or K
+            in the deck when the rule-OOD split (``face_cards="11-12-13"``) should differ from it.
         solvable_only: Re-deal (with ``np_random``) until the hand has a solution.
         rewards: Overrides of :data:`DEFAULT_REWARDS`, keyed by verdict reason.
         max_attempts: Responses per episode (5 = the paper's VIter); after a failed attempt the
@@ -143,6 +178,8 @@ class Points24Env(VerifierEnv[Points24Task]):
         face_cards: FaceRule = "10",
         suits: SuitSet = "black",
         target: int = 24,
+        num_cards: int = 4,
+        ranks: Sequence[str | int] | None = None,
         solvable_only: bool = True,
         rewards: Mapping[str, float] | None = None,
         max_attempts: int = 5,
@@ -152,8 +189,11 @@ class Points24Env(VerifierEnv[Points24Task]):
         self.vision = bool(vision)
         self.face_cards = check_rule(face_cards)
         self.suits = suits
-        deal(np.random.default_rng(0), suits=suits)  # validates `suits` early
-        self.target = int(target)
+        self.num_cards = check_num_cards(num_cards)
+        self.ranks = check_ranks(ranks)
+        # a throwaway deal validates `suits` and that the deck holds num_cards distinct cards, early
+        deal(np.random.default_rng(0), self.num_cards, suits, self.ranks)
+        self.target = check_target(target)
         self.solvable_only = bool(solvable_only)
         self.rewards = merge_rewards(rewards)
         self._image: np.ndarray | None = None
@@ -169,13 +209,20 @@ class Points24Env(VerifierEnv[Points24Task]):
     # ------------------------------------------------------------------ task
     def sample_task(self) -> Points24Task:
         for _ in range(MAX_DEALS):
-            task = Points24Task(deal(self.np_random, 4, self.suits), self.target, self.face_cards)
+            cards = deal(self.np_random, self.num_cards, self.suits, self._deal_ranks)
+            task = Points24Task(cards, self.target, self.face_cards)
             if not self.solvable_only or task.solution is not None:
                 return task
         raise RuntimeError(
-            f"no solvable hand in {MAX_DEALS} deals for target {self.target}; "
-            "choose a reachable target or pass solvable_only=False"
+            f"no solvable hand in {MAX_DEALS} deals of {self.num_cards} cards (ranks "
+            f"{[RANK_NAMES[r - 1] for r in self.ranks]}) for target {self.target}; choose a reachable "
+            "target, more cards or ranks, or pass solvable_only=False"
         )
+
+    @property
+    def _deal_ranks(self) -> tuple[int, ...] | None:
+        """The ``ranks`` argument of :func:`deal`: ``None`` for the full deck (the original deal)."""
+        return None if self.ranks == ALL_RANKS else self.ranks
 
     def task_from_options(self, spec: Any) -> Points24Task:
         """Accept a :class:`Points24Task`, its ``to_dict()`` form, or a list of card codes (``["QS", ...]``)."""
@@ -187,15 +234,20 @@ class Points24Env(VerifierEnv[Points24Task]):
             rule = check_rule(spec.get("face_cards", self.face_cards))
         else:
             codes, target, rule = spec, self.target, self.face_cards
-        if isinstance(codes, str) or not isinstance(codes, Sequence) or len(codes) != 4:
+        if isinstance(codes, str) or not isinstance(codes, Sequence) or len(codes) != self.num_cards:
+            example = json.dumps(["QS", "3C", "5S", "AC"][: self.num_cards])
             raise ValueError(
-                f'options["task"] needs four cards such as ["QS", "3C", "5S", "AC"], got {codes!r}'
+                f'options["task"] needs {_COUNT_WORDS[self.num_cards]} cards (num_cards={self.num_cards}) '
+                f"such as {example}, got {codes!r}"
             )
         cards = tuple(c if isinstance(c, Card) else parse_code(str(c)) for c in codes)
         return Points24Task(cards, target, rule)
 
     # ------------------------------------------------------------------ text
     def rule_text(self, task: Points24Task) -> str:
+        """How cards count; the J/Q/K clause only when the deck (or the pinned hand) has face cards."""
+        if not FACE_RANKS & {*self.ranks, *(c.rank for c in task.cards)}:
+            return "An ace counts as 1 and number cards count as printed."
         faces = (
             "J, Q and K each count as 10" if task.face_cards == "10" else "J, Q and K count as 11, 12 and 13"
         )
@@ -206,22 +258,20 @@ class Points24Env(VerifierEnv[Points24Task]):
             f"Use the number of every card exactly once, combined with +, -, *, / and parentheses, "
             f"to write a formula whose value is {task.target}. {self.rule_text(task)}"
         )
+        game, count = f"You are playing the {task.target} points card game.", _COUNT_WORDS[len(task.cards)]
         if self.vision:
-            intro = (
-                "You are playing the 24 points card game. The four cards are shown in the image; "
-                "they are not listed in this text."
-            )
+            intro = f"{game} The {count} cards are shown in the image; they are not listed in this text."
             fmt = (
                 'Answer with a JSON object {"cards": [...], "formula": "..."}, where "cards" lists the '
-                'ranks of the four cards you read from the image, without suits (e.g. "A", "7", "10", "K"), '
+                f'ranks of the {count} cards you read from the image, without suits (e.g. "A", "7", "10", "K"), '
                 'and "formula" uses their numbers.'
             )
         else:
             listed = ", ".join(c.label() for c in task.cards)
-            intro = f"You are playing the 24 points card game. Your cards: {listed}."
+            intro = f"{game} Your cards: {listed}."
             fmt = (
                 'Answer with a JSON object {"cards": [...], "formula": "..."}, where "cards" lists the '
-                'ranks of the four cards, without suits (e.g. "A", "7", "10", "K"), and "formula" uses '
+                f'ranks of the {count} cards, without suits (e.g. "A", "7", "10", "K"), and "formula" uses '
                 "their numbers."
             )
         return f"{intro}\n{goal}\n{fmt}"
@@ -270,7 +320,7 @@ class Points24Env(VerifierEnv[Points24Task]):
                 used.add(formula)
                 cards = [RANK_NAMES[c.rank - 1] for c in task.cards]
                 return json.dumps({"cards": cards, "formula": formula})
-        raise RuntimeError(f"no fresh wrong formula over {values} after 200 draws")
+        return None  # a small hand has few formulas: all of them used (or right) after 200 draws
 
     # ------------------------------------------------------------------ observations
     def image(self) -> np.ndarray:

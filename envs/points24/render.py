@@ -1,7 +1,8 @@
 """Draw Points24 hands as one small RGB image with Pillow (imported here only).
 
 Layout: ``n`` white card faces side by side on a green table, ``IMAGE_SHAPE = (128, 336, 3)``
-for four cards. Each face shows its rank name top-left and bottom-right (Pillow's default
+whatever ``n`` (1..4): four cards fill the width, fewer are centred, so every variant of the game
+(``num_cards``) has the same observation space. Each face shows its rank name top-left and bottom-right (Pillow's default
 font) and its suit as a drawn shape (polygons and circles, so no font needs the ♠♣♥♦ glyphs)
 in red or black: a small one under each corner rank and a large one in the centre. The
 drawing depends only on the cards, so the same deal always gives the same pixels.
@@ -83,13 +84,17 @@ def _draw_card(draw: Any, card: Card, x0: int, y0: int) -> None:
 
 
 def render_cards(cards: Sequence[Card]) -> np.ndarray:
-    """RGB image of up to four cards; returns a new ``uint8`` array of shape ``IMAGE_SHAPE``."""
+    """RGB image of one to four cards (fewer are centred); a new ``uint8`` array of shape ``IMAGE_SHAPE``."""
     if not 1 <= len(cards) <= 4:
-        raise ValueError(f"render_cards draws 1 to 4 cards, got {len(cards)}")
+        raise ValueError(
+            f"render_cards draws 1 to 4 cards (the image is four cards wide), got {len(cards)}: "
+            "use num_cards <= 4 with vision=True"
+        )
+    left = GAP + 2 + (4 - len(cards)) * (CARD_W + GAP) // 2  # centre a short hand
     image_mod, draw_mod, _ = _pil()
     height, width, _ = IMAGE_SHAPE
     image = image_mod.new("RGB", (width, height), TABLE)
     draw = draw_mod.Draw(image)
     for i, card in enumerate(cards):
-        _draw_card(draw, card, GAP + 2 + i * (CARD_W + GAP), GAP)
+        _draw_card(draw, card, left + i * (CARD_W + GAP), GAP)
     return np.asarray(image, dtype=np.uint8).copy()  # [H, W, 3]

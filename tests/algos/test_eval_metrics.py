@@ -180,3 +180,29 @@ def test_maj_at_k_is_unavailable_not_zero_when_the_env_extracts_no_answer():
     assert "n/a" in markdown_table({"id": m})
     with_answers = summarize_split([[Sample(True, "4"), Sample(False, "5")]], [1])
     assert with_answers["maj@1"] == 1.0
+
+
+def test_standard_error_by_hand():
+    from veriloop.algos.eval_metrics import standard_error
+
+    # 1, 2, 3, 4: mean 2.5, sample variance (2.25 + .25 + .25 + 2.25) / 3 = 5/3, SE = sqrt(5/3 / 4)
+    assert standard_error([1, 2, 3, 4]) == pytest.approx(math.sqrt(5 / 12))
+    assert standard_error([0.5, 0.5, 0.5]) == 0.0
+    assert math.isnan(standard_error([1.0])) and math.isnan(standard_error([]))
+
+
+def test_paired_difference_cancels_problem_difficulty():
+    from veriloop.algos.eval_metrics import paired_difference, standard_error
+
+    before = [0.0, 0.25, 0.5, 1.0]
+    after = [0.25, 0.5, 0.5, 1.0]  # d = .25, .25, 0, 0: mean .125, sample var 1/48, SE sqrt(1/48 / 4)
+    out = paired_difference(before, after)
+    assert out["diff"] == pytest.approx(0.125)
+    assert out["se"] == pytest.approx(math.sqrt(1 / 192))
+    assert out["z"] == pytest.approx(0.125 / math.sqrt(1 / 192)) and out["num_problems"] == 4
+    # the unpaired SE of the difference is larger here: the problems' difficulty does not cancel
+    assert out["se"] < math.hypot(standard_error(before), standard_error(after))
+    assert paired_difference([0, 1], [1, 2])["z"] == math.inf  # every problem moved by the same amount
+    assert math.isnan(paired_difference([0, 1], [0, 1])["z"])
+    with pytest.raises(ValueError, match="same problems"):
+        paired_difference([0, 1], [0])
