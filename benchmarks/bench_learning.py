@@ -177,15 +177,23 @@ SUITES: dict[str, dict] = {
         ],  # fmt: skip
     },
     # Points24-vision with the built default-vision model (GP-VL: does RL improve recognition, and does
-    # it carry to red suits?). Only the RL arm for now: an SFT arm needs vision SFT data (the SFT
-    # builders take text observations only), and the trainer's update cannot yet split a multi-turn
-    # VLM batch's pixel_values into micro-batches (tests/agents/test_vision_model.py, strict xfail).
+    # it carry to red suits?). Both arms start from the same 30-step vision SFT warm-up on the solver's
+    # answers (image + text, algos/sft_vision.py); sft_only then keeps doing SFT on as many solver
+    # examples as the RL arm's warm-up plus its RL episodes (30 x 8 + 10 x 24 = 480). Evaluation covers
+    # the in-distribution split, visual OOD (red suits) and rule OOD (J/Q/K = 11/12/13).
     "vision": {
         "steps": 10,
         "eval_every": 5,
-        "arms": [("grpo", "points24_vision_grpo", [])],
+        "arms": [
+            ("sft_only", "points24_vision_grpo", ["sft.steps=60", "sft.examples=480", "train.steps=0",
+                                                  "eval.before_sft=false"]),
+            ("sft_then_grpo", "points24_vision_grpo", []),
+        ],  # fmt: skip
         "common": [
             *LORA,
+            "sft.steps=30",
+            "sft.examples=240",
+            "sft.lr=2.0e-4",
             "rollout.prompts_per_step=4",
             "rollout.group_size=6",
             "rollout.max_new_tokens=64",
@@ -193,7 +201,7 @@ SUITES: dict[str, dict] = {
             "algo.kl_coef=0.0",
             "train.lr=1.0e-4",
             "train.warmup_steps=0",
-            "train.micro_batch_size=24",  # = the mini-batch: pixel_values are not split by rows
+            "train.micro_batch_size=8",
             *SMALL_EVAL,
         ],
     },
