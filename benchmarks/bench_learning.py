@@ -67,7 +67,7 @@ SUITES: dict[str, dict] = {
         "arms": [
             # the same GRPO sampled by our HF engine in fp32 (sampler = trainer): the vLLM arms' control,
             # and the only arm that measures the base model (before the SFT warm-up)
-            ("grpo_hf", "quickstart", REUSE),
+            ("grpo_hf", "quickstart", ["rollout.backend=hf", *REUSE]),  # auto would pick vLLM in .venv-vllm
             ("grpo", "quickstart", [*VLLM_BF16, *REUSE]),
             # GRPO + truncated IS (C = 2) on the sampler's recorded log-probs vs the trainer's pi_old
             (
