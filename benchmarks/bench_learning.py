@@ -12,6 +12,10 @@ Suites:
   points24  "SFT memorizes, RL generalizes" at toy scale: SFT on solver solutions only, vs the same
             SFT warm-up followed by multi-turn GRPO; in-distribution (J/Q/K = 10) and rule-OOD
             (J/Q/K = 11/12/13) success by step.
+  vision    Points24-vision with the built default-vision model: vision SFT only vs the same warm-up
+            then multi-turn GRPO; in-distribution, visual OOD (red suits) and rule OOD, with the
+            env's recognition accuracy and answers by verdict reason.
+  s2r       solve -> verify -> correct: outcome RLOO vs process GRPO from a masked-SFT start.
 
 Usage (from the repository root, in the venv):
   OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_learning.py math --seeds 0 1
