@@ -189,8 +189,11 @@ SUITES: dict[str, dict] = {
         "steps": 10,
         "eval_every": 5,
         "arms": [
-            ("sft_only", "points24_vision_grpo", ["sft.steps=60", "sft.examples=480", "train.steps=0",
-                                                  "eval.before_sft=false"]),
+            (
+                "sft_only",
+                "points24_vision_grpo",
+                ["sft.steps=60", "sft.examples=480", "train.steps=0", "eval.before_sft=false"],
+            ),
             ("sft_then_grpo", "points24_vision_grpo", []),
         ],  # fmt: skip
         "common": [
