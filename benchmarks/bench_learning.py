@@ -545,12 +545,13 @@ def main() -> None:
         "runs": {label: {str(s): r for s, r in by_seed.items()} for label, by_seed in runs.items()},
     }
     path = RESULTS / f"learning_{args.suite}.json"
-    if args.arms and path.exists():  # keep the other arms' results
+    if (args.arms or args.seeds != [0]) and path.exists():  # keep the other arms' and seeds' results
         old = json.loads(path.read_text())
         for label, by_seed in old.get("runs", {}).items():
-            if label not in result["runs"]:
-                result["runs"][label] = by_seed
-                runs[label] = {int(s): r for s, r in by_seed.items()}
+            for s, r in by_seed.items():
+                result["runs"].setdefault(label, {}).setdefault(s, r)
+                runs.setdefault(label, {}).setdefault(int(s), r)
+        result["settings"]["seeds"] = sorted({int(s) for by_seed in result["runs"].values() for s in by_seed})
         result["summary"] = summarize_all(args.suite, runs)
     path.write_text(json.dumps(result, indent=1))
     plot(args.suite, runs, RESULTS / f"learning_{args.suite}.png")
