@@ -551,6 +551,10 @@ def main() -> None:
             for s, r in by_seed.items():
                 result["runs"].setdefault(label, {}).setdefault(s, r)
                 runs.setdefault(label, {}).setdefault(int(s), r)
+        runs = {
+            label: dict(sorted(by_seed.items())) for label, by_seed in runs.items()
+        }  # per-seed lists in seed order
+        result["runs"] = {label: {str(s): r for s, r in by_seed.items()} for label, by_seed in runs.items()}
         result["settings"]["seeds"] = sorted({int(s) for by_seed in result["runs"].values() for s in by_seed})
         result["summary"] = summarize_all(args.suite, runs)
     path.write_text(json.dumps(result, indent=1))
