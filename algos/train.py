@@ -43,7 +43,7 @@ from veriloop.algos.distributed import DistContext, init_distributed, shutdown_d
 from veriloop.algos.evaluate import final_sample, run_summary
 from veriloop.algos.mismatch import MismatchStats
 from veriloop.algos.mixture import assign_envs, per_env_metrics
-from veriloop.algos.nonfinite import NonFiniteGuard, NonFiniteTrainingError  # noqa: F401  (train raises it)
+from veriloop.algos.nonfinite import NonFiniteGuard
 from veriloop.algos.progress import say
 from veriloop.algos.run_log import RunLog
 from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
