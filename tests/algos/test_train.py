@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import veriloop.algos.train as T
+from veriloop.algos.nonfinite import NonFiniteTrainingError
 from veriloop.algos.run_log import read_metrics
 from veriloop.configs.loader import load_config
 from veriloop.envs.math_env import MathVerifyEnv
@@ -185,7 +186,7 @@ def test_nonfinite_loss_skips_then_stops(tmp_path, monkeypatch, varied_rewards, 
     cfg = config(
         tmp_path, "rloo", "train.steps=5", "train.max_consecutive_nonfinite=2", "run.checkpoint_every=1"
     )
-    with pytest.raises(T.NonFiniteTrainingError, match="2 consecutive steps"):
+    with pytest.raises(NonFiniteTrainingError, match="2 consecutive steps"):
         T.train(cfg, quiet=True)
     run_dir = tmp_path / "rloo"
     rows = read_metrics(run_dir)
