@@ -208,6 +208,7 @@ SUITES: dict[str, dict] = {
     "vision": {
         "steps": 10,
         "eval_every": 5,
+        "base_seeds": [0],  # the base model (before SFT) is evaluated in seed 0's sft_then_grpo run only
         "arms": [
             (
                 "sft_only",
@@ -270,6 +271,8 @@ def run_arm(suite: str, label: str, config: str, overrides: list[str], seed: int
     args = [sys.executable, "-m", "veriloop.cli", "train", config, *spec.get("common", []),
             f"train.steps={spec['steps']}", f"eval.every={spec['eval_every']}", *overrides,
             f"rollout.seed={1000 * seed}", f"run.out_dir={out}", f"run.name={name}"]  # fmt: skip
+    if seed not in spec.get("base_seeds", [seed]):  # the base model measured once is enough
+        args.append("eval.before_sft=false")
     run_dir = out / name
     if (run_dir / "final").exists():
         print(f"[{name}] already finished: {run_dir}", flush=True)
