@@ -501,9 +501,47 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]]) -> dict:
         out["dapo_ablation"] = ablation(runs)
     if suite == "losses":
         out["losses_table"] = losses_table(runs)
+    if suite == "vision":
+        out["vision_table"] = vision_table(runs)
     if suite in ("math_gain", "dapo_parts"):
         out["gain_table"] = gain_table(runs)
     return out
+
+
+#: The vision table's metrics: success, the env's recognition and the answers by verdict reason.
+VISION_METRICS = ["avg@n", "recognition_acc", "reason/illegal_numbers", "reason/wrong_value",
+                  "reason/wrong_cards", "reason/unparseable", "reason/no_answer"]  # fmt: skip
+
+
+def _metric(metrics: dict, name: str) -> float | None:
+    """``metrics[name]``; a verdict reason no answer gave is logged by omission: 0 when others are."""
+    if name.startswith("reason/") and name not in metrics and any(k.startswith("reason/") for k in metrics):
+        return 0.0
+    return metrics.get(name)
+
+
+def vision_table(runs: dict[str, dict[int, dict]]) -> list[dict]:
+    """One row per policy (the base model, and each arm at each evaluated step) and split: each
+    metric of :data:`VISION_METRICS` per seed, with its mean and sd over seeds (None where a seed
+    lacks it, e.g. ``recognition_acc`` when no answer listed cards)."""
+    rows = []
+    cells: dict[tuple[str, str], dict[int, dict]] = {}
+    for label, by_seed in runs.items():
+        for seed, r in by_seed.items():
+            for split, metrics in r.get("base", {}).items():
+                cells.setdefault(("base model", split), {})[seed] = metrics
+            for split, by_step in r["evals"].items():
+                for step, metrics in by_step.items():
+                    cells.setdefault((f"{label} @ step {step}", split), {})[seed] = metrics
+    for (policy, split), by_seed in cells.items():
+        row: dict = {"policy": policy, "split": split, "seeds": sorted(by_seed)}
+        for metric in VISION_METRICS:
+            values = [_metric(by_seed[s], metric) for s in sorted(by_seed)]
+            known = [v for v in values if v is not None]
+            row[metric] = {"per_seed": values, "mean": _mean(values),
+                           "sd": statistics.stdev(known) if len(known) > 1 else None}  # fmt: skip
+        rows.append(row)
+    return rows
 
 
 def losses_table(runs: dict[str, dict[int, dict]], last: int = 4) -> list[dict]:
