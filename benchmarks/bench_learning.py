@@ -635,8 +635,12 @@ def plot_by_examples(suite: str, runs: dict[str, dict[int, dict]], path: Path, m
     fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 3.8), squeeze=False)
     for ax, split in zip(axes[0], splits):
         bases = [
-            r["base"][split].get(metric) for bs in runs.values() for r in bs.values() if split in r["base"]
+            _metric(r["base"][split], metric)
+            for bs in runs.values()
+            for r in bs.values()
+            if split in r["base"]
         ]
+        bases = [b for b in bases if b is not None and b == b]  # nan: not measurable (no card list)
         if bases:
             ax.plot([0], [statistics.fmean(bases)], "ks", label="base model")
         for i, (label, by_seed) in enumerate(runs.items()):
@@ -648,7 +652,9 @@ def plot_by_examples(suite: str, runs: dict[str, dict[int, dict]], path: Path, m
                 steps = sorted(ev, key=int)
                 from_base = bool(bases) and "eval.at_start=false" not in ov  # else: markers only
                 xs = [0] * from_base + [sft + per_step * int(s) for s in steps]
-                ys = [statistics.fmean(bases)] * from_base + [ev[s].get(metric) for s in steps]
+                ys = [statistics.fmean(bases) if bases else None] * from_base + [
+                    _metric(ev[s], metric) for s in steps
+                ]
                 ax.plot(xs, ys, marker="o", color=f"C{i}", ls="--" if "sft_only" in label else "-",
                         alpha=0.9 if j == 0 else 0.5, label=label if j == 0 else None)  # fmt: skip
         ax.set_title(f"{suite}: {split} ({metric}, held-out)")
@@ -749,6 +755,12 @@ def main() -> None:
     plot(args.suite, runs, RESULTS / f"learning_{args.suite}.png")
     if args.suite in ("points24", "points24_easy", "vision"):
         plot_by_examples(args.suite, runs, RESULTS / f"learning_{args.suite}_by_examples.png")
+    if args.suite == "vision":  # success is near 0 here: recognition and rule-breaking tell more
+        for metric, name in (
+            ("recognition_acc", "recognition"),
+            ("reason/illegal_numbers", "illegal_numbers"),
+        ):
+            plot_by_examples(args.suite, runs, RESULTS / f"learning_vision_{name}.png", metric)
     if args.suite == "math":
         plot_training(runs, ABLATION, RESULTS / "learning_math_dapo_ablation.png")
     if args.suite == "losses":
