@@ -1,0 +1,71 @@
+"""The learning benchmark's own arithmetic: paired gains, the gain table, the vision table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "benchmarks" / "bench_learning.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(tmp_path: Path, per_step: dict[int, list[float]], wall: list[float]) -> Path:
+    run = tmp_path / "grpo-s0"
+    (run / "eval").mkdir(parents=True)
+    rows = []
+    for step, values in per_step.items():
+        report = {"meta": {"step": step}, "per_problem": {"id": {"avg@n": values}},
+                  "splits": {"id": {"avg@n": sum(values) / len(values)}}}  # fmt: skip
+        (run / "eval" / f"step-{step:06d}.json").write_text(json.dumps(report))
+        rows.append({"step": step, "eval/id/avg@n": sum(values) / len(values)})
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "grpo-s0.wall.json").write_text(
+        json.dumps([{"seconds": s, "exit": 0, "cpus": 2} for s in wall])
+    )
+    return run
+
+
+def test_paired_gain_by_hand(bench, tmp_path):
+    # 4 problems: 0 -> 0.5, 0.25 -> 0.25, 0.5 -> 1, 0.5 -> 0.75: d = (0.5, 0, 0.5, 0.25)
+    run = _run(tmp_path, {0: [0.0, 0.25, 0.5, 0.5], 10: [0.5, 0.25, 1.0, 0.75]}, wall=[1800.0, 900.0])
+    got = bench.collect(run)
+    g = got["gains"]["id"]["10"]
+    mean = 0.3125
+    sd = math.sqrt(((0.5 - mean) ** 2 * 2 + mean**2 + (0.25 - mean) ** 2) / 3)
+    assert g["diff"] == pytest.approx(mean) and g["se"] == pytest.approx(sd / 2)
+    assert g["z"] == pytest.approx(mean / (sd / 2))
+    assert got["cpu_hours"] == pytest.approx((1800 + 900) * 2 / 3600)  # both attempts of a resumed run
+    (row,) = bench.gain_table({"grpo": {0: got}})
+    assert row["start"] == pytest.approx(0.3125) and row["end"] == pytest.approx(0.625)
+    assert row["above_3se"] == (g["z"] > 3) and row["num_problems"] == 4
+
+
+def test_no_start_evaluation_no_gains(bench, tmp_path):
+    run = _run(tmp_path, {10: [0.5, 0.25]}, wall=[])
+    got = bench.collect(run)
+    assert got["gains"] == {} and got["cpu_hours"] is None and bench.gain_table({"grpo": {0: got}}) == []
+
+
+def test_vision_table_counts_an_absent_reason_as_zero_and_spreads_over_seeds(bench):
+    def run(acc: float, illegal: float | None) -> dict:
+        metrics = {"avg@n": acc, "recognition_acc": 0.5, "reason/wrong_value": 0.1}
+        if illegal is not None:
+            metrics["reason/illegal_numbers"] = illegal
+        return {"evals": {"id": {"0": metrics}}, "base": {}}
+
+    (row,) = bench.vision_table({"sft_only": {0: run(0.0, 0.4), 1: run(0.5, None)}})
+    assert row["policy"] == "sft_only @ step 0" and row["seeds"] == [0, 1]
+    assert row["reason/illegal_numbers"]["per_seed"] == [0.4, 0.0]  # seed 1 gave no illegal answer
+    assert row["avg@n"]["mean"] == 0.25 and row["avg@n"]["sd"] == pytest.approx(math.sqrt(0.125))
+    assert row["reason/unparseable"]["per_seed"] == [0.0, 0.0]
