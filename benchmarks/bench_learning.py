@@ -82,6 +82,8 @@ SUITES: dict[str, dict] = {
             # the quickstart's GRPO (lr 1e-4, 1 epoch) with 8 problems per step instead of 4 (the losses
             # suite's reward means swung -0.9..+0.7 between 4-problem batches), 30 steps instead of 12
             ("grpo", "quickstart", ["rollout.prompts_per_step=8"]),
+            # seed 0 of grpo gained +0.035 +- 0.013 (z 2.7) in 30 steps: the same at 3x the learning rate
+            ("grpo_lr3e-4", "quickstart", ["rollout.prompts_per_step=8", "train.lr=3.0e-4"]),
         ],
         "common": [*VLLM_BF16, *BIG_EVAL, "run.checkpoint_every=5"],
     },
