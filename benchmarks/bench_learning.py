@@ -55,6 +55,21 @@ P24_RL = ["sft.steps=30", "sft.examples=240", "rollout.prompts_per_step=4", "rol
 ABL = ["eval.before_sft=false", "eval.at_start=false", "eval.every=0"]
 #: The ablation's rows, in order: each adds one of DAPO's parts to the row above.
 ABLATION = ["grpo", "clip_higher", "token_level", "overlong", "dapo"]
+#: Each ablation row's overrides: one of DAPO's parts added to the row above; DAPO itself is its preset.
+CLIP_HIGHER = ["algo.clip_high=0.28"]
+TOKEN_LEVEL = [*CLIP_HIGHER, "algo.loss_agg=token_mean"]
+OVERLONG = [
+    *TOKEN_LEVEL,
+    "algo.overlong_penalty=true",
+    "algo.overlong_max_len=128",
+    "algo.overlong_cache_len=32",
+]
+DAPO = [
+    "algo.preset=dapo",
+    "algo.max_sampling_rounds=2",
+    "algo.overlong_max_len=128",
+    "algo.overlong_cache_len=32",
+]
 
 # LoRA and a small evaluation (24 held-out problems x 4 samples, both splits) for the multi-turn suites
 LORA = ["policy.lora=true", "policy.lora_r=16", "policy.lora_alpha=32"]
@@ -101,18 +116,7 @@ SUITES: dict[str, dict] = {
                 "quickstart",
                 [*VLLM_BF16, "algo.rollout_is=truncate", "algo.rollout_is_cap=2.0", *REUSE],
             ),
-            (
-                "dapo",
-                "quickstart",
-                [
-                    *VLLM_BF16,
-                    "algo.preset=dapo",
-                    "algo.max_sampling_rounds=2",
-                    "algo.overlong_max_len=128",
-                    "algo.overlong_cache_len=32",
-                    *REUSE,
-                ],
-            ),
+            ("dapo", "quickstart", [*VLLM_BF16, *DAPO, *REUSE]),
             ("gspo", "quickstart", [*VLLM_BF16, "algo.preset=gspo", *REUSE]),
             ("cispo", "quickstart", [*VLLM_BF16, "algo.preset=cispo", *REUSE]),
         ],  # fmt: skip
@@ -127,29 +131,10 @@ SUITES: dict[str, dict] = {
         "eval_every": 20,
         "arms": [
             ("grpo", "quickstart", []),
-            ("clip_higher", "quickstart", ["algo.clip_high=0.28"]),
-            ("token_level", "quickstart", ["algo.clip_high=0.28", "algo.loss_agg=token_mean"]),
-            (
-                "overlong",
-                "quickstart",
-                [
-                    "algo.clip_high=0.28",
-                    "algo.loss_agg=token_mean",
-                    "algo.overlong_penalty=true",
-                    "algo.overlong_max_len=128",
-                    "algo.overlong_cache_len=32",
-                ],
-            ),
-            (
-                "dapo",
-                "quickstart",
-                [
-                    "algo.preset=dapo",
-                    "algo.max_sampling_rounds=2",
-                    "algo.overlong_max_len=128",
-                    "algo.overlong_cache_len=32",
-                ],
-            ),
+            ("clip_higher", "quickstart", CLIP_HIGHER),
+            ("token_level", "quickstart", TOKEN_LEVEL),
+            ("overlong", "quickstart", OVERLONG),
+            ("dapo", "quickstart", DAPO),
         ],  # fmt: skip
         "common": [*VLLM_BF16, *REUSE, *BIG_EVAL, "run.checkpoint_every=5"],
     },
@@ -190,33 +175,13 @@ SUITES: dict[str, dict] = {
         "eval_every": 4,
         "arms": [
             ("grpo", "quickstart", []),
-            (
-                "dapo",
-                "quickstart",
-                [
-                    "algo.preset=dapo",
-                    "algo.max_sampling_rounds=2",
-                    "algo.overlong_max_len=128",
-                    "algo.overlong_cache_len=32",
-                ],
-            ),
+            ("dapo", "quickstart", DAPO),
             # DAPO's parts added one at a time to the GRPO arm (its Table 1, at toy scale); the last
             # step, + dynamic sampling, is the dapo arm. Same SFT warm-up and seed as grpo, whose step-0
             # evaluation they share, so they evaluate only at the end.
-            ("clip_higher", "quickstart", [*ABL, "algo.clip_high=0.28"]),
-            ("token_level", "quickstart", [*ABL, "algo.clip_high=0.28", "algo.loss_agg=token_mean"]),
-            (
-                "overlong",
-                "quickstart",
-                [
-                    *ABL,
-                    "algo.clip_high=0.28",
-                    "algo.loss_agg=token_mean",
-                    "algo.overlong_penalty=true",
-                    "algo.overlong_max_len=128",
-                    "algo.overlong_cache_len=32",
-                ],
-            ),
+            ("clip_higher", "quickstart", [*ABL, *CLIP_HIGHER]),
+            ("token_level", "quickstart", [*ABL, *TOKEN_LEVEL]),
+            ("overlong", "quickstart", [*ABL, *OVERLONG]),
         ],  # fmt: skip
         "common": ["run.checkpoint_every=4"],
     },
