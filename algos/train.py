@@ -436,13 +436,16 @@ def train(
     run.backend = _rollout_backend(cfg, run.policy, dist)  # holds the (restored) weights from here on
     if cfg.sft.steps > 0 and not run.state.sft_done:
         _sft_warmup(run)
+        if dist.is_main and cfg.run.checkpoint_every > 0:
+            _checkpoint(run)  # step 0: a run cut before its first RL checkpoint keeps its warm-up
     dist.broadcast_params(
         list(_trainable_state(run.policy, run.critic).values())
     )  # all ranks: rank 0's weights
     if run.backend is not None and run.state.step == 0 and cfg.sft.steps > 0:
         run.backend.sync()  # the warm-up's weights (and on every rank rank 0's, just broadcast)
-    # a resumed run keeps the rows up to its checkpoint's step; a fresh run starts an empty file
-    run.log = RunLog(run_dir, tensorboard=cfg.run.tensorboard, resume_from_step=run.state.step + 1 if ckpt else 0,
+    # a resumed run keeps the rows up to its checkpoint's step; a fresh run, or one resumed from the
+    # warm-up's step-0 checkpoint (which evaluates step 0 again), starts an empty file
+    run.log = RunLog(run_dir, tensorboard=cfg.run.tensorboard, resume_from_step=run.state.step + 1 if ckpt and run.state.step > 0 else 0,
                      wandb_project="veriloop" if cfg.run.wandb else None) if dist.is_main else None  # fmt: skip
     try:
         if run.state.step == 0 and run.log is not None:  # the base policy's numbers, for comparison

@@ -37,9 +37,9 @@ RUNNER = (
 TIMING = ("time", "time/", "throughput/")
 
 
-def start(out: Path, name: str, delay: float = 0.0) -> subprocess.Popen[bytes]:
+def start(out: Path, name: str, delay: float = 0.0, extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     env = {**os.environ, SAVE_DELAY_ENV: str(delay), "OMP_NUM_THREADS": "1"}  # same threads => same sums
-    args = [sys.executable, "-c", RUNNER, *OVERRIDES, f"run.out_dir={out}", f"run.name={name}"]
+    args = [sys.executable, "-c", RUNNER, *OVERRIDES, *extra, f"run.out_dir={out}", f"run.name={name}"]
     return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -122,3 +122,22 @@ def test_kill_between_checkpoints_then_resume(tmp_path: Path, reference: Path) -
     kill9(proc)
     finish(start(tmp_path, "run"))
     assert_same_run(reference, tmp_path / "run")
+
+
+#: The same run with an SFT warm-up first (2 steps on the generator's worked solutions).
+SFT = ("sft.source=generator", "sft.steps=2", "sft.examples=4")
+
+
+def test_a_run_cut_after_its_warm_up_resumes_without_redoing_it(tmp_path: Path) -> None:
+    """The warm-up is checkpointed as step 0: killed right after that save, the resumed run skips the
+    warm-up (its log is untouched) and ends bitwise where an uncut run with the same warm-up ends."""
+    finish(start(tmp_path, "ref", extra=SFT))
+    ckpts = tmp_path / "run" / "checkpoints"
+    proc = start(tmp_path, "run", extra=SFT)
+    wait_for(proc, lambda: (ckpts / "step-000000" / "COMPLETE").exists())
+    kill9(proc)
+    sft_log = tmp_path / "run" / "sft" / "metrics.jsonl"
+    before = sft_log.stat().st_mtime_ns
+    finish(start(tmp_path, "run", extra=SFT))
+    assert sft_log.stat().st_mtime_ns == before, "the resumed run redid the SFT warm-up"
+    assert_same_run(tmp_path / "ref", tmp_path / "run")
