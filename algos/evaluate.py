@@ -314,16 +314,14 @@ def report_gap(results: Mapping[str, Mapping[str, float]], reference_split: str 
     return gap
 
 
-def evaluate_config(
-    cfg: Any, policy: Any, *, step: int | None = None, batch_episodes: int = 64, backend: Any = None
-) -> dict[str, Any]:
+def evaluate_config(cfg: Any, policy: Any, *, step: int | None = None, backend: Any = None) -> dict[str, Any]:
     """:func:`evaluate_policy` as ``cfg`` (an ``ExperimentConfig``) describes it; ``step`` goes into meta."""
     r, e = cfg.rollout, cfg.eval
     report = evaluate_policy(
         policy, cfg.env.resolved_eval_splits, seeds=list(cfg.eval_seed_range), n_samples=e.n_samples,
         k_list=e.k_list, temperature=e.temperature, greedy=e.greedy,
         limits=RolloutLimits(r.max_new_tokens, r.max_context, r.max_turns), max_new_tokens=r.max_new_tokens,
-        system_prompt=cfg.env.system_prompt, batch_episodes=batch_episodes, sampling_seed=e.seed_offset,
+        system_prompt=cfg.env.system_prompt, batch_episodes=e.batch_episodes, sampling_seed=e.seed_offset,
         backend=backend,
     )  # fmt: skip
     report["meta"]["step"] = step

@@ -401,6 +401,9 @@ class EvalConfig:
             rollouts (vLLM's, with the weights just pushed, when ``rollout.backend`` resolves to
             vLLM: several times faster on CPU), or ``hf``: always the transformers engine on the
             trainer's own weights (exact fp32 numbers, comparable across backends).
+        batch_episodes: Episodes per rollout call. A call lasts as long as its longest episode, so
+            larger batches keep vLLM busier (more memory with the ``hf`` engine); the sampling seeds
+            follow the batches, so a different size draws different (equally valid) samples.
     """
 
     every: int = 50
@@ -413,9 +416,10 @@ class EvalConfig:
     before_sft: bool = True
     at_start: bool = True
     backend: Literal["rollout", "hf"] = "rollout"
+    batch_episodes: int = 64
 
     def validate(self) -> None:
-        _positive("eval", self, "num_problems", "n_samples")
+        _positive("eval", self, "num_problems", "n_samples", "batch_episodes")
         if self.every < 0 or self.temperature <= 0 or self.seed_offset < 0:
             raise ConfigError("eval.every and eval.seed_offset must be >= 0 and eval.temperature > 0")
         bad = [k for k in self.k_list if not 1 <= k <= self.n_samples]

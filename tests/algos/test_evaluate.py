@@ -17,7 +17,7 @@ import gymnasium as gym
 import pytest
 
 import veriloop.envs  # noqa: F401  (registers the environments)
-from veriloop.agents.engine import RolloutLimits, as_verdict
+from veriloop.agents.engine import RolloutLimits, as_verdict, rollout
 from veriloop.agents.scripted import ScriptedPolicy
 from veriloop.agents.trajectory import Trajectory, TurnRecord
 from veriloop.algos.evaluate import (
@@ -29,6 +29,7 @@ from veriloop.algos.evaluate import (
     write_report,
 )
 from veriloop.configs.loader import load_config
+from veriloop.configs.schema import ConfigError
 
 MATH = "veriloop/MathVerify-v0"
 P24 = "veriloop/Points24-text-v0"
@@ -261,6 +262,26 @@ def test_evaluate_config_uses_eval_settings(tokenizer):
         assert m["num_problems"] == 3 and m["num_samples"] == 6 and m["pass@2"] == 1.0 and m["avg@n"] == 1.0
     assert report["meta"]["step"] == 7 and report["meta"]["first_seed"] == cfg.eval.seed_offset
     assert report["meta"]["splits"]["hard"] == {"id": MATH, "kwargs": {"level": 3}}
+
+
+def test_evaluate_config_rolls_out_in_eval_batch_episodes(tokenizer, monkeypatch):
+    """``eval.batch_episodes`` sets the episodes per rollout call (3 problems x 2 samples in 4 + 2)."""
+    import veriloop.algos.evaluate as evaluate_module
+
+    calls: list[int] = []
+
+    def counting_rollout(policy, specs, **kw):  # type: ignore[no-untyped-def]
+        calls.append(len(specs))
+        return rollout(policy, specs, **kw)
+
+    monkeypatch.setattr(evaluate_module, "rollout", counting_rollout)
+    cfg = load_config(None, [f"env.id={MATH}", "eval.num_problems=3", "eval.n_samples=2", "eval.k_list=[1, 2]",
+                             "eval.greedy=false", "eval.batch_episodes=4", "rollout.max_new_tokens=32",
+                             "rollout.max_context=512", "env.eval_splits={}"])  # fmt: skip
+    report = evaluate_config(cfg, ScriptedPolicy(lambda turn, obs, task: right(task), tokenizer))
+    assert calls == [4, 2] and report["splits"]["id"]["num_samples"] == 6
+    with pytest.raises(ConfigError, match="eval.batch_episodes must be >= 1"):
+        load_config(None, ["eval.batch_episodes=0"])
 
 
 def test_cli_eval_tiny_base_model_end_to_end(tokenizer, tmp_path):
