@@ -104,7 +104,7 @@ SUITES: dict[str, dict] = {
             ("grpo_1024", "quickstart", ["rollout.prompts_per_step=8", "eval.num_problems=1024"]),
             # grpo_1024 seed 0 went +0.024 (z 3.6) at step 10, then -0.055 at step 20 (the same seed and
             # settings as grpo seed 0, whose rerun it is, ended +0.035): twice the problems per step (16 x 8)
-            # for half the gradient noise, the same learning rate, 16 steps (2048 samples, ~grpo's 1920)
+            # for half the gradient variance, the same learning rate, 16 steps (2048 samples, ~grpo's 1920)
             (
                 "grpo_p16",
                 "quickstart",
