@@ -42,6 +42,8 @@ import sys
 import time
 from pathlib import Path
 
+from veriloop.algos.eval_metrics import paired_difference, standard_error
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -371,15 +373,25 @@ def collect(run_dir: Path) -> dict:
     attempts = json.loads(wall.read_text()) if wall.exists() else []
     cpu_hours = sum(a["seconds"] * a.get("cpus", 1) for a in attempts) / 3600 if attempts else None
     return {"evals": {s: {str(k): v for k, v in sorted(d.items())} for s, d in evals.items()}, "base": base,
-            "train": train_curves, "gains": paired_gains(run_dir), "cpu_hours": cpu_hours}  # fmt: skip
+            "train": train_curves, "gains": paired_gains(run_dir), "end_per_problem": end_per_problem(run_dir),
+            "cpu_hours": cpu_hours}  # fmt: skip
+
+
+def end_per_problem(run_dir: Path) -> dict[str, list[float]]:
+    """Per split, each held-out problem's avg@n at the run's last evaluation (to compare arms paired
+    by problem: every run evaluates the same held-out problems)."""
+    reports = sorted((run_dir / "eval").glob("step-*.json"))
+    for path in reversed(reports):
+        report = json.loads(path.read_text())
+        if "per_problem" in report:
+            return {split: per["avg@n"] for split, per in report["per_problem"].items()}
+    return {}
 
 
 def paired_gains(run_dir: Path) -> dict[str, dict[str, dict[str, float]]]:
     """Per split and evaluated step, the change in avg@n since step 0 (the SFT start), paired by
     problem (the same held-out problems every time): ``diff``, its ``se``, ``z = diff / se``, and
     the SE of each evaluation on its own (``se_start``, ``se_step``)."""
-    from veriloop.algos.eval_metrics import paired_difference, standard_error
-
     reports = {}
     for path in (run_dir / "eval").glob("step-*.json"):
         report = json.loads(path.read_text())
@@ -397,6 +409,36 @@ def paired_gains(run_dir: Path) -> dict[str, dict[str, dict[str, float]]]:
             row.update(se_start=standard_error(before), se_step=standard_error(after))
             out.setdefault(split, {})[str(step)] = row
     return out
+
+
+def arm_differences(
+    runs: dict[str, dict[int, dict]], reference: str = "grpo", split: str = "id"
+) -> list[dict]:
+    """Each arm against ``reference`` at the end: per seed, the difference in held-out avg@n paired by
+    problem (its SE is the evaluation's noise only); over seeds, the mean difference, its sd (which
+    also holds the training's own noise: two seeds of one arm differ by more than their evaluations'
+    SE) and ``se_over_seeds = sd / sqrt(seeds)``, the SE a ranking has to beat."""
+    rows = []
+    ref = runs.get(reference, {})
+    for label, by_seed in runs.items():
+        if label == reference:
+            continue
+        per_seed = {}
+        for seed, r in sorted(by_seed.items()):
+            mine = r.get("end_per_problem", {}).get(split)
+            theirs = ref.get(seed, {}).get("end_per_problem", {}).get(split)
+            if mine and theirs and len(mine) == len(theirs):
+                per_seed[seed] = paired_difference(theirs, mine)
+        if not per_seed:
+            continue
+        diffs = [d["diff"] for d in per_seed.values()]
+        sd = statistics.stdev(diffs) if len(diffs) > 1 else None
+        rows.append({"arm": label, "reference": reference, "seeds": sorted(per_seed),
+                     "diff (per seed)": diffs, "se_eval (per seed)": [d["se"] for d in per_seed.values()],
+                     "z_eval (per seed)": [d["z"] for d in per_seed.values()],
+                     "diff mean": statistics.fmean(diffs), "diff sd over seeds": sd,
+                     "se_over_seeds": sd / len(diffs) ** 0.5 if sd is not None else None})  # fmt: skip
+    return rows
 
 
 def gain_table(runs: dict[str, dict[int, dict]], split: str = "id") -> list[dict]:
@@ -478,8 +520,10 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]]) -> dict:
     out = {"avg@n": summarize(runs)}
     for metric in EXTRA_METRICS.get(suite, []):
         out[metric] = summarize(runs, metric)
-    if suite == "math":
+    if suite in ("math", "dapo_parts"):
         out["dapo_ablation"] = ablation(runs)
+    if suite == "dapo_parts":
+        out["vs_grpo"] = arm_differences(runs)
     if suite == "losses":
         out["losses_table"] = losses_table(runs)
     if suite == "vision":
@@ -560,32 +604,43 @@ def ablation(runs: dict[str, dict[int, dict]], last: int = 4) -> list[dict]:
         by_seed = runs.get(label)
         if not by_seed:
             continue
-        ends, ents, lens = [], [], []
+        ends = []
+        tails: dict[str, list] = {key: [] for key in ABLATION_CURVES}
         for r in by_seed.values():
             ev = r["evals"].get("id", next(iter(r["evals"].values()), {}))
             if ev:
                 ends.append(ev[max(ev, key=int)].get("avg@n"))
-            tail = [e for e in r["train"]["entropy"] if e is not None][-last:]
-            ents.append(statistics.fmean(tail) if tail else None)
-            ln = [x for x in r["train"]["response_length/mean"] if x is not None][-last:]
-            lens.append(statistics.fmean(ln) if ln else None)
+            for key, values in tails.items():
+                tail = [x for x in r["train"].get(key, []) if x is not None][-last:]
+                values.append(statistics.fmean(tail) if tail else None)
         rows.append({"arm": label, "seeds": sorted(by_seed), "avg@n end (per seed)": ends,
-                     f"entropy, last {last} steps (per seed)": ents,
-                     f"response length, last {last} steps (per seed)": lens})  # fmt: skip
+                     **{f"{ABLATION_CURVES[k]}, last {last} steps (per seed)": v for k, v in tails.items()}})  # fmt: skip
     return rows
 
 
-def plot_training(runs: dict[str, dict[int, dict]], labels: list[str], path: Path) -> None:
-    """Entropy and response length by RL step, one line per arm (seed 0)."""
+#: The training curves the ablation table averages: does clip-higher act (its share of tokens clipped
+#: above), and what does each part do to entropy and length?
+ABLATION_CURVES = {"entropy": "entropy", "response_length/mean": "response length",
+                   "clip_frac_high": "clip_frac_high", "clip_frac_low": "clip_frac_low",
+                   "approx_kl": "approx_kl"}  # fmt: skip
+
+
+def plot_training(
+    runs: dict[str, dict[int, dict]],
+    labels: list[str],
+    path: Path,
+    keys: tuple[str, ...] = ("reward/mean", "entropy", "response_length/mean"),
+) -> None:
+    """Training curves (reward, entropy, response length, ...) by RL step, one line per arm (its first seed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.6))
     for i, label in enumerate(lb for lb in labels if lb in runs):
         r = runs[label][min(runs[label])]
-        for ax, key in zip(axes, ["reward/mean", "entropy", "response_length/mean"]):
+        for ax, key in zip(axes, keys):
             ax.plot(r["train"]["step"], r["train"][key], marker=".", color=f"C{i}", label=label)
             ax.set_title(key)
             ax.set_xlabel("RL step")
@@ -744,6 +799,9 @@ def main() -> None:
             plot_by_examples(args.suite, runs, RESULTS / f"learning_vision_{name}.png", metric)
     if args.suite == "math":
         plot_training(runs, ABLATION, RESULTS / "learning_math_dapo_ablation.png")
+    if args.suite == "dapo_parts":  # does clip-higher act: the share of tokens clipped above, by step
+        keys = ("reward/mean", "entropy", "response_length/mean", "clip_frac_high")
+        plot_training(runs, ABLATION, RESULTS / "learning_dapo_parts_training.png", keys)
     if args.suite == "losses":
         plot_training(runs, LOSS_ARMS, RESULTS / "learning_losses_training.png")
     print(json.dumps(result["summary"], indent=1))

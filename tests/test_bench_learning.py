@@ -69,3 +69,27 @@ def test_vision_table_counts_an_absent_reason_as_zero_and_spreads_over_seeds(ben
     assert row["reason/illegal_numbers"]["per_seed"] == [0.4, 0.0]  # seed 1 gave no illegal answer
     assert row["avg@n"]["mean"] == 0.25 and row["avg@n"]["sd"] == pytest.approx(math.sqrt(0.125))
     assert row["reason/unparseable"]["per_seed"] == [0.0, 0.0]
+
+
+def test_arm_differences_pair_by_problem_within_a_seed_and_spread_over_seeds(bench):
+    # seed 0: grpo ends (0, .5, 1, .5), clip_higher (.5, .5, 1, 1): d = (.5, 0, 0, .5), mean .25
+    # seed 1: grpo ends (1, 1, 0, 0), clip_higher (1, .5, 0, 0): d = (0, -.5, 0, 0), mean -.125
+    runs = {
+        "grpo": {0: {"end_per_problem": {"id": [0.0, 0.5, 1.0, 0.5]}},
+                 1: {"end_per_problem": {"id": [1.0, 1.0, 0.0, 0.0]}}},
+        "clip_higher": {0: {"end_per_problem": {"id": [0.5, 0.5, 1.0, 1.0]}},
+                        1: {"end_per_problem": {"id": [1.0, 0.5, 0.0, 0.0]}},
+                        2: {"end_per_problem": {"id": [1.0, 0.5, 0.0, 0.0]}}},  # no grpo seed 2: left out
+    }  # fmt: skip
+    (row,) = bench.arm_differences(runs)
+    assert row["arm"] == "clip_higher" and row["seeds"] == [0, 1]
+    assert row["diff (per seed)"] == pytest.approx([0.25, -0.125])
+    assert row["se_eval (per seed)"][0] == pytest.approx(math.sqrt(4 * 0.25**2 / 3) / 2)  # sd of (.5,0,0,.5) / 2
+    assert row["diff mean"] == pytest.approx(0.0625)
+    sd = math.sqrt(2 * 0.1875**2)  # sample sd of (.25, -.125)
+    assert row["diff sd over seeds"] == pytest.approx(sd) and row["se_over_seeds"] == pytest.approx(sd / math.sqrt(2))
+
+
+def test_end_per_problem_is_the_last_evaluation(bench, tmp_path):
+    run = _run(tmp_path, {0: [0.0, 0.25], 20: [0.5, 1.0], 10: [1.0, 1.0]}, wall=[])
+    assert bench.collect(run)["end_per_problem"] == {"id": [0.5, 1.0]}
