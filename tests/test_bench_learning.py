@@ -84,10 +84,12 @@ def test_arm_differences_pair_by_problem_within_a_seed_and_spread_over_seeds(ben
     (row,) = bench.arm_differences(runs)
     assert row["arm"] == "clip_higher" and row["seeds"] == [0, 1]
     assert row["diff (per seed)"] == pytest.approx([0.25, -0.125])
-    assert row["se_eval (per seed)"][0] == pytest.approx(math.sqrt(4 * 0.25**2 / 3) / 2)  # sd of (.5,0,0,.5) / 2
+    # seed 0's SE: sd of (.5, 0, 0, .5) over sqrt(4) problems
+    assert row["se_eval (per seed)"][0] == pytest.approx(math.sqrt(4 * 0.25**2 / 3) / 2)
     assert row["diff mean"] == pytest.approx(0.0625)
     sd = math.sqrt(2 * 0.1875**2)  # sample sd of (.25, -.125)
-    assert row["diff sd over seeds"] == pytest.approx(sd) and row["se_over_seeds"] == pytest.approx(sd / math.sqrt(2))
+    assert row["diff sd over seeds"] == pytest.approx(sd)
+    assert row["se_over_seeds"] == pytest.approx(sd / math.sqrt(2))
 
 
 def test_end_per_problem_is_the_last_evaluation(bench, tmp_path):
