@@ -381,26 +381,28 @@ def collect(run_dir: Path) -> dict:
             "cpu_hours": cpu_hours}  # fmt: skip
 
 
+def per_problem_reports(run_dir: Path) -> dict[int, dict]:
+    """Each held-out evaluation's per-problem scores, by step: ``{step: {split: {"avg@n": [...]}}}``."""
+    reports = {}
+    for path in (run_dir / "eval").glob("step-*.json"):
+        report = json.loads(path.read_text())
+        if "per_problem" in report:
+            reports[int(report["meta"].get("step") or 0)] = report["per_problem"]
+    return reports
+
+
 def end_per_problem(run_dir: Path) -> dict[str, list[float]]:
     """Per split, each held-out problem's avg@n at the run's last evaluation (to compare arms paired
     by problem: every run evaluates the same held-out problems)."""
-    reports = sorted((run_dir / "eval").glob("step-*.json"))
-    for path in reversed(reports):
-        report = json.loads(path.read_text())
-        if "per_problem" in report:
-            return {split: per["avg@n"] for split, per in report["per_problem"].items()}
-    return {}
+    reports = per_problem_reports(run_dir)
+    return {split: per["avg@n"] for split, per in reports[max(reports)].items()} if reports else {}
 
 
 def paired_gains(run_dir: Path) -> dict[str, dict[str, dict[str, float]]]:
     """Per split and evaluated step, the change in avg@n since step 0 (the SFT start), paired by
     problem (the same held-out problems every time): ``diff``, its ``se``, ``z = diff / se``, and
     the SE of each evaluation on its own (``se_start``, ``se_step``)."""
-    reports = {}
-    for path in (run_dir / "eval").glob("step-*.json"):
-        report = json.loads(path.read_text())
-        if "per_problem" in report:
-            reports[int(report["meta"].get("step") or 0)] = report["per_problem"]
+    reports = per_problem_reports(run_dir)
     if 0 not in reports:
         return {}
     out: dict[str, dict[str, dict[str, float]]] = {}
