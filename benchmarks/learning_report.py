@@ -108,6 +108,8 @@ EXTRA_METRICS = {
     "s2r": [
         "verify_acc",
         "verify_balanced_acc",
+        "verify_balanced_acc/ci95_low",
+        "verify_balanced_acc/ci95_high",
         "verify_macro_f1",
         "verify_wrong_share",
         "wrong_to_right",
@@ -121,6 +123,7 @@ EXTRA_METRICS = {
     "vision": ["recognition_acc", "reason/illegal_numbers", "reason/wrong_value", "reason/unparseable"],
 }
 EXTRA_METRICS["points24_easy"] = EXTRA_METRICS["points24"]
+EXTRA_METRICS["s2r_easy"] = EXTRA_METRICS["s2r"]
 
 
 def summarize_all(suite: str, runs: dict[str, dict[int, dict]]) -> dict:

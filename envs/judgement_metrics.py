@@ -15,6 +15,12 @@ Notation: each judgement is a pair ``(says, truth)`` of booleans ("positive" = `
   of its precision and recall, 0 when the class is never both said and true); ``nan`` when the class
   is never said and never true.
 
+The standard error of the balanced accuracy treats the two recalls as independent binomial
+proportions over ``n_pos = TP + FN`` and ``n_neg = TN + FP`` judgements:
+``se = 1/2 * sqrt(r_pos (1 - r_pos) / n_pos + r_neg (1 - r_neg) / n_neg)``. It assumes independent
+judgements; when several come from one episode or one problem they are correlated and the true
+spread is larger, so read a balanced accuracy as above 0.5 only with margin to spare.
+
 :func:`wilson_interval` is the Wilson score interval of a binomial proportion (Wilson 1927), which
 stays inside [0, 1] and is not degenerate at 0 or n successes, unlike the normal approximation.
 """
@@ -51,12 +57,21 @@ def _ratio(num: int, den: int) -> float:
     return num / den if den else math.nan
 
 
+def balanced_accuracy_se(recall_pos: float, n_pos: int, recall_neg: float, n_neg: int) -> float:
+    """Standard error of ``(recall_pos + recall_neg) / 2`` over independent judgements:
+    ``1/2 * sqrt(r_pos (1 - r_pos) / n_pos + r_neg (1 - r_neg) / n_neg)``; ``nan`` when a class
+    has no judgements."""
+    if n_pos <= 0 or n_neg <= 0:
+        return math.nan
+    return 0.5 * math.sqrt(recall_pos * (1 - recall_pos) / n_pos + recall_neg * (1 - recall_neg) / n_neg)
+
+
 def judgement_metrics(pairs: Iterable[tuple[bool, bool]]) -> dict[str, float]:
     """Metrics of ``(says, truth)`` judgements (module docstring).
 
     Returns ``n``, ``positive_share`` (how often the truth is positive), ``recall_positive``,
-    ``recall_negative``, ``balanced_accuracy``, ``f1_positive``, ``f1_negative`` and ``macro_f1``
-    (their mean); a rate with nothing to count is ``nan``.
+    ``recall_negative``, ``balanced_accuracy`` with its ``balanced_accuracy_se``, ``f1_positive``,
+    ``f1_negative`` and ``macro_f1`` (their mean); a rate with nothing to count is ``nan``.
     """
     tp = fn = fp = tn = 0
     for says, truth in pairs:
@@ -72,6 +87,7 @@ def judgement_metrics(pairs: Iterable[tuple[bool, bool]]) -> dict[str, float]:
         "recall_positive": recall_pos,
         "recall_negative": recall_neg,
         "balanced_accuracy": (recall_pos + recall_neg) / 2,  # nan when a class is missing
+        "balanced_accuracy_se": balanced_accuracy_se(recall_pos, tp + fn, recall_neg, tn + fp),
         "f1_positive": f1_pos,
         "f1_negative": f1_neg,
         "macro_f1": (f1_pos + f1_neg) / 2,

@@ -55,7 +55,9 @@ Evaluation metrics (per split; :func:`verification_summary` computes the last gr
   solve was right" / "was wrong" as the positive class) and ``verify_macro_f1``, over the split's
   pooled verifies; ``verify_wrong_share`` -- the share of verified solves that were wrong (the accuracy
   of always saying "incorrect"); ``verify_count``; ``wrong_to_right/ci95_low`` and ``/ci95_high`` -- a
-  95% Wilson interval of the per-episode wrong→right rate (see :mod:`veriloop.envs.judgement_metrics`).
+  95% Wilson interval of the per-episode wrong→right rate; ``verify_balanced_acc/ci95_low`` and
+  ``/ci95_high`` -- ``± 1.96`` standard errors of the balanced accuracy, judgements taken as
+  independent (see :mod:`veriloop.envs.judgement_metrics`).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from veriloop.envs.base import SIGNAL_KEY, LearnerSignal, VerifierEnv
-from veriloop.envs.judgement_metrics import judgement_metrics, wilson_interval
+from veriloop.envs.judgement_metrics import Z95, judgement_metrics, wilson_interval
 from veriloop.envs.verifiers import Verdict
 
 TaskName = Literal["math", "points24"]
@@ -182,6 +184,8 @@ def verification_summary(episodes: Sequence[Sequence[LearnerSignal]]) -> dict[st
     low, high = wilson_interval(int(sum(t > 0 for t in transitions)), len(transitions))
     return {
         "verify_balanced_acc": judged["balanced_accuracy"],
+        "verify_balanced_acc/ci95_low": judged["balanced_accuracy"] - Z95 * judged["balanced_accuracy_se"],
+        "verify_balanced_acc/ci95_high": judged["balanced_accuracy"] + Z95 * judged["balanced_accuracy_se"],
         "verify_f1_right": judged["f1_negative"],
         "verify_f1_wrong": judged["f1_positive"],
         "verify_macro_f1": judged["macro_f1"],

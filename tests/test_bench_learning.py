@@ -132,7 +132,8 @@ def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monk
     def fake_call(args, cwd, stdout, stderr):  # a finished command writes what the real one would
         calls.append(args[3:])
         name = next(a.split("=", 1)[1] for a in args if a.startswith("run.name="))
-        (tmp_path / name / ("sft/final" if args[3] == "sft" else "final")).mkdir(parents=True)
+        out = next(a.split("=", 1)[1] for a in args if a.startswith("run.out_dir="))
+        (Path(out) / name / ("sft/final" if args[3] == "sft" else "final")).mkdir(parents=True)
         return 0
 
     monkeypatch.setattr(bench.subprocess, "call", fake_call)
@@ -146,6 +147,12 @@ def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monk
     assert "rollout.seed=1000" in warmup and "sft.steps=200" in warmup and "--overwrite" in warmup
     assert bench.cpu_hours(tmp_path / "sft-s1.wall.json") is not None  # its cost is recorded once
     # a cut warm-up (no saved policy) is run again; a finished one is not
+    calls.clear()
+    (tmp_path / "s2r").mkdir()
+    for label, config, overrides in bench.SUITES["s2r_easy"]["arms"]:  # outcome and process RL
+        bench.run_arm("s2r_easy", label, config, overrides, 0, tmp_path / "s2r")
+    assert [c[0] for c in calls] == ["sft", "train", "train"]
+    assert all(f"policy.model={tmp_path / 's2r' / 'sft-s0' / 'sft' / 'final'}" in c for c in calls[1:])
     calls.clear()
     bench.shared_warmup("points24_easy", "points24_easy_grpo", 1, tmp_path)
     assert calls == []

@@ -45,6 +45,8 @@ def test_judgement_metrics_hand_computed():
     assert m["balanced_accuracy"] == pytest.approx((0.75 + 4 / 6) / 2)
     assert (m["f1_positive"], m["f1_negative"]) == pytest.approx((6 / 9, 8 / 11))
     assert m["macro_f1"] == pytest.approx((6 / 9 + 8 / 11) / 2)
+    # se = 1/2 sqrt(3/4 * 1/4 / 4 + 4/6 * 2/6 / 6) = 1/2 sqrt(3/64 + 1/27)
+    assert m["balanced_accuracy_se"] == pytest.approx(0.5 * math.sqrt(3 / 64 + 1 / 27))
 
 
 @pytest.mark.parametrize("wrong", [1, 4, 9])
@@ -105,6 +107,8 @@ def test_s2r_always_incorrect_verifier_scores_one_half_whatever_the_base_rate():
     s = verification_summary(_episodes(plans, _right, _wrong))
     assert s["verify_count"] == 4 and s["verify_wrong_share"] == pytest.approx(0.25)
     assert s["verify_balanced_acc"] == 0.5 and s["verify_f1_right"] == 0.0
+    # a constant judge's recalls are 1 and 0: no spread, so its interval is the point 0.5
+    assert s["verify_balanced_acc/ci95_low"] == s["verify_balanced_acc/ci95_high"] == 0.5
     assert s["verify_f1_wrong"] == pytest.approx(2 / 5)  # TP 1, FP 3: 2*1 / (2*1 + 3)
     # one episode of two went wrong -> right: the Wilson interval of 1/2
     assert (s["wrong_to_right/ci95_low"], s["wrong_to_right/ci95_high"]) == pytest.approx(
