@@ -48,6 +48,18 @@ def arm_differences(
     return rows
 
 
+def part_effects(runs: dict[str, dict[int, dict]], rows: list[str] = ABLATION) -> list[dict]:
+    """Each ablation row against the row above it (the effect of the one part it adds: clip-higher is
+    ``clip_higher - grpo``, the token-level loss ``token_level - clip_higher``), paired as in
+    :func:`arm_differences`; rows without runs are skipped (the comparison is then with the nearest
+    row above that has some)."""
+    present = [label for label in rows if label in runs]
+    out = []
+    for before, after in zip(present, present[1:]):
+        out += arm_differences({before: runs[before], after: runs[after]}, reference=before)
+    return out
+
+
 def gain_table(runs: dict[str, dict[int, dict]], split: str = "id") -> list[dict]:
     """One row per arm and seed: held-out avg@n at the SFT start and at the last step, the paired
     gain with its SE and z (is it > 3 SE?), and the run's CPU-hours."""
@@ -134,6 +146,7 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]]) -> dict:
         out["dapo_ablation"] = ablation(runs)
     if suite == "dapo_parts":
         out["vs_grpo"] = arm_differences(runs)
+        out["part_effects"] = part_effects(runs)
     if suite == "losses":
         out["losses_table"] = losses_table(runs)
     if suite == "vision":

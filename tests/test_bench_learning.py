@@ -105,6 +105,14 @@ def test_arm_differences_pair_by_problem_within_a_seed_and_spread_over_seeds(rep
     sd = math.sqrt(2 * 0.1875**2)  # sample sd of (.25, -.125)
     assert row["diff sd over seeds"] == pytest.approx(sd)
     assert row["se_over_seeds"] == pytest.approx(sd / math.sqrt(2))
+    # each part against the row above: token_level's effect is token_level - clip_higher (seed 0 only)
+    runs["token_level"] = {0: {"end_per_problem": {"id": [0.5, 0.5, 0.5, 1.0]}}}
+    clip, token = report.part_effects(runs)
+    assert (clip["arm"], clip["reference"]) == ("clip_higher", "grpo") and clip["diff mean"] == row[
+        "diff mean"
+    ]
+    assert (token["arm"], token["reference"], token["seeds"]) == ("token_level", "clip_higher", [0])
+    assert token["diff (per seed)"] == pytest.approx([-0.125])  # d = (0, 0, -.5, 0)
 
 
 def test_end_per_problem_is_the_last_evaluation(bench, tmp_path):
