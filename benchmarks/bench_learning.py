@@ -115,6 +115,13 @@ SUITES: dict[str, dict] = {
                 "quickstart",
                 ["rollout.prompts_per_step=16", "eval.num_problems=1024", "train.steps=16", "eval.every=8"],
             ),
+            # grpo_p16 again once the verifier stopped paying for copied questions (its `unevaluated`
+            # screen): the runs above were rewarded for \boxed{14 - 26} as -12 (benchmarks/reeval_runs.py)
+            (
+                "grpo_p16_v2",
+                "quickstart",
+                ["rollout.prompts_per_step=16", "eval.num_problems=1024", "train.steps=16", "eval.every=8"],
+            ),
         ],
         "common": [*VLLM_BF16, *BIG_EVAL, "run.checkpoint_every=5"],
     },

@@ -11,7 +11,8 @@ Pipeline for one response (everything before step 4 runs in-process, in linear t
 3. Screens (:mod:`.screen`): hedged answers (``3 or 4``, ``\\pm``, a list when the gold is one value,
    an equality chain such as ``x = 3 = 4``) -> ``"hedged"``; nesting deeper than
    :data:`.extract.MAX_NESTING` or an obvious evaluation bomb (power tower, huge factorial) ->
-   ``"unparseable"`` with ``details["guard"]`` naming the screen. When answer and gold are both
+   ``"unparseable"`` with ``details["guard"]`` naming the screen; arithmetic on numbers handed back
+   as the answer when the gold is a number (``\\boxed{14 - 26}`` for ``-12``) -> ``"unevaluated"``. When answer and gold are both
    plain integers (``42``, ``-7``) the comparison is exact and in-process: no worker is involved.
 4. Equivalence: math-verify ``parse`` (LaTeX extraction only: its plain-expression mode would hand the
    text to sympy's ``parse_expr`` and fall back to the last number in it) + ``verify`` in a sandboxed
@@ -33,13 +34,14 @@ from typing import Any
 from veriloop.envs.verifiers import stats
 from veriloop.envs.verifiers.extract import MAX_NESTING, MAX_RESPONSE_CHARS, extract
 from veriloop.envs.verifiers.pool import get_pool
-from veriloop.envs.verifiers.screen import find_bomb, is_hedged
+from veriloop.envs.verifiers.screen import find_bomb, is_hedged, is_unevaluated
 from veriloop.envs.verifiers.verdict import Verdict
 
 DEFAULT_TIMEOUT_S = 5.0
 MAX_PLAIN_DIGITS = 100  # integers compared in-process; longer digit strings go to a worker
 NO_ANSWER_FEEDBACK = "No final answer found: put it in \\boxed{...}."
 HEDGED_FEEDBACK = "Give exactly one final answer: yours hedges between several candidates."
+UNEVALUATED_FEEDBACK = "Your answer {} is an expression still to evaluate: give its value."
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ def _prepare(response: str, gold: str) -> Verdict | _Job:
     if bomb is not None:
         msg = f"Your answer {_show(answer)} is not a usable closed form ({bomb.replace('_', ' ')})."
         return _wrong("unparseable", msg, answer, guard=bomb)
+    if is_unevaluated(answer, gold):
+        return _wrong("unevaluated", UNEVALUATED_FEEDBACK.format(_show(answer)), answer)
     decided = _compare_integers(answer, gold.strip())
     if decided is not None:
         return decided
@@ -174,7 +178,7 @@ def check_math(response: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT_S) 
 
     Returns:
         A :class:`Verdict`: ``reason`` is one of ``correct``, ``wrong_value``, ``no_answer``,
-        ``hedged``, ``too_long``, ``unparseable``, ``verifier_error``; ``parsed`` is the extracted
+        ``hedged``, ``unevaluated``, ``too_long``, ``unparseable``, ``verifier_error``; ``parsed`` is the extracted
         answer string.
     """
     stats.count("checks", "math_checks")

@@ -4,7 +4,7 @@ They only ever see answers already capped at :data:`.extract.MAX_ANSWER_CHARS` c
 :data:`.extract.MAX_NESTING` levels, so even the walks that look back from every ``^`` stay far
 below a millisecond.
 
-Two kinds of screen, both decided relative to the gold answer (a screen never fires on a feature the
+Three kinds of screen, all decided relative to the gold answer (a screen never fires on a feature the
 gold itself has, so a legitimate answer shaped like the gold always reaches math-verify):
 
 * **Hedging** -- an answer that offers several candidates hoping one is right:
@@ -13,6 +13,13 @@ gold itself has, so a legitimate answer shaped like the gold always reaches math
   equalities (``x = 3 = 4``, ``3 = 4``: math-verify would read the last side). Thousands separators
   (``1,000``, ``1{,}000``, ``11,\\! 111,\\! 100``) are not lists: a number so written is one answer. When the gold has commas (a tuple, interval or set), a
   list-shaped answer is legitimate and math-verify compares the shapes.
+* **Unevaluated** -- the question handed back as the answer: arithmetic on numbers that is not
+  itself a number (``14 - 26``, ``\\frac{1}{6} + \\frac{3}{2}``, ``3 \\times 11 + 10``, ``2^{3}``,
+  ``\\sqrt{16}``) when the gold is a number (``-12``, ``\\frac{5}{3}``, ``0.5``). math-verify judges
+  such an answer equal to the gold, so a policy can score on "Compute 14 - 26" by copying it into
+  ``\\boxed{}``; one did, in 20 GRPO steps. The value is what was asked for. The last side of an equality
+  is the answer (``x = 14 - 26`` is unevaluated); an answer with any name, word, unit or symbol
+  outside plain arithmetic is left to math-verify.
 * **Bombs** -- expressions whose exact evaluation can take minutes or gigabytes in sympy: power towers
   of height >= 3 (``2^{2^{2^{2}}}``, ``9^9^9``), literal exponents above :data:`MAX_EXPONENT`
   (``10^{100000000}``) or exponents that are literal powers above it (``9^{9^{9}}``, ``2^{2^{100}}``)
@@ -24,6 +31,7 @@ gold itself has, so a legitimate answer shaped like the gold always reaches math
 from __future__ import annotations
 
 import math
+import re
 from typing import Literal
 
 MAX_EXPONENT = 100_000
@@ -99,6 +107,48 @@ def is_contradictory(answer: str, gold: str) -> bool:
         return True
     left = answer[: answer.index("=")]
     return not any(ch.isalpha() for ch in left.replace("\\left", "").replace("\\right", ""))
+
+
+#: LaTeX that means nothing in plain arithmetic (spacing, sizing, math delimiters), dropped first.
+_ARITHMETIC_NOISE = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\ ", " ", "$")
+#: LaTeX operators and their one-character stand-ins (``f``: a fraction, ``s``: a square root).
+_ARITHMETIC_OPS = (("\\dfrac", "f"), ("\\tfrac", "f"), ("\\frac", "f"), ("\\sqrt", "s"),
+                   ("\\times", "*"), ("\\cdot", "*"), ("\\ast", "*"), ("\\div", "/"),
+                   ("{", "("), ("}", ")"))  # fmt: skip
+_ARITHMETIC_CHARS = frozenset("0123456789.+-*/^()fs")
+_NUMBER = r"\(*[+-]?\(*(?:\d+(?:\.\d*)?|\.\d+)\)*"
+#: A number as a plain arithmetic form: signed decimal, ``a/b``, ``\\frac{a}{b}`` or ``\\frac ab``,
+#: and a mixed number ``1\\frac{2}{3}`` (which math-verify reads as 5/3).
+_LITERAL = re.compile(rf"{_NUMBER}|{_NUMBER}/{_NUMBER}|\(*[+-]?\d*f(?:\([+-]?\d+\)\([+-]?\d+\)|\d\d)\)*")
+
+
+def _arithmetic_form(text: str) -> str | None:
+    """``text`` as plain arithmetic (digits, ``. + - * / ^ ( )``, ``f`` for a fraction and ``s`` for
+    a square root), or ``None`` when it holds anything else, or no digit."""
+    form = _without_thousands_separators(text)
+    for noise in _ARITHMETIC_NOISE:
+        form = form.replace(noise, "")
+    for latex, char in _ARITHMETIC_OPS:
+        form = form.replace(latex, char)
+    if not any(ch.isdigit() for ch in form) or not set(form) <= _ARITHMETIC_CHARS:
+        return None
+    return form
+
+
+def is_number(text: str) -> bool:
+    """True when ``text`` is one number (``-12``, ``0.5``, ``5/3``, ``\\frac{-5}{3}``, ``1{,}000``)."""
+    form = _arithmetic_form(text)
+    return form is not None and _LITERAL.fullmatch(form) is not None
+
+
+def is_unevaluated(answer: str, gold: str) -> bool:
+    """True when ``gold`` is a number and ``answer`` (its last side, after any ``=``) is arithmetic
+    on numbers that is not itself one: an expression left to evaluate (module docstring)."""
+    if not is_number(gold):
+        return False
+    last = answer.rsplit("=", 1)[-1]
+    form = _arithmetic_form(last)
+    return form is not None and _LITERAL.fullmatch(form) is None
 
 
 def _words(text: str) -> set[str]:

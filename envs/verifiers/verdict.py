@@ -28,7 +28,7 @@ class Verdict:
         feedback: The message shown to the model as the next observation.
         parsed: The extracted final answer (or formula), ``None`` when nothing was found.
         reason: Short machine-readable category, e.g. ``"correct"``, ``"wrong_value"``,
-            ``"no_answer"``, ``"hedged"``, ``"unparseable"``, ``"illegal_numbers"``,
+            ``"no_answer"``, ``"hedged"``, ``"unevaluated"``, ``"unparseable"``, ``"illegal_numbers"``,
             ``"verifier_error"``.
         details: Extra task-specific facts (e.g. the value a formula evaluated to).
     """
