@@ -490,6 +490,17 @@ def _label(checkpoint: str) -> str:
     return path.name if path.parent.name != "checkpoints" else f"{path.parent.parent.name}-{path.name}"
 
 
+def _cli_backend(cfg: Any, policy: Any) -> Any:
+    """The engine ``veriloop eval`` samples with: the config's vLLM engine (one per checkpoint) when its
+    evaluations use the rollouts' backend (``eval.backend: rollout``) and that resolves to ``vllm``,
+    as in training; otherwise None, the HF engine (a ``vllm_server`` is not started by ``eval``)."""
+    from veriloop.agents.backends import make_backend, resolve_backend
+
+    if cfg.eval.backend != "rollout" or resolve_backend(cfg.rollout.backend, policy) != "vllm":
+        return None
+    return make_backend("vllm", policy, **cfg.rollout.vllm_kwargs)
+
+
 def run_eval_cli(
     config_path: str | None,
     checkpoints: Sequence[str],
@@ -522,7 +533,13 @@ def run_eval_cli(
         label = _label(checkpoint)
         while label in reports:
             label += "+"
-        report = evaluate_config(cfg, load_checkpoint_policy(cfg, checkpoint))
+        policy = load_checkpoint_policy(cfg, checkpoint)
+        backend = _cli_backend(cfg, policy)
+        try:
+            report = evaluate_config(cfg, policy, backend=backend)
+        finally:
+            if backend is not None:
+                backend.close()
         report["meta"]["checkpoint"] = checkpoint
         paths = write_report(report, out, label)
         print(f"{label}: {paths['markdown']}")

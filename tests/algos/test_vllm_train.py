@@ -47,3 +47,34 @@ def test_quickstart_defaults_to_vllm_and_evaluates_with_it(
     assert row["mismatch/tokens"] > 0 and row["mismatch/k3_kl"] < 1e-5
     assert 0.0 <= row["eval/id/avg@n"] <= 1.0
     assert "llm" not in vars(engine)  # closed at the end
+
+
+@requires_vllm
+def test_veriloop_eval_samples_with_the_configs_vllm_engine_and_closes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import veriloop.algos.evaluate as E
+    from veriloop.agents.backends.vllm import VLLMBackend
+
+    used: list[Any] = []
+    evaluate = E.evaluate_config
+    monkeypatch.setattr(
+        E, "evaluate_config", lambda *a, **k: used.append(k.get("backend")) or evaluate(*a, **k)
+    )
+    overrides = ["eval.num_problems=2", "eval.n_samples=1", "eval.k_list=[1]", "rollout.max_new_tokens=16"]
+    reports = E.run_eval_cli("quickstart", ["base"], overrides, tmp_path)
+    (engine,) = used
+    assert isinstance(engine, VLLMBackend) and "llm" not in vars(engine)  # used, then closed
+    assert 0.0 <= reports["base"]["splits"]["id"]["avg@n"] <= 1.0
+    # eval.backend=hf keeps the HF engine, as in training
+    used.clear()
+    E.run_eval_cli("quickstart", ["base"], [*overrides, "eval.backend=hf"], tmp_path / "hf")
+    assert used == [None]
+
+
+def test_veriloop_eval_without_vllm_uses_the_hf_engine(tmp_path: Path) -> None:
+    from veriloop.algos.evaluate import _cli_backend
+    from veriloop.configs.loader import load_config
+
+    cfg = load_config("quickstart", ["rollout.backend=hf"])
+    assert _cli_backend(cfg, policy=None) is None
