@@ -167,3 +167,18 @@ def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monk
     (tmp_path / "sft-s2" / "sft" / "step-10").mkdir(parents=True)
     bench.shared_warmup("points24_easy", "points24_easy_grpo", 2, tmp_path)
     assert [c[0] for c in calls] == ["sft"] and "--overwrite" in calls[0]
+
+
+def test_reeval_pairs_the_rejudged_start_and_end_and_reads_the_logged_gain(tmp_path):
+    reeval = _load("reeval_runs")
+    run = _run(tmp_path, {0: [0.0, 0.5, 1.0, 0.5], 20: [1.0, 1.0, 1.0, 1.0]}, wall=[])
+    for label, values, copied in (("start", [0.0, 0.5, 1.0, 0.5], 0.0), ("end", [0.0, 0.25, 0.5, 0.25], 0.5)):
+        (run / "reeval" / label).mkdir(parents=True)  # cached reports: nothing is evaluated again
+        report = {"splits": {"id": {"avg@n": sum(values) / 4, "reason/unevaluated": copied}},
+                  "per_problem": {"id": {"avg@n": values}}}  # fmt: skip
+        (run / "reeval" / label / f"{label}.json").write_text(json.dumps(report))
+    row = reeval.compare(run, [])
+    # logged: d = (1, .5, 0, .5), mean .5; re-judged: d = (0, -.25, -.5, -.25), mean -.25
+    assert row["gain as logged"]["diff"] == pytest.approx(0.5) and row["logged step"] == 20
+    assert row["gain now"]["diff"] == pytest.approx(-0.25)
+    assert row["end"]["reason/unevaluated"] == 0.5 and row["start"]["reason/correct"] == 0.0
