@@ -86,3 +86,12 @@ def test_no_generated_compute_problem_scores_its_own_question(level: int) -> Non
         assert check_math(f"\\boxed{{{m.group(1)}}}", task["answer"]).reason == "unevaluated"
         assert check_math(f"\\boxed{{{task['answer']}}}", task["answer"]).correct
     assert copied > 30
+
+
+def test_the_screen_is_fast_on_a_hostile_answer_at_the_size_cap() -> None:
+    import time
+
+    answers = ["(" * 500 + "1" + ")" * 499 + "+", "(-" * 499 + "1", "1" * 999 + "+"]
+    start = time.perf_counter()
+    assert all(is_unevaluated(a, "12") for a in answers)
+    assert time.perf_counter() - start < 0.5  # ~10 ms here: the patterns backtrack at most quadratically
