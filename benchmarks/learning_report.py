@@ -192,6 +192,18 @@ def vision_table(runs: dict[str, dict[int, dict]]) -> list[dict]:
     return rows
 
 
+def _last_eval(run: dict) -> dict | None:
+    """A run's last held-out evaluation of the ``id`` split (else of its first split); None if none."""
+    ev = run["evals"].get("id", next(iter(run["evals"].values()), {}))
+    return ev[max(ev, key=int)] if ev else None
+
+
+def _tail_mean(run: dict, key: str, last: int) -> float | None:
+    """Mean of a training curve's last ``last`` logged values (None: never logged)."""
+    tail = [x for x in run["train"].get(key, []) if x is not None][-last:]
+    return statistics.fmean(tail) if tail else None
+
+
 def losses_table(runs: dict[str, dict[int, dict]], last: int = 4) -> list[dict]:
     """One row per objective: held-out accuracy at the end (per seed, mean, sd) and, averaged over
     the last ``last`` training steps, clip fractions, approximate KL, entropy and response length
@@ -204,13 +216,12 @@ def losses_table(runs: dict[str, dict[int, dict]], last: int = 4) -> list[dict]:
         ends = []
         tails: dict[str, list] = {}
         for r in by_seed.values():
-            ev = r["evals"].get("id", next(iter(r["evals"].values()), {}))
-            ends.append(ev[max(ev, key=int)].get("avg@n") if ev else None)
+            ev = _last_eval(r)
+            ends.append(ev.get("avg@n") if ev is not None else None)
             for key in ("clip_frac_low", "clip_frac_high", "approx_kl", "entropy", "response_length/mean",
                         "mismatch/k3_kl", "mismatch/outside_frac", "rollout_corr/token_frac",
                         "time/rollout_s", "time/train_s"):  # fmt: skip
-                tail = [x for x in r["train"].get(key, []) if x is not None][-last:]
-                tails.setdefault(key, []).append(statistics.fmean(tail) if tail else None)
+                tails.setdefault(key, []).append(_tail_mean(r, key, last))
         known = [e for e in ends if e is not None]
         rows.append({"arm": label, "seeds": sorted(by_seed), "avg@n end (per seed)": ends,
                      "avg@n end mean": _mean(ends),
@@ -230,12 +241,11 @@ def ablation(runs: dict[str, dict[int, dict]], last: int = 4) -> list[dict]:
         ends = []
         tails: dict[str, list] = {key: [] for key in ABLATION_CURVES}
         for r in by_seed.values():
-            ev = r["evals"].get("id", next(iter(r["evals"].values()), {}))
-            if ev:
-                ends.append(ev[max(ev, key=int)].get("avg@n"))
+            ev = _last_eval(r)
+            if ev is not None:
+                ends.append(ev.get("avg@n"))
             for key, values in tails.items():
-                tail = [x for x in r["train"].get(key, []) if x is not None][-last:]
-                values.append(statistics.fmean(tail) if tail else None)
+                values.append(_tail_mean(r, key, last))
         rows.append({"arm": label, "seeds": sorted(by_seed), "avg@n end (per seed)": ends,
                      **{f"{ABLATION_CURVES[k]}, last {last} steps (per seed)": v for k, v in tails.items()}})  # fmt: skip
     return rows

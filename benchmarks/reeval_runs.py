@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench_learning import per_problem_reports
+
 from veriloop.algos.eval_metrics import paired_difference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,15 +48,6 @@ def evaluate(run: Path, checkpoint: str, label: str, overrides: list[str]) -> di
     return json.loads(report.read_text())
 
 
-def logged(run: Path) -> dict[int, dict]:
-    """The run's own evaluations by step (``eval/step-*.json``), judged by the verifier of its day."""
-    reports = {}
-    for path in (run / "eval").glob("step-*.json"):
-        report = json.loads(path.read_text())
-        reports[int(report["meta"].get("step") or 0)] = report
-    return reports
-
-
 def compare(run: Path, overrides: list[str], split: str = "id") -> dict:
     """One run: start and end re-judged, the paired gain now and as logged."""
     start, end = (
@@ -67,10 +60,10 @@ def compare(run: Path, overrides: list[str], split: str = "id") -> dict:
     row["gain now"] = paired_difference(
         start["per_problem"][split]["avg@n"], end["per_problem"][split]["avg@n"]
     )
-    old = logged(run)
+    old = per_problem_reports(run)  # the run's own evaluations, judged by the verifier of its day
     if old and 0 in old:
         last = max(old)
-        before, after = old[0]["per_problem"][split]["avg@n"], old[last]["per_problem"][split]["avg@n"]
+        before, after = old[0][split]["avg@n"], old[last][split]["avg@n"]
         n = len(start["per_problem"][split]["avg@n"])
         row["gain as logged"] = paired_difference(before[:n], after[:n])  # on the same first n problems
         row["logged step"] = last

@@ -170,7 +170,11 @@ def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monk
 
 
 def test_reeval_pairs_the_rejudged_start_and_end_and_reads_the_logged_gain(tmp_path):
-    reeval = _load("reeval_runs")
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # it reads the logged evaluations through bench_learning
+    try:
+        reeval = _load("reeval_runs")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
     run = _run(tmp_path, {0: [0.0, 0.5, 1.0, 0.5], 20: [1.0, 1.0, 1.0, 1.0]}, wall=[])
     for label, values, copied in (("start", [0.0, 0.5, 1.0, 0.5], 0.0), ("end", [0.0, 0.25, 0.5, 0.25], 0.5)):
         (run / "reeval" / label).mkdir(parents=True)  # cached reports: nothing is evaluated again
