@@ -204,9 +204,12 @@ SUITES: dict[str, dict] = {
     # S2R on a task in reach (issue 19, point 3): solve -> verify -> correct over the 3-cards-to-12
     # Points24 (the SFT start of points24_easy solves ~40% of deals: both verdicts are common, and
     # checking an answer is arithmetic on three numbers), 2 solves per episode. One masked-SFT warm-up
-    # per seed (S2R traces: a wrong solve of the right cards, "incorrect", a right solve, "correct"),
-    # then outcome-level RLOO or process-level GRPO from it; verification judged by balanced accuracy
-    # (0.5 for "always incorrect") with its interval, and wrong -> right with a Wilson interval.
+    # per seed (S2R traces: a wrong solve of the right cards, written as the solver writes, a worked
+    # check ending "is not 12", "incorrect"; a right solve, its check, "correct"), then outcome-level
+    # RLOO or process-level GRPO from it; verification judged by balanced accuracy (0.5 for a
+    # verifier that always says the same) with its interval, and wrong -> right with a Wilson interval.
+    # The first warm-up (bare verdicts, wrong solves of another form) said "correct" to every one of
+    # its 800 held-out solves (runs/bench_learning/s2r_easy_v1): it had learnt the form, not a check.
     "s2r_easy": {
         "steps": 20,
         "eval_every": 10,
@@ -229,7 +232,7 @@ SUITES: dict[str, dict] = {
             "sft.lr=2.0e-4",
             "rollout.prompts_per_step=8",
             "rollout.group_size=8",
-            "rollout.max_new_tokens=64",
+            "rollout.max_new_tokens=96",  # a written check is up to ~70 tokens
             "rollout.max_turns=4",
             "rollout.max_context=1024",
             "algo.kl_coef=0.0",

@@ -276,6 +276,11 @@ class VerifierEnv(gymnasium.Env, Generic[TaskT]):
         (a ``numpy.random.Generator``), for correction traces; None when the env cannot make one."""
         return None
 
+    def verification_demonstration(self, task: TaskT, response: str) -> str | None:
+        """A written check of ``response`` for correction traces, which ends before the verdict (the
+        verdict is the verifier's), or None to judge without one (the default)."""
+        return None
+
     def demonstration_episode(
         self, task: TaskT, rng: Any, p_wrong_first: float = 0.0
     ) -> list[tuple[str, bool]] | None:

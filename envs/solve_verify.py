@@ -292,7 +292,8 @@ class SolveVerifyEnv(VerifierEnv[Any]):
         pairs (wrong solve, ``<verify>incorrect</verify>``) come before (right solve,
         ``<verify>correct</verify>``); otherwise the trace is just the last pair. Wrong solves come
         from the task env's ``wrong_demonstration`` and are context, not targets: every other action
-        is trained (the model learns to judge and to decide to correct)."""
+        is trained (the model learns to judge and to decide to correct). Each verify writes the task
+        env's ``verification_demonstration`` (a worked check, for Points24) before its tag."""
         if not 0.0 <= p_wrong_first <= 1.0:
             raise ValueError(f"p_wrong_first must be a probability in [0, 1], got {p_wrong_first}")
         if p_wrong_first > 0 and self.max_attempts < 2:
@@ -309,8 +310,15 @@ class SolveVerifyEnv(VerifierEnv[Any]):
             wrong = self.inner.wrong_demonstration(task, rng, used)
             if wrong is None:
                 return None
-            plan += [(wrong, False), (VERIFY_OPEN + "incorrect" + VERIFY_CLOSE, True)]
-        return [*plan, (right, True), (VERIFY_OPEN + "correct" + VERIFY_CLOSE, True)]
+            plan += [(wrong, False), (self._judged(task, wrong, "incorrect"), True)]
+        return [*plan, (right, True), (self._judged(task, right, "correct"), True)]
+
+    def _judged(self, task: Any, solve: str, verdict: str) -> str:
+        """A verify action of a trace: the task env's written check of ``solve`` (if it writes one),
+        then the verdict tag."""
+        check = self.inner.verification_demonstration(task, solve)
+        tag = VERIFY_OPEN + verdict + VERIFY_CLOSE
+        return tag if check is None else f"{check}\n{tag}"
 
     # ------------------------------------------------------------------ the loop
     def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:

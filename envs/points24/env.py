@@ -49,10 +49,9 @@ from veriloop.envs.points24.cards import (
     parse_code,
     recognition,
 )
-from veriloop.envs.points24.solver import solve
+from veriloop.envs.points24.solver import random_formula, solve
 from veriloop.envs.verifiers import Verdict, check_points24
-
-_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+from veriloop.envs.verifiers.formula import worked_steps
 
 #: Reward per verdict reason. GeneralPoints: correct +10, wrong value -1, illegal numbers -5.
 #: Our choices: a JSON ``cards`` list that does not match the deal counts as illegal numbers (-5);
@@ -307,20 +306,31 @@ class Points24Env(VerifierEnv[Points24Task]):
         return json.dumps({"cards": [RANK_NAMES[c.rank - 1] for c in task.cards], "formula": formula})
 
     def wrong_demonstration(self, task: Points24Task, rng: Any, used: set[str]) -> str | None:
-        """The right cards in a formula of the wrong value: ``((a op b) op c) op d`` over a shuffled hand."""
-        values, target = [int(v) for v in task.values], int(task.target)
+        """The right cards in a formula of the wrong value, written as the solver writes its answers
+        (:func:`~veriloop.envs.points24.solver.random_formula`) and of a whole-number value, so that
+        only its value tells it from a right one: a verifier trained on these must check the arithmetic,
+        not the form (nor whether a fraction shows)."""
         for _ in range(200):
-            order = [values[i] for i in rng.permutation(len(values))]
-            value, text = Fraction(order[0]), str(order[0])
-            for number in order[1:]:
-                op = str(rng.choice(list(_OPS)))
-                value, text = _OPS[op](value, Fraction(number)), f"({text}{op}{number})"
-            formula = text[1:-1] if text.startswith("(") else text
-            if value != target and formula not in used:
+            value, formula = random_formula(task.values, rng)
+            if value != task.target and value.denominator == 1 and formula not in used:
                 used.add(formula)
                 cards = [RANK_NAMES[c.rank - 1] for c in task.cards]
                 return json.dumps({"cards": cards, "formula": formula})
         return None  # a small hand has few formulas: all of them used (or right) after 200 draws
+
+    def verification_demonstration(self, task: Points24Task, response: str) -> str | None:
+        """A written check of ``response``: its formula worked one operation at a time, the numbers it
+        uses against the cards' and its value against the target, e.g. ``Check: 2+10 = 12, 12*1 = 12.
+        Numbers 1, 2, 10; cards 1, 2, 10. 12 is 12.`` None when no formula can be evaluated."""
+        verdict = self.check(response, task)
+        if verdict.parsed is None or "value" not in verdict.details:
+            return None
+        steps = worked_steps(verdict.parsed)
+        used = ", ".join(str(n) for n in sorted(verdict.details["numbers_used"]))
+        cards = ", ".join(str(v) for v in sorted(task.values))
+        value = verdict.details["value"]
+        same = "is" if Fraction(value) == task.target else "is not"
+        return f"Check: {', '.join(steps) or value}. Numbers {used}; cards {cards}. {value} {same} {task.target}."
 
     # ------------------------------------------------------------------ observations
     def image(self) -> np.ndarray:

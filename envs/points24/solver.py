@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 from functools import lru_cache
+from typing import Any
 
 # An expression node: exact value, text, precedence of its top operator (3 = atom, 2 = * /, 1 = + -).
 _Node = tuple[Fraction, str, int]
@@ -71,3 +72,20 @@ def solve(values: Sequence[int], target: int = 24) -> str | None:
 def is_solvable(values: Sequence[int], target: int = 24) -> bool:
     """True when some formula over ``values`` reaches ``target``."""
     return solve(values, target) is not None
+
+
+def random_formula(values: Sequence[int], rng: Any) -> tuple[Fraction, str]:
+    """A random formula over every number of ``values`` once, written as :func:`solve` writes its
+    answers (``+ - * /``, only the parentheses precedence requires), and its exact value.
+
+    Built like the search: combine a random pair by a random one of its operations until one node is
+    left. ``rng`` is a ``numpy.random.Generator``. For wrong answers that look like right ones."""
+    if not values:
+        raise ValueError("random_formula() needs at least one number")
+    nodes = [(Fraction(v), str(v), 3) for v in values]
+    while len(nodes) > 1:
+        i, j = (int(k) for k in rng.choice(len(nodes), size=2, replace=False))
+        options = _combine(nodes[i], nodes[j])
+        node = options[int(rng.integers(len(options)))]
+        nodes = [n for k, n in enumerate(nodes) if k not in (i, j)] + [node]
+    return nodes[0][0], nodes[0][1]

@@ -144,3 +144,45 @@ def _evaluate_cached(text: str) -> Evaluated | FormulaError | ZeroDivisionError:
     except (FormulaError, ZeroDivisionError) as exc:
         return exc
     return Evaluated(Fraction(value), tuple(numbers))
+
+
+def show_number(value: int | Fraction) -> str:
+    """``12``, ``-3`` or ``8/3``: a whole number bare, any other fraction as ``p/q``."""
+    value = Fraction(value)
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+_SYMBOLS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+
+
+def worked_steps(text: str) -> list[str]:
+    """An accepted formula evaluated one operation at a time, innermost first, left to right:
+    ``"(2+10)*1"`` -> ``["2+10 = 12", "12*1 = 12"]``, ``"8/(3-8/3)"`` -> ``["3-(8/3) = 1/3",
+    "8/(1/3) = 24"]``: an operand that is not a whole number >= 0 is parenthesised, and a division
+    whose result reads as itself (``8/3``) is no step.
+
+    For written checks (S2R verification traces); the value agrees with :func:`evaluate`.
+
+    Raises:
+        FormulaError: The text is outside the grammar.
+        ZeroDivisionError: The formula divides by zero.
+    """
+    evaluate(text)  # the screen and the whitelist first: nothing else reaches the walk below
+    steps: list[str] = []
+
+    def operand(value: Fraction) -> str:
+        shown = show_number(value)
+        return shown if value.denominator == 1 and value >= 0 else f"({shown})"
+
+    def walk(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.BinOp):
+            left, right = walk(node.left), walk(node.right)
+            value = Fraction(_OPS[type(node.op)](left, right))
+            step = f"{operand(left)}{_SYMBOLS[type(node.op)]}{operand(right)}"
+            if step != show_number(value):  # 7/9 = 7/9 says nothing
+                steps.append(f"{step} = {show_number(value)}")
+            return value
+        return Fraction(node.value)  # type: ignore[attr-defined]  # an int literal: evaluate() vetted it
+
+    walk(ast.parse(text, mode="eval").body)
+    return steps

@@ -197,9 +197,9 @@ def test_demonstrations_and_s2r_on_a_variant():
     right = env.demonstration(env.task)
     assert right is not None and env.check(right, env.task).correct
     rng, used = np.random.default_rng(0), set()
-    wrong = [env.wrong_demonstration(env.task, rng, used) for _ in range(3)]
-    assert sorted(json.loads(w)["formula"] for w in wrong[:2]) == ["5*5", "5-5"]  # 5+5 is the answer
-    assert wrong[2] is None  # two wrong formulas exist over 5, 5 (with + - *): no third
+    wrong = [env.wrong_demonstration(env.task, rng, used) for _ in range(4)]
+    assert sorted(json.loads(w)["formula"] for w in wrong[:3]) == ["5*5", "5-5", "5/5"]  # 5+5 is the answer
+    assert wrong[3] is None  # three wrong formulas exist over 5, 5: no fourth
     sv = gymnasium.make("veriloop/SolveVerify-v0", task="points24", max_attempts=2, **SMALL)
     obs, info = sv.reset(seed=1)
     assert len(info["task"]["cards"]) == 2 and "two cards" in obs
