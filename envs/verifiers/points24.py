@@ -45,6 +45,7 @@ from veriloop.envs.verifiers.formula import (
     FormulaError,
     evaluate,
     normalise,
+    show_number,
 )
 from veriloop.envs.verifiers.verdict import Verdict
 
@@ -187,7 +188,7 @@ def _verdict(ok: bool, reason: str, feedback: str, parsed: str | None, **details
 
 def _judge(done: Evaluated, cards: list[int], target: int, expr: str, details: dict[str, Any]) -> Verdict:
     value = done.value
-    shown = str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    shown = show_number(value)
     details["value"] = shown
     details["numbers_used"] = list(done.numbers)
     seen = details.get("cards_seen")
