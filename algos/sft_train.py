@@ -389,8 +389,9 @@ def _open_log(run: Path | None, s: SFTSettings, start: int) -> RunLog | None:
     """The metrics log of a run folder (None without one); writes ``sft_settings.json``."""
     if run is None:
         return None
-    # rows are logged under the number of completed steps; keep those up to the checkpoint's
-    log = RunLog(run, tensorboard=s.tensorboard, resume_from_step=start + 1 if start else None)
+    # rows are logged under the number of completed steps; keep those up to the checkpoint's (none
+    # when starting at 0: rows left by an attempt cut before its first checkpoint are not kept)
+    log = RunLog(run, tensorboard=s.tensorboard, resume_from_step=start + 1)
     (run / "sft_settings.json").write_text(json.dumps(asdict(s), indent=1) + "\n")
     return log
 

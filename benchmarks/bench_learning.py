@@ -406,13 +406,13 @@ def shared_warmup(suite: str, config: str, seed: int, out: Path) -> Path:
     """A suite with ``shared_sft``: one ``veriloop sft`` per seed, with the suite's common settings,
     that every RL arm of the seed starts from (``policy.model=<it>``): the arms then differ in RL
     only, and the warm-up is paid once. Returns the saved policy (written atomically, so a folder
-    without it is a cut attempt, started over)."""
+    without it is a cut attempt, continued from its last checkpoint: ``veriloop sft --resume``)."""
     spec = SUITES[suite]
     name = f"sft-s{seed}"
     final = out / name / "sft" / "final"
     if not final.exists():
         args = [sys.executable, "-m", "veriloop.cli", "sft", config, *spec.get("common", []),
-                f"rollout.seed={1000 * seed}", f"run.out_dir={out}", f"run.name={name}", "--overwrite"]  # fmt: skip
+                f"rollout.seed={1000 * seed}", f"run.out_dir={out}", f"run.name={name}", "--resume"]  # fmt: skip
         _call(name, args, out)
     return final
 

@@ -115,11 +115,16 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         return 2
     check_source(cfg.sft.source, cfg.env.id, cfg.env.kwargs)  # before the model loads
     sft_dir = Path(cfg.run.out_dir) / cfg.run_name / "sft"
-    if sft_dir.is_dir() and any(sft_dir.iterdir()):
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the SFT run and --overwrite deletes it: choose one")
+    if args.resume and (sft_dir / "final").is_dir():
+        print(f"{sft_dir} is already finished (final/ saved); nothing to resume")
+        return 0
+    if sft_dir.is_dir() and any(sft_dir.iterdir()) and not args.resume:
         if not args.overwrite:
             raise ConfigError(
-                f"{sft_dir} already holds an SFT run; nothing was changed. Replace it with --overwrite, "
-                "or choose another name (run.name=...)"
+                f"{sft_dir} already holds an SFT run; nothing was changed. Continue it with --resume, "
+                "replace it with --overwrite, or choose another name (run.name=...)"
             )
         shutil.rmtree(sft_dir)
     policy = build_policy(cfg)
@@ -250,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sft", help="supervised warm-up only (sft.* settings)", epilog=_settings_help(),
                        formatter_class=fmt)  # fmt: skip
     _add_config_args(p)
+    p.add_argument("--resume", action="store_true",
+                   help="continue a cut warm-up from its last complete checkpoint (every run.checkpoint_every steps)")  # fmt: skip
     _add_overwrite_arg(p)
     p.set_defaults(handler=_cmd_sft)
 

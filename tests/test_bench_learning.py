@@ -152,9 +152,9 @@ def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monk
     sft_only, warmup, *rl = calls
     final = f"policy.model={tmp_path / 'sft-s1' / 'sft' / 'final'}"
     assert all(final in c and c[-1] == "sft.steps=0" for c in rl) and final not in sft_only
-    assert "rollout.seed=1000" in warmup and "sft.steps=200" in warmup and "--overwrite" in warmup
+    assert "rollout.seed=1000" in warmup and "sft.steps=200" in warmup and "--resume" in warmup
     assert bench.cpu_hours(tmp_path / "sft-s1.wall.json") is not None  # its cost is recorded once
-    # a cut warm-up (no saved policy) is run again; a finished one is not
+    # a cut warm-up (no saved policy) is continued (`sft --resume`); a finished one is not run
     calls.clear()
     (tmp_path / "s2r").mkdir()
     for label, config, overrides in bench.SUITES["s2r_easy"]["arms"]:  # outcome and process RL
@@ -166,7 +166,7 @@ def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monk
     assert calls == []
     (tmp_path / "sft-s2" / "sft" / "step-10").mkdir(parents=True)
     bench.shared_warmup("points24_easy", "points24_easy_grpo", 2, tmp_path)
-    assert [c[0] for c in calls] == ["sft"] and "--overwrite" in calls[0]
+    assert [c[0] for c in calls] == ["sft"] and "--resume" in calls[0] and "--overwrite" not in calls[0]
 
 
 def test_reeval_pairs_the_rejudged_start_and_end_and_reads_the_logged_gain(tmp_path):

@@ -81,3 +81,39 @@ def test_train_eval_plot_round_trip(tmp_path: Path) -> None:
     r = veriloop("plot", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
     assert list((run / "plots").glob("*.png"))
+
+
+def test_sft_resume_continues_a_cut_warm_up_from_its_checkpoint(tmp_path: Path) -> None:
+    """A warm-up cut after its step-2 checkpoint (final/ never written) continues at step 3 with
+    --resume; it is refused without a flag, and --resume beside --overwrite is an error."""
+    base = [
+        *TINY,
+        "sft.examples=32",
+        "train.log_every=1",
+        "run.checkpoint_every=2",
+        f"run.out_dir={tmp_path}",
+        "run.name=w",
+    ]
+    r = veriloop("sft", "quickstart", *base, "sft.steps=2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    sft = tmp_path / "w" / "sft"
+    shutil.rmtree(sft / "final")  # as if killed before the end
+    r = veriloop("sft", "quickstart", *base, "sft.steps=4")
+    assert r.returncode == 2 and "--resume" in r.stderr and "Traceback" not in r.stderr
+    assert (sft / "checkpoints").is_dir()  # the refusal changed nothing
+    r = veriloop("sft", "quickstart", *base, "sft.steps=4", "--resume", "--overwrite")
+    assert r.returncode == 2 and "choose one" in r.stderr
+    r = veriloop("sft", "quickstart", *base, "sft.steps=4", "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "'start_step': 2" in r.stdout and (sft / "final").is_dir()
+    rows = [json.loads(line) for line in (sft / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]  # each step logged once
+    r = veriloop("sft", "quickstart", *base, "sft.steps=4", "--resume")
+    assert r.returncode == 0 and "already finished" in r.stdout
+    # cut before its first checkpoint: --resume starts over, and the cut attempt's rows are not kept
+    shutil.rmtree(sft / "final")
+    shutil.rmtree(sft / "checkpoints")
+    r = veriloop("sft", "quickstart", *base, "sft.steps=4", "--resume")
+    assert r.returncode == 0 and "'start_step': 0" in r.stdout, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (sft / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
