@@ -384,6 +384,9 @@ def write_plots(
             ("reason/illegal_numbers", "illegal_numbers"),
         ):
             plot_by_examples(suite, runs, arms, results / f"learning_vision_{name}.png", metric)
+    if suite in ("s2r", "s2r_easy"):  # does it check: balanced verification accuracy, wrong -> right
+        for metric, name in (("verify_balanced_acc", "balanced_acc"), ("wrong_to_right", "wrong_to_right")):
+            plot(suite, runs, results / f"learning_{suite}_{name}.png", metric)
     if suite == "math":
         plot_training(runs, ABLATION, results / "learning_math_dapo_ablation.png")
     if suite == "dapo_parts":  # does clip-higher act: the share of tokens clipped above, by step

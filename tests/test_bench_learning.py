@@ -132,6 +132,14 @@ def test_write_plots_draws_the_suites_plots(report, tmp_path):
     drawn = sorted(p.name for p in tmp_path.glob("*.png"))
     assert drawn == ["learning_points24_easy.png", "learning_points24_easy_by_examples.png"]
     assert all((tmp_path / name).stat().st_size > 1000 for name in drawn)
+    # S2R: success, balanced verification accuracy and wrong -> right by step
+    s2r = {"avg@n": 0.3, "verify_balanced_acc": 0.66, "wrong_to_right": 0.05}
+    runs = {"outcome_rloo": {0: {"evals": {"id": {"0": s2r, "10": s2r}}, "base": {}}}}
+    (tmp_path / "s2r").mkdir()
+    report.write_plots("s2r_easy", runs, {"outcome_rloo": []}, tmp_path / "s2r")
+    drawn = sorted(p.name for p in (tmp_path / "s2r").glob("*.png"))
+    assert drawn == ["learning_s2r_easy.png", "learning_s2r_easy_balanced_acc.png",
+                     "learning_s2r_easy_wrong_to_right.png"]  # fmt: skip
 
 
 def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monkeypatch):
