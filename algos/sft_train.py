@@ -212,7 +212,27 @@ def _save_trainable(model: torch.nn.Module, folder: Path) -> None:
     torch.save(state, folder / TRAINABLE_FILE)
 
 
-def _resume(run_dir: Path, policy: Any, optimizer: Any, scheduler: Any, fingerprint: str) -> dict[str, Any]:
+#: Settings a resumed warm-up may change (how long, how often it logs and saves, memory use);
+#: the others shape the trajectory, and a checkpoint refuses them changed.
+RESUMABLE_SETTINGS = ("steps", "epochs", "micro_batch_size", "log_every", "checkpoint_every", "keep_last",
+                      "tensorboard", "max_consecutive_nonfinite")  # fmt: skip
+
+
+def _check_settings(path: Path, saved: dict[str, Any] | None, s: SFTSettings) -> None:
+    """Stop a resume whose trajectory-shaping settings differ from the checkpoint's (older
+    checkpoints, which saved none, pass)."""
+    saved, now = saved or {}, asdict(s)
+    changed = sorted(k for k in saved if k not in RESUMABLE_SETTINGS and saved[k] != now.get(k))
+    if changed:
+        diff = "; ".join(f"{k}: {saved[k]!r} -> {now.get(k)!r}" for k in changed)
+        raise ValueError(
+            f"{path} was trained with other SFT settings ({diff}); resume with the settings it was "
+            "trained with, or use a new run_dir (run.name=...)"
+        )
+
+
+def _resume(run_dir: Path, policy: Any, optimizer: Any, scheduler: Any, fingerprint: str,
+            settings: SFTSettings) -> dict[str, Any]:  # fmt: skip
     """Load the newest complete checkpoint into policy/optimizer/scheduler; its trainer state."""
     from veriloop.algos.checkpoint import latest_checkpoint, load_checkpoint
 
@@ -226,6 +246,7 @@ def _resume(run_dir: Path, policy: Any, optimizer: Any, scheduler: Any, fingerpr
             f"{path} was trained on different SFT data (fingerprint {state.get('data_fingerprint')} vs "
             f"{fingerprint} now); resume with the same examples and max_len, or use a new run_dir"
         )
+    _check_settings(path, state.get("settings"), settings)
     weights = torch.load(ckpt["model_dir"] / TRAINABLE_FILE, map_location="cpu", weights_only=True)
     params = dict(policy.model.named_parameters())
     missing = [n for n in weights if n not in params]
@@ -247,7 +268,7 @@ def _save(sft: _SFTRun, guard: NonFiniteGuard, run: Path, step: int, fingerprint
     from veriloop.algos.checkpoint import save_checkpoint
 
     state = {"step": step, "skipped_nonfinite": guard.total, "consecutive_nonfinite": guard.in_a_row,
-             "data_fingerprint": fingerprint}  # fmt: skip
+             "data_fingerprint": fingerprint, "settings": asdict(sft.settings)}  # fmt: skip
     model = sft.policy.model
     save_checkpoint(run, step, model=model, save_model=lambda d: _save_trainable(model, d), optimizer=sft.optimizer,
                     scheduler=sft.scheduler, trainer_state=state, keep_last=sft.settings.keep_last)  # fmt: skip
@@ -313,7 +334,7 @@ def run_sft(
     sft = _build(policy, data, s)
     fingerprint = data.fingerprint()
     run = Path(run_dir) if run_dir is not None else None
-    state = _resume(run, policy, sft.optimizer, sft.scheduler, fingerprint) if run is not None else {}
+    state = _resume(run, policy, sft.optimizer, sft.scheduler, fingerprint, s) if run is not None else {}
     start = int(state.get("step", 0))
     loop = _step_loop(s, total, state, _open_log(run, s, start))
     losses: list[float] = []

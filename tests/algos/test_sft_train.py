@@ -255,6 +255,10 @@ def test_checkpoint_resume_matches_an_uninterrupted_run(tmp_path):
     assert json.loads((final / "veriloop.json").read_text())["kind"] == "lora-adapter"
     with pytest.raises(ValueError, match="different SFT data"):
         train_sft(tiny_policy(lora=True, seed=2), _short(4), steps=5, run_dir=tmp_path / "b", **kw)
+    # a setting that shapes the trajectory is refused changed (steps and logging may change)
+    with pytest.raises(ValueError, match=r"other SFT settings \(lr: 0.01 -> 0.02; warmup: 2 -> 0\)"):
+        train_sft(tiny_policy(lora=True, seed=2), _short(3), steps=5, run_dir=tmp_path / "b",
+                  **{**kw, "lr": 2e-2, "warmup": 0, "log_every": 5})  # fmt: skip
 
 
 def test_settings_validation_lists_every_problem():
