@@ -26,6 +26,8 @@ Suites:
   dapo_parts DAPO's parts added one at a time to GRPO, 2 epochs x 2 mini-batches per batch; each arm's
             end against grpo's in the same seed, paired by problem. Run it with .venv-vllm's python.
 
+An arm that starts from the same warm-up as its suite's ``start_arm`` (in the same seed) skips its
+own step-0 evaluation and takes that arm's: its curve starts there, and its gains are paired with it.
 The summary tables and plots are made by the sibling module ``learning_report.py``.
 
 Usage (from the repository root, in the venv):
@@ -154,6 +156,7 @@ SUITES: dict[str, dict] = {
     "dapo_parts": {
         "steps": 20,
         "eval_every": 20,
+        "start_arm": "grpo",
         "arms": [
             ("grpo", "quickstart", []),
             ("clip_higher", "quickstart", [*CLIP_HIGHER, "eval.at_start=false"]),
@@ -213,6 +216,7 @@ SUITES: dict[str, dict] = {
     "s2r_easy": {
         "steps": 20,
         "eval_every": 10,
+        "start_arm": "outcome_rloo",
         "shared_sft": True,
         "arms": [
             ("outcome_rloo", "solve_verify_outcome_rloo", []),
@@ -441,9 +445,27 @@ def run_arm(suite: str, label: str, config: str, overrides: list[str], seed: int
     return run_dir
 
 
-def collect(run_dir: Path) -> dict:
-    """Held-out evaluations by step, the SFT warm-up's evaluation and the training curves of one run."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+def _metric_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def start_run(spec: dict, label: str, seed: int, out: Path) -> Path | None:
+    """The run whose step-0 evaluation measures this arm's start (its suite's ``start_arm``, in the
+    same seed: every arm of a seed starts from the same warm-up); None for that arm itself."""
+    start = spec.get("start_arm")
+    run = out / f"{start}-s{seed}"
+    return run if start and start != label and run.is_dir() else None
+
+
+def collect(run_dir: Path, start_dir: Path | None = None) -> dict:
+    """Held-out evaluations by step, the SFT warm-up's evaluation and the training curves of one run.
+
+    A run that skipped its step-0 evaluation (``eval.at_start=false``) because it starts from the
+    same warm-up as ``start_dir`` takes that run's step 0 as its own: its start, and the gains since.
+    """
+    rows = _metric_rows(run_dir)
+    if start_dir is not None and not any(r.get("step") == 0 and _has_eval(r) for r in rows):
+        rows = [r for r in _metric_rows(start_dir) if r.get("step") == 0 and _has_eval(r)] + rows
     evals: dict[str, dict[int, dict[str, float]]] = {}
     base: dict[str, dict[str, float]] = {}  # before any SFT warm-up (eval.before_sft)
     train_curves: dict[str, list] = {"step": [], "reward/mean": [], "entropy": [], "response_length/mean": [],
@@ -463,8 +485,12 @@ def collect(run_dir: Path) -> dict:
             for k in train_curves:
                 train_curves[k].append(row.get(k))
     return {"evals": {s: {str(k): v for k, v in sorted(d.items())} for s, d in evals.items()}, "base": base,
-            "train": train_curves, "gains": paired_gains(run_dir), "end_per_problem": end_per_problem(run_dir),
+            "train": train_curves, "gains": paired_gains(run_dir, start_dir), "end_per_problem": end_per_problem(run_dir),
             "cpu_hours": cpu_hours(run_dir.parent / f"{run_dir.name}.wall.json")}  # fmt: skip
+
+
+def _has_eval(row: dict) -> bool:
+    return any(k.startswith("eval/") for k in row)
 
 
 def cpu_hours(wall: Path) -> float | None:
@@ -490,11 +516,13 @@ def end_per_problem(run_dir: Path) -> dict[str, list[float]]:
     return {split: per["avg@n"] for split, per in reports[max(reports)].items()} if reports else {}
 
 
-def paired_gains(run_dir: Path) -> dict[str, dict[str, dict[str, float]]]:
-    """Per split and evaluated step, the change in avg@n since step 0 (the SFT start), paired by
-    problem (the same held-out problems every time): ``diff``, its ``se``, ``z = diff / se``, and
-    the SE of each evaluation on its own (``se_start``, ``se_step``)."""
+def paired_gains(run_dir: Path, start_dir: Path | None = None) -> dict[str, dict[str, dict[str, float]]]:
+    """Per split and evaluated step, the change in avg@n since step 0 (the SFT start; ``start_dir``'s
+    when the run has none), paired by problem (the same held-out problems every time): ``diff``,
+    its ``se``, ``z = diff / se``, and the SE of each evaluation on its own (``se_start``, ``se_step``)."""
     reports = per_problem_reports(run_dir)
+    if 0 not in reports and start_dir is not None and 0 in (shared := per_problem_reports(start_dir)):
+        reports[0] = shared[0]
     if 0 not in reports:
         return {}
     out: dict[str, dict[str, dict[str, float]]] = {}
@@ -530,7 +558,7 @@ def main() -> None:
             if not args.report_only:
                 run_arm(args.suite, label, config, overrides, seed, out)
             if (run_dir / "metrics.jsonl").exists():
-                runs.setdefault(label, {})[seed] = collect(run_dir)
+                runs.setdefault(label, {})[seed] = collect(run_dir, start_run(spec, label, seed, out))
     RESULTS.mkdir(parents=True, exist_ok=True)
     result = {
         "benchmark": f"learning: {args.suite}",

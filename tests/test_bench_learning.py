@@ -72,6 +72,22 @@ def test_no_start_evaluation_no_gains(bench, report, tmp_path):
     assert got["gains"] == {} and got["cpu_hours"] is None and report.gain_table({"grpo": {0: got}}) == []
 
 
+def test_an_arm_without_a_start_evaluation_takes_its_start_arms(bench, report, tmp_path):
+    # the start arm (grpo-s0) evaluated the shared warm-up at step 0; process-s0 only at step 10
+    start = _run(tmp_path, {0: [0.0, 0.25, 0.5, 0.5], 10: [0.0, 0.0, 0.0, 0.0]}, wall=[])
+    other = tmp_path / "other"
+    run = _run(other, {10: [0.5, 0.25, 1.0, 0.75]}, wall=[])
+    spec = {"start_arm": "grpo"}
+    assert bench.start_run(spec, "grpo", 0, tmp_path) is None  # the start arm itself
+    assert bench.start_run(spec, "process", 1, tmp_path) is None  # no grpo-s1 folder
+    assert bench.start_run(spec, "process", 0, tmp_path) == start
+    got = bench.collect(run, start)
+    assert got["evals"]["id"]["0"]["avg@n"] == pytest.approx(0.3125)  # the start arm's step 0
+    assert got["gains"]["id"]["10"]["diff"] == pytest.approx(0.3125)  # as by hand above
+    assert report.summarize({"process": {0: got}})["process"]["id"]["start mean"] == pytest.approx(0.3125)
+    assert bench.collect(run)["gains"] == {}  # without it: no start, no gain
+
+
 def test_vision_table_counts_an_absent_reason_as_zero_and_spreads_over_seeds(report):
     def run(acc: float, illegal: float | None) -> dict:
         metrics = {"avg@n": acc, "recognition_acc": 0.5, "reason/wrong_value": 0.1}
