@@ -49,7 +49,7 @@ import sys
 import time
 from pathlib import Path
 
-from learning_report import summarize_all, write_plots
+from learning_report import setting, summarize_all, write_plots
 
 from veriloop.algos.eval_metrics import paired_difference, standard_error
 
@@ -439,8 +439,7 @@ def shared_warmup(suite: str, config: str, seed: int, out: Path) -> Path:
 
 def warmup_examples(spec: dict) -> int:
     """The SFT examples of a suite's warm-up (its common ``sft.examples``; 0 if it sets none)."""
-    values = [o.split("=", 1)[1] for o in spec.get("common", []) if o.startswith("sft.examples=")]
-    return int(values[-1]) if values else 0
+    return setting(spec.get("common", []), "sft.examples", 0)
 
 
 def first_problem(suite: str, seed: int) -> int:

@@ -300,7 +300,7 @@ def plot_training(
     plt.close(fig)
 
 
-def _setting(overrides: list[str], key: str, default: int) -> int:
+def setting(overrides: list[str], key: str, default: int) -> int:
     """The last ``key=value`` among an arm's overrides, as an int."""
     values = [o.split("=", 1)[1] for o in overrides if o.startswith(key + "=")]
     return int(values[-1]) if values else default
@@ -339,8 +339,8 @@ def plot_by_examples(
             ax.plot([0], [statistics.fmean(bases)], "ks", label="base model")
         for i, (label, by_seed) in enumerate(runs.items()):
             ov = arms.get(label, [])
-            sft = _setting(ov, "sft.examples", 0) if _setting(ov, "sft.steps", 0) else 0
-            per_step = _setting(ov, "rollout.prompts_per_step", 8) * _setting(ov, "rollout.group_size", 8)
+            sft = setting(ov, "sft.examples", 0) if setting(ov, "sft.steps", 0) else 0
+            per_step = setting(ov, "rollout.prompts_per_step", 8) * setting(ov, "rollout.group_size", 8)
             continues = bool(warmup_examples) and "train.steps=0" in ov  # more SFT after the shared warm-up
             for j, (seed, r) in enumerate(sorted(by_seed.items())):
                 ev = r["evals"].get(split, {})
