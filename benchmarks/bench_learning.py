@@ -49,7 +49,7 @@ import sys
 import time
 from pathlib import Path
 
-from learning_report import setting, summarize_all, write_plots
+from learning_report import setting, sft_only, summarize_all, write_plots
 
 from veriloop.algos.eval_metrics import paired_difference, standard_error
 
@@ -415,11 +415,6 @@ def _call(name: str, args: list[str], out: Path) -> None:
     )
     if rc != 0:
         raise SystemExit(f"{name} failed (exit {rc}); see {out / f'{name}.log'}")
-
-
-def sft_only(overrides: list[str]) -> bool:
-    """An SFT-only arm (no RL steps): its own, longer warm-up, or more SFT after a shared one."""
-    return "train.steps=0" in overrides
 
 
 def shared_warmup(suite: str, config: str, seed: int, out: Path) -> Path:

@@ -300,6 +300,11 @@ def plot_training(
     plt.close(fig)
 
 
+def sft_only(overrides: list[str]) -> bool:
+    """An SFT-only arm (no RL steps): its own, longer warm-up, or more SFT after a shared one."""
+    return "train.steps=0" in overrides
+
+
 def setting(overrides: list[str], key: str, default: int) -> int:
     """The last ``key=value`` among an arm's overrides, as an int."""
     values = [o.split("=", 1)[1] for o in overrides if o.startswith(key + "=")]
@@ -341,7 +346,7 @@ def plot_by_examples(
             ov = arms.get(label, [])
             sft = setting(ov, "sft.examples", 0) if setting(ov, "sft.steps", 0) else 0
             per_step = setting(ov, "rollout.prompts_per_step", 8) * setting(ov, "rollout.group_size", 8)
-            continues = bool(warmup_examples) and "train.steps=0" in ov  # more SFT after the shared warm-up
+            continues = bool(warmup_examples) and sft_only(ov)  # more SFT after the shared warm-up
             for j, (seed, r) in enumerate(sorted(by_seed.items())):
                 ev = r["evals"].get(split, {})
                 steps = sorted(ev, key=int)
