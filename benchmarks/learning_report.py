@@ -64,14 +64,17 @@ def matched_table(runs: dict[str, dict[int, dict]], start_arm: str, splits: list
     """SFT only against SFT then RL from one warm-up (the paper's design: "SFT memorizes, RL
     generalizes"). Per split, every arm's end against the start (``start_arm``'s step 0, the
     warm-up all arms of a seed start from), and each RL arm's end against ``sft_only``'s, paired by
-    problem as in :func:`arm_differences` (per seed, then mean, sd and SE over seeds)."""
+    problem as in :func:`arm_differences` (per seed, then mean, sd and SE over seeds); and each other
+    RL arm's end against ``start_arm``'s (``vs_start_arm``: VIter 1 and 5 against VIter 3)."""
     start = {
         seed: {"end_per_problem": r.get("start_per_problem", {})}
         for seed, r in runs.get(start_arm, {}).items()
     }
     with_start = {"start": start, **runs}
+    rl = {label: by_seed for label, by_seed in runs.items() if label != "sft_only"}
     return {split: {"vs_start": arm_differences(with_start, "start", split),
-                    "vs_sft_only": arm_differences(runs, "sft_only", split)} for split in splits}  # fmt: skip
+                    "vs_sft_only": arm_differences(runs, "sft_only", split),
+                    "vs_start_arm": arm_differences(rl, start_arm, split)} for split in splits}  # fmt: skip
 
 
 def gain_table(runs: dict[str, dict[int, dict]], split: str = "id") -> list[dict]:

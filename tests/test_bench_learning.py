@@ -97,7 +97,8 @@ def test_sft_only_and_rl_arms_are_each_paired_with_the_shared_start_and_sft_only
     runs = {"sft_only": {0: bench.collect(sft, start)}, "sft_then_grpo": {0: bench.collect(start)}}
     assert runs["sft_only"][0]["start_per_problem"] == {"id": [0.0, 0.25, 0.5, 0.5]}
     table = report.matched_table(runs, "sft_then_grpo", ["id", "rule_ood"])
-    assert table["rule_ood"] == {"vs_start": [], "vs_sft_only": []}  # no such split measured
+    # no such split measured
+    assert table["rule_ood"] == {"vs_start": [], "vs_sft_only": [], "vs_start_arm": []}
     sft_row, rl_row = table["id"]["vs_start"]
     # SFT only - start: d = (.25, 0, 0, .5), mean .1875; RL - start: d = (.5, 0, .5, .25), mean .3125
     assert (sft_row["arm"], sft_row["reference"]) == ("sft_only", "start")
@@ -107,8 +108,14 @@ def test_sft_only_and_rl_arms_are_each_paired_with_the_shared_start_and_sft_only
     (rl_vs_sft,) = table["id"]["vs_sft_only"]
     assert (rl_vs_sft["arm"], rl_vs_sft["reference"]) == ("sft_then_grpo", "sft_only")
     assert rl_vs_sft["diff (per seed)"] == pytest.approx([0.125])
+    assert table["id"]["vs_start_arm"] == []  # no other RL arm; SFT only is not one
     summary = report.summarize_all("points24_easy", runs, "sft_then_grpo")
     assert summary["matched"] == table and "matched" not in report.summarize_all("points24_easy", runs)
+    # another RL arm (VIter 1) against the start arm (VIter 3): d = (-.5, .25, -.5, -.75), mean -.375
+    runs["viter1"] = {0: bench.collect(_run(tmp_path / "v1", {30: [0.0, 0.5, 0.5, 0.0]}, wall=[]), start)}
+    (v1,) = report.matched_table(runs, "sft_then_grpo", ["id"])["id"]["vs_start_arm"]
+    assert (v1["arm"], v1["reference"]) == ("viter1", "sft_then_grpo")
+    assert v1["diff (per seed)"] == pytest.approx([-0.375])
 
 
 def test_vision_table_counts_an_absent_reason_as_zero_and_spreads_over_seeds(report):
