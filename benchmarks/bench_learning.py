@@ -44,6 +44,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -402,19 +403,41 @@ SUITES: dict[str, dict] = {
 
 def _call(name: str, args: list[str], out: Path) -> None:
     """Run one ``veriloop`` command, its output appended to ``out/<name>.log`` and its wall time to
-    ``out/<name>.wall.json`` (every attempt: a resumed run adds its own); stop on failure."""
+    ``out/<name>.wall.json`` (every attempt: a resumed run adds its own); stop on failure. The attempt
+    is recorded before it starts, so a run that is killed still leaves its cost: a SIGTERM or Ctrl-C
+    ends the command and writes its time (``"exit": "killed"``); after a SIGKILL, :func:`cpu_hours`
+    takes the time up to the log's last write (``"estimated"``)."""
     print(f"[{name}] {' '.join(args[2:])}", flush=True)
+    wall, log_path = out / f"{name}.wall.json", out / f"{name}.log"
+    attempts = [_closed(a, log_path) for a in _attempts(wall)]
     t0 = time.time()
-    with (out / f"{name}.log").open("a") as log:
-        rc = subprocess.call(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    print(f"[{name}] exit {rc} after {time.time() - t0:.0f} s", flush=True)
-    wall = out / f"{name}.wall.json"
-    attempts = json.loads(wall.read_text()) if wall.exists() else []
-    wall.write_text(
-        json.dumps([*attempts, {"seconds": time.time() - t0, "exit": rc, "cpus": os.cpu_count()}])
-    )
+    wall.write_text(json.dumps([*attempts, {"started": t0, "exit": None, "cpus": os.cpu_count()}]))
+    rc: int | str = "killed"
+    try:
+        with log_path.open("a") as log:
+            rc = subprocess.call(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    finally:  # subprocess.call kills the command when this one is interrupted
+        print(f"[{name}] exit {rc} after {time.time() - t0:.0f} s", flush=True)
+        wall.write_text(
+            json.dumps(
+                [*attempts, {"started": t0, "seconds": time.time() - t0, "exit": rc, "cpus": os.cpu_count()}]
+            )
+        )
     if rc != 0:
-        raise SystemExit(f"{name} failed (exit {rc}); see {out / f'{name}.log'}")
+        raise SystemExit(f"{name} failed (exit {rc}); see {log_path}")
+
+
+def _attempts(wall: Path) -> list[dict]:
+    return json.loads(wall.read_text()) if wall.exists() else []
+
+
+def _closed(attempt: dict, log: Path) -> dict:
+    """An attempt with its seconds: a record left without them (its process was SIGKILLed) ends at
+    the log's last write, marked ``"estimated"``."""
+    if "seconds" in attempt:
+        return attempt
+    end = log.stat().st_mtime if log.exists() else attempt["started"]
+    return {**attempt, "seconds": max(0.0, end - attempt["started"]), "estimated": True}
 
 
 def shared_warmup(suite: str, config: str, seed: int, out: Path) -> Path:
@@ -524,8 +547,10 @@ def _has_eval(row: dict) -> bool:
 
 
 def cpu_hours(wall: Path) -> float | None:
-    """CPU-hours of every attempt a ``<name>.wall.json`` records (None: none recorded)."""
-    attempts = json.loads(wall.read_text()) if wall.exists() else []
+    """CPU-hours of every attempt a ``<name>.wall.json`` records (None: none recorded), killed ones
+    included (see :func:`_call`)."""
+    log = wall.with_name(wall.name.removesuffix(".wall.json") + ".log")
+    attempts = [_closed(a, log) for a in _attempts(wall)]
     return sum(a["seconds"] * a.get("cpus", 1) for a in attempts) / 3600 if attempts else None
 
 
@@ -583,6 +608,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_learning")
     ap.add_argument("--report-only", action="store_true", help="collect finished runs without training")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill` records the cut attempt's time
     spec = SUITES[args.suite]
     out = args.out / args.suite
     out.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -227,6 +228,29 @@ def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monk
     (tmp_path / "sft-s2" / "sft" / "step-10").mkdir(parents=True)
     bench.shared_warmup("points24_easy", "points24_easy_grpo", 2, tmp_path)
     assert [c[0] for c in calls] == ["sft"] and "--resume" in calls[0] and "--overwrite" not in calls[0]
+
+
+def test_a_killed_attempt_still_records_its_cost(bench, tmp_path, monkeypatch):
+    def interrupted(args, cwd, stdout, stderr):  # `kill` (SIGTERM, made SystemExit) or Ctrl-C mid-run
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench.subprocess, "call", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        bench._call("grpo-s0", ["python", "-m", "veriloop.cli", "train"], tmp_path)
+    (cut,) = json.loads((tmp_path / "grpo-s0.wall.json").read_text())
+    assert cut["exit"] == "killed" and cut["seconds"] >= 0 and "estimated" not in cut
+    # a SIGKILLed attempt leaves its opening record only: it ends at the log's last write
+    wall, log = tmp_path / "sft-s0.wall.json", tmp_path / "sft-s0.log"
+    wall.write_text(json.dumps([{"started": 1000.0, "exit": None, "cpus": 2}]))
+    log.write_text("step 1")
+    os.utime(log, (2800.0, 2800.0))
+    assert bench.cpu_hours(wall) == pytest.approx(1800 * 2 / 3600)
+    # the next attempt writes that estimate down before the log grows, and adds its own time
+    monkeypatch.setattr(bench.subprocess, "call", lambda args, cwd, stdout, stderr: 0)
+    bench._call("sft-s0", ["python", "-m", "veriloop.cli", "sft"], tmp_path)
+    first, second = json.loads(wall.read_text())
+    assert first == {"started": 1000.0, "exit": None, "cpus": 2, "seconds": 1800.0, "estimated": True}
+    assert second["exit"] == 0 and second["seconds"] < 60
 
 
 def test_reeval_pairs_the_rejudged_start_and_end_and_reads_the_logged_gain(tmp_path):
