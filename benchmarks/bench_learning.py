@@ -411,18 +411,15 @@ def _call(name: str, args: list[str], out: Path) -> None:
     wall, log_path = out / f"{name}.wall.json", out / f"{name}.log"
     attempts = [_closed(a, log_path) for a in _attempts(wall)]
     t0 = time.time()
-    wall.write_text(json.dumps([*attempts, {"started": t0, "exit": None, "cpus": os.cpu_count()}]))
+    opened = {"started": t0, "exit": None, "cpus": os.cpu_count()}
+    wall.write_text(json.dumps([*attempts, opened]))
     rc: int | str = "killed"
     try:
         with log_path.open("a") as log:
             rc = subprocess.call(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     finally:  # subprocess.call kills the command when this one is interrupted
         print(f"[{name}] exit {rc} after {time.time() - t0:.0f} s", flush=True)
-        wall.write_text(
-            json.dumps(
-                [*attempts, {"started": t0, "seconds": time.time() - t0, "exit": rc, "cpus": os.cpu_count()}]
-            )
-        )
+        wall.write_text(json.dumps([*attempts, {**opened, "seconds": time.time() - t0, "exit": rc}]))
     if rc != 0:
         raise SystemExit(f"{name} failed (exit {rc}); see {log_path}")
 
