@@ -28,6 +28,8 @@ Suites:
 
 An arm that starts from the same warm-up as its suite's ``start_arm`` (in the same seed) skips its
 own step-0 evaluation and takes that arm's: its curve starts there, and its gains are paired with it.
+If that arm's run folder is not there (a fresh checkout keeps only the results), the arm measures its
+own start instead.
 The summary tables and plots are made by the sibling module ``learning_report.py``.
 
 Usage (from the repository root, in the venv):
@@ -472,6 +474,13 @@ def run_arm(suite: str, label: str, config: str, overrides: list[str], seed: int
     own, an SFT-only arm going on with its own ``sft.*`` steps and examples."""
     spec = SUITES[suite]
     name = f"{label}-s{seed}"
+    if (
+        "eval.at_start=false" in overrides
+        and label != spec.get("start_arm")
+        and not start_run(spec, label, seed, out)
+    ):
+        # the start arm's run, whose step-0 evaluation it would take, is not here: measure its own start
+        overrides = [*overrides, "eval.at_start=true"]
     # the arm's own overrides come last, so that they win over the suite's
     args = [sys.executable, "-m", "veriloop.cli", "train", config, *spec.get("common", []),
             f"train.steps={spec['steps']}", f"eval.every={spec['eval_every']}", *overrides,

@@ -230,6 +230,21 @@ def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monk
     assert [c[0] for c in calls] == ["sft"] and "--resume" in calls[0] and "--overwrite" not in calls[0]
 
 
+def test_an_arm_measures_its_own_start_when_its_start_arms_run_is_not_there(bench, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench.subprocess, "call", lambda args, cwd, stdout, stderr: calls.append(args) or 0)
+    (tmp_path / "sft-s0" / "sft" / "final").mkdir(parents=True)  # the seed's warm-up, already made
+    arms = {label: (config, o) for label, config, o in bench.SUITES["points24_easy"]["arms"]}
+    bench.run_arm("points24_easy", "viter5", *arms["viter5"], 0, tmp_path)
+    assert "eval.at_start=true" in calls[-1]  # no sft_then_grpo-s0 to take step 0 from
+    assert calls[-1].index("eval.at_start=true") > calls[-1].index("eval.at_start=false")  # it wins
+    (tmp_path / "sft_then_grpo-s0").mkdir()
+    bench.run_arm("points24_easy", "viter1", *arms["viter1"], 0, tmp_path)
+    assert "eval.at_start=false" in calls[-1] and "eval.at_start=true" not in calls[-1]
+    bench.run_arm("points24_easy", "sft_then_grpo", *arms["sft_then_grpo"], 0, tmp_path)
+    assert not any(a.startswith("eval.at_start") for a in calls[-1])  # the start arm measures it anyway
+
+
 def test_a_killed_attempt_still_records_its_cost(bench, tmp_path, monkeypatch):
     def interrupted(args, cwd, stdout, stderr):  # `kill` (SIGTERM, made SystemExit) or Ctrl-C mid-run
         raise KeyboardInterrupt
