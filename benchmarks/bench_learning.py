@@ -666,6 +666,11 @@ def main() -> None:
         result["runs"] = {label: {str(s): r for s, r in by_seed.items()} for label, by_seed in runs.items()}
         result["settings"]["seeds"] = sorted({int(s) for by_seed in result["runs"].values() for s in by_seed})
         result["summary"] = summarize_all(args.suite, runs, spec.get("start_arm"))
+        # and the warm-ups' costs whose records this checkout no longer holds (a seed's newer record wins)
+        result["shared_sft_cpu_hours"] = {
+            **old.get("shared_sft_cpu_hours", {}),
+            **result["shared_sft_cpu_hours"],
+        }
     path.write_text(json.dumps(result, indent=1))
     arms = {label: [*spec.get("common", []), *o] for label, _, o in spec["arms"]}
     # a shared warm-up's SFT examples come before every arm's own (the by-examples plot's x)

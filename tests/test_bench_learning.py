@@ -285,3 +285,26 @@ def test_reeval_pairs_the_rejudged_start_and_end_and_reads_the_logged_gain(tmp_p
     assert row["gain as logged"]["diff"] == pytest.approx(0.5) and row["logged step"] == 20
     assert row["gain now"]["diff"] == pytest.approx(-0.25)
     assert row["end"]["reason/unevaluated"] == 0.5 and row["start"]["reason/correct"] == 0.0
+
+
+def test_a_report_keeps_the_results_and_warmup_costs_this_checkout_no_longer_holds(
+    bench, tmp_path, monkeypatch
+):
+    results = tmp_path / "results"
+    results.mkdir()
+    old = {"runs": {"sft_only": {"1": {"evals": {}}}}, "shared_sft_cpu_hours": {"0": 0.7, "1": 0.69}}
+    (results / "learning_points24_easy.json").write_text(json.dumps(old))
+    out = tmp_path / "runs" / "points24_easy"
+    out.mkdir(parents=True)
+    (out / "sft-s0.wall.json").write_text(
+        json.dumps([{"seconds": 1800, "exit": 0, "cpus": 2}])
+    )  # remade here
+    monkeypatch.setattr(bench, "RESULTS", results)
+    monkeypatch.setattr(bench, "summarize_all", lambda *a: {})
+    monkeypatch.setattr(bench, "write_plots", lambda *a: None)
+    argv = ["bench_learning.py", "points24_easy", "--report-only", "--out", str(tmp_path / "runs")]
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    new = json.loads((results / "learning_points24_easy.json").read_text())
+    assert new["shared_sft_cpu_hours"] == {"0": 1.0, "1": 0.69}  # seed 0's newer record wins
+    assert new["runs"] == old["runs"]
