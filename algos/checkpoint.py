@@ -9,7 +9,7 @@ Layout of one run::
             scheduler.pt        scheduler.state_dict()
             rng.pt              python ``random``, numpy global, torch CPU and CUDA generator states
             trainer_state.json  step counter, data/env seed position, metrics so far
-            COMPLETE            JSON manifest: step and the size of every file above
+            COMPLETE            JSON manifest: step, and the size and SHA-256 of every file above
         .tmp-step-000123-4711/  a save in progress (or killed mid-way) by process 4711
 
 Atomicity. Everything, the ``COMPLETE`` manifest included, is written into a temporary folder
@@ -19,7 +19,8 @@ point: a kill before it leaves only a ``.tmp-*`` folder (ignored, later deleted)
 leaves a complete checkpoint. We write the marker *before* the rename (not after) so that there is
 no moment when a ``step-*`` folder exists without its marker. Readers still demand the marker and
 check the manifest's file sizes, which also rejects folders damaged or copied partially by other
-tools. Old checkpoints are removed only after the new one is committed, and each is first renamed
+tools; :func:`load_checkpoint` also checks every file's SHA-256, so a same-size flipped byte is
+caught too, and :func:`resume_latest` then falls back to the previous checkpoint. Old checkpoints are removed only after the new one is committed, and each is first renamed
 to ``.trash-*`` so that a kill during deletion never leaves a half-deleted ``step-*`` folder.
 
 Loading uses ``torch.load(weights_only=True)``: a checkpoint can never execute code.
@@ -27,8 +28,10 @@ Loading uses ``torch.load(weights_only=True)``: a checkpoint can never execute c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -49,6 +52,10 @@ _TEMP_DIR = re.compile(r"^\.(tmp|trash)-.*-(\d+)$")
 
 class NonFiniteParametersError(ValueError):
     """Raised instead of saving a model whose parameters hold NaN or inf."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder is incomplete, damaged (a checksum differs) or cannot be read."""
 
 
 # ----------------------------------------------------------------------------------------- RNG
@@ -202,13 +209,22 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _manifest(folder: Path) -> dict[str, int]:
-    """Relative path -> size in bytes, for every file under ``folder``."""
+def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
+    """Relative path -> ``{"size": bytes, "sha256": hex digest}``, for every file under ``folder``."""
     return {
-        p.relative_to(folder).as_posix(): p.stat().st_size
+        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
         for p in sorted(folder.rglob("*"))
         if p.is_file() and p.name != MARKER
     }
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _retire(folder: Path) -> None:
@@ -230,14 +246,43 @@ def _prune(root: Path, keep: int, protect: Path) -> None:
 # ---------------------------------------------------------------------------------------- load
 
 
+def _expected(entry: Any) -> tuple[int, str | None]:
+    """``(size, sha256 or None)`` of a manifest entry (older checkpoints recorded the size only)."""
+    if isinstance(entry, dict):
+        return int(entry["size"]), str(entry["sha256"])
+    return int(entry), None
+
+
 def is_complete(folder: Path) -> bool:
-    """True when ``folder`` holds a readable manifest whose every file exists with its size."""
+    """True when ``folder`` holds a readable manifest whose every file exists with its size
+    (cheap: no file is read; :func:`verify_checkpoint` checks the contents)."""
     try:
         manifest = json.loads((folder / MARKER).read_text())
         files = manifest["files"]
-        return all((folder / rel).stat().st_size == size for rel, size in files.items())
+        return all((folder / rel).stat().st_size == _expected(e)[0] for rel, e in files.items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
+
+
+def verify_checkpoint(folder: str | Path) -> None:
+    """Raise :class:`CheckpointError` unless every file of ``folder``'s manifest exists with its
+    recorded size and SHA-256 (a checkpoint written before checksums is checked by size only)."""
+    folder = Path(folder)
+    if not is_complete(folder):
+        raise CheckpointError(
+            f"{folder} is not a complete checkpoint (missing or inconsistent {MARKER} manifest); "
+            "use latest_checkpoint(run_dir) to find the newest complete one"
+        )
+    files = json.loads((folder / MARKER).read_text())["files"]
+    for rel, entry in files.items():
+        digest = _expected(entry)[1]
+        if digest is not None and sha256_file(folder / rel) != digest:
+            raise CheckpointError(f"{folder}: {rel} is damaged (its SHA-256 differs from the one saved)")
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete (size-checked) ``step-*`` folders of a run, oldest step first."""
+    return _complete_checkpoints(Path(run_dir) / CHECKPOINTS)
 
 
 def _complete_checkpoints(root: Path) -> list[Path]:
@@ -285,17 +330,25 @@ def load_checkpoint(path: str | Path, *, restore_rng_states: bool = True) -> dic
         loader); ``model_state`` (the state dict when the default ``model.pt`` was used, else
         None); ``optimizer`` / ``scheduler`` state dicts (None when not saved);
         ``trainer_state`` (dict); ``rng`` (the snapshot).
+
+    Raises:
+        CheckpointError: the folder is incomplete, a file's checksum differs, or a file cannot be
+            read (nothing has been restored then).
     """
     folder = Path(path)
-    if not is_complete(folder):
-        raise FileNotFoundError(
-            f"{folder} is not a complete checkpoint (missing or inconsistent {MARKER} manifest); "
-            "use latest_checkpoint(run_dir) to find the newest complete one"
-        )
+    verify_checkpoint(folder)
+    try:
+        loaded = _read(folder)
+    except (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as e:
+        raise CheckpointError(f"{folder} cannot be read: {type(e).__name__}: {str(e)[:300]}") from e
+    if restore_rng_states:
+        restore_rng(loaded["rng"])
+    return loaded
+
+
+def _read(folder: Path) -> dict[str, Any]:
     step = int(json.loads((folder / MARKER).read_text())["step"])
     rng = _torch_load(folder / "rng.pt")
-    if restore_rng_states:
-        restore_rng(rng)
     model_pt = folder / "model" / "model.pt"
     return {
         "step": step,
@@ -308,17 +361,64 @@ def load_checkpoint(path: str | Path, *, restore_rng_states: bool = True) -> dic
     }
 
 
+def resume_latest(
+    run_dir: str | Path,
+    apply: Callable[[dict[str, Any]], None],
+    *,
+    restore_rng_states: bool = True,
+    warn: Callable[[str], None] = print,
+) -> tuple[Path, dict[str, Any]] | None:
+    """Load the newest checkpoint of ``run_dir`` that verifies, reads and applies; None if none.
+
+    Each complete checkpoint is tried, newest first: :func:`load_checkpoint` (checksums, then
+    ``torch.load``), then ``apply(loaded)`` (which puts it into the model, optimizer...; it raises
+    when the checkpoint does not fit). A checkpoint that fails is reported through ``warn`` (one
+    line, no traceback) and the previous one is tried; its RNG states are restored only once a
+    checkpoint has applied. When every checkpoint fails, :class:`CheckpointError` lists why.
+
+    Returns:
+        ``(folder, loaded)`` of the checkpoint resumed from, or None when the run has none.
+    """
+    found = latest_checkpoint(run_dir)  # also removes the leftovers of killed saves
+    candidates = complete_checkpoints(run_dir) if found is not None else []
+    failures: list[str] = []
+    for folder in reversed(candidates):
+        try:
+            loaded = load_checkpoint(folder, restore_rng_states=False)
+            apply(loaded)
+        except (CheckpointError, KeyError, ValueError, RuntimeError, TypeError) as e:
+            reason = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+            failures.append(f"{folder.name}: {reason[:400]}")
+            older = "trying the previous checkpoint" if folder != candidates[0] else "no older checkpoint"
+            warn(f"checkpoint {folder} cannot be resumed ({reason[:400]}); {older}")
+            continue
+        if restore_rng_states:
+            restore_rng(loaded["rng"])
+        return folder, loaded
+    if failures:
+        raise CheckpointError(
+            f"no checkpoint of {run_dir} could be resumed ({'; '.join(failures)}). If the config changed, "
+            "resume with the saved one (RUN/config.yaml); otherwise start again with --overwrite"
+        )
+    return None
+
+
 def _torch_load(path: Path) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
 __all__ = [
+    "CheckpointError",
     "NonFiniteParametersError",
     "capture_rng",
     "check_finite",
+    "complete_checkpoints",
     "is_complete",
     "latest_checkpoint",
     "load_checkpoint",
     "restore_rng",
+    "resume_latest",
     "save_checkpoint",
+    "sha256_file",
+    "verify_checkpoint",
 ]

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from veriloop.algos.checkpoint import (
+    CheckpointError,
     NonFiniteParametersError,
     capture_rng,
     latest_checkpoint,
@@ -236,7 +237,7 @@ def test_latest_ignores_incomplete_and_cleans_stale_temp(tmp_path: Path) -> None
     ours.mkdir()
     assert latest_checkpoint(tmp_path) == good
     assert not stale.exists() and ours.exists()  # a live process's save is left alone
-    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         load_checkpoint(broken)
     assert latest_checkpoint(tmp_path / "nothing-here") is None
 

@@ -1,0 +1,105 @@
+"""Checkpoints carry a SHA-256 per file; a damaged newest checkpoint is refused and resume falls
+back to the previous intact one with a one-line message (no traceback, no silent wrong weights)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from veriloop.algos.checkpoint import (
+    MARKER,
+    CheckpointError,
+    load_checkpoint,
+    resume_latest,
+    save_checkpoint,
+    sha256_file,
+    verify_checkpoint,
+)
+
+
+def _save(run: Path, step: int, value: float) -> Path:
+    model = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        model.weight.fill_(value)
+    opt = torch.optim.AdamW(model.parameters())
+    return save_checkpoint(run, step, model=model, optimizer=opt, trainer_state={"step": step}, keep_last=3)
+
+
+def _flip_byte(path: Path, offset: int = -20) -> None:
+    """Change one byte in place: the size stays the same."""
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_manifest_records_a_checksum_per_file(tmp_path: Path) -> None:
+    folder = _save(tmp_path, 1, 0.5)
+    files = json.loads((folder / MARKER).read_text())["files"]
+    assert set(files) >= {"model/model.pt", "optimizer.pt", "rng.pt", "trainer_state.json"}
+    for rel, entry in files.items():
+        assert entry == {"size": (folder / rel).stat().st_size, "sha256": sha256_file(folder / rel)}
+    verify_checkpoint(folder)  # intact: no error
+
+
+@pytest.mark.parametrize("damaged", ["model/model.pt", "optimizer.pt"])
+def test_same_size_byte_flip_is_refused(tmp_path: Path, damaged: str) -> None:
+    folder = _save(tmp_path, 1, 0.5)
+    _flip_byte(folder / damaged)
+    with pytest.raises(CheckpointError, match=f"{damaged} is damaged"):
+        load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("damaged", ["model/model.pt", "optimizer.pt"])
+def test_resume_falls_back_to_the_previous_good_checkpoint(tmp_path: Path, damaged: str) -> None:
+    _save(tmp_path, 1, 0.25)
+    newest = _save(tmp_path, 2, 0.75)
+    _flip_byte(newest / damaged)
+    messages: list[str] = []
+    applied: list[float] = []
+    found = resume_latest(
+        tmp_path, lambda c: applied.append(float(c["model_state"]["weight"][0, 0])), warn=messages.append
+    )
+    assert found is not None and found[0].name == "step-000001" and found[1]["step"] == 1
+    assert applied == [0.25]  # the damaged checkpoint never reached the model
+    assert len(messages) == 1 and "step-000002" in messages[0] and "previous" in messages[0]
+    assert "Traceback" not in messages[0]
+
+
+def test_a_checkpoint_that_does_not_fit_falls_back_too(tmp_path: Path) -> None:
+    """A newest checkpoint that reads but fails to apply (e.g. unknown keys) is skipped as well."""
+    _save(tmp_path, 1, 0.25)
+    _save(tmp_path, 2, 0.75)
+
+    def apply(c: dict) -> None:
+        if c["step"] == 2:
+            raise KeyError("checkpoint holds 'policy.x', which this model does not have")
+
+    messages: list[str] = []
+    found = resume_latest(tmp_path, apply, warn=messages.append)
+    assert found is not None and found[0].name == "step-000001"
+    assert "policy.x" in messages[0]
+
+
+def test_every_checkpoint_damaged_is_one_clear_error(tmp_path: Path) -> None:
+    for step in (1, 2):
+        _flip_byte(_save(tmp_path, step, 0.5) / "model" / "model.pt")
+    with pytest.raises(
+        CheckpointError, match=r"no checkpoint of .* could be resumed.*step-000002.*step-000001"
+    ):
+        resume_latest(tmp_path, lambda c: None, warn=lambda m: None)
+
+
+def test_no_checkpoint_is_none(tmp_path: Path) -> None:
+    assert resume_latest(tmp_path, lambda c: None, warn=lambda m: None) is None
+
+
+def test_checkpoints_without_checksums_still_load(tmp_path: Path) -> None:
+    """A checkpoint saved before checksums (sizes only in its manifest) is still accepted."""
+    folder = _save(tmp_path, 1, 0.5)
+    manifest = json.loads((folder / MARKER).read_text())
+    manifest["files"] = {rel: e["size"] for rel, e in manifest["files"].items()}
+    (folder / MARKER).write_text(json.dumps(manifest))
+    assert load_checkpoint(folder)["step"] == 1
