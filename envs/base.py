@@ -21,6 +21,15 @@ Episode ends (exactly one of the two flags is set on the last step):
   reward 0.0, ``info["verifier_error"]`` = the error kind; the task was not decided, so it is
   not terminated).
 
+A ``check`` that raises is a verifier failure, never a crash of the caller: the step gets a verdict
+with ``error="crash"`` (the exception in ``details["message"]``; logged once per environment
+class). A ``check`` that overruns its deadline gets ``error="timeout"``: every environment whose
+``check`` is not veriloop's own runs it under :attr:`VerifierEnv.check_timeout_s` (default
+:data:`veriloop.envs.verifiers.guarded.DEFAULT_CHECK_TIMEOUT_S`, 5 s, the math verifier's); veriloop's built-in checks bound their own
+time (worker processes with deadlines, or linear-time pure Python). Python cannot stop a thread, so
+an overrunning user check is abandoned, not killed: keep checks pure and quick, or run slow ones in a
+process of your own.
+
 ``info`` contents (every subclass documents its extras):
 
 * at reset: ``{"task": {...}}`` -- JSON-ready task metadata (gold answer, level, cards, reference
@@ -91,6 +100,7 @@ import gymnasium
 
 from veriloop.envs.spaces import UnicodeText
 from veriloop.envs.verifiers import Verdict
+from veriloop.envs.verifiers.guarded import guarded_check
 
 TaskT = TypeVar("TaskT")
 
@@ -210,6 +220,11 @@ class VerifierEnv(gymnasium.Env, Generic[TaskT]):
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}
+
+    #: Deadline (seconds) of one :meth:`check` call; ``None`` = automatic: veriloop's own checks bound
+    #: their own time, any other gets ``guarded.DEFAULT_CHECK_TIMEOUT_S`` (5 s); ``math.inf`` = none.
+    #: Set it on your class or instance (see the module docstring).
+    check_timeout_s: float | None = None
 
     def __init__(
         self,
@@ -348,7 +363,7 @@ class VerifierEnv(gymnasium.Env, Generic[TaskT]):
         if gave_up(action):
             verdict = Verdict(correct=False, reason="gave_up", feedback="You gave up. The episode is over.")
         else:
-            verdict = self.check(action, task)
+            verdict = guarded_check(self, action, task)
         info: dict[str, Any] = {"verdict": verdict, "attempt": self._attempt, "task": self.task_info(task)}
         if verdict.error is not None:
             reward, components = 0.0, dict[str, float]()

@@ -15,12 +15,17 @@ answer with that dataset's own ``score_answer``::
 * **Answer format.** The model's final answer is read with veriloop's hardened extractor
   (:func:`veriloop.envs.verifiers.extract_answer`): the last ``<answer>...</answer>`` or ``\\boxed{...}``
   (text after ``</think>`` only, size-capped). No answer: reason ``"no_answer"``, reward 0.
-* **Scoring is untrusted code, so it runs in the verifier worker.** The extracted answer goes to a
-  sandboxed worker process (:mod:`veriloop.envs.verifiers.pool`: memory cap, hard wall-clock deadline
-  ``timeout_s``, SIGKILL on overrun). The worker rebuilds the same dataset, regenerates item
-  ``index``, checks the question matches (a dataset that is not reproducible is a ``"crash"``, never
-  a silently wrong score) and calls ``score_answer``. A timeout / crash / memory error is a
-  ``Verdict.error`` (episode truncated, reward 0, excluded by trainers), never a wrong answer.
+* **Scoring is untrusted code on hostile text, so it runs jailed.** Many reasoning-gym scorers hand
+  the answer to ``eval`` or sympy's ``parse_expr``. ``puzzle24`` and ``countdown`` are scored by our
+  own safe formula checks instead (:mod:`veriloop.interop.reasoning_gym_scorers`; ``puzzle24`` also
+  checks the dealt numbers). Every other answer goes to a scorer worker
+  (:func:`veriloop.envs.verifiers.pool.get_scorer_pool`, apart from the math workers, almost empty
+  environment), which rebuilds the same dataset, regenerates item ``index``, checks the question
+  matches (a dataset that is not reproducible is a ``"crash"``, never a silently wrong score) and
+  runs ``score_answer`` in a fresh jail (:mod:`veriloop.envs.verifiers.sandbox`: no network, no
+  file outside a private folder, no environment, no reply channel, deadline ``timeout_s``). A
+  timeout / crash / memory error is a ``Verdict.error`` (episode truncated, reward 0, excluded by
+  trainers), never a wrong answer.
 * **Reward** = the score (partial credit kept: reason ``"partial"`` for ``0 < score < 1``);
   ``correct`` means a score of 1. ``info["reward_components"] == {"score": score}``.
 * **Multi-turn.** ``max_attempts > 1`` gives retries with "Incorrect" feedback (the gold is never
@@ -35,19 +40,20 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import math
 from functools import lru_cache
 from typing import Any
 
 from veriloop.envs.base import MAX_TEXT_CHARS, VerifierEnv
 from veriloop.envs.verifiers import Verdict, extract_answer
 from veriloop.envs.verifiers import stats as verifier_stats
-from veriloop.envs.verifiers.pool import get_pool
+from veriloop.envs.verifiers.pool import get_scorer_pool
 from veriloop.interop._extras import require
 
+from veriloop.interop.reasoning_gym_scorers import safe_score
 ENV_ID = "veriloop/ReasoningGym-v0"
 DEFAULT_TIMEOUT_S = 10.0
 FORMAT_LINE = "Put your final answer alone inside <answer></answer> tags at the end of your reply."
+SCORER_GRACE_S = 2.0  # the scorer worker kills a late jail itself; the pool kills the worker after this
 NO_ANSWER_FEEDBACK = "No final answer found: put it inside <answer></answer> tags."
 _ERRORS: dict[str, verifier_stats.StatName] = {
     "timeout": "timeouts",
@@ -78,23 +84,45 @@ def _cached_dataset(name: str, config_json: str) -> Any:
     return _build(name, config_json)
 
 
-def score_in_worker(name: str, config_json: str, index: int, question: str, answer: str) -> float:
-    """Runs INSIDE the verifier worker: reasoning-gym's score of ``answer`` on item ``index``.
+_WARMED: set[tuple[str, str]] = set()
 
-    Raises (reported as a ``"crash"`` verdict) when the regenerated item's question is not
-    ``question`` -- the dataset is not reproducible from its config -- or the score is not a
-    finite number in [0, 1].
+
+def _warm(name: str, config_json: str, data: Any, entry: Any) -> None:
+    """Score the item's own gold answer once per dataset, in the scorer worker (trusted text): the
+    modules a scorer imports lazily are imported here, before any jail is locked in its ``chroot``."""
+    if (name, config_json) in _WARMED:
+        return
+    try:
+        data.score_answer(str(entry.get("answer", "")), entry)
+    except Exception:  # noqa: BLE001 - a warm-up only: the jailed call reports real failures
+        pass
+    _WARMED.add((name, config_json))
+
+
+def score_in_worker(
+    name: str, config_json: str, index: int, question: str, answer: str, timeout: float = DEFAULT_TIMEOUT_S
+) -> list[Any]:
+    """Runs INSIDE the scorer worker: reasoning-gym's score of ``answer`` on item ``index``, as
+    ``[status, value]`` (``["ok", score]``, or ``"timeout"`` / ``"memory"`` / ``"crash"`` and a message).
+
+    The dataset is rebuilt in the worker (trusted code on a trusted config); ``score_answer``, which
+    sees the model's text, runs in a jail of its own (:func:`~veriloop.envs.verifiers.sandbox.run_jailed`)
+    under the deadline ``timeout``. Raises (reported as a ``"crash"`` verdict) when the regenerated
+    item's question is not ``question``: the dataset is not reproducible from its config.
     """
     data = _cached_dataset(name, config_json)
+    from veriloop.envs.verifiers.sandbox import run_jailed
+
     entry = data[index]
     if entry["question"] != question:
         raise RuntimeError(
             f"{name}[{index}] regenerated a different question: the dataset is not reproducible"
         )
-    score = float(data.score_answer(answer, entry))
-    if not (math.isfinite(score) and 0.0 <= score <= 1.0):
-        raise ValueError(f"{name}.score_answer returned {score!r}, expected a number in [0, 1]")
-    return score
+    _warm(name, config_json, data, entry)
+    status, value = run_jailed(data.score_answer, (answer, entry), timeout)
+    if status == "ok" and not 0.0 <= value <= 1.0:
+        return ["crash", f"{name}.score_answer returned {value!r}, expected a number in [0, 1]"]
+    return [status, value]
 
 
 class ReasoningGymEnv(VerifierEnv[dict]):
@@ -164,8 +192,7 @@ class ReasoningGymEnv(VerifierEnv[dict]):
         answer = extract_answer(response)
         if answer is None:
             return Verdict(correct=False, reason="no_answer", feedback=NO_ANSWER_FEEDBACK)
-        args = (self.dataset, self.config_json, task["index"], task["question"], answer)
-        status, value = get_pool().run("reasoning_gym", args, self.timeout_s)
+        status, value = self._score(answer, task)
         if status != "ok":
             verifier_stats.count(_ERRORS[status])
             return Verdict(
@@ -194,6 +221,18 @@ class ReasoningGymEnv(VerifierEnv[dict]):
         return {
             "dataset": self.dataset,
             "index": index,
+    def _score(self, answer: str, task: dict) -> tuple[str, Any]:
+        """``(status, score or message)``: our safe scorer where we have one, else reasoning-gym's,
+        jailed in the scorer pool (the pool's own deadline is a backstop a little after the jail's)."""
+        ours = safe_score(self.dataset, answer, task["metadata"], self.config_json)
+        if ours is not None:
+            return "ok", ours
+        args = (self.dataset, self.config_json, task["index"], task["question"], answer, self.timeout_s)
+        status, value = get_scorer_pool().run("reasoning_gym", args, self.timeout_s + SCORER_GRACE_S)
+        if status == "ok":  # the worker ran: the jail's own outcome
+            status, value = value
+        return status, value
+
             "question": str(entry["question"]),
             "answer": _json_safe(entry.get("answer")),
             "metadata": _json_safe(entry.get("metadata", {})),

@@ -1,11 +1,16 @@
-"""A sandboxed verifier worker process: ``python -m veriloop.envs.verifiers._worker MEMORY_BYTES``.
+"""A sandboxed verifier worker process: ``python -m veriloop.envs.verifiers._worker MEMORY_BYTES [ROLE]``.
 
-The worker caps its own address space with ``RLIMIT_AS``, imports and warms math-verify, prints a
+The worker caps its own address space with ``RLIMIT_AS``, warms up for its role, prints a
 ``["ready", null]`` line, then serves requests, one JSON line each way:
 
-* request: ``[task, [args...]]`` on stdin (EOF or ``null`` ends the worker);
-* reply: ``[status, value]`` on stdout, status ``"ok"``, ``"memory"`` (a ``MemoryError`` was raised) or
-  ``"crash"`` (any other exception, ``value`` says which).
+* request: ``[request_id, task, [args...]]`` on stdin (EOF or ``null`` ends the worker);
+* reply: ``[request_id, status, value]`` on stdout, status ``"ok"``, ``"memory"`` (a ``MemoryError``
+  was raised) or ``"crash"`` (any other exception, ``value`` says which). The caller checks that the
+  id is the one it sent, so a stray line can never answer another request.
+
+Roles (:data:`ROLES`): ``"math"`` (default) imports and warms math-verify and serves ``math``;
+``"scorer"`` serves third-party scorers (``reasoning_gym``), each call in a jail of its own
+(:mod:`.sandbox`): third-party code never shares a process with math-verify or with the reply pipe.
 
 JSON (never pickle) keeps the parent safe even from a compromised worker. Deadlines are NOT enforced
 here: the parent kills a worker that overruns (:mod:`.pool`), so no ``signal.alarm`` is ever used.
@@ -86,7 +91,11 @@ def reasoning_gym_task(*args: Any) -> Any:
     return score_in_worker(*args)
 
 
-TASKS: dict[str, Callable[..., Any]] = {"math": math_task, "reasoning_gym": reasoning_gym_task}
+ROLES: dict[str, dict[str, Callable[..., Any]]] = {
+    "math": {"math": math_task},
+    "scorer": {"reasoning_gym": reasoning_gym_task},
+}
+TASKS: dict[str, Callable[..., Any]] = ROLES["math"]
 
 
 def _limit_memory(max_bytes: int) -> None:
@@ -106,17 +115,19 @@ def _warm_up() -> None:
     parse("$\\frac{1}{2}$", [LatexExtractionConfig()], parsing_timeout=None)  # type: ignore[arg-type]
 
 
-def _handle(request: Any) -> list[Any]:
+def _handle(request: Any, tasks: dict[str, Callable[..., Any]] | None = None) -> list[Any]:
+    tasks = TASKS if tasks is None else tasks
+    request_id = request[0] if isinstance(request, list) and request else None
     try:
-        task, args = request
-        return ["ok", TASKS[task](*args)]
+        _, task, args = request
+        return [request_id, "ok", tasks[task](*args)]
     except MemoryError:
-        return ["memory", "MemoryError"]
+        return [request_id, "memory", "MemoryError"]
     except Exception as exc:  # noqa: BLE001 - every failure is reported to the parent, never hidden
-        return ["crash", f"{type(exc).__name__}: {exc}"[:300]]
+        return [request_id, "crash", f"{type(exc).__name__}: {exc}"[:300]]
 
 
-def serve(requests: TextIO, replies: TextIO) -> None:
+def serve(requests: TextIO, replies: TextIO, tasks: dict[str, Callable[..., Any]] | None = None) -> None:
     """Answer JSON-line requests until EOF or a ``null`` request."""
     replies.write('["ready", null]\n')
     replies.flush()
@@ -124,7 +135,7 @@ def serve(requests: TextIO, replies: TextIO) -> None:
         request = json.loads(line)
         if request is None:
             return
-        replies.write(json.dumps(_handle(request)) + "\n")
+        replies.write(json.dumps(_handle(request, tasks)) + "\n")
         replies.flush()
 
 
@@ -154,10 +165,12 @@ def _run(argv: list[str]) -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, range(os.cpu_count() or 1))
     _limit_memory(int(argv[0]))
+    role = argv[1] if len(argv) > 1 else "math"
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    _warm_up()
-    serve(sys.stdin, replies)
+    if role == "math":
+        _warm_up()
+    serve(sys.stdin, replies, ROLES[role])
 
 
 if __name__ == "__main__":

@@ -9,6 +9,12 @@ duration of a request, and if the reply does not arrive within the deadline the 
 and cannot interrupt C code).
 
 * Each worker caps its address space (``RLIMIT_AS``, default :data:`DEFAULT_MEMORY_BYTES`).
+* Every request carries a fresh random id that its reply must echo: a reply to anything else means
+  the worker's pipe was written by someone else, so the worker is replaced and the request is a
+  ``"crash"`` (a stray line can never answer the next request).
+* Two roles, two pools: :func:`get_pool` (math-verify) and :func:`get_scorer_pool` (third-party
+  scorers, each call jailed by :mod:`.sandbox`; its workers start with an almost empty environment,
+  :data:`SCORER_ENV_KEYS`).
 * The deadline counts from the moment the request is written to a ready worker: waiting for a free
   slot, or for a (re)started worker to import math-verify (~1 s), does not eat into it.
 * Thread-safe: at most ``size`` requests run at once; further callers wait for a free slot, served
@@ -35,6 +41,7 @@ import atexit
 import collections
 import json
 import os
+import secrets
 import select
 import subprocess
 import sys
@@ -45,6 +52,16 @@ from typing import Any, Literal
 DEFAULT_MEMORY_BYTES = 1 << 30  # 1 GiB of address space per worker
 STARTUP_TIMEOUT_S = 120.0  # generous: a cold start imports sympy and the LaTeX parser
 Status = Literal["ok", "timeout", "crash", "memory"]
+Role = Literal["math", "scorer"]
+#: The only variables a scorer worker inherits (so no secret of the caller's reaches third-party code).
+SCORER_ENV_KEYS = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "TMPDIR")
+#: Fixed for scorer workers: one BLAS thread (they fork a jail per call, which wants a single thread).
+SCORER_ENV_FIXED = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _scorer_env() -> dict[str, str]:
+    env = {key: os.environ[key] for key in SCORER_ENV_KEYS if key in os.environ}
+    return {**env, **SCORER_ENV_FIXED}
 
 
 class FifoSlots:
@@ -92,12 +109,13 @@ class FifoSlots:
 class _Worker:
     """One worker process and the read buffer of its reply pipe."""
 
-    def __init__(self, memory_bytes: int) -> None:
+    def __init__(self, memory_bytes: int, role: Role = "math") -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "veriloop.envs.verifiers._worker", str(memory_bytes)],
+            [sys.executable, "-m", "veriloop.envs.verifiers._worker", str(memory_bytes), role],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,
+            env=_scorer_env() if role == "scorer" else None,
         )
         self.ready = False
         self._buffer = b""
@@ -153,13 +171,15 @@ class WorkerPool:
     Args:
         size: Maximum number of workers (and of concurrent requests).
         memory_bytes: Address-space cap (``RLIMIT_AS``) of each worker.
+        role: ``"math"`` or ``"scorer"`` (see :mod:`._worker`).
     """
 
-    def __init__(self, size: int, memory_bytes: int = DEFAULT_MEMORY_BYTES) -> None:
+    def __init__(self, size: int, memory_bytes: int = DEFAULT_MEMORY_BYTES, role: Role = "math") -> None:
         if size < 1:
             raise ValueError(f"WorkerPool size must be >= 1, got {size}")
         self.size = size
         self.memory_bytes = memory_bytes
+        self.role: Role = role
         self._slots = FifoSlots(size)
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []
@@ -179,8 +199,9 @@ class WorkerPool:
             if not worker.wait_ready():
                 self._replace(worker)
                 return "crash", f"worker failed to start (exit code {worker.process.poll()})"
+            request_id = secrets.token_hex(16)
             try:
-                worker.send([task, list(args)])
+                worker.send([request_id, task, list(args)])
                 reply = worker.receive(timeout)
             except (EOFError, OSError, ValueError) as exc:
                 self._replace(worker)
@@ -188,7 +209,13 @@ class WorkerPool:
             if reply is None:
                 self._replace(worker)
                 return "timeout", f"no reply within {timeout:g} s"
-            status, value = reply
+            if not (isinstance(reply, list) and len(reply) == 3 and reply[0] == request_id):
+                self._replace(worker)  # someone else wrote to its pipe: nothing it says can be trusted
+                return "crash", "the worker's reply did not answer this request; worker replaced"
+            _, status, value = reply
+            if status not in ("ok", "memory", "crash"):
+                self._replace(worker)
+                return "crash", f"the worker replied with an unknown status {str(status)[:40]!r}"
             if status == "memory":
                 self._replace(worker)  # state after a MemoryError is not trustworthy
             else:
@@ -210,7 +237,7 @@ class WorkerPool:
             raise RuntimeError("WorkerPool is shut down; create a new one (or call get_pool()).")
         if not self._started:  # start every worker at once so their imports overlap
             self._started = True
-            self._idle = [_Worker(self.memory_bytes) for _ in range(self.size)]
+            self._idle = [_Worker(self.memory_bytes, self.role) for _ in range(self.size)]
             self._live.update(self._idle)
 
     def _take(self) -> _Worker:
@@ -234,7 +261,7 @@ class WorkerPool:
         with self._lock:
             self._live.discard(worker)
             if not self._closed:
-                fresh = _Worker(self.memory_bytes)
+                fresh = _Worker(self.memory_bytes, self.role)
                 self._live.add(fresh)
                 self._idle.append(fresh)
 
@@ -259,28 +286,37 @@ class WorkerPool:
             worker.kill()
 
 
-_POOL: WorkerPool | None = None
-_POOL_PID = -1
+_POOLS: dict[Role, WorkerPool] = {}
+_POOL_PIDS: dict[Role, int] = {}
 _POOL_LOCK = threading.Lock()
 
 
-def get_pool() -> WorkerPool:
-    """The shared module-level pool, created on first use (size ``max(2, os.cpu_count())``)."""
-    global _POOL, _POOL_PID
+def _shared(role: Role) -> WorkerPool:
     with _POOL_LOCK:
-        if _POOL is None or _POOL_PID != os.getpid():
-            _POOL = WorkerPool(max(2, os.cpu_count() or 1))
-            _POOL_PID = os.getpid()
-        return _POOL
+        if role not in _POOLS or _POOL_PIDS[role] != os.getpid():
+            _POOLS[role] = WorkerPool(max(2, os.cpu_count() or 1), role=role)
+            _POOL_PIDS[role] = os.getpid()
+        return _POOLS[role]
+
+
+def get_pool() -> WorkerPool:
+    """The shared math-verify pool, created on first use (size ``max(2, os.cpu_count())``)."""
+    return _shared("math")
+
+
+def get_scorer_pool() -> WorkerPool:
+    """The shared pool of third-party scorers (role ``"scorer"``, every call jailed), created on first use."""
+    return _shared("scorer")
 
 
 def shutdown_pool() -> None:
-    """Shut the shared pool down (it is re-created on the next :func:`get_pool`)."""
-    global _POOL
+    """Shut the shared pools down (each is re-created on its next use)."""
     with _POOL_LOCK:
-        pool, _POOL = _POOL, None
-    if pool is not None and _POOL_PID == os.getpid():
-        pool.shutdown()
+        pools = [(p, _POOL_PIDS[r]) for r, p in _POOLS.items()]
+        _POOLS.clear()
+    for pool, pid in pools:
+        if pid == os.getpid():
+            pool.shutdown()
 
 
 atexit.register(shutdown_pool)

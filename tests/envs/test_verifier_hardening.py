@@ -96,7 +96,7 @@ def test_slots_are_served_first_in_first_out() -> None:
 def test_making_a_math_env_starts_the_pool() -> None:
     pool.shutdown_pool()
     gymnasium.make("veriloop/MathVerify-v0")
-    assert pool._POOL is not None and pool._POOL.started
+    assert "math" in pool._POOLS and pool._POOLS["math"].started
 
 
 def test_plain_integer_answers_need_no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,7 +205,7 @@ def test_worker_is_silent_when_its_parent_goes_away() -> None:
     assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
     assert proc.stdout.readline().strip() == b'["ready", null]'
     proc.stdout.close()  # the parent is gone: nobody reads the replies any more
-    proc.stdin.write(b'["math", ["$1$", "$1$"]]\n["math", ["$2$", "$2$"]]\n')
+    proc.stdin.write(b'["a", "math", ["$1$", "$1$"]]\n["b", "math", ["$2$", "$2$"]]\n')
     proc.stdin.close()
     err = proc.stderr.read().decode()
     proc.wait(30)

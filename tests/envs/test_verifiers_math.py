@@ -215,7 +215,7 @@ def test_exception_in_worker_is_a_crash() -> None:
 
 def test_worker_reports_memory_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(_worker.TASKS, "alloc", lambda: bytearray(1 << 62))
-    assert _worker._handle(["alloc", []]) == ["memory", "MemoryError"]
+    assert _worker._handle(["r1", "alloc", []]) == ["r1", "memory", "MemoryError"]
 
 
 @pytest.mark.parametrize(
