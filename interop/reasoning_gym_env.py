@@ -48,12 +48,12 @@ from veriloop.envs.verifiers import Verdict, extract_answer
 from veriloop.envs.verifiers import stats as verifier_stats
 from veriloop.envs.verifiers.pool import get_scorer_pool
 from veriloop.interop._extras import require
-
 from veriloop.interop.reasoning_gym_scorers import safe_score
+
 ENV_ID = "veriloop/ReasoningGym-v0"
 DEFAULT_TIMEOUT_S = 10.0
-FORMAT_LINE = "Put your final answer alone inside <answer></answer> tags at the end of your reply."
 SCORER_GRACE_S = 2.0  # the scorer worker kills a late jail itself; the pool kills the worker after this
+FORMAT_LINE = "Put your final answer alone inside <answer></answer> tags at the end of your reply."
 NO_ANSWER_FEEDBACK = "No final answer found: put it inside <answer></answer> tags."
 _ERRORS: dict[str, verifier_stats.StatName] = {
     "timeout": "timeouts",
@@ -110,9 +110,9 @@ def score_in_worker(
     under the deadline ``timeout``. Raises (reported as a ``"crash"`` verdict) when the regenerated
     item's question is not ``question``: the dataset is not reproducible from its config.
     """
-    data = _cached_dataset(name, config_json)
     from veriloop.envs.verifiers.sandbox import run_jailed
 
+    data = _cached_dataset(name, config_json)
     entry = data[index]
     if entry["question"] != question:
         raise RuntimeError(
@@ -211,16 +211,6 @@ class ReasoningGymEnv(VerifierEnv[dict]):
             correct=correct, parsed=answer, reason=reason, feedback=feedback, details={"score": score}
         )
 
-    def reward(self, verdict: Verdict, task: dict) -> tuple[float, dict[str, float]]:
-        score = float(verdict.details.get("score", 0.0))
-        return score, {"score": score}
-
-    # ------------------------------------------------------------------ helpers
-    def _item(self, index: int) -> dict:
-        entry = self._data[index]
-        return {
-            "dataset": self.dataset,
-            "index": index,
     def _score(self, answer: str, task: dict) -> tuple[str, Any]:
         """``(status, score or message)``: our safe scorer where we have one, else reasoning-gym's,
         jailed in the scorer pool (the pool's own deadline is a backstop a little after the jail's)."""
@@ -233,6 +223,16 @@ class ReasoningGymEnv(VerifierEnv[dict]):
             status, value = value
         return status, value
 
+    def reward(self, verdict: Verdict, task: dict) -> tuple[float, dict[str, float]]:
+        score = float(verdict.details.get("score", 0.0))
+        return score, {"score": score}
+
+    # ------------------------------------------------------------------ helpers
+    def _item(self, index: int) -> dict:
+        entry = self._data[index]
+        return {
+            "dataset": self.dataset,
+            "index": index,
             "question": str(entry["question"]),
             "answer": _json_safe(entry.get("answer")),
             "metadata": _json_safe(entry.get("metadata", {})),
