@@ -54,6 +54,7 @@ from veriloop.algos.eval_metrics import (
     standard_error,
     summarize_split,
 )
+from veriloop.envs.datasets import split_source
 
 REFERENCE_SPLIT = "id"
 #: Non-rate metrics shown in the task table of the Markdown report (when a split has them).
@@ -247,7 +248,8 @@ def evaluate_policy(
             results[name], per_problem[name] = _evaluate_split(policy, name, split, seeds, n_samples, list(k_list),
                                                                sampling, greedy_params, batch_episodes, kw)  # fmt: skip
     meta = {
-        "splits": {name: {"id": s.id, "kwargs": dict(s.kwargs)} for name, s in splits.items()},
+        "splits": {name: {"id": s.id, "kwargs": dict(s.kwargs), "source": split_source(str(s.id), s.kwargs, seeds)}
+                   for name, s in splits.items()},
         "num_problems": len(seeds), "first_seed": int(seeds[0]), "last_seed": int(seeds[-1]),
         "n_samples": n_samples, "k_list": list(k_list), "temperature": temperature, "greedy": greedy,
         "max_new_tokens": max_new_tokens, "max_turns": limits.max_turns, "max_context": limits.max_context,
@@ -371,7 +373,14 @@ def report_markdown(report: Mapping[str, Any], title: str = "Evaluation") -> str
         + markdown_table(report["splits"], meta.get("reference_split", REFERENCE_SPLIT))
         + "\n"
         + task_table(report["splits"])
+        + sources_markdown(meta)
     )
+
+
+def sources_markdown(meta: Mapping[str, Any]) -> str:
+    """A list of what each split's problems were drawn from (empty for reports without it)."""
+    lines = [f"- {name}: {s['source']}" for name, s in meta.get("splits", {}).items() if s.get("source")]
+    return "\nProblems per split:\n\n" + "\n".join(lines) + "\n" if lines else ""
 
 
 def write_report(report: Mapping[str, Any], out_dir: str | Path, name: str) -> dict[str, Path]:
@@ -406,7 +415,7 @@ def run_summary(eval_dir: str | Path) -> str:
             cells = [_cell(m.get(k)) for k in [*rates, "error_rate"]]
             lines.append("| " + " | ".join([label, split, *cells]) + " |")
     note = "avg@n is the unbiased pass@1; n/a = not measurable (e.g. maj@k without extracted answers)."
-    return "\n".join(lines) + "\n\n" + note + "\n"
+    return "\n".join(lines) + "\n\n" + note + "\n" + sources_markdown(reports[-1][2].get("meta", {}))
 
 
 def _cell(value: Any) -> str:

@@ -430,6 +430,23 @@ def check_source(source: str, env_id: str, env_kwargs: Mapping[str, Any] | None 
             f"Sources that work for this env: {', '.join(works)} ('rejection' keeps the policy's own "
             "verified-correct episodes, so the policy must already solve some)"
         )
+    if source != "rejection":
+        _check_demonstrations(source, env_id, env_kwargs)
+
+
+def _check_demonstrations(source: str, env_id: str, env_kwargs: Mapping[str, Any] | None) -> None:
+    """The env's own word (``demonstrations_missing()``) on whether its tasks can all be demonstrated,
+    e.g. dataset rows without a worked solution: refused here, not minutes into the warm-up."""
+    from veriloop.configs.schema import ConfigError
+
+    env = gym.make(env_id, **dict(env_kwargs or {}))
+    try:
+        missing = getattr(env.unwrapped, "demonstrations_missing", None)
+        why = missing() if callable(missing) else None
+    finally:
+        env.close()
+    if why:
+        raise ConfigError(f"sft.source={source!r} cannot build demonstrations for {env_id!r}: {why}")
 
 
 def build_examples(

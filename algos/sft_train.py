@@ -318,6 +318,20 @@ class _SFTRun:
     pad_id: int
 
 
+def sft_total_steps(steps: int, epochs: int | None, examples: int, batch_size: int) -> int:
+    """Steps the warm-up runs: ``steps``, or fewer when ``epochs`` passes over ``examples`` (batches
+    of ``batch_size``) end first -- the smaller wins, and a cap is announced on stderr."""
+    if epochs is None:
+        return steps
+    allowed = math.ceil(epochs * examples / batch_size)
+    if allowed < steps:
+        import sys
+
+        print(f"sft: running {allowed} of sft.steps={steps} steps: sft.epochs={epochs} over {examples} examples "
+              f"(batches of {batch_size}) ends first; set sft.epochs=null to run every step", file=sys.stderr)  # fmt: skip
+    return min(steps, allowed)
+
+
 def run_sft(
     policy: Any, examples: Sequence[SFTExample], settings: SFTSettings, *, run_dir: str | Path | None = None
 ) -> dict[str, Any]:
@@ -330,7 +344,7 @@ def run_sft(
     """
     s = settings
     data = tokenise(policy.tokenizer, examples, s.max_len, getattr(policy, "processor", None))
-    total = s.steps if s.epochs is None else min(s.steps, math.ceil(s.epochs * len(data.ids) / s.batch_size))
+    total = sft_total_steps(s.steps, s.epochs, len(data.ids), s.batch_size)
     sft = _build(policy, data, s)
     fingerprint = data.fingerprint()
     run = Path(run_dir) if run_dir is not None else None

@@ -723,7 +723,8 @@ def _model_card(cfg: ExperimentConfig, run_dir: Path, state: TrainerState) -> st
         f"trained by veriloop: {cfg.sft.steps} SFT steps ({cfg.sft.source}), then {state.step} RL steps of "
         f"`{cfg.algo.name}` on `{cfg.env.id}` ({cfg.rollout.prompts_per_step} problems x {cfg.rollout.group_size} "
         f"samples per step, lr {cfg.train.lr}). The full config is `../config.yaml`; load with "
-        "`veriloop.agents.load_policy(<this folder>)`.\n\n## Evaluation (held-out seeds)\n\n" + summary
+        "`veriloop.agents.load_policy(<this folder>)`.\n\n## Evaluation (held-out problems: sources below the table)\n\n"
+        + summary
     )
 
 

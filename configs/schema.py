@@ -98,10 +98,15 @@ class EnvConfig:
     @property
     def training_envs(self) -> dict[str, SplitConfig]:
         """``{name: (id, kwargs)}`` of the environments training draws from, with their weights
-        in :attr:`mixture_weights`; one entry ``id`` without a mixture."""
+        in :attr:`mixture_weights`; one entry ``id`` without a mixture. A dataset-backed env gets
+        ``part: train`` (see :mod:`veriloop.envs.datasets`)."""
+        from veriloop.envs.datasets import with_part
+
         if not self.mixture:
-            return {"id": SplitConfig(self.id, dict(self.kwargs))}
-        return {name: SplitConfig(m.id, dict(m.kwargs)) for name, m in self.mixture.items()}
+            return {"id": SplitConfig(self.id, with_part(self.id, self.kwargs, "train"))}
+        return {
+            name: SplitConfig(m.id, with_part(m.id, m.kwargs, "train")) for name, m in self.mixture.items()
+        }
 
     @property
     def mixture_weights(self) -> dict[str, float]:
@@ -110,10 +115,25 @@ class EnvConfig:
     @property
     def resolved_eval_splits(self) -> dict[str, SplitConfig]:
         """Every split with its id filled in: the in-distribution split of each training env
-        first (``id``, or one per mixture entry), then ``eval_splits``."""
-        out = self.training_envs
+        first (``id``, or one per mixture entry), then ``eval_splits``. A dataset-backed training
+        env is evaluated on its held-out rows (``part: heldout``), as is an ``eval_splits`` entry
+        that reads the same rows as a training env (``source_key``); one with other ``data`` reads
+        all of it."""
+        from veriloop.envs.datasets import heldout_kwargs, source_key, with_part
+
+        train = self.training_envs
+        try:
+            out = {name: SplitConfig(s.id, heldout_kwargs(str(s.id), s.kwargs)) for name, s in train.items()}
+        except ValueError as e:
+            raise ConfigError(f"env.kwargs.part: {e}") from None
+        trained_on = [source_key(str(s.id), s.kwargs) for s in train.values()]
         for name, split in self.eval_splits.items():
-            out[name] = SplitConfig(split.id or self.id, dict(split.kwargs))
+            env_id, kwargs = split.id or self.id, dict(split.kwargs)
+            if source_key(env_id, kwargs) in trained_on and source_key(env_id, kwargs) is not None:
+                kwargs = with_part(env_id, kwargs, "heldout")
+            elif "data" in kwargs:
+                kwargs = with_part(env_id, kwargs, "all")
+            out[name] = SplitConfig(env_id, kwargs)
         return out
 
     def resolve(self) -> None:
@@ -438,20 +458,24 @@ class SFTConfig:
         source: Where demonstrations come from: ``solver`` (the env's exact solver), ``generator``
             (worked solutions from the problem generator), ``s2r`` (solve-verify-correct
             traces), ``rejection`` (the policy's own verified-correct samples).
-        steps: Optimizer steps of warm-up; 0 = no SFT.
+        steps: Optimizer steps of warm-up (8 examples a step, the examples reshuffled after each
+            pass); 0 = no SFT.
         lr: SFT learning rate.
         examples: Demonstrations to build (env seeds taken from the training range).
-        epochs: Maximum passes over the examples (training stops at ``steps`` or here).
+        epochs: Optional cap on passes over the examples: null = ``steps`` alone decides; N = stop
+            after N passes if that comes first (the smaller wins, and the run says so when it caps).
     """
 
     source: SFTSource = "solver"
     steps: int = 0
     lr: float = 2e-5
     examples: int = 512
-    epochs: int = 1
+    epochs: int | None = None
 
     def validate(self) -> None:
-        _positive("sft", self, "examples", "epochs")
+        _positive("sft", self, "examples")
+        if self.epochs is not None and self.epochs < 1:
+            raise ConfigError(f"sft.epochs must be >= 1 or null (no cap), got {self.epochs}")
         if self.steps < 0 or not 0 < self.lr <= MAX_LR:
             raise ConfigError(
                 f"sft.steps must be >= 0 and sft.lr in (0, {MAX_LR}], got {self.steps} and {self.lr}"

@@ -19,6 +19,7 @@ word        shopping (sum) / speed·time / sharing a remainder (fractions)
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -27,6 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from veriloop.envs.datasets import FieldMap, _json_value, load_rows
 from veriloop.envs.verifiers.extract import malformed_latex
 
 Kind = Literal["integer", "fraction", "linear", "word"]
@@ -121,6 +123,40 @@ def parse_row(row: Any, *, where: str) -> MathProblem:
         source=str(row.get("source") or where.rsplit(":", 1)[0]),
         meta=meta,
     )
+
+
+def load_problems(
+    source: str | Path,
+    *,
+    fields: FieldMap | None = None,
+    split: str = "train",
+    revision: str | None = None,
+) -> list[MathProblem]:
+    """Problems from any dataset :func:`~veriloop.envs.datasets.load_rows` reads, with ``fields``
+    naming the question and answer fields (default ``question`` / ``answer``).
+
+    A ``level`` may be an integer or a string such as ``"3"`` or ``"Level 3"`` (MATH's); other
+    fields go to ``meta``. Raises ``ValueError("<file> row <n>: <reason>")`` on a bad row.
+    """
+    fields = fields or FieldMap()
+    problems = []
+    for where, row in load_rows(source, split=split, revision=revision):
+        mapped = {k: _json_value(v) for k, v in row.items()}
+        mapped["question"] = fields.question(row, where)
+        mapped["answer"] = fields.answer(row, where)
+        mapped["level"] = _level(row.get("level"), where)
+        mapped.setdefault("source", str(source))
+        problems.append(parse_row(mapped, where=where))
+    return problems
+
+
+def _level(value: Any, where: str) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    match = re.fullmatch(r"(?:level\s*)?(\d+)", str(value).strip(), re.IGNORECASE)
+    if match is None:
+        raise ValueError(f'{where}: "level" must be an integer (or "3", "Level 3"), got {value!r:.40}')
+    return int(match.group(1))
 
 
 def load_jsonl(path: str | Path) -> list[MathProblem]:

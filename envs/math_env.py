@@ -15,16 +15,25 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from veriloop.envs.base import VerifierEnv
+from veriloop.envs.datasets import (
+    DEFAULT_HELDOUT_FRACTION,
+    Extract,
+    FieldMap,
+    Part,
+    check_part,
+    describe_part,
+    select_part,
+)
 from veriloop.envs.math_data import (
     KINDS,
     Kind,
     MathProblem,
     generate_problem,
     latex,
-    load_jsonl,
+    load_problems,
     normalize_levels,
 )
 from veriloop.envs.verifiers import Verdict, check_math, r1_format_ok
@@ -37,8 +46,17 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
     """Answer a math problem; the final answer (in ``\\boxed{}``) is checked by ``check_math``.
 
     Args:
-        data: Path of a JSONL file of problems (see :func:`~veriloop.envs.math_data.load_jsonl`);
-            ``None`` uses the built-in generator.
+        data: A dataset of problems: a JSONL / JSON / CSV / Parquet file, a ``save_to_disk`` folder
+            or a Hub dataset id (see :mod:`veriloop.envs.datasets`); ``None`` uses the built-in
+            generator.
+        question_key, answer_key, answer_extract: Which row fields hold the question and the gold
+            answer (see :class:`~veriloop.envs.datasets.FieldMap`), e.g. ``problem`` and ``solution``
+            with ``answer_extract: last_boxed`` for MATH-style rows.
+        part: With ``data``, which rows: ``train`` (default), ``heldout`` (the ``id`` evaluation's)
+            or ``all``; the held-out rows are ``heldout_fraction`` of the distinct questions, picked
+            by question hash, or the rows of ``heldout_data``. Ignored by the generator, whose
+            evaluation is kept apart by seeds.
+        split, revision: Of a ``DatasetDict`` folder or a Hub dataset.
         level: Difficulty ``1``-``3``, a list of levels, or ``None`` for a uniform mix. With
             ``data``, keeps only rows with these levels.
         kinds: Generator kinds to draw from (default all: integer, fraction, linear, word).
@@ -56,10 +74,21 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
     :class:`~veriloop.envs.base.VerifierEnv`).
     """
 
+    #: Rows of ``data`` are split into a training and a held-out part (``part``).
+    heldout_parts: ClassVar[bool] = True
+
     def __init__(
         self,
         *,
         data: str | Path | None = None,
+        question_key: str = "question",
+        answer_key: str = "answer",
+        answer_extract: Extract | None = None,
+        part: Part = "train",
+        heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
+        heldout_data: str | Path | None = None,
+        split: str = "train",
+        revision: str | None = None,
         level: int | Sequence[int] | None = None,
         kinds: Sequence[Kind] | None = None,
         reward: RewardScheme = "dapo",
@@ -81,16 +110,38 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         self.timeout = float(timeout)
         self._last_format_ok = False
         self.problems: list[MathProblem] | None = None
+        self.part_source: str | None = None
+        check_part(part, heldout_fraction)
         if data is not None:
-            rows = load_jsonl(data)
-            if self.levels is not None:
-                rows = [p for p in rows if p.level in self.levels]
-            if not rows:
-                raise ValueError(f"{data}: no problem has a level in {self.levels}")
-            self.problems = rows
+            fields = FieldMap(question_key, answer_key, answer_extract)
+            self._load(data, fields, part, heldout_fraction, heldout_data, split=split, revision=revision)
         # launch the verifier workers now (without waiting): their ~1-3 s import of math-verify then
         # overlaps with model loading instead of delaying the first check that needs one
         get_pool().start()
+
+    def _load(self, data: str | Path, fields: FieldMap, part: Part, fraction: float,
+              heldout_data: str | Path | None, **where: Any) -> None:  # fmt: skip
+        """``self.problems``: the rows of ``part``, then those of the chosen levels."""
+        rows = load_problems(data, fields=fields, **where)
+        held = None if heldout_data is None else load_problems(heldout_data, fields=fields)
+        if part == "heldout" and held is not None:
+            kept = held
+        else:
+            kept = select_part(rows, [p.question for p in rows], part=part, heldout_fraction=fraction,
+                               heldout_questions=None if held is None else [p.question for p in held])  # fmt: skip
+        if self.levels is not None:
+            present = sorted({p.level for p in kept}, key=str)
+            kept = [p for p in kept if p.level in self.levels]
+            if not kept:
+                raise ValueError(
+                    f"{data}: no problem of the {part} part has a level in {self.levels} (levels present: "
+                    f"{present}); set env.kwargs.level=null (level: null) to use every row"
+                )
+        if not kept:
+            raise ValueError(f"{data}: the {part} part has no rows")
+        self.problems = kept
+        self.part_source = describe_part(str(data), part, len(kept), len(rows), fraction,
+                                         None if heldout_data is None else str(heldout_data))  # fmt: skip
 
     def sample_task(self) -> MathProblem:
         if self.problems is not None:
@@ -141,6 +192,19 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         if self.reward_scheme != "r1":
             return str(task.solution)
         return f"<think>\n{task.solution}\n</think>\n<answer>\\boxed{{{task.answer}}}</answer>"
+
+    def demonstrations_missing(self) -> str | None:
+        """Why some tasks cannot be demonstrated (rows without a ``solution``), or None."""
+        if self.problems is None:
+            return None
+        lacking = [p for p in self.problems if not p.solution]
+        if not lacking:
+            return None
+        return (
+            f"{len(lacking)} of its {len(self.problems)} training rows ({self.part_source}) have no 'solution' "
+            f"field, e.g. {lacking[0].question!r:.60}. Add a worked solution ending in \\boxed{{answer}} "
+            "to every row, or use sft.source=rejection, or sft.steps=0"
+        )
 
     def wrong_demonstration(self, task: MathProblem, rng: Any, used: set[str]) -> str | None:
         """A plausible wrong solve: the worked steps, but a final answer off by a small amount

@@ -41,9 +41,10 @@ import dataclasses
 import difflib
 import json
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 from veriloop.envs.base import MAX_TEXT_CHARS, VerifierEnv
+from veriloop.envs.datasets import DEFAULT_HELDOUT_FRACTION, Part, index_range
 from veriloop.envs.verifiers import Verdict, extract_answer
 from veriloop.envs.verifiers import stats as verifier_stats
 from veriloop.envs.verifiers.pool import get_scorer_pool
@@ -132,17 +133,24 @@ class ReasoningGymEnv(VerifierEnv[dict]):
         dataset: reasoning-gym dataset name (``reasoning_gym.factory.DATASETS``), e.g. ``"chain_sum"``.
         config: That dataset's options (its config dataclass fields); must be JSON-serialisable.
             ``seed`` defaults to 0 when the config has one.
+        part, heldout_fraction: Which items: ``train`` (default) draws from the first
+            ``1 - heldout_fraction`` of ``[0, size)``, ``heldout`` (the ``id`` evaluation) from the
+            rest, ``all`` from every index (:func:`veriloop.envs.datasets.index_range`).
         max_attempts: Answers allowed per episode (1 = single turn).
         timeout_s: Wall-clock deadline of one scoring call in the worker.
         max_text_chars: See :class:`~veriloop.envs.VerifierEnv`.
         render_mode: ``None`` or ``"ansi"``.
     """
 
+    heldout_parts: ClassVar[bool] = True  # items split into train / heldout (``part``)
+
     def __init__(
         self,
         dataset: str = "basic_arithmetic",
         config: dict[str, Any] | None = None,
         *,
+        part: Part = "train",
+        heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
         max_attempts: int = 1,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_text_chars: int = MAX_TEXT_CHARS,
@@ -172,10 +180,12 @@ class ReasoningGymEnv(VerifierEnv[dict]):
         self._data = _build(dataset, self.config_json)
         if len(self._data) < 1:
             raise ValueError(f"reasoning-gym dataset {dataset!r} with config {config} has no items")
+        self._indices = index_range(len(self._data), part, heldout_fraction)
+        self.part_source = f"items {self._indices.start}..{self._indices.stop - 1} of {dataset} ({part} part)"
 
     # ------------------------------------------------------------------ VerifierEnv API
     def sample_task(self) -> dict:
-        return self._item(int(self.np_random.integers(len(self._data))))
+        return self._item(self._indices[int(self.np_random.integers(len(self._indices)))])
 
     def task_from_options(self, spec: Any) -> dict:
         """``{"index": i}`` (or a full ``info["task"]`` dict, or a bare int) pins item ``i``."""
