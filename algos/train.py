@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -37,7 +38,13 @@ from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.algorithm import Algorithm, resolve
 from veriloop.algos.batch import TokenBatch, minibatches
-from veriloop.algos.checkpoint import check_finite, latest_checkpoint, load_checkpoint, save_checkpoint
+from veriloop.algos.checkpoint import (
+    check_finite,
+    complete_checkpoints,
+    load_checkpoint,
+    resume_latest,
+    save_checkpoint,
+)
 from veriloop.algos.critic import ValueModel
 from veriloop.algos.distributed import DistContext, init_distributed, shutdown_distributed
 from veriloop.algos.evaluate import final_sample, run_summary
@@ -45,6 +52,7 @@ from veriloop.algos.mismatch import MismatchStats
 from veriloop.algos.mixture import assign_envs, per_env_metrics
 from veriloop.algos.nonfinite import NonFiniteGuard
 from veriloop.algos.progress import say
+from veriloop.algos.run_lock import LOCK_FILE, acquire, release
 from veriloop.algos.run_log import RunLog
 from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
 from veriloop.algos.steps import StepLoop
@@ -369,10 +377,12 @@ def claim_run_dir(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwri
     """Make ``run_dir`` this run's own, or stop before anything is written or loaded.
 
     A new or empty folder is used as is. An existing run is continued only with ``resume`` (and
-    a config that matches its ``config.yaml`` but for :data:`RESUMABLE_CHANGES`), replaced only
-    with ``overwrite``; otherwise :class:`ConfigError` says so and nothing in it changes.
+    a config that matches its ``config.yaml`` but for :data:`RESUMABLE_CHANGES`, and enough
+    ``train.steps`` to reach its newest checkpoint), replaced only with ``overwrite``; otherwise
+    :class:`ConfigError` says so and nothing in it changes. The caller holds the folder's lock
+    (``run_lock``), so leftovers of killed saves found here are stale and are removed.
     """
-    existing = run_dir.is_dir() and any(run_dir.iterdir())
+    existing = run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
     if existing and resume and overwrite:
         raise ConfigError("--resume continues a run and --overwrite deletes it: give only one")
     if existing and not resume and not overwrite:
@@ -382,10 +392,38 @@ def claim_run_dir(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwri
         )
     if existing and resume:
         _check_resume_config(run_dir, cfg)
+        _check_resume_steps(run_dir, cfg)
     if existing and overwrite:
-        shutil.rmtree(run_dir)
+        for child in run_dir.iterdir():  # all but the lock, which this process holds
+            if child.name != LOCK_FILE:
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(run_dir)
     write_text_atomic(run_dir / "config.yaml", config_to_yaml(cfg))
+
+
+def remove_stale_temporaries(run_dir: Path) -> list[Path]:
+    """Delete the ``.tmp-*`` / ``.old-*`` leftovers of folder and file replacements (``final/``,
+    ``config.yaml``...) that a killed process left in ``run_dir`` and ``run_dir/sft``. Call it only
+    while holding the run's lock: then no live process is writing them. Returns what was removed."""
+    removed = []
+    for folder in (run_dir, run_dir / "sft"):
+        for p in folder.glob(".*") if folder.is_dir() else []:
+            if p.name.startswith((".tmp-", ".old-")):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                removed.append(p)
+    return removed
+
+
+def _check_resume_steps(run_dir: Path, cfg: ExperimentConfig) -> None:
+    """A resumed run may train longer, never shorter than its newest checkpoint."""
+    done = [int(p.name.split("-")[1]) for p in complete_checkpoints(run_dir)]
+    if done and max(done) > cfg.train.steps:
+        raise ConfigError(
+            f"--resume: {run_dir} already has a checkpoint at step {max(done)}, past train.steps="
+            f"{cfg.train.steps}; nothing was changed. Resume with train.steps >= {max(done)} (its final/ "
+            "policy is the one to evaluate if the run is finished)"
+        )
 
 
 def _check_resume_config(run_dir: Path, cfg: ExperimentConfig) -> None:
@@ -394,14 +432,20 @@ def _check_resume_config(run_dir: Path, cfg: ExperimentConfig) -> None:
         return
     saved = _flatten(yaml.safe_load(saved_file.read_text()) or {})
     now = _flatten(dump_config(cfg))
-    changed = sorted(k for k in saved.keys() | now.keys()
-                     if saved.get(k) != now.get(k) and not k.startswith(RESUMABLE_CHANGES))  # fmt: skip
+    # run.out_dir / run.name only say where the folder is: a moved or copied run resumes where it is now
+    changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k)
+                     and not k.startswith(RESUMABLE_CHANGES) and k not in ("run.out_dir", "run.name"))  # fmt: skip
     if changed:
-        diff = "; ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:6])
+        diff = "; ".join(f"{k}: {_short(saved.get(k))} -> {_short(now.get(k))}" for k in changed[:6])
         raise ConfigError(
             f"--resume: the config differs from the one {run_dir} was trained with ({diff}); resume with "
-            "the saved config (`veriloop train RUN/config.yaml --resume`), or start a new run.name"
+            f"the saved config (`veriloop train {run_dir / 'config.yaml'} --resume`), or start a new run.name"
         )
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -429,8 +473,20 @@ def train(
     _check_before_loading(cfg)
     dist = init_distributed()
     run_dir = Path(cfg.run.out_dir) / cfg.run_name
-    if dist.is_main:
-        claim_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite)
+    lock = acquire(run_dir) if dist.is_main else None  # one writer per run folder (run_lock.py)
+    try:
+        if dist.is_main:
+            claim_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite)
+        return _train_claimed(cfg, run_dir, dist, resume=resume, quiet=quiet)
+    finally:
+        if lock is not None:
+            release(lock)
+
+
+def _train_claimed(
+    cfg: ExperimentConfig, run_dir: Path, dist: DistContext, *, resume: bool, quiet: bool
+) -> Path:
+    """``train`` once the run folder is this process's: build, restore, warm up, loop, save."""
     run = _build_run(cfg, run_dir, dist, quiet=quiet or not dist.is_main)
     ckpt = _restore(run, resume)
     run.backend = _rollout_backend(cfg, run.policy, dist)  # holds the (restored) weights from here on
@@ -476,12 +532,26 @@ def _check_before_loading(cfg: ExperimentConfig) -> None:
     """Everything that can be wrong with ``cfg`` fails here, before any model loads."""
     cfg.validate()
     cfg.env.resolve()  # the environments exist (users' modules imported) before anything slow
+    check_model(cfg.policy.model)
     if cfg.rollout.backend == "vllm_server":  # an unreachable server fails now, not after loading
         _check_servers(cfg)
     if cfg.sft.steps > 0:
         from veriloop.algos.sft_data import check_source
 
         check_source(cfg.sft.source, cfg.env.id, cfg.env.kwargs)
+
+
+def check_model(model: str) -> None:
+    """``policy.model`` names a loadable model: 'tiny', 'default', 'default-vision' or a folder with
+    config.json / adapter_config.json (nothing is loaded here)."""
+    if model in ("tiny", "default", "default-vision"):
+        return
+    from veriloop.agents.loading import _resolve
+
+    try:
+        _resolve(model)
+    except FileNotFoundError as e:
+        raise ConfigError(f"policy.model: {e}") from None
 
 
 def _build_run(cfg: ExperimentConfig, run_dir: Path, dist: DistContext, *, quiet: bool) -> RunParts:
@@ -500,21 +570,31 @@ def _build_run(cfg: ExperimentConfig, run_dir: Path, dist: DistContext, *, quiet
 
 
 def _restore(run: RunParts, resume: bool) -> Path | None:
-    """With ``resume``: load the latest complete checkpoint into ``run`` (weights, optimizer,
-    schedule, state, shuffling generator; the RNG states too). Returns its folder, or None."""
-    found = latest_checkpoint(run.run_dir) if resume and run.dist.is_main else None
-    ckpt = run.dist.broadcast_object(found)
-    if ckpt is not None:  # every rank reads the same folder (shared file system)
-        loaded = load_checkpoint(ckpt)  # also restores the python/numpy/torch RNG states
-        _load_trainable_state(run.policy, run.critic, loaded["model_state"])
-        run.optimizer.load_state_dict(loaded["optimizer"])
-        run.scheduler.load_state_dict(loaded["scheduler"])
-        run.state = TrainerState(**loaded["trainer_state"]["state"])
-        run.generator.set_state(torch.tensor(loaded["trainer_state"]["generator"], dtype=torch.uint8))
+    """With ``resume``: load the newest checkpoint that verifies and fits into ``run`` (weights,
+    optimizer, schedule, state, shuffling generator; the RNG states too); a damaged newest one is
+    reported and the previous one used (``checkpoint.resume_latest``). Returns its folder, or None."""
+    apply = partial(_apply_checkpoint, run)
+    found = None
+    if resume and run.dist.is_main:
+        warn = partial(print, file=sys.stderr)
+        found = resume_latest(run.run_dir, apply, warn=lambda m: warn(f"veriloop: {m}"))
+    ckpt = run.dist.broadcast_object(found[0] if found else None)
+    if ckpt is not None and not run.dist.is_main:  # every rank reads the same folder (shared file system)
+        apply(load_checkpoint(ckpt))  # also restores the python/numpy/torch RNG states
+    if ckpt is not None:
         _say(run.quiet, f"resumed from {ckpt} at step {run.state.step}")
     elif resume:
         _say(run.quiet, f"--resume: no complete checkpoint in {run.run_dir}/checkpoints, starting fresh")
     return ckpt
+
+
+def _apply_checkpoint(run: RunParts, loaded: dict[str, Any]) -> None:
+    """Put a loaded checkpoint into ``run``; raises (KeyError, ValueError...) when it does not fit."""
+    _load_trainable_state(run.policy, run.critic, loaded["model_state"])
+    run.optimizer.load_state_dict(loaded["optimizer"])
+    run.scheduler.load_state_dict(loaded["scheduler"])
+    run.state = TrainerState(**loaded["trainer_state"]["state"])
+    run.generator.set_state(torch.tensor(loaded["trainer_state"]["generator"], dtype=torch.uint8))
 
 
 def _sft_warmup(run: RunParts) -> None:

@@ -6,10 +6,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import re
 import shutil
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from veriloop.cli.serve import add_serve_command
@@ -101,12 +104,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from veriloop.agents.loading import save_policy
+    from veriloop.algos.run_lock import run_lock
     from veriloop.algos.sft_data import check_source
-    from veriloop.algos.sft_train import warmup_from_config
-    from veriloop.algos.train import build_policy
+    from veriloop.algos.train import check_model, remove_stale_temporaries
     from veriloop.configs.schema import ConfigError
 
     cfg = _load(args)
@@ -114,9 +114,22 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         print("sft.steps is 0: nothing to do (set sft.steps=N)", file=sys.stderr)
         return 2
     check_source(cfg.sft.source, cfg.env.id, cfg.env.kwargs)  # before the model loads
+    check_model(cfg.policy.model)
     sft_dir = Path(cfg.run.out_dir) / cfg.run_name / "sft"
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the SFT run and --overwrite deletes it: choose one")
+    with run_lock(sft_dir.parent):  # one writer per run folder: not beside a trainer of the same run
+        remove_stale_temporaries(sft_dir.parent)
+        return _sft_in(cfg, sft_dir, args)
+
+
+def _sft_in(cfg: ExperimentConfig, sft_dir: Path, args: argparse.Namespace) -> int:
+    """``veriloop sft`` once the run folder is locked: refuse, replace or resume, then train."""
+    from veriloop.agents.loading import save_policy
+    from veriloop.algos.sft_train import warmup_from_config
+    from veriloop.algos.train import build_policy
+    from veriloop.configs.schema import ConfigError
+
     if args.resume and (sft_dir / "final").is_dir():
         print(f"{sft_dir} is already finished (final/ saved); nothing to resume")
         return 0
@@ -203,7 +216,9 @@ def _add_eval_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=["base"],
         help="saved policy folders (e.g. RUN/final) or 'base' for policy.model (default: base)",
     )
-    p.add_argument("--out", default=None, help="output folder (default: RUN_DIR/eval-cli)")
+    p.add_argument(
+        "--out", default=None, help="output folder (default: RUN_DIR/eval-cli of the checkpoints' run folder)"
+    )
     p.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. eval.n_samples=16"
     )
@@ -300,6 +315,32 @@ def run(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, UnknownEnvError) as e:  # bad input: the message says what and how to fix it
         print(f"veriloop {args.command}: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"veriloop {args.command}: interrupted. {_KEPT}", file=sys.stderr)
+        return 130
+    except OSError as e:
+        if e.errno not in _DISK_ERRORS:
+            raise
+        print(f"veriloop {args.command}: {_disk_message(e)}", file=sys.stderr)
+        return 1
+
+
+#: What survives an interrupted or failed write (checkpoints are committed atomically).
+_KEPT = (
+    "Complete checkpoints are kept (a save cut half-way is ignored and removed later); continue "
+    "with the same command and --resume"
+)
+_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _disk_message(e: OSError) -> str:
+    """One line for a write the file system refused: what, where, and what to do."""
+    where = f" ({e.filename})" if e.filename else ""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free some space (or lower run.keep_last) or choose another run.out_dir"
+    else:
+        fix = "choose a writable run.out_dir (or --out) or fix the folder's permissions"
+    return f"cannot write{where}: {os.strerror(e.errno or 0)}. {fix}. {_KEPT}"
 
 
 if __name__ == "__main__":

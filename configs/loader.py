@@ -69,6 +69,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     if path is not None:
         file = _resolve_path(path)
         raw = _read_yaml(file, ctx)
+        _locate_run(raw, file, ctx)
     for text in overrides:
         _apply_override(raw, text, ctx)
     return config_from_dict(raw, ctx)
@@ -123,13 +124,57 @@ def _resolve_path(path: str | Path) -> Path:
     raise ConfigError(f"config file {name!r} not found.{hint} Shipped experiments: {', '.join(names)}")
 
 
+#: Limits on what a config may hold: a real one is a few hundred values, a few levels deep, a few
+#: kB. They refuse alias bombs (a few anchors expanding to billions of values) and deep nesting
+#: (``[[[[...``, which PyYAML's composer would recurse into) before PyYAML builds anything.
+MAX_CONFIG_BYTES = 1_000_000
+MAX_VALUES = 100_000
+MAX_DEPTH = 64
+
+
+def _check_yaml_shape(text: str, where: str) -> None:
+    """Refuse YAML that is too large, nested too deeply or expands (through aliases) to too many
+    values. Works on PyYAML's event stream, which needs no recursion and expands nothing."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{where}: {len(text)} characters; a config holds at most {MAX_CONFIG_BYTES}")
+    sizes: dict[str, int] = {}  # anchor -> number of values its node expands to
+    stack: list[tuple[str | None, int]] = []  # open collections: (anchor, values so far)
+    total = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            stack.append((event.anchor, 1))
+            if len(stack) > MAX_DEPTH:
+                raise ConfigError(f"{where}: nested more than {MAX_DEPTH} levels deep; a config needs a few")
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            anchor, count = stack.pop()
+        elif isinstance(event, yaml.AliasEvent):
+            anchor, count = None, sizes.get(str(event.anchor), 1)
+        elif isinstance(event, yaml.ScalarEvent):
+            anchor, count = event.anchor, 1
+        else:
+            continue
+        if anchor is not None:
+            sizes[anchor] = count
+        if stack:
+            stack[-1] = (stack[-1][0], stack[-1][1] + count)
+        else:
+            total += count
+        if total + sum(c for _, c in stack) > MAX_VALUES:
+            raise ConfigError(
+                f"{where}: expands to more than {MAX_VALUES} values (YAML aliases such as *name repeat "
+                "their anchor's content); a config holds a few hundred: write the values out"
+            )
+
+
 def _read_yaml(file: Path, ctx: _Context) -> dict[str, Any]:
     text = file.read_text()
     try:
+        _check_yaml_shape(text, str(file))
         node = yaml.compose(text)
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{file}: not valid YAML: {e}") from e
+        raise ConfigError(f"{file}: not valid YAML: {_shorten(str(e), 600)}") from e
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -141,6 +186,23 @@ def _read_yaml(file: Path, ctx: _Context) -> dict[str, Any]:
     if ctx.errors:
         raise ConfigError(_summary(ctx.errors))
     return data
+
+
+#: What marks a folder as a run (what ``train`` writes beside the ``config.yaml`` it saves).
+_RUN_MARKS = ("checkpoints", "metrics.jsonl", "final", "sft")
+
+
+def _locate_run(raw: dict[str, Any], file: Path, ctx: _Context) -> None:
+    """A run's own ``config.yaml`` names the folder it lies in: a run folder that was moved,
+    renamed or copied is resumed (``veriloop train RUN/config.yaml --resume``) where it is now,
+    not where it was first written. Overrides of run.out_dir / run.name still win."""
+    folder = file.resolve().parent
+    if file.name != "config.yaml" or not any((folder / m).exists() for m in _RUN_MARKS):
+        return
+    run = raw.get("run")
+    if run is None or isinstance(run, dict):
+        raw["run"] = {**(run or {}), "out_dir": str(folder.parent), "name": folder.name}
+        ctx.sources[("run", "out_dir")] = ctx.sources[("run", "name")] = f"{file} (the run folder it lies in)"
 
 
 def _record_marks(node: yaml.Node, prefix: _Key, file: str, ctx: _Context) -> None:
@@ -164,20 +226,21 @@ def _apply_override(raw: dict[str, Any], text: str, ctx: _Context) -> None:
     dotted, sep, value_text = text.partition("=")
     dotted = dotted.strip()
     if not sep or not dotted:
-        raise ConfigError(f"override {text!r} must look like key=value, e.g. rollout.group_size=8")
+        raise ConfigError(f"override {_shown(text)} must look like key=value, e.g. rollout.group_size=8")
     try:
+        _check_yaml_shape(value_text, f"override {_shown(text)}")
         value = yaml.safe_load(value_text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"override {text!r}: value is not valid YAML: {e}") from e
+        raise ConfigError(f"override {_shown(text)}: value is not valid YAML: {_shorten(str(e), 600)}") from e
     key = tuple(dotted.split("."))
     node = raw
     for i, part in enumerate(key[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"override {text!r}: {'.'.join(key[: i + 1])} is a value, not a section")
+            raise ConfigError(f"override {_shown(text)}: {'.'.join(key[: i + 1])} is a value, not a section")
         node = child
     node[key[-1]] = value
-    ctx.sources[key] = f"override {text!r}"
+    ctx.sources[key] = f"override {_shown(text)}"
 
 
 # ------------------------------------------------------------------------------------ presets
@@ -220,7 +283,7 @@ def load_algo_preset(name: str) -> AlgoConfig:
 def _build(cls: type, data: Any, key: _Key, ctx: _Context) -> Any:
     """Instantiate dataclass ``cls`` from a mapping, checking every key and value type."""
     if not isinstance(data, Mapping):
-        ctx.error(key, f"expects a mapping of {cls.__name__} fields, got {data!r}")
+        ctx.error(key, f"expects a mapping of {cls.__name__} fields, got {_shown(data)}")
         return cls()
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
@@ -258,7 +321,7 @@ def _convert(tp: Any, value: Any, key: _Key, ctx: _Context) -> Any:
             return value
         close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        ctx.error(key, f"must be one of {', '.join(str(a) for a in args)}; got {value!r}{hint}")
+        ctx.error(key, f"must be one of {', '.join(str(a) for a in args)}; got {_shown(value)}{hint}")
         return value
     elif origin is list and isinstance(value, list):
         return [_convert(args[0], v, (*key, str(i)), ctx) for i, v in enumerate(value)]
@@ -277,7 +340,7 @@ def _convert(tp: Any, value: Any, key: _Key, ctx: _Context) -> Any:
     elif tp is str and isinstance(value, str):
         return value
     quote = " (quote it to make it a string)" if tp is str and value is not None else ""
-    ctx.error(key, f"expects {type_name(tp)}, got {value!r} ({type(value).__name__}){quote}")
+    ctx.error(key, f"expects {type_name(tp)}, got {_shown(value)} ({type(value).__name__}){quote}")
     return value
 
 
@@ -296,6 +359,19 @@ def _unknown_key_message(key: _Key, valid_here: list[str]) -> str:
     ]
     hint = f" Did you mean {' or '.join(suggestions[:3])}?" if suggestions else ""
     return f"unknown key.{hint} Valid keys here: {', '.join(valid_here)}"
+
+
+def _shown(value: Any, limit: int = 100) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error message never prints a huge value."""
+    if isinstance(value, str | bytes) and len(value) > limit:
+        return f"{value[: limit // 2]!r}... ({len(value)} characters)"
+    if isinstance(value, list | dict | tuple) and len(value) > 20:
+        return f"a {type(value).__name__} of {len(value)} items"
+    return _shorten(repr(value), limit)
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _summary(errors: list[str]) -> str:

@@ -334,6 +334,8 @@ class RolloutConfig:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ConfigError(f"rollout.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 <= self.seed < 2**31:  # env seeds and sampler seeds derive from it
+            raise ConfigError(f"rollout.seed must be in 0 .. 2**31-1, got {self.seed}")
         if self.backend == "vllm_server":
             self.server.validate()
         if self.max_new_tokens >= self.max_context:
@@ -510,8 +512,19 @@ class RunConfig:
             raise ConfigError(
                 f"run.checkpoint_every must be >= 0 and run.keep_last >= 1, got {self.checkpoint_every}, {self.keep_last}"
             )
-        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9_.=-]+", self.name):
-            raise ConfigError(f"run.name {self.name!r} may only hold letters, digits and _ . = -")
+        if self.name is not None and (
+            len(self.name) > 200
+            or not re.fullmatch(r"[A-Za-z0-9_.=-]+", self.name)
+            or set(self.name) == {"."}
+        ):
+            shown = (
+                repr(self.name)
+                if len(self.name) <= 80
+                else f"{self.name[:40]!r}... ({len(self.name)} characters)"
+            )
+            raise ConfigError(
+                f"run.name {shown} must be 1 to 200 letters, digits and _ . = -, not only dots (it names the run folder)"
+            )
 
 
 def _positive(section: str, obj: Any, *names: str) -> None:

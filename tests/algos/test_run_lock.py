@@ -1,0 +1,105 @@
+"""One writer per run folder: a second trainer on a busy run is refused (exit 2, a clear message),
+and a ``kill -9``-ed holder never leaves the folder locked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from veriloop.algos.run_lock import LOCK_FILE, RunBusyError, acquire, release, run_lock
+from veriloop.algos.train import claim_run_dir, train
+from veriloop.configs.loader import load_config
+
+HOLDER = (
+    "import sys, time; from pathlib import Path; from veriloop.algos.run_lock import acquire; "
+    "acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)"
+)
+
+
+def _hold(run_dir: Path) -> subprocess.Popen[str]:
+    """Another process that holds ``run_dir``'s lock until it is killed."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _kill9(proc: subprocess.Popen[str]) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_a_busy_run_is_refused_and_a_killed_holder_releases_it(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    holder = _hold(run)
+    try:
+        with pytest.raises(RunBusyError, match=rf"in use by another trainer \(pid {holder.pid} on .*since"):
+            acquire(run)
+    finally:
+        _kill9(holder)
+    start = time.monotonic()
+    fd = acquire(run)  # the kernel dropped the dead holder's lock at once
+    assert time.monotonic() - start < 1.0
+    assert str(os.getpid()) in (run / LOCK_FILE).read_text()
+    release(fd)
+    with run_lock(run):  # released: free to take again
+        pass
+
+
+TINY = [
+    "policy.model=tiny", "policy.lora=false", "env.kwargs={level: 1}", "rollout.prompts_per_step=2",
+    "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_context=256", "train.steps=1",
+    "train.micro_batch_size=2", "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]",
+    "eval.greedy=false", "eval.every=0", "eval.at_start=false", "run.tensorboard=false",
+    "run.checkpoint_every=1", "sft.steps=0",
+]  # fmt: skip
+
+
+def test_train_and_resume_on_a_busy_run_exit_2_and_change_nothing(tmp_path: Path) -> None:
+    """The repro: a --resume beside a live trainer of the same run. It stops before any model loads,
+    with exit code 2 and one message naming the holder; config.yaml and the metrics are untouched."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text("saved: yes\n")
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    holder = _hold(run)
+    try:
+        exe = Path(sys.executable).with_name("veriloop")
+        for flag in ("--resume", "--overwrite"):
+            r = subprocess.run([str(exe), "train", "quickstart", *TINY, f"run.out_dir={tmp_path}", "run.name=r", flag],
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+            assert r.returncode == 2, r.stderr[-2000:]
+            assert "in use by another trainer" in r.stderr and f"pid {holder.pid}" in r.stderr
+            assert "Traceback" not in r.stderr
+    finally:
+        _kill9(holder)
+    assert (run / "config.yaml").read_text() == "saved: yes\n"
+    assert (run / "metrics.jsonl").read_text() == '{"step": 0}\n'
+
+
+def test_train_releases_the_lock_when_it_ends(tmp_path: Path) -> None:
+    """In one process, a finished (or failed) train gives the folder back: resume right after works."""
+    cfg = load_config("quickstart", [*TINY, f"run.out_dir={tmp_path}", "run.name=r"])
+    train(cfg, quiet=True)
+    with run_lock(tmp_path / "r"):
+        pass
+    longer = load_config("quickstart", [*TINY, f"run.out_dir={tmp_path}", "run.name=r", "train.steps=2"])
+    assert train(longer, resume=True, quiet=True) == tmp_path / "r"
+
+
+def test_overwrite_keeps_the_lock_file(tmp_path: Path) -> None:
+    """--overwrite empties the folder but keeps the lock it holds (deleting it would let a second
+    process lock a new file beside it)."""
+    cfg = load_config("quickstart", [*TINY, f"run.out_dir={tmp_path}", "run.name=r"])
+    run = tmp_path / "r"
+    with run_lock(run):
+        claim_run_dir(run, cfg, resume=False, overwrite=False)
+        (run / "metrics.jsonl").write_text("{}\n")
+        inode = (run / LOCK_FILE).stat().st_ino
+        claim_run_dir(run, cfg, resume=False, overwrite=True)
+        assert (run / LOCK_FILE).stat().st_ino == inode and not (run / "metrics.jsonl").exists()
