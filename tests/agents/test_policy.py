@@ -96,7 +96,7 @@ def test_load_policy_default_without_the_package_names_it(monkeypatch, tmp_path)
 
 
 def test_unknown_model_says_what_is_expected(tmp_path):
-    with pytest.raises(FileNotFoundError, match="config.json.*Hub downloads are not possible"):
+    with pytest.raises(FileNotFoundError, match="Tried: a local folder .*nope.*not a Hub id.*config.json"):
         load_policy(tmp_path / "nope")
 
 
