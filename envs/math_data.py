@@ -136,7 +136,8 @@ def load_problems(
     naming the question and answer fields (default ``question`` / ``answer``).
 
     A ``level`` may be an integer or a string such as ``"3"`` or ``"Level 3"`` (MATH's); other
-    fields go to ``meta``. Raises ``ValueError("<file> row <n>: <reason>")`` on a bad row.
+    fields go to ``meta``. With ``answer_extract: last_boxed`` the answer field is a worked solution
+    and becomes the problem's ``solution`` when the row has none (``sft.source: generator``). Raises ``ValueError("<file> row <n>: <reason>")`` on a bad row.
     """
     fields = fields or FieldMap()
     problems = []
@@ -145,6 +146,8 @@ def load_problems(
         mapped["question"] = fields.question(row, where)
         mapped["answer"] = fields.answer(row, where)
         mapped["level"] = _level(row.get("level"), where)
+        if fields.answer_extract == "last_boxed" and not mapped.get("solution"):
+            mapped["solution"] = str(row[fields.answer_key])  # a worked solution: generator SFT uses it
         mapped.setdefault("source", str(source))
         problems.append(parse_row(mapped, where=where))
     return problems

@@ -112,6 +112,7 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         self.problems: list[MathProblem] | None = None
         self.part_source: str | None = None
         check_part(part, heldout_fraction)
+        self.part: Part | None = part if data is not None else None
         if data is not None:
             fields = FieldMap(question_key, answer_key, answer_extract)
             self._load(data, fields, part, heldout_fraction, heldout_data, split=split, revision=revision)
