@@ -27,7 +27,7 @@ import difflib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -278,6 +278,17 @@ class Points24Env(VerifierEnv[Points24Task]):
     # ------------------------------------------------------------------ verify and score
     def check(self, response: str, task: Points24Task) -> Verdict:
         return check_points24(response, list(task.values), task.target)
+
+    def feedback(self, verdict: Verdict, task: Points24Task, attempts_left: int, done: bool) -> str:
+        """As :class:`VerifierEnv`'s, except that the vision env never writes the dealt values in text
+        (the verifier's "use exactly the numbers [...]" would let a policy skip reading the image)."""
+        if self.vision and verdict.reason == "illegal_numbers":
+            used = sorted(verdict.details.get("numbers_used", ()))
+            text = (
+                f"Your formula must use the number of every card in the image exactly once: you used {used}."
+            )
+            verdict = replace(verdict, feedback=text)
+        return super().feedback(verdict, task, attempts_left, done)
 
     def reward(self, verdict: Verdict, task: Points24Task) -> tuple[float, dict[str, float]]:
         reason = "correct" if verdict.correct else verdict.reason

@@ -35,13 +35,14 @@ from veriloop.envs.verifiers import stats
 from veriloop.envs.verifiers.extract import MAX_NESTING, MAX_RESPONSE_CHARS, extract
 from veriloop.envs.verifiers.pool import get_pool
 from veriloop.envs.verifiers.screen import find_bomb, is_hedged, is_unevaluated
+from veriloop.envs.verifiers.sets import as_set, gold_members, members
 from veriloop.envs.verifiers.verdict import Verdict
 
 DEFAULT_TIMEOUT_S = 5.0
 MAX_PLAIN_DIGITS = 100  # integers compared in-process; longer digit strings go to a worker
 NO_ANSWER_FEEDBACK = "No final answer found: put it in \\boxed{...}."
-HEDGED_FEEDBACK = "Give exactly one final answer: yours hedges between several candidates."
-UNEVALUATED_FEEDBACK = "Your answer {} is an expression still to evaluate: give its value."
+#: Feedback of a wrong value and of every gold-relative screen alike (the gold's shape stays hidden).
+INCORRECT_FEEDBACK = "Your answer {} is incorrect."
 
 
 @dataclass(frozen=True)
@@ -83,20 +84,23 @@ def _compare_integers(answer: str, gold: str) -> Verdict | None:
         return None
     if value == gold_value:
         return Verdict(True, feedback="Correct!", parsed=answer, reason="correct")
-    return _wrong("wrong_value", f"Your answer {_show(answer)} is incorrect.", answer, as_parsed=str(value))
+    return _wrong("wrong_value", INCORRECT_FEEDBACK.format(_show(answer)), answer, as_parsed=str(value))
 
 
 def _wrong(reason: str, feedback: str, parsed: str | None = None, **details: Any) -> Verdict:
     return Verdict(correct=False, feedback=feedback, parsed=parsed, reason=reason, details=details)
 
 
-def _prepare(response: str, gold: str) -> Verdict | _Job:
-    """Steps 1-3 of the module docstring: a final verdict, or a job for a worker."""
+def _check_types(response: object, gold: object) -> None:
     if not isinstance(response, str) or not isinstance(gold, str):
         raise TypeError(
             f"check_math expects (response: str, gold: str), got ({type(response).__name__}, "
             f"{type(gold).__name__}); convert numeric golds with str()."
         )
+
+
+def _prepare(response: str, gold: str) -> Verdict | _Job:
+    """Steps 1-3 of the module docstring: a final verdict, or a job for a worker."""
     found = extract(response)
     if found.status == "too_long":
         if len(response) > MAX_RESPONSE_CHARS:
@@ -110,16 +114,35 @@ def _prepare(response: str, gold: str) -> Verdict | _Job:
         return _wrong("no_answer", NO_ANSWER_FEEDBACK)
     answer = found.answer
     if found.status == "too_deep":
-        msg = f"Could not read your final answer: brackets are nested deeper than {MAX_NESTING} levels."
+        msg = (
+            f"Could not read your final answer: brackets are nested too deep (at most {MAX_NESTING} levels)."
+        )
         return _wrong("unparseable", msg, answer, guard="nesting_depth")
+    return _screen(answer, gold)
+
+
+def _screen(answer: str, gold: str) -> Verdict | _Job:
+    """Step 3 of the module docstring on an extracted answer: a final verdict, or a job for a worker.
+
+    Every screen here depends on the gold's shape, so each answers with the wrong-value feedback:
+    its own reason is for metrics, never shown to the policy.
+    """
+    incorrect = INCORRECT_FEEDBACK.format(_show(answer))
+    gold_set = gold_members(gold)
+    if gold_set is not None:  # "find all": compare as sets (see .sets)
+        listed = members(answer)
+        bomb = find_bomb(answer, gold)
+        if bomb is not None:
+            return _wrong("unparseable", incorrect, answer, guard=bomb)
+        if listed is not None:
+            return _Job(answer, (_wrap(as_set(listed)), _wrap(as_set(gold_set))))
     if is_hedged(answer, gold):
-        return _wrong("hedged", HEDGED_FEEDBACK, answer)
+        return _wrong("hedged", incorrect, answer)
     bomb = find_bomb(answer, gold)
     if bomb is not None:
-        msg = f"Your answer {_show(answer)} is not a usable closed form ({bomb.replace('_', ' ')})."
-        return _wrong("unparseable", msg, answer, guard=bomb)
+        return _wrong("unparseable", incorrect, answer, guard=bomb)
     if is_unevaluated(answer, gold):
-        return _wrong("unevaluated", UNEVALUATED_FEEDBACK.format(_show(answer)), answer)
+        return _wrong("unevaluated", incorrect, answer)
     decided = _compare_integers(answer, gold.strip())
     if decided is not None:
         return decided
@@ -164,7 +187,7 @@ def _finish(job: _Job, status: str, value: Any) -> Verdict:
             details={"message": "the gold answer could not be parsed by math-verify: fix the dataset"},
         )
     return _wrong(
-        "wrong_value", f"Your answer {_show(job.answer)} is incorrect.", job.answer, as_parsed=parsed_form
+        "wrong_value", INCORRECT_FEEDBACK.format(_show(job.answer)), job.answer, as_parsed=parsed_form
     )
 
 
@@ -182,7 +205,18 @@ def check_math(response: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT_S) 
         answer string.
     """
     stats.count("checks", "math_checks")
-    prepared = _prepare(response, gold)
+    _check_types(response, gold)
+    try:
+        prepared = _prepare(response, gold)
+    except Exception as exc:  # noqa: BLE001 - a screen bug is a verifier failure, never a crash
+        stats.count("crashes")
+        return Verdict(
+            correct=False,
+            error="crash",
+            feedback="The verifier could not check your answer (crash); it was not scored.",
+            reason="verifier_error",
+            details={"message": f"{type(exc).__name__}: {exc}"[:300]},
+        )
     if isinstance(prepared, Verdict):
         if prepared.details.get("guard"):
             stats.count("screened")

@@ -65,7 +65,8 @@ def _json_candidate(text: str, lo: int) -> tuple[int, str, list[str] | None] | N
 
     The object is decoded from the nearest ``{`` before the key (``raw_decode``: one linear pass over
     at most :data:`MAX_JSON_CHARS`); if that fails (single quotes, trailing commas...), the string
-    value after the key is read by hand.
+    value after the key is read by hand, and so is a ``"cards"`` list (:func:`_cards_by_hand`): a
+    malformed object never skips the cards check.
     """
     key = text.rfind('"formula"', lo)
     if key < 0:
@@ -82,7 +83,23 @@ def _json_candidate(text: str, lo: int) -> tuple[int, str, list[str] | None] | N
     close = rest.find('"', 1)
     if not rest.startswith('"') or close < 0:
         return None
-    return (opener if opener >= 0 else key), rest[1:close], None
+    start = opener if opener >= 0 else key
+    return start, rest[1:close], _cards_by_hand(text[start : key + MAX_JSON_CHARS])
+
+
+def _cards_by_hand(region: str) -> list[str] | None:
+    """The ``"cards"`` list of an object that is not valid JSON, read leniently (quotes optional, a
+    trailing comma ignored); ``None`` without a ``"cards"`` key; ``["?"]`` (matching no deal) when
+    the key is there but no list can be read."""
+    key = max(region.find('"cards"'), region.find("'cards'"))
+    if key < 0:
+        return None
+    rest = region[key + len('"cards"') :].lstrip(" \t\n:").lstrip()
+    close = rest.find("]")
+    if not rest.startswith("[") or close < 0:
+        return ["?"]
+    labels = [item.strip().strip("\"'").strip() for item in rest[1:close].split(",")]
+    return _cards_seen([label for label in labels if label]) or ["?"]
 
 
 def _cards_seen(field: Any) -> list[str] | None:

@@ -14,12 +14,23 @@ gold itself has, so a legitimate answer shaped like the gold always reaches math
   (``1,000``, ``1{,}000``, ``11,\\! 111,\\! 100``) are not lists: a number so written is one answer. When the gold has commas (a tuple, interval or set), a
   list-shaped answer is legitimate and math-verify compares the shapes.
 * **Unevaluated** -- the question handed back as the answer: arithmetic on numbers that is not
-  itself a number (``14 - 26``, ``\\frac{1}{6} + \\frac{3}{2}``, ``3 \\times 11 + 10``, ``2^{3}``,
-  ``\\sqrt{16}``) when the gold is a number (``-12``, ``\\frac{5}{3}``, ``0.5``). math-verify judges
-  such an answer equal to the gold, so a policy can score on "Compute 14 - 26" by copying it into
-  ``\\boxed{}``; one did, in 20 GRPO steps. The value is what was asked for. The last side of an equality
-  is the answer (``x = 14 - 26`` is unevaluated); an answer with any name, word, unit or symbol
-  outside plain arithmetic is left to math-verify.
+  itself a number in a standard form (``14 - 26``, ``\\frac{1}{6} + \\frac{3}{2}``,
+  ``3 \\times 11 + 10``, ``2^{3}``, ``\\sqrt{16}``, ``\\sqrt[3]{8}``) when the gold is a number
+  (``-12``, ``\\frac{5}{3}``, ``0.5``). math-verify judges such an answer equal to the gold, so a
+  policy can score on "Compute 14 - 26" by copying it into ``\\boxed{}``; one did, in 20 GRPO steps.
+  The value is what was asked for. The last side of an equality is the answer (``x = 14 - 26`` is
+  unevaluated); an answer with any name, word, unit or symbol outside plain arithmetic is left to
+  math-verify. Style and spacing (``\\displaystyle``, ``\\,``) and Unicode operators (``−``, ``×``,
+  ``÷``, ``·``) are read as their plain forms first.
+
+  **The rule: a value in a standard form is not arithmetic left undone.** The standard forms are a
+  literal (``-12``, ``0.5``, ``\\frac{5}{3}``, ``1\\frac{2}{3}``), scientific notation (a decimal
+  times a power of ten, or the power alone: ``1.5 \\times 10^{6}``, ``3 \\cdot 10^{5}``,
+  ``10^{-3}``) and one power of two integer literals worth at least :data:`MIN_POWER_VALUE`
+  (``2^{10}`` for 1024: large values are commonly left as powers; ``2^{3}`` for 8 is the
+  computation asked for). Anything else made of numbers and operators -- a sum, difference,
+  product or quotient of several terms, a root, a power of a power, a small power -- is left
+  undone.
 * **Bombs** -- expressions whose exact evaluation can take minutes or gigabytes in sympy: power towers
   of height >= 3 (``2^{2^{2^{2}}}``, ``9^9^9``), literal exponents above :data:`MAX_EXPONENT`
   (``10^{100000000}``) or exponents that are literal powers above it (``9^{9^{9}}``, ``2^{2^{100}}``)
@@ -57,6 +68,12 @@ _WORD_BREAKERS = (
 Bomb = Literal["power_tower", "huge_exponent", "huge_factorial"]
 
 
+def _ascii_digits(text: str) -> bool:
+    """True when ``text`` is one or more ASCII digits. ``str.isdigit`` also accepts ``²``, ``⁶`` and
+    ``①``, which ``int()`` rejects: a screen must never raise on what a model writes."""
+    return text.isascii() and text.isdigit()
+
+
 def _without_thousands_separators(text: str) -> str:
     """Drop the separators of digit groups: ``12,345``, ``12{,}345``, ``12,\\!345``, ``11,\\! 111``.
 
@@ -69,14 +86,14 @@ def _without_thousands_separators(text: str) -> str:
     n, i = len(text), 0
     while i < n:
         ch = text[i]
-        if ch == "," and i > 0 and text[i - 1].isdigit():
+        if ch == "," and i > 0 and _ascii_digits(text[i - 1]):
             j = i + 1
             if text.startswith("\\!", j):
                 j += 2
                 while j < n and text[j] == " ":
                     j += 1
             group = text[j : j + 3]
-            if len(group) == 3 and group.isdigit() and not (j + 3 < n and text[j + 3].isdigit()):
+            if len(group) == 3 and _ascii_digits(group) and not (j + 3 < n and _ascii_digits(text[j + 3])):
                 i = j  # drop the separator, keep the digits
                 continue
         out.append(ch)
@@ -109,17 +126,27 @@ def is_contradictory(answer: str, gold: str) -> bool:
     return not any(ch.isalpha() for ch in left.replace("\\left", "").replace("\\right", ""))
 
 
-#: LaTeX that means nothing in plain arithmetic (spacing, sizing, math delimiters), dropped first.
-_ARITHMETIC_NOISE = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\ ", " ", "$")
-#: LaTeX operators and their one-character stand-ins (``f``: a fraction, ``s``: a square root).
+#: LaTeX that means nothing in plain arithmetic (spacing, sizing, style, math delimiters), dropped first.
+_ARITHMETIC_NOISE = ("\\displaystyle", "\\textstyle", "\\scriptstyle", "\\left", "\\right",
+                     "\\!", "\\,", "\\;", "\\:", "\\ ", " ", "$")  # fmt: skip
+#: LaTeX and Unicode operators and their one-character stand-ins (``f``: a fraction, ``s``: a root;
+#: the optional argument of ``\\sqrt[3]{8}`` becomes a parenthesised group).
 _ARITHMETIC_OPS = (("\\dfrac", "f"), ("\\tfrac", "f"), ("\\frac", "f"), ("\\sqrt", "s"),
                    ("\\times", "*"), ("\\cdot", "*"), ("\\ast", "*"), ("\\div", "/"),
-                   ("{", "("), ("}", ")"))  # fmt: skip
+                   ("\u2212", "-"), ("\u2013", "-"), ("\u00d7", "*"), ("\u00b7", "*"), ("\u22c5", "*"),
+                   ("\u00f7", "/"), ("\u2215", "/"), ("{", "("), ("}", ")"), ("[", "("), ("]", ")"))  # fmt: skip
 _ARITHMETIC_CHARS = frozenset("0123456789.+-*/^()fs")
 _NUMBER = r"\(*[+-]?\(*(?:\d+(?:\.\d*)?|\.\d+)\)*"
 #: A number as a plain arithmetic form: signed decimal, ``a/b``, ``\\frac{a}{b}`` or ``\\frac ab``,
 #: and a mixed number ``1\\frac{2}{3}`` (which math-verify reads as 5/3).
 _LITERAL = re.compile(rf"{_NUMBER}|{_NUMBER}/{_NUMBER}|\(*[+-]?\d*f(?:\([+-]?\d+\)\([+-]?\d+\)|\d\d)\)*")
+_EXPONENT = r"(?:\([+-]?\d+\)|[+-]?\d+)"
+#: Scientific notation: ``1.5 \\times 10^{6}``, ``3 \\cdot 10^{5}``, ``-10^{-3}`` (any decimal mantissa).
+_SCIENTIFIC = re.compile(rf"\(*[+-]?(?:(?:\d+(?:\.\d*)?|\.\d+)\*)?10\^{_EXPONENT}\)*")
+#: One power of two integer literals: ``2^{10}``, ``-3^{7}`` (standard form from :data:`MIN_POWER_VALUE`).
+_POWER = re.compile(r"\(*[+-]?(\d+)\^(?:\((\d+)\)|(\d+))\)*")
+#: The smallest value a power of literals may stand for (``2^{10}`` for 1024, not ``2^{3}`` for 8).
+MIN_POWER_VALUE = 1000
 
 
 def _arithmetic_form(text: str) -> str | None:
@@ -130,7 +157,7 @@ def _arithmetic_form(text: str) -> str | None:
         form = form.replace(noise, "")
     for latex, char in _ARITHMETIC_OPS:
         form = form.replace(latex, char)
-    if not any(ch.isdigit() for ch in form) or not set(form) <= _ARITHMETIC_CHARS:
+    if not any(_ascii_digits(ch) for ch in form) or not set(form) <= _ARITHMETIC_CHARS:
         return None
     return form
 
@@ -141,14 +168,27 @@ def is_number(text: str) -> bool:
     return form is not None and _LITERAL.fullmatch(form) is not None
 
 
+def is_standard_form(form: str) -> bool:
+    """True when the arithmetic form ``form`` writes ONE value in a standard way (module docstring):
+    a literal, scientific notation, or a power of two integer literals worth at least
+    :data:`MIN_POWER_VALUE`."""
+    if _LITERAL.fullmatch(form) or _SCIENTIFIC.fullmatch(form):
+        return True
+    power = _POWER.fullmatch(form)
+    if power is None:
+        return False
+    base, exponent = int(power.group(1)), int(power.group(2) or power.group(3))
+    return base >= 2 and exponent >= 2 and exponent * math.log10(base) >= math.log10(MIN_POWER_VALUE)
+
+
 def is_unevaluated(answer: str, gold: str) -> bool:
     """True when ``gold`` is a number and ``answer`` (its last side, after any ``=``) is arithmetic
-    on numbers that is not itself one: an expression left to evaluate (module docstring)."""
+    on numbers not in a standard form: an expression left to evaluate (module docstring)."""
     if not is_number(gold):
         return False
     last = answer.rsplit("=", 1)[-1]
     form = _arithmetic_form(last)
-    return form is not None and _LITERAL.fullmatch(form) is None
+    return form is not None and not is_standard_form(form)
 
 
 def _words(text: str) -> set[str]:
@@ -193,8 +233,8 @@ def _exponent(text: str, i: int) -> tuple[str, int]:
         end = _group_end(text, i)
         return text[i + 1 : end - 1], end
     j = i + 1
-    if text[i].isdigit():
-        while j < n and text[j].isdigit():
+    if _ascii_digits(text[i]):
+        while j < n and _ascii_digits(text[j]):
             j += 1
     elif text[i] == "\\":
         while j < n and text[j].isalpha():
@@ -287,7 +327,7 @@ def _has_huge_exponent(text: str) -> bool:
     for i, ch in enumerate(text):
         if ch == "^" and not _is_bound(text, i):
             exponent = _exponent(text, i + 1)[0].strip()
-            if exponent.isdigit():
+            if _ascii_digits(exponent):
                 if len(exponent) > 6 or int(exponent) > MAX_EXPONENT:
                     return True
             elif "^" in exponent:  # the exponent is itself a power: 2^{2^{100}}, 10^{10^{10}}
@@ -305,7 +345,7 @@ def _has_huge_factorial(text: str) -> bool:
         while j > 0 and text[j - 1] in " })]":
             j -= 1
         k = j
-        while k > 0 and text[k - 1].isdigit():
+        while k > 0 and _ascii_digits(text[k - 1]):
             k -= 1
         digits = text[k:j]
         if digits and (len(digits) > 4 or int(digits) > MAX_FACTORIAL):

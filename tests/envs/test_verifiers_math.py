@@ -140,7 +140,10 @@ def test_interval_endpoints_matter() -> None:
 def test_rejects_hacks(response: str, gold: str, reason: str) -> None:
     verdict = check_math(response, gold)
     assert (verdict.correct, verdict.reason, verdict.error) == (False, reason, None)
-    assert "3" not in verdict.feedback or reason in {"wrong_value", "too_long"}
+    if reason == "hedged":  # the same line as a wrong value: hedging is judged against the gold's shape
+        assert verdict.feedback == f"Your answer {verdict.parsed} is incorrect."
+    else:
+        assert "3" not in verdict.feedback or reason in {"wrong_value", "too_long"}
 
 
 def test_no_answer_feedback() -> None:
