@@ -4,7 +4,7 @@
 frozen :class:`Algorithm` record that the update (``algos/update.py``) reads on every batch:
 
     cfg.advantage    -> ADVANTAGE_ESTIMATORS   (cfg, RewardInputs) -> (advantages [N, T], returns | None)
-    cfg.policy_loss  -> POLICY_LOSSES          (logp, old, adv, mask, segments) -> (loss [B, T], stats)
+    cfg.policy_loss  -> POLICY_LOSSES          (logp, old, adv, mask, segments, extras) -> (loss [B, T], stats)
     cfg.loss_agg     -> losses.aggregate       (per-token loss [B, T], mask, ...) -> scalar
 
 Every entry of a table shares its table's signature, so adding an estimator or an objective is one
@@ -29,42 +29,90 @@ from veriloop.algos.losses import aggregate
 from veriloop.configs.algo import AlgoConfig
 
 #: A policy objective in its table's one signature:
-#: (logp, old, adv, mask, segments) -> (per-token loss [B, T], stats).
+#: (logp, old, adv, mask, segments, extras) -> (per-token loss [B, T], stats); extras may be None.
 Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass(frozen=True)
+class ObjectiveExtras:
+    """What some objectives read besides (logp, old, adv, mask, segments), all [B, T] or None.
+
+    Attributes:
+        is_weights: rollout-correction weights pi_old / mu (detached). Each objective applies them
+            itself: token-level losses per token; GSPO (both levels) per token of its token form,
+            as verl; GMPO as the geometric mean of the sequence's weights, as verl.
+        sampler_logprobs: the sampler's recorded log mu (DPPO's ratio is pi_theta / mu).
+        cov_select: Clip-Cov / KL-Cov tokens chosen once per mini-batch (``Algorithm.selector``).
+    """
+
+    is_weights: torch.Tensor | None = None
+    sampler_logprobs: torch.Tensor | None = None
+    cov_select: torch.Tensor | None = None
+
+
+def _weighted(fn: Objective) -> Objective:
+    """A token-level objective with the rollout-correction weights applied per token."""
+
+    def objective(lp, old, adv, m, seg, x=None):  # type: ignore[no-untyped-def]
+        loss, stats = fn(lp, old, adv, m, seg, x)
+        w = None if x is None else x.is_weights
+        return (loss if w is None else loss * w.detach()), stats
+
+    return objective
+
+
+def _sampler(x: ObjectiveExtras | None) -> torch.Tensor:
+    if x is None or x.sampler_logprobs is None:
+        raise ValueError(
+            "policy_loss=dppo needs the sampler's log-probs mu (batch.sampler_logprobs): use prepare_batch"
+        )
+    return x.sampler_logprobs
+
+
+def _select(x: ObjectiveExtras | None) -> torch.Tensor | None:
+    return None if x is None else x.cov_select
+
+
+def _weights(x: ObjectiveExtras | None) -> torch.Tensor | None:
+    return None if x is None else x.is_weights
+
 
 # ------------------------------------------------------------------------------ policy objectives
 
-#: Policy objectives, each built once from the config: (cfg) -> fn(logp, old, adv, mask, segments)
-#: -> (per_token_loss [B, T], stats). ``segments`` is the turn index for ``sequence_unit="turn"``.
+#: Policy objectives, each built once from the config: (cfg) -> fn(logp, old, adv, mask, segments,
+#: extras) -> (per_token_loss [B, T], stats). ``segments`` is the turn index for
+#: ``sequence_unit="turn"``; ``extras`` an ``ObjectiveExtras`` (or None).
 POLICY_LOSSES: dict[str, Callable[[AlgoConfig], Objective]] = {
-    "ppo_clip": lambda c: lambda lp, old, adv, m, seg: L.clipped_pg_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, dual_clip=c.dual_clip),
-    "gspo": lambda c: partial(_with_segments, partial(L.gspo_loss, clip_low=c.clip_low, clip_high=c.clip_high)),
-    "gspo_token": lambda c: partial(_with_segments, partial(L.gspo_loss, clip_low=c.clip_low,
-                                                            clip_high=c.clip_high, level="token")),
-    "cispo": lambda c: lambda lp, old, adv, m, seg: L.cispo_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high),
-    "sapo": lambda c: lambda lp, old, adv, m, seg: L.sapo_loss(
-        lp, old, adv, m, tau_pos=c.sapo_tau_pos, tau_neg=c.sapo_tau_neg),
-    "gmpo": lambda c: partial(_with_segments, partial(L.gmpo_loss, clip_low=c.clip_low, clip_high=c.clip_high)),
-    "clip_cov": lambda c: lambda lp, old, adv, m, seg: L.clip_cov_loss(
+    "ppo_clip": lambda c: _weighted(lambda lp, old, adv, m, seg, x: L.clipped_pg_loss(
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, dual_clip=c.dual_clip)),
+    "gspo": lambda c: lambda lp, old, adv, m, seg, x=None: L.gspo_loss(
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, segments=seg, is_weights=_weights(x)),
+    "gspo_token": lambda c: lambda lp, old, adv, m, seg, x=None: L.gspo_loss(
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, level="token", segments=seg,
+        is_weights=_weights(x)),
+    "cispo": lambda c: _weighted(lambda lp, old, adv, m, seg, x: L.cispo_loss(
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high)),
+    "sapo": lambda c: _weighted(lambda lp, old, adv, m, seg, x: L.sapo_loss(
+        lp, old, adv, m, tau_pos=c.sapo_tau_pos, tau_neg=c.sapo_tau_neg)),
+    "gmpo": lambda c: lambda lp, old, adv, m, seg, x=None: L.gmpo_loss(
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, segments=seg, is_weights=_weights(x)),
+    "clip_cov": lambda c: _weighted(lambda lp, old, adv, m, seg, x: L.clip_cov_loss(
         lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, cov_ratio=c.cov_ratio,
-        cov_lb=c.cov_lb, cov_ub=c.cov_ub),
-    "kl_cov": lambda c: lambda lp, old, adv, m, seg: L.kl_cov_loss(
-        lp, old, adv, m, cov_ratio=c.cov_ratio, kl_coef=c.cov_kl_coef),
+        cov_lb=c.cov_lb, cov_ub=c.cov_ub, select=_select(x))),
+    "kl_cov": lambda c: _weighted(lambda lp, old, adv, m, seg, x: L.kl_cov_loss(
+        lp, old, adv, m, cov_ratio=c.cov_ratio, kl_coef=c.cov_kl_coef, select=_select(x))),
+    "dppo": lambda c: _weighted(lambda lp, old, adv, m, seg, x: L.dppo_loss(
+        lp, _sampler(x), adv, m, divergence=c.dppo_divergence, delta_low=c.dppo_low,
+        delta_high=c.dppo_high, tau=c.dppo_tau)),
 }  # fmt: skip
 
-
-def _with_segments(
-    fn: Objective,
-    lp: torch.Tensor,
-    old: torch.Tensor,
-    adv: torch.Tensor,
-    m: torch.Tensor,
-    seg: torch.Tensor | None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """A sequence-level objective (GSPO, GMPO) in the table's shared signature."""
-    return fn(lp, old, adv, m, segments=seg)
+#: Objectives that act on a share of the batch's tokens, chosen once per mini-batch (before micro-
+#: batching, so that it cannot change the gradient): (cfg) -> fn(advantages, logprobs, mask) ->
+#: [B, T] bool. The update passes log pi_old (the sampling policy; pi_theta at the first update).
+TOKEN_SELECTORS: dict[str, Callable[[AlgoConfig], Callable[..., torch.Tensor]]] = {
+    "clip_cov": lambda c: partial(L.clip_cov_select, cov_ratio=c.cov_ratio, cov_lb=c.cov_lb, cov_ub=c.cov_ub),
+    "kl_cov": lambda c: partial(L.kl_cov_select, cov_ratio=c.cov_ratio),
+}
 
 
 def pick_policy_loss(cfg: AlgoConfig) -> Objective:
@@ -204,7 +252,14 @@ def _group_mean_returns(
 ) -> torch.Tensor:
     """[N, T] REINFORCE++-baseline return before whitening: the episode reward minus its group's
     mean (``reward_level`` outcome / sum), or each turn's return-to-go minus the mean of the
-    other episodes' at that turn (``turn``, ``advantages.turn_level``)."""
+    other episodes' at that turn (``turn``, ``advantages.turn_level``).
+
+    Two stated choices where verl differs (tested): a group with a single valid episode gets raw
+    return 0 (its reward minus its own mean) before the batch whitening, where verl keeps that
+    episode's raw score (a lone sample has no baseline, and a raw score would sit on another
+    scale than every centred one); and the KL penalty's return-to-go is added *after* the group
+    mean (``_token_whitened``), where verl folds the KL into the score before centring: the group
+    baseline then compares rewards only, and each token keeps its own KL to go."""
     if cfg.reward_level == "turn":
         per = A.turn_level(turn_r, turn_m, groups, gamma=cfg.turn_gamma, valid=valid)
     else:
@@ -274,7 +329,10 @@ class Algorithm:
             (logp, old, adv, mask, segments) -> (per-token loss [B, T], stats).
         aggregation: ``losses.aggregate`` with ``mode=cfg.loss_agg``: (per_token, mask=..., constant=...,
             total_tokens=..., total_seqs=...) -> scalar.
-        per_turn_segments: GSPO / GMPO / the sequence mask treat each turn as its own sequence.
+        per_turn_segments: GSPO / GMPO / the sequence mask / the sequence modes of ``loss_agg``
+            treat each turn as its own sequence.
+        selector: ``TOKEN_SELECTORS[cfg.policy_loss]`` bound to its settings (Clip-Cov, KL-Cov),
+            else None: (advantages, log pi_old, mask) -> [B, T] bool.
         kl_loss_coef: the KL term's weight in the loss (``kl_mode="loss"``), 0 when it is off.
         kl_reward_coef: the KL penalty's weight in the reward (``kl_mode="reward"``), 0 when off.
     """
@@ -286,6 +344,7 @@ class Algorithm:
     per_turn_segments: bool
     kl_loss_coef: float
     kl_reward_coef: float
+    selector: Callable[..., torch.Tensor] | None = None
 
 
 def _choose(kind: str, name: str, table: Sequence[str] | dict[str, Any]) -> None:
@@ -310,4 +369,5 @@ def resolve(cfg: AlgoConfig | Algorithm) -> Algorithm:
         per_turn_segments=cfg.sequence_unit == "turn",
         kl_loss_coef=cfg.kl_coef if cfg.kl_coef > 0 and cfg.kl_mode == "loss" else 0.0,
         kl_reward_coef=cfg.kl_coef if cfg.kl_coef > 0 and cfg.kl_mode == "reward" else 0.0,
+        selector=TOKEN_SELECTORS[cfg.policy_loss](cfg) if cfg.policy_loss in TOKEN_SELECTORS else None,
     )

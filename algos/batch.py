@@ -38,6 +38,8 @@ class TokenBatch:
             ``old_logprobs`` were recomputed by the trainer for rollout correction; else None.
         is_weights: [B, T] float rollout-correction weights (pi_old / mu, truncated or masked;
             ``algos.correction``) multiplying the policy loss; None = no correction.
+        cov_select: [B, T] bool, the tokens Clip-Cov / KL-Cov act on, chosen once for the whole
+            mini-batch before it is cut into micro-batches (``update.select_tokens``); else None.
         extras: extra model inputs (e.g. ``pixel_values``); tensors whose first dim is B are
             sliced with the batch.
         extra_counts: For an extra stacked per item rather than per row (a multi-turn VLM
@@ -56,6 +58,7 @@ class TokenBatch:
     ref_logprobs: torch.Tensor | None = None
     sampler_logprobs: torch.Tensor | None = None
     is_weights: torch.Tensor | None = None
+    cov_select: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     extra_counts: dict[str, torch.Tensor] = field(default_factory=dict)
 
@@ -67,7 +70,7 @@ class TokenBatch:
             got = tuple(getattr(self, f).shape)
             if got != shape:
                 raise ValueError(f"TokenBatch.{f} has shape {got}, expected input_ids' {shape}")
-        for f in ("returns", "old_values", "ref_logprobs", "sampler_logprobs", "is_weights"):
+        for f in ("returns", "old_values", "ref_logprobs", "sampler_logprobs", "is_weights", "cov_select"):
             x = getattr(self, f)
             if x is not None and tuple(x.shape) != shape:
                 raise ValueError(f"TokenBatch.{f} has shape {tuple(x.shape)}, expected {shape}")

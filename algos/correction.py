@@ -13,7 +13,13 @@ and returns a per-token *weight* (multiplies the policy loss, detached) and a *k
 and sequences dropped from the loss, its normalisers included). They combine with any policy loss
 in ``losses.py``. References: Yao et al. 2025, "Your efficient RL framework secretly brings you
 off-policy RL training" (truncated IS); Ling team 2025, IcePop (masked IS); verl's rollout-
-correction module (geometric sequence mask). Notation as in ../shared/docs/papers.md section 11.
+correction module (geometric sequence mask).
+
+Conventions a user porting settings should know: every bound here is on pi_old / mu (verl's are on
+mu / pi_old, so verl's [a, b] is [1/b, 1/a] here; the two agree only for bounds symmetric in log
+space, such as [0.5, 2]). The sampler-vs-trainer mismatch itself (``mismatch/*``) is measured in
+one place, ``veriloop.algos.mismatch``. Not with top-p / top-k sampling: mu is then the filtered
+distribution's and pi_old / mu the nucleus mass (the config check refuses the combination).
 """
 
 from __future__ import annotations
@@ -89,28 +95,6 @@ def geometric_sequence_mask(
     return mask.bool() & (g >= low) & (g <= high)
 
 
-def mismatch_stats(
-    old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor
-) -> dict[str, float]:
-    """How far the sampler is from the trainer, over the masked tokens (logged every step):
-    ``mismatch/k3_kl`` = mean of r - 1 - log r with r = mu / pi_old (k3 estimate of
-    KL(pi_old || mu)), ``mismatch/ratio_max`` / ``ratio_min`` of pi_old / mu, and
-    ``mismatch/outside_frac`` = share of tokens with pi_old / mu outside [0.5, 2]."""
-    d = _log_w(old_logprobs, sampler_logprobs, mask)
-    m = mask.bool()
-    if not bool(m.any()):
-        return dict.fromkeys(
-            ("mismatch/k3_kl", "mismatch/ratio_max", "mismatch/ratio_min", "mismatch/outside_frac"), 0.0
-        )
-    r = torch.exp(d)
-    return {
-        "mismatch/k3_kl": float(_masked_mean(torch.exp(-d) - 1 + d, m)),
-        "mismatch/ratio_max": float(r[m].max()),
-        "mismatch/ratio_min": float(r[m].min()),
-        "mismatch/outside_frac": float(_masked_mean(((r < 0.5) | (r > 2.0)).double(), m)),
-    }
-
-
 def rollout_correction(
     old_logprobs: torch.Tensor,
     sampler_logprobs: torch.Tensor,
@@ -131,8 +115,8 @@ def rollout_correction(
     Stats (shares of the masked tokens / of the sequences with >= 1 masked token):
     ``rollout_corr/token_frac`` tokens whose weight was capped or that were dropped,
     ``rollout_corr/seq_frac`` sequences with at least one such token or rejected whole,
-    ``rollout_corr/seq_masked_frac`` sequences rejected by the geometric mask, plus
-    ``mismatch_stats``.
+    ``rollout_corr/seq_masked_frac`` sequences rejected by the geometric mask. (The mismatch
+    itself, ``mismatch/*``, is ``veriloop.algos.mismatch``'s.)
     """
     m = mask.bool()
     weights = torch.ones_like(old_logprobs)
@@ -160,6 +144,5 @@ def rollout_correction(
         "rollout_corr/token_frac": float(_masked_mean(touched.float(), m)),
         "rollout_corr/seq_frac": float(touched.any(1).sum()) / n_rows,
         "rollout_corr/seq_masked_frac": float(seq_rejected.any(1).sum()) / n_rows,
-        **mismatch_stats(old_logprobs, sampler_logprobs, mask),
     }
     return weights, keep, stats

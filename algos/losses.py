@@ -13,6 +13,12 @@ import torch
 
 from veriloop.configs.algo import KLEstimator, LossAgg
 
+#: Token log-ratios are clamped to [-MAX_LOG_RATIO, MAX_LOG_RATIO] before exp (verl's 20): a ratio of
+#: e^20 = 4.9e8 already means the token is off-policy, and past a log-ratio of 88 float32's exp is
+#: inf (GSPO's and SAPO's loss, then their gradient, become inf / NaN). Inside the range the clamp is
+#: the identity, value and gradient; outside it the token's log-ratio gets no gradient.
+MAX_LOG_RATIO = 20.0
+
 
 def _check_same(names: tuple[str, ...], *xs: torch.Tensor) -> None:
     shapes = {tuple(x.shape) for x in xs}
@@ -67,6 +73,7 @@ def clipped_pg_loss(
     # with an extreme old log-prob (padding, an environment token) would otherwise give
     # exp(...) = inf and a 0 * inf = NaN gradient through the torch.where below.
     log_ratio = torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
+    log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
     adv = torch.where(m, advantages.detach(), torch.zeros_like(advantages))
     surr = -adv * ratio
@@ -159,13 +166,18 @@ def aggregate(
     *,
     total_tokens: float | None = None,
     total_seqs: float | None = None,
+    segments: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce a [B, T] per-token loss to a scalar (verl-style aggregation).
 
     * ``token_mean`` (DAPO): sum_{i,t} l_{i,t} m_{i,t} / sum_{i,t} m_{i,t}; every token weighs 1/#tokens.
-    * ``seq_mean_token_mean`` (GRPO): 1/B' sum_i (sum_t l m / sum_t m), B' = rows with >= 1 token;
-      a token of sequence i weighs 1 / (B' |o_i|).
+    * ``seq_mean_token_mean`` (GRPO): 1/B' sum_i (sum_t l m / sum_t m), B' = sequences with >= 1
+      token; a token of sequence i weighs 1 / (B' |o_i|).
     * ``seq_sum_constant`` (Dr. GRPO): 1/B' sum_i sum_t l m / ``constant`` (e.g. max new tokens).
+
+    A sequence is a row, or with ``segments`` [B, T] (``sequence_unit="turn"``: the turn index) one
+    (row, segment) pair: two turns of one episode are two sequences, each weighing 1/B' whatever
+    its length (``sequence_count`` counts them).
 
     For gradient accumulation, pass the whole batch's ``total_tokens`` (token_mean) or
     ``total_seqs`` (sequence modes) so that the micro-batch losses sum to the full-batch loss.
@@ -176,6 +188,8 @@ def aggregate(
         per_token: [B, T] per-token loss; mask: [B, T] 1 on tokens that count.
     """
     _check_same(("per_token", "mask"), per_token, mask)
+    if segments is not None and mode != "token_mean":
+        return _aggregate_segments(per_token, mask, mode, constant, total_seqs, segments)
     m = mask.to(per_token.dtype)
     lm = torch.where(mask.bool(), per_token, torch.zeros_like(per_token))
     if mode == "token_mean":
@@ -198,12 +212,52 @@ def aggregate(
     )
 
 
+def _aggregate_segments(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    mode: LossAgg,
+    constant: float | None,
+    total_seqs: float | None,
+    segments: torch.Tensor,
+) -> torch.Tensor:
+    """``aggregate``'s sequence modes with one sequence per (row, segment)."""
+    ids, n = _seq_ids(mask, segments)
+    m = mask.to(per_token.dtype)
+    lm = torch.where(mask.bool(), per_token, torch.zeros_like(per_token))
+    sums = per_token.new_zeros(n).index_add(0, ids.flatten(), lm.flatten())  # [S]
+    lengths = per_token.new_zeros(n).index_add(0, ids.flatten(), m.flatten())  # [S]
+    denom = (lengths > 0).sum().clamp(min=1) if total_seqs is None else total_seqs
+    if mode == "seq_mean_token_mean":
+        return (sums / lengths.clamp(min=1)).sum() / denom
+    if mode == "seq_sum_constant":
+        if constant is None or constant <= 0:
+            raise ValueError(
+                f"seq_sum_constant needs a positive constant (e.g. max new tokens), got {constant}"
+            )
+        return sums.sum() / constant / denom
+    raise ValueError(
+        f"aggregate mode must be token_mean, seq_mean_token_mean or seq_sum_constant, got {mode!r}"
+    )
+
+
+def sequence_count(mask: torch.Tensor, segments: torch.Tensor | None = None) -> int:
+    """How many sequences hold >= 1 masked token: rows, or (row, segment) pairs (``aggregate``)."""
+    if segments is None:
+        return int((mask.sum(1) > 0).sum())
+    ids, n = _seq_ids(mask, segments)
+    cnt = torch.zeros(n, dtype=torch.float64, device=mask.device).index_add(
+        0, ids.flatten(), mask.double().flatten()
+    )
+    return int((cnt > 0).sum())
+
+
 # ------------------------------------------------------------------ objectives since DAPO (2025-26)
 # Shared conventions: inputs are [B, T]; ``segments`` [B, T] (long, optional) splits a row into
 # several sequences (``algo.sequence_unit="turn"`` passes the turn index); None = one sequence per
 # row (the episode's sampled tokens, every turn, environment tokens excluded). Sequence-level
 # objectives put the sequence's loss L_i on every one of its tokens, so ``seq_mean_token_mean``
-# aggregation gives (1/G) sum_i L_i, the papers' sample mean.
+# aggregation with the same ``segments`` gives (1/G) sum_i L_i, the papers' sample mean (the
+# config check refuses a length-weighted aggregation for them).
 
 
 def _seq_ids(mask: torch.Tensor, segments: torch.Tensor | None) -> tuple[torch.Tensor, int]:
@@ -243,10 +297,12 @@ def _base_stats(log_ratio: torch.Tensor, m: torch.Tensor, low: torch.Tensor, hig
 
 
 def _masked_inputs(logprobs, old_logprobs, advantages, mask):  # type: ignore[no-untyped-def]
-    """(bool mask, log-ratio with grad, detached advantages), both 0 off the mask (no inf * 0)."""
+    """(bool mask, log-ratio with grad clamped to +-MAX_LOG_RATIO, detached advantages), both 0 off
+    the mask (no inf * 0)."""
     _check_same(("logprobs", "old_logprobs", "advantages", "mask"), logprobs, old_logprobs, advantages, mask)
     m = mask.bool()
     log_ratio = torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
+    log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     adv = torch.where(m, advantages.detach(), torch.zeros_like(advantages))
     return m, log_ratio, adv
 
@@ -261,6 +317,7 @@ def gspo_loss(
     clip_high: float,
     level: Literal["sequence", "token"] = "sequence",
     segments: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO, group sequence policy optimisation (Zheng et al. 2025, Qwen; eqs. 5-7 and 10-11).
 
@@ -273,6 +330,12 @@ def gspo_loss(
     ``level="token"`` (GSPO-token, eq. 13): s_{i,t} = sg(s_i) rho_t / sg(rho_t), whose value is s_i
     but whose gradient reaches token t only through rho_t, so A_{i,t} may differ per token (turn-
     level credit); with a constant A_i it gives exactly GSPO's gradient under seq-mean aggregation.
+
+    ``is_weights`` [B, T] (rollout correction, pi_old / mu per token, detached): as verl does, each
+    token's term of the token form is multiplied by its own weight, so token t's gradient is
+    -A_i s_i w_t / |y_i| grad log pi_t (both levels: the value is unchanged, w_t L_i per token).
+    Multiplying the sequence form's loss instead would scale every token of y_i by the *mean* of
+    the sequence's weights (w = [2, 0] would give gradients [-0.5, -0.5], not [-1, 0]).
 
     Returns:
         per_token_loss [B, T] (L_i, or its token form, on every masked token) and stats as
@@ -287,13 +350,16 @@ def gspo_loss(
                 "gspo (sequence level) needs one advantage per sequence, but they vary within a "
                 "sequence (per-turn credit?): use policy_loss=gspo_token or sequence_unit=turn"
             )
-        s = torch.exp(seq_log)
-    elif level == "token":
-        s = torch.exp(seq_log.detach() + log_ratio - log_ratio.detach())
-    else:
+    elif level != "token":
         raise ValueError(f"gspo level must be 'sequence' or 'token', got {level!r}")
+    if level == "sequence" and is_weights is None:
+        s = torch.exp(seq_log)
+    else:
+        s = torch.exp(seq_log.detach() + log_ratio - log_ratio.detach())
     clipped = torch.clamp(s, 1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(-adv * s, -adv * clipped)
+    if is_weights is not None:
+        loss = loss * is_weights.detach()
     loss = torch.where(m, loss, torch.zeros_like(loss))
     sd = s.detach()
     stats = _base_stats(
@@ -378,6 +444,7 @@ def gmpo_loss(
     clip_low: float,
     clip_high: float,
     segments: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GMPO, geometric-mean policy optimisation (Zhao et al. 2025, eq. 4): clip in log space.
 
@@ -390,6 +457,10 @@ def gmpo_loss(
     clipped surrogate on r with bounds [e^-clip_low, e^clip_high]. The advantage must be one
     number per sequence (as GSPO's sequence level).
 
+    ``is_weights`` [B, T] (rollout correction, detached): the sequence's loss is multiplied by the
+    geometric mean of its tokens' weights, W_i = exp((1/|y_i|) sum_t log w_t), as verl does, the
+    same kind of mean as the objective's ratio (not their arithmetic mean).
+
     Returns:
         per_token_loss [B, T] (L_i on every token of y_i) and stats (token clip fractions).
     """
@@ -401,6 +472,9 @@ def gmpo_loss(
     clipped = torch.clamp(log_ratio, -clip_low, clip_high)
     kept = sgn * torch.minimum(sgn * log_ratio, sgn * clipped)  # [B, T] pessimistic log-ratio
     loss = -a_seq * torch.exp(sequence_mean(kept, mask, segments))
+    if is_weights is not None:
+        log_w = torch.where(m, is_weights.detach().clamp(min=1e-30).log(), torch.zeros_like(loss))
+        loss = loss * torch.exp(sequence_mean(log_w, mask, segments))
     loss = torch.where(m, loss, torch.zeros_like(loss))
     lr = log_ratio.detach()
     stats = _base_stats(lr, m, (a_seq < 0) & (lr < -clip_low), (a_seq > 0) & (lr > clip_high))
@@ -417,6 +491,46 @@ def token_covariance(advantages: torch.Tensor, logprobs: torch.Tensor, mask: tor
     return torch.where(m, cov, torch.full_like(cov, float("-inf")))
 
 
+def clip_cov_select(
+    advantages: torch.Tensor,
+    logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cov_ratio: float,
+    cov_lb: float,
+    cov_ub: float,
+    eligible: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Clip-Cov's token choice (Cui et al. 2025, eq. 13): max(1, floor(``cov_ratio`` x #tokens))
+    tokens drawn at random from those with cov_lb < Cov_t < cov_ub (``token_covariance``), among
+    ``eligible`` (default: every masked token). Returns [B, T] bool, True on the chosen tokens."""
+    m = mask.bool()
+    ok = m if eligible is None else m & eligible
+    with torch.no_grad():
+        cov = token_covariance(advantages, logprobs, mask)
+        cand = (ok & (cov > cov_lb) & (cov < cov_ub)).flatten().nonzero().squeeze(1)
+        n = max(1, int(cov_ratio * int(m.sum())))
+        pick = cand[torch.randperm(cand.numel(), generator=generator)[:n]] if cand.numel() else cand
+        chosen = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
+        chosen[pick] = True
+    return chosen.view_as(m)
+
+
+def kl_cov_select(
+    advantages: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor, *, cov_ratio: float
+) -> torch.Tensor:
+    """KL-Cov's token choice (Cui et al. 2025, eq. 14): the k = max(1, floor(``cov_ratio`` x
+    #tokens)) masked tokens with the largest Cov_t. Returns [B, T] bool."""
+    m = mask.bool()
+    with torch.no_grad():
+        cov = token_covariance(advantages, logprobs, mask).flatten()
+        n = min(max(1, int(cov_ratio * int(m.sum()))), int(m.sum()))
+        top = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
+        top[torch.topk(cov, n).indices] = True
+    return top.view_as(m) & m
+
+
 def clip_cov_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -429,14 +543,20 @@ def clip_cov_loss(
     cov_lb: float,
     cov_ub: float,
     generator: torch.Generator | None = None,
+    select: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clip-Cov (Cui et al. 2025, "The entropy mechanism of RL for reasoning LMs", eq. 13).
 
     Entropy falls when tokens with a high covariance Cov_t (``token_covariance``) between
     advantage and log-prob are reinforced. Clip-Cov takes the PPO surrogate (``clipped_pg_loss``)
     and detaches (zero loss, zero gradient) max(1, floor(``cov_ratio`` x #tokens)) tokens drawn
-    at random from those with cov_lb < Cov_t < cov_ub that PPO has not already clipped.
-    The paper: cov_ratio 2e-4, [cov_lb, cov_ub] = [1, 5]. Computed per (micro-)batch.
+    at random from those with cov_lb < Cov_t < cov_ub that PPO has not already clipped
+    (``clip_cov_select``). The paper: cov_ratio 2e-4, [cov_lb, cov_ub] = [1, 5], and no PPO clip
+    (its recipes set clip low = high = 1).
+
+    ``select`` [B, T] bool: the tokens to detach, chosen beforehand over a larger batch (the
+    update chooses once per mini-batch, so micro-batching cannot change the choice: the means of
+    Cov_t and the token count are the mini-batch's). None = choose here, over these inputs.
 
     Returns:
         per_token_loss [B, T] and ``clipped_pg_loss``'s stats plus ``cov_frac`` (share of tokens
@@ -446,17 +566,14 @@ def clip_cov_loss(
         logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high
     )
     m = mask.bool()
-    with torch.no_grad():
-        cov = token_covariance(advantages, logprobs, mask)
-        ratio = torch.exp(torch.where(m, logprobs - old_logprobs, torch.zeros_like(logprobs)))
-        adv = torch.where(m, advantages, torch.zeros_like(advantages))
-        clipped = ((adv > 0) & (ratio > 1 + clip_high)) | ((adv < 0) & (ratio < 1 - clip_low))
-        cand = (m & ~clipped & (cov > cov_lb) & (cov < cov_ub)).flatten().nonzero().squeeze(1)
-        n = max(1, int(cov_ratio * int(m.sum())))
-        pick = cand[torch.randperm(cand.numel(), generator=generator)[:n]] if cand.numel() else cand
-        keep = torch.ones(m.numel(), dtype=torch.bool, device=m.device)
-        keep[pick] = False
-        keep = keep.view_as(m)
+    if select is None:
+        with torch.no_grad():
+            ratio = torch.exp(torch.where(m, logprobs - old_logprobs, torch.zeros_like(logprobs)))
+            adv = torch.where(m, advantages, torch.zeros_like(advantages))
+            clipped = ((adv > 0) & (ratio > 1 + clip_high)) | ((adv < 0) & (ratio < 1 - clip_low))
+        select = clip_cov_select(advantages, logprobs, mask, cov_ratio=cov_ratio, cov_lb=cov_lb,
+                                 cov_ub=cov_ub, eligible=~clipped, generator=generator)  # fmt: skip
+    keep = ~(select.bool() & m)
     loss = torch.where(keep, loss, torch.zeros_like(loss))
     stats["cov_frac"] = _masked_mean((~keep).float(), m)
     return loss, stats
@@ -470,28 +587,96 @@ def kl_cov_loss(
     *,
     cov_ratio: float,
     kl_coef: float,
+    select: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """KL-Cov (Cui et al. 2025, eq. 14): the unclipped surrogate, plus a KL penalty on the top-k
     tokens by covariance.
 
     loss_t = -rho_t A_t + 1[t in top-k Cov] * kl_coef |log rho_t|,  k = max(1, floor(cov_ratio x
     #tokens)). No ratio clip: the penalty restrains exactly the tokens that drive entropy down.
-    The paper: cov_ratio 2e-3 (7B) / 2e-4 (32B), kl_coef 1. Computed per (micro-)batch.
+    The paper: cov_ratio 2e-3 (7B) / 2e-4 (32B), kl_coef 1. ``select`` [B, T] bool: the top-k
+    tokens chosen beforehand (``kl_cov_select`` over the mini-batch, as the update does); None =
+    choose here, over these inputs.
 
     Returns:
         per_token_loss [B, T] and stats (clip fractions 0; ``cov_frac`` = share penalised).
     """
     m, log_ratio, adv = _masked_inputs(logprobs, old_logprobs, advantages, mask)
     loss = -adv * torch.exp(log_ratio)
-    with torch.no_grad():
-        cov = token_covariance(advantages, logprobs, mask).flatten()
-        n = min(max(1, int(cov_ratio * int(m.sum()))), int(m.sum()))
-        top = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
-        top[torch.topk(cov, n).indices] = True
-        top = top.view_as(m) & m
+    top = (
+        kl_cov_select(advantages, logprobs, mask, cov_ratio=cov_ratio)
+        if select is None
+        else select.bool() & m
+    )
     loss = torch.where(top, loss + kl_coef * log_ratio.abs(), loss)
     loss = torch.where(m, loss, torch.zeros_like(loss))
     none = torch.zeros_like(m)
     stats = _base_stats(log_ratio.detach(), m, none, none)
     stats["cov_frac"] = _masked_mean(top.float(), m)
     return loss, stats
+
+
+def dppo_loss(
+    logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    divergence: Literal["tv", "kl"],
+    delta_low: float,
+    delta_high: float,
+    tau: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """DPPO, divergence proximal policy optimisation (Qi et al. 2026, "Rethinking the trust region
+    in LLM reinforcement learning", arXiv 2602.04879; the Binary-TV / Binary-KL variants).
+
+    The ratio is taken against the sampler, r_t = pi_theta(y_t) / mu(y_t) (mu: the log-probs the
+    sampler recorded), and PPO's ratio clip is replaced by a trust region on the divergence between
+    the two distributions at that state, approximated on the binary split {y_t, not y_t}:
+
+        TV: D_t = pi_theta(y_t) - mu(y_t)
+        KL: D_t = KL(Bern(mu(y_t)) || Bern(pi_theta(y_t)))
+              = mu log(mu / pi) + (1 - mu) log((1 - mu) / (1 - pi)), signed by pi - mu
+        M_t = 0 if (A_t > 0 and D_t > delta_high) or (A_t < 0 and D_t < -delta_low), else 1
+        L = -sum_t M_t r_t A_t + tau sum_t (log r_t)^2
+
+    A token's policy gradient is dropped only when it has already moved too far *in the direction
+    its advantage pushes* (as PPO's clip: a token pushed back towards mu keeps its gradient), and
+    the small squared log-ratio penalty (prime-rl's default tau = 1e-3, after Kimi K2.5) pulls
+    every token back towards mu: d L_t / d log pi_t = -M_t A_t r_t + 2 tau log r_t. The mask is
+    detached (a 0/1 choice, no gradient through D_t). Log-ratios are clamped to +-MAX_LOG_RATIO.
+    The sampler's log-probs must be of the distribution sampled from *and* of the trainer's (no
+    top-p / top-k: the config check refuses them), from either backend.
+
+    Args:
+        logprobs: [B, T] log pi_theta (with grad); sampler_logprobs: [B, T] log mu (recorded);
+        advantages: [B, T]; mask: [B, T]; divergence: ``tv`` or ``kl``; delta_low / delta_high:
+        the bounds for A < 0 / A > 0 (prime-rl: TV 0.2 / 0.2); tau: the penalty weight.
+
+    Returns:
+        per_token_loss [B, T] (0 off the mask) and stats: ``clip_frac_low`` / ``clip_frac_high``
+        (shares of masked tokens dropped with A < 0 / A > 0), ``approx_kl`` = mean of r - 1 - log r
+        (a k3 estimate of KL(mu || pi_theta): the tokens are drawn from mu).
+    """
+    if divergence not in ("tv", "kl"):
+        raise ValueError(f"dppo divergence must be 'tv' or 'kl', got {divergence!r}")
+    if delta_low <= 0 or delta_high <= 0 or tau < 0:
+        raise ValueError(
+            f"dppo needs delta_low, delta_high > 0 and tau >= 0, got {delta_low}, {delta_high}, {tau}"
+        )
+    m, log_ratio, adv = _masked_inputs(logprobs, sampler_logprobs, advantages, mask)
+    with torch.no_grad():
+        p = torch.where(m, logprobs.detach().double().exp(), torch.zeros_like(log_ratio, dtype=torch.float64))
+        q = torch.where(m, sampler_logprobs.detach().double().exp(), torch.zeros_like(p))
+        d = p - q
+        if divergence == "kl":
+            pc, qc = p.clamp(1e-12, 1 - 1e-12), q.clamp(1e-12, 1 - 1e-12)
+            kl = qc * (qc / pc).log() + (1 - qc) * ((1 - qc) / (1 - pc)).log()
+            d = torch.sign(d) * kl
+        high = m & (adv > 0) & (d > delta_high)
+        low = m & (adv < 0) & (d < -delta_low)
+        keep = ~(high | low)
+    ratio = torch.exp(log_ratio)
+    pg = torch.where(keep, -adv * ratio, torch.zeros_like(ratio))
+    loss = torch.where(m, pg + tau * log_ratio * log_ratio, torch.zeros_like(ratio))
+    return loss, _base_stats(log_ratio.detach(), m, low, high)

@@ -8,7 +8,10 @@
     token_prob.png  mean_token_prob
     clip.png        clip_frac_low, clip_frac_high
     kl.png          approx_kl (and loss/kl when logged)
-    eval.png        per split, every eval/<split>/<rate> curve (avg@n, pass@k, maj@k, greedy_acc)
+    sft.png         the SFT warm-up's loss/sft (learning rate on a second axis); a training run's
+                    warm-up is read from ``<run>/sft/metrics.jsonl``, an SFT run folder directly
+    eval.png        per split, every eval/<split>/<rate> curve (avg@n, pass@k, maj@k, greedy_acc),
+                    shaded +/- 1 standard error where the log has ``eval/<split>/se/<rate>``
     overview.png    the above in one grid
 
 The training loop logs ``eval/<split>/<metric>`` for every metric of
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +45,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "token_prob": ("mean token probability", ("mean_token_prob",), ()),
     "clip": ("clip fraction", ("clip_frac_low", "clip_frac_high"), ()),
     "kl": ("KL to old / reference policy", ("approx_kl", "kl_ref", "loss/kl"), ()),
+    "sft": ("SFT warm-up: loss per step (token mean)", ("loss/sft",), ("sft/lr",)),
 }
 #: Line styles, so that curves with equal values (clip_frac_low under _high) stay visible.
 STYLES = (
@@ -100,22 +105,27 @@ def _draw_group(ax: Any, rows: Sequence[Mapping[str, Any]], group: str) -> bool:
             if key == "reward/mean":
                 _std_band(ax, rows, xs, ys)
                 title = "reward (band: mean +/- 1 std over the step's episodes)"
+    extra: list[Any] = []  # the right axis' lines, listed in the left axis' legend (one box, not two)
     for key in right:
         xs, ys = _series(rows, key)
         if xs:
             twin = ax.twinx()
-            twin.plot(xs, ys, color="tab:red", linestyle="--", label=key)
+            extra += twin.plot(xs, ys, color="tab:red", linestyle="--", label=f"{key} (right axis)")
             twin.set_ylabel(key)
-            twin.legend(loc="upper right", fontsize=7)
             drawn = True
     if drawn:
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("step")
-        ax.legend(loc="upper left", fontsize=7)
         note = panel_note(rows, group)
+        # the note goes under the title, outside the axes: it never covers a curve
         if note:
-            ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", fontsize=7, wrap=True,
-                    bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "grey"})  # fmt: skip
+            note = "\n".join(textwrap.fill(line, 70) for line in note.splitlines())
+        ax.set_title(title if not note else f"{title}\n{note}", fontsize=9 if not note else 7)
+        ax.set_xlabel("step")
+        handles, labels = ax.get_legend_handles_labels()
+        if extra:  # two axes: below the plot, where it covers neither axis' curves
+            ax.legend(handles + extra, labels + [line.get_label() for line in extra], fontsize=7,
+                      loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, frameon=False)  # fmt: skip
+        else:
+            ax.legend(loc="best", fontsize=7)
     return drawn
 
 
@@ -160,8 +170,10 @@ def _draw_eval(ax: Any, rows: Sequence[Mapping[str, Any]], split: str, metrics: 
         xs, ys = _series(rows, f"eval/{split}/{metric}")
         if xs:
             label = "avg@n (= pass@1)" if metric == "avg@n" and "pass@1" in metrics else metric
-            ax.plot(xs, ys, markersize=4, label=label, **STYLES[i % len(STYLES)])
+            (line,) = ax.plot(xs, ys, markersize=4, label=label, **STYLES[i % len(STYLES)])
             drawn = True
+            if _se_band(ax, rows, f"eval/{split}/se/{metric}", xs, ys, line.get_color()):
+                line.set_label(f"{label} (band: +/- 1 SE)")
     bx, by = _series(rows, f"eval_base/{split}/avg@n")
     if bx:  # the model before the SFT warm-up: where the headline gain starts
         ax.axhline(by[0], color="grey", linestyle="-.", linewidth=1, label=f"base model avg@n = {by[0]:.2f}")
@@ -172,6 +184,17 @@ def _draw_eval(ax: Any, rows: Sequence[Mapping[str, Any]], split: str, metrics: 
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize=7)
     return drawn
+
+
+def _se_band(ax: Any, rows: Sequence[Mapping[str, Any]], key: str, xs: list[float], ys: list[float],
+             color: str) -> bool:  # fmt: skip
+    """Shade value +/- its standard error where ``key`` is logged on the same steps; False if never."""
+    se = dict(zip(*_series(rows, key)))
+    pts = [(x, y, se[x]) for x, y in zip(xs, ys) if x in se]
+    if pts:
+        ax.fill_between([p[0] for p in pts], [p[1] - p[2] for p in pts], [p[1] + p[2] for p in pts],
+                        color=color, alpha=0.15, linewidth=0)  # fmt: skip
+    return bool(pts)
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -191,9 +214,13 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     metrics_file = Path(run_dir) / "metrics.jsonl"
     if not metrics_file.is_file():
         raise FileNotFoundError(
-            f"{metrics_file} not found: pass the folder of a run (it holds metrics.jsonl)"
+            f"{run_dir} is not a run folder (no metrics.jsonl in it): pass the folder `veriloop train` "
+            "printed (runs/NAME) or its sft/ folder"
         )
     rows = read_metrics(run_dir)
+    if (Path(run_dir) / "sft" / "metrics.jsonl").is_file():  # a training run's warm-up: its own log
+        rows = [*rows, *({"step": r.get("step"), **{k: v for k, v in r.items() if k.startswith(("loss/sft", "sft/"))}}
+                         for r in read_metrics(Path(run_dir) / "sft"))]  # fmt: skip
     out = Path(out_dir) if out_dir is not None else Path(run_dir) / "plots"
     out.mkdir(parents=True, exist_ok=True)
     plt = _pyplot()
@@ -284,7 +311,19 @@ def plot_pass_at_k(reports: Mapping[str, Mapping[str, Any]], out_path: str | Pat
 
 
 def cli_plot(args: argparse.Namespace) -> int:
-    """``veriloop plot``: ``args.run`` (run folder), ``args.out`` (folder or None = ``<run>/plots``)."""
-    for path in plot_run(args.run, args.out):
+    """``veriloop plot``: ``args.run`` (run folder), ``args.out`` (folder or None = ``<run>/plots``).
+    Exit 2 (one line, no traceback) for a folder that is not a run, 1 when it has nothing to draw."""
+    import sys
+
+    try:
+        paths = plot_run(args.run, args.out)
+    except FileNotFoundError as e:
+        print(f"veriloop plot: {e}", file=sys.stderr)
+        return 2
+    if not paths:
+        print(f"veriloop plot: nothing to draw: {args.run}/metrics.jsonl logs none of the plotted metrics "
+              "(a run that stopped before its first step?)", file=sys.stderr)  # fmt: skip
+        return 1
+    for path in paths:
         print(path)
     return 0

@@ -13,13 +13,14 @@ are ``steps.StepLoop``, the same machinery the SFT warm-up (``sft_train.py``) ru
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -56,7 +57,7 @@ from veriloop.algos.run_lock import LOCK_FILE, acquire, release
 from veriloop.algos.run_log import RunLog
 from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
 from veriloop.algos.steps import StepLoop
-from veriloop.algos.update import METRIC_NAMES, learning_signal, loss_normalisers, prepare_batch, update_step
+from veriloop.algos.update import METRIC_NAMES, learning_signal, prepare_batch, update_step
 from veriloop.configs.loader import config_to_yaml, dump_config
 from veriloop.configs.schema import ConfigError, ExperimentConfig
 
@@ -92,6 +93,7 @@ class RunParts:
     quiet: bool
     log: RunLog | None = None  # rank 0 only
     backend: _LiveBackend | None = None  # vLLM (in-process or servers); None = the HF engine
+    sharded: Any = None  # fsdp.Sharded under train.parallel=fsdp with several ranks, else None
 
 
 # ----------------------------------------------------------------------------------------- setup
@@ -345,9 +347,7 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
         for mb in minibatches(batch, cfg.mini_batch_size, shuffle=generator):
             part = mb.select(torch.arange(dist.rank, mb.size, dist.world_size)) if dist.enabled else mb
             # every rank's loss is normalised by the whole mini-batch's counts: gradients just add up
-            sync: dict[str, Any] = (
-                {"on_before_step": dist.grad_sync(1.0), **loss_normalisers(mb)} if dist.enabled else {}
-            )
+            sync = dist.update_kwargs(mb)  # several ranks: normalisers and gradient summing
             m = update_step(policy.model, optimizer, part, algo, micro_batch_size=cfg.train.micro_batch_size,
                             micro_batch_tokens=cfg.train.micro_batch_tokens, max_grad_norm=cfg.train.max_grad_norm or float("inf"),
                             ref_model_ctx=ref_ctx, critic=critic,
@@ -472,6 +472,7 @@ def train(
     """
     _check_before_loading(cfg)
     dist = init_distributed()
+    dist = replace(dist, sharded=dist.enabled and cfg.train.parallel == "fsdp")
     run_dir = Path(cfg.run.out_dir) / cfg.run_name
     lock = acquire(run_dir) if dist.is_main else None  # one writer per run folder (run_lock.py)
     try:
@@ -494,9 +495,8 @@ def _train_claimed(
         _sft_warmup(run)
         if dist.is_main and cfg.run.checkpoint_every > 0:
             _checkpoint(run)  # step 0: a run cut before its first RL checkpoint keeps its warm-up
-    dist.broadcast_params(
-        list(_trainable_state(run.policy, run.critic).values())
-    )  # all ranks: rank 0's weights
+    if not dist.sharded:  # sharded: broadcast before sharding (_build_run)
+        dist.broadcast_params(list(_trainable_state(run.policy, run.critic).values()))  # rank 0's weights
     if run.backend is not None and run.state.step == 0 and cfg.sft.steps > 0:
         run.backend.sync()  # the warm-up's weights (and on every rank rank 0's, just broadcast)
     # a resumed run keeps the rows up to its checkpoint's step; a fresh run, or one resumed from the
@@ -504,20 +504,27 @@ def _train_claimed(
     run.log = RunLog(run_dir, tensorboard=cfg.run.tensorboard, resume_from_step=run.state.step + 1 if ckpt and run.state.step > 0 else 0,
                      wandb_project="veriloop" if cfg.run.wandb else None) if dist.is_main else None  # fmt: skip
     try:
-        if run.state.step == 0 and run.log is not None:  # the base policy's numbers, for comparison
+        at_start = run.state.step == 0 and (cfg.eval.at_start or cfg.train.steps == 0)
+        with _whole_weights(run, at_start):  # sharded: all ranks gather, rank 0 evaluates
             start = (
                 _evaluate(cfg, run.policy, 0, run.quiet, backend=_eval_backend(run))
-                if cfg.eval.at_start or cfg.train.steps == 0
+                if at_start and run.log is not None
                 else {}
             )
+        if run.state.step == 0 and run.log is not None:  # the base policy's numbers, for comparison
             base = {**run.state.history.get("eval_base", {}), **start}
             if base:
                 run.log.log(0, base)
         _loop(run)
-        if dist.is_main:
-            if any((run_dir / "eval").glob("*.json")):
-                (run_dir / "summary.md").write_text(run_summary(run_dir / "eval"))
-            save_policy(run.policy, run_dir / "final", card=_model_card(cfg, run_dir, run.state))
+        if dist.is_main and any((run_dir / "eval").glob("*.json")):
+            (run_dir / "summary.md").write_text(run_summary(run_dir / "eval"))
+        card = _model_card(cfg, run_dir, run.state) if dist.is_main else ""
+        if dist.sharded:  # all ranks gather the weights; rank 0 saves them in the ordinary format
+            from veriloop.algos.fsdp import save_final
+
+            save_final(run.policy, run.critic, run_dir / "final", dist=dist, card=card, rebuild=partial(build_policy, cfg))
+        elif dist.is_main:
+            save_policy(run.policy, run_dir / "final", card=card)
     finally:
         if run.log is not None:
             run.log.close()
@@ -559,6 +566,12 @@ def _build_run(cfg: ExperimentConfig, run_dir: Path, dist: DistContext, *, quiet
     torch.manual_seed(cfg.rollout.seed)  # before the model: a tiny/random init is reproducible
     policy = build_policy(cfg)
     critic = build_critic(cfg, policy)
+    sharded = None
+    if dist.sharded:  # every rank starts from rank 0's weights, then keeps its rows (before the optimizer)
+        from veriloop.algos.fsdp import shard
+
+        dist.broadcast_params(list(_trainable_state(policy, critic).values()))
+        sharded = shard(policy, critic)
     optimizer = build_optimizer(cfg, policy, critic)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     # SFT demonstrations use env seeds seed .. seed + examples - 1; RL problems come after them
@@ -566,13 +579,15 @@ def _build_run(cfg: ExperimentConfig, run_dir: Path, dist: DistContext, *, quiet
     return RunParts(cfg=cfg, algo=resolve(cfg.algo), policy=policy, critic=critic, optimizer=optimizer,
                     scheduler=scheduler, state=TrainerState(next_seed=cfg.rollout.seed + sft_seeds),
                     generator=torch.Generator().manual_seed(cfg.rollout.seed), run_dir=run_dir, dist=dist,
-                    quiet=quiet)  # fmt: skip
+                    quiet=quiet, sharded=sharded)  # fmt: skip
 
 
 def _restore(run: RunParts, resume: bool) -> Path | None:
     """With ``resume``: load the newest checkpoint that verifies and fits into ``run`` (weights,
     optimizer, schedule, state, shuffling generator; the RNG states too); a damaged newest one is
     reported and the previous one used (``checkpoint.resume_latest``). Returns its folder, or None."""
+    if run.dist.sharded:
+        return _restore_sharded(run, resume)
     apply = partial(_apply_checkpoint, run)
     found = None
     if resume and run.dist.is_main:
@@ -592,9 +607,38 @@ def _apply_checkpoint(run: RunParts, loaded: dict[str, Any]) -> None:
     """Put a loaded checkpoint into ``run``; raises (KeyError, ValueError...) when it does not fit."""
     _load_trainable_state(run.policy, run.critic, loaded["model_state"])
     run.optimizer.load_state_dict(loaded["optimizer"])
+    _apply_loop_state(run, loaded)
+
+
+def _apply_loop_state(run: RunParts, loaded: dict[str, Any]) -> None:
+    """The schedule, trainer state and shuffling generator of a loaded checkpoint."""
     run.scheduler.load_state_dict(loaded["scheduler"])
     run.state = TrainerState(**loaded["trainer_state"]["state"])
     run.generator.set_state(torch.tensor(loaded["trainer_state"]["generator"], dtype=torch.uint8))
+
+
+def _restore_sharded(run: RunParts, resume: bool) -> Path | None:
+    """``_restore`` of a sharded run: every rank reads its rows of the newest checkpoint that
+    verifies (``sharded_checkpoint.load_sharded``)."""
+    from veriloop.algos.fsdp import state_modules
+    from veriloop.algos.sharded_checkpoint import load_sharded
+
+    found = None
+    if resume:
+        found = load_sharded(run.run_dir, dist=run.dist, modules=state_modules(run.policy, run.critic),
+                             optimizer=run.optimizer)  # fmt: skip
+    if found is not None:
+        _apply_loop_state(run, found[1])
+        _say(run.quiet, f"resumed from {found[0]} (sharded) at step {run.state.step}")
+    elif resume:
+        _say(run.quiet, f"--resume: no complete checkpoint in {run.run_dir}/checkpoints, starting fresh")
+    return found[0] if found else None
+
+
+def _whole_weights(run: RunParts, needed: bool = True) -> contextlib.AbstractContextManager[None]:
+    """Sharded runs: every rank holds the policy's whole weights inside (``fsdp.Sharded.gathered``),
+    so a rank may generate, evaluate or send weights alone. Otherwise (or not ``needed``): nothing."""
+    return run.sharded.gathered() if run.sharded is not None and needed else contextlib.nullcontext()
 
 
 def _sft_warmup(run: RunParts) -> None:
@@ -620,7 +664,8 @@ def _loop(run: RunParts) -> None:
                     f"({cfg.rollout.prompts_per_step} problems x {cfg.rollout.group_size}), algorithm {cfg.algo.name}")  # fmt: skip
     for step in loop.steps(state.step):
         t0 = time.perf_counter()
-        trajs, sampled, sampling = collect(cfg, run.policy, state, run.dist, backend)
+        with _whole_weights(run, backend is None):  # the HF engine generates with the policy itself
+            trajs, sampled, sampling = collect(cfg, run.policy, state, run.dist, backend)
         metrics: dict[str, Any] = dict(sampling)
         t_rollout = time.perf_counter() - t0
         metrics.update(rollout_metrics(sampled, run.policy.tokenizer))  # every episode played, kept or not
@@ -633,7 +678,8 @@ def _loop(run: RunParts) -> None:
             metrics.update(train_on_batch(cfg, run.policy, run.critic, run.optimizer, trajs, run.generator,
                                           run.dist, run.algo))  # fmt: skip
             if backend is not None:
-                backend.sync()  # the engine samples the next step with the weights just trained
+                with _whole_weights(run):
+                    backend.sync()  # the engine samples the next step with the weights just trained
         else:
             metrics.update(_no_update())
         t_train = time.perf_counter() - t1
@@ -644,8 +690,8 @@ def _loop(run: RunParts) -> None:
         _evaluate_and_log(run, loop, metrics)
         loop.show(_summary(metrics))
         _say(run.quiet, f"step {state.step:4d}/{cfg.train.steps} | {_summary(metrics)}")
-        if run.dist.is_main and loop.checkpoint_due(state.step):
-            _checkpoint(run)
+        if (run.dist.is_main or run.dist.sharded) and loop.checkpoint_due(state.step):
+            _checkpoint(run)  # sharded: every rank writes its shards
 
 
 def _step_loop(run: RunParts) -> StepLoop:
@@ -717,8 +763,10 @@ def _evaluate_and_log(run: RunParts, loop: StepLoop, metrics: dict[str, Any]) ->
     cfg, step, main = run.cfg, run.state.step, run.dist.is_main
     last = step == cfg.train.steps
     every_eval = cfg.eval.every
-    if main and ((every_eval and step % every_eval == 0) or last):
-        metrics.update(_evaluate(cfg, run.policy, step, run.quiet, backend=_eval_backend(run)))
+    due = bool(every_eval and step % every_eval == 0) or last
+    with _whole_weights(run, due):  # sharded: all ranks gather, rank 0 evaluates
+        if main and due:
+            metrics.update(_evaluate(cfg, run.policy, step, run.quiet, backend=_eval_backend(run)))
     loop.log_metrics(step, metrics)  # rank 0 only: the others have no log
 
 
@@ -752,9 +800,17 @@ def _checkpoint(run: RunParts) -> None:
     """Atomic save (see ``algos/checkpoint.py``); refuses non-finite weights, keeps the last K."""
     state = run.state
     trainer_state = {"state": dict(state.__dict__), "generator": run.generator.get_state().tolist()}
+    delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
+    if run.sharded is not None:  # every rank: its shards, then rank 0 commits (sharded_checkpoint.py)
+        from veriloop.algos.fsdp import state_modules
+        from veriloop.algos.sharded_checkpoint import save_sharded
+
+        save_sharded(run.run_dir, state.step, dist=run.dist, modules=state_modules(run.policy, run.critic),
+                     optimizer=run.optimizer, scheduler=run.scheduler, trainer_state=trainer_state,
+                     keep_last=run.cfg.run.keep_last, delay_s=delay)  # fmt: skip
+        return
     weights = _trainable_state(run.policy, run.critic)
     check_finite(weights.items())  # the critic too; save_checkpoint checks the policy model again
-    delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
 
     def save_model(folder: Path) -> None:
         torch.save(weights, folder / "model.pt")

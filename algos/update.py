@@ -30,11 +30,11 @@ import torch
 from veriloop.agents.forward import first_loss_position, shared_prefix_length, token_logprobs
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos import advantages as A
-from veriloop.algos.algorithm import Algorithm, RewardInputs, resolve
+from veriloop.algos.algorithm import Algorithm, ObjectiveExtras, RewardInputs, resolve
 from veriloop.algos.batch import TokenBatch, collate, minibatches, with_advantages
 from veriloop.algos.correction import rollout_correction
 from veriloop.algos.critic import ValueModel, values
-from veriloop.algos.losses import aggregate, entropy_bonus, kl_penalty, value_loss
+from veriloop.algos.losses import aggregate, entropy_bonus, kl_penalty, sequence_count, value_loss
 from veriloop.algos.mismatch import MismatchStats, mismatch_stats
 from veriloop.algos.sampling import verifier_failed
 from veriloop.algos.shaping import format_reward, kl_reward_penalty, overlong_filter_mask, overlong_penalty
@@ -278,7 +278,10 @@ def policy_loss(
     + vf_coef V-loss.
 
     The policy objective is ``cfg.policy_loss`` (``POLICY_LOSSES``: PPO clip, GSPO, CISPO, SAPO,
-    GMPO, Clip-Cov, KL-Cov); w is the rollout-correction weight ``batch.is_weights`` (1 when off).
+    GMPO, Clip-Cov, KL-Cov, DPPO); w is the rollout-correction weight ``batch.is_weights`` (1 when
+    off), applied by the objective (per token; GSPO per token of its token form; GMPO as the
+    geometric mean over the sequence, see ``ObjectiveExtras``). With ``sequence_unit="turn"`` the
+    sequence modes of the aggregation average per (episode, turn) (``aggregate``'s ``segments``).
     The KL term is in the loss only for ``kl_mode="loss"`` (GRPO); its reference log-probs come
     from ``batch.ref_logprobs`` or are computed under ``ref_model_ctx()``. The value loss is always
     token-mean. ``agg_constant`` (max new tokens) is used for ``seq_sum_constant`` when
@@ -306,12 +309,12 @@ def policy_loss(
     assert ent is not None  # [B, T] like logp
     if mismatch is not None:  # sampler (mu) vs this forward pass, before any update (the caller's choice)
         mismatch.append(_mismatch(batch, logp))
-    agg = partial(algo.aggregation, mask=mask, constant=algo.cfg.loss_agg_constant or agg_constant,
-                  total_tokens=total_tokens, total_seqs=total_seqs)  # fmt: skip
     segments = batch.turn_index if algo.per_turn_segments else None
-    pg, stats = algo.objective(logp, batch.old_logprobs, batch.advantages, mask, segments)  # [B, T]
-    if batch.is_weights is not None:  # rollout correction: pi_old / mu, truncated or masked
-        pg = pg * batch.is_weights.detach()
+    agg = partial(algo.aggregation, mask=mask, constant=algo.cfg.loss_agg_constant or agg_constant,
+                  total_tokens=total_tokens, total_seqs=total_seqs, segments=segments)  # fmt: skip
+    extras = ObjectiveExtras(is_weights=batch.is_weights, sampler_logprobs=batch.sampler_logprobs,
+                             cov_select=batch.cov_select)  # fmt: skip
+    pg, stats = algo.objective(logp, batch.old_logprobs, batch.advantages, mask, segments, extras)  # [B, T]
     loss_pg = agg(pg)
     zero = loss_pg.new_zeros(())
     loss_kl = (
@@ -389,14 +392,18 @@ def _loss_metrics(
     return metrics
 
 
-def loss_normalisers(batch: TokenBatch) -> dict[str, float]:
+def loss_normalisers(batch: TokenBatch, cfg: AlgoConfig | Algorithm | None = None) -> dict[str, float]:
     """``update_step(**loss_normalisers(mini_batch))`` on each data-parallel rank: the whole
     mini-batch's token and sequence counts, so every rank's loss (policy *and* value) is already
     in the mini-batch's units and the ranks' gradients are simply summed (``grad_sync(1.0)``).
     Weighting each rank by one share instead cannot be right for both the sequence-normalised
-    policy loss and the token-normalised value loss at once."""
-    lengths = batch.loss_mask.sum(1)
-    return {"global_tokens": float(lengths.sum()), "global_seqs": float((lengths > 0).sum())}
+    policy loss and the token-normalised value loss at once. With ``cfg``'s ``sequence_unit="turn"``
+    a sequence is an (episode, turn) pair."""
+    segments = batch.turn_index if cfg is not None and resolve(cfg).per_turn_segments else None
+    return {
+        "global_tokens": float(batch.loss_mask.sum()),
+        "global_seqs": float(sequence_count(batch.loss_mask, segments)),
+    }
 
 
 def update_step(
@@ -420,7 +427,9 @@ def update_step(
     """One optimizer step on ``batch``: gradient accumulation over micro-batches, grad-norm clipping
     over the optimizer's parameters, and a non-finite guard (a NaN/inf loss or gradient norm skips
     the step and reports ``skipped=1``). The accumulated gradient equals the full-batch gradient:
-    each micro-batch loss is normalised by the whole batch's token / sequence counts.
+    each micro-batch loss is normalised by the whole batch's token / sequence counts ((episode,
+    turn) pairs with ``sequence_unit="turn"``), and Clip-Cov / KL-Cov choose their tokens once for
+    the whole batch (``select_tokens``) before it is cut into micro-batches.
 
     ``on_before_step(params, finite) -> finite`` runs after the last backward and before clipping
     (data parallelism: the gradient all-reduce, see ``DistContext.grad_sync``); it receives every
@@ -435,11 +444,13 @@ def update_step(
         ``METRIC_NAMES`` metrics (losses summed over micro-batches, rates token-weighted) + ``skipped``.
     """
     optimizer.zero_grad(set_to_none=True)
+    algo = resolve(cfg)
+    batch = select_tokens(batch, algo)
     lengths = batch.loss_mask.sum(1)  # [B] sampled tokens per row
     # every micro-batch's loss is in the whole (mini-)batch's units: the gradients just add up
     total_tokens = float(lengths.sum()) if global_tokens is None else global_tokens
-    total_seqs = float((lengths > 0).sum()) if global_seqs is None else global_seqs
-    loss_fn = partial(policy_loss, cfg=resolve(cfg), ref_model_ctx=ref_model_ctx, critic=critic,
+    total_seqs = float(loss_normalisers(batch, algo)["global_seqs"]) if global_seqs is None else global_seqs
+    loss_fn = partial(policy_loss, cfg=algo, ref_model_ctx=ref_model_ctx, critic=critic,
                       agg_constant=max_new_tokens, temperature=temperature, total_tokens=total_tokens,
                       total_seqs=total_seqs, mismatch=mismatch)  # fmt: skip
     # similar lengths, little padding; at most micro_batch_tokens padded tokens each when set
@@ -457,6 +468,18 @@ def update_step(
     sums["grad_norm"] = grad_norm
     sums["skipped"] = float(skipped)
     return sums
+
+
+def select_tokens(batch: TokenBatch, cfg: AlgoConfig | Algorithm) -> TokenBatch:
+    """``batch`` with Clip-Cov's / KL-Cov's tokens chosen over all of it (``Algorithm.selector``,
+    with log pi_old), once: micro-batches then slice the choice instead of each making its own
+    (whose covariance means and token counts would be the micro-batch's). Other objectives, or a
+    batch that already carries a choice: unchanged."""
+    algo = resolve(cfg)
+    if algo.selector is None or batch.cov_select is not None:
+        return batch
+    chosen = algo.selector(batch.advantages, batch.old_logprobs, batch.loss_mask)
+    return replace(batch, cov_select=chosen)
 
 
 def _accumulate_gradients(
@@ -508,12 +531,22 @@ def prepare_batch(
     Rollout correction (``cfg.needs_old_recompute``): pi_old is always recomputed by ``model``
     and the recorded log-probs are kept as mu (``batch.sampler_logprobs``); the correction's
     weights go to ``batch.is_weights`` and the tokens / sequences it drops leave the loss mask.
-    Its stats (``rollout_corr/*``, ``mismatch/*``) join the returned metrics.
+    Its stats (``rollout_corr/*``) join the returned metrics, and so does the mismatch of mu
+    against this pi_old over every sampled token, dropped ones included (``mismatch/*``, the one
+    place they are measured when pi_old is recomputed: the caller must not measure them again).
+    DPPO (``policy_loss="dppo"``) keeps the recorded log-probs as mu too (its ratio is pi / mu).
+    Both refuse ``recompute_old_logprobs`` (top-k / top-p): mu would be the filtered distribution's.
     """
     algo = resolve(cfg)
     c = algo.cfg
     base = collate(trajectories, [[0.0] * len(t.token_ids) for t in trajectories], pad_id=pad_id)  # [N, T]
     sampler_lp = base.old_logprobs  # mu: what the sampler recorded, [N, T]
+    if recompute_old_logprobs and c.needs_sampler_logprobs:
+        raise ValueError(
+            "rollout correction and DPPO compare the trainer with the sampler's recorded log-probs, but "
+            "with top-k / top-p those are of the filtered distribution (pi_old / mu would be the nucleus "
+            "mass, not a mismatch): sample with rollout.top_p=1 and rollout.top_k=0"
+        )
     if recompute_old_logprobs or c.needs_old_recompute:
         base = _recompute_old_logprobs(model, base, temperature)
     ref_ctx = _as_context(ref_model, ref_model_ctx)
@@ -529,10 +562,13 @@ def prepare_batch(
     adv = compute_advantages(trajectories, algo, values=old_v, ref_logprobs=ref, tokens=base)
     batch = replace(with_advantages(base, adv.advantages, adv.sample_mask),
                     returns=adv.returns, old_values=old_v, ref_logprobs=ref)  # fmt: skip
+    if c.needs_sampler_logprobs and not c.needs_old_recompute:  # DPPO: mu as recorded
+        return replace(batch, sampler_logprobs=sampler_lp * batch.loss_mask), adv.metrics
     if not c.needs_old_recompute:
         return batch, adv.metrics
+    seen = mismatch_stats(batch.old_logprobs, sampler_lp * batch.loss_mask, batch.loss_mask).metrics()
     batch, stats = _correct_rollout(batch, sampler_lp, c)
-    return batch, {**adv.metrics, **stats}
+    return batch, {**adv.metrics, **stats, **seen}
 
 
 def _recompute_old_logprobs(model: Any, base: TokenBatch, temperature: float) -> TokenBatch:

@@ -14,7 +14,10 @@ from typing import Literal
 Advantage = Literal[
     "group_norm", "group_mean", "rloo", "batch_norm", "group_mean_batch_norm", "gae", "process"
 ]
-PolicyLoss = Literal["ppo_clip", "gspo", "gspo_token", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov"]
+PolicyLoss = Literal["ppo_clip", "gspo", "gspo_token", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "dppo"]
+#: Policy objectives whose loss is one number per sequence: they take the per-sequence mean only.
+SEQUENCE_LEVEL_LOSSES = ("gspo", "gspo_token", "gmpo")
+DPPODivergence = Literal["tv", "kl"]
 SequenceUnit = Literal["episode", "turn"]
 RolloutIS = Literal["none", "truncate", "mask"]
 #: How an episode's per-turn rewards become one number: the last turn's (``outcome``) or their sum.
@@ -55,6 +58,8 @@ class AlgoConfig:
         clip_low, clip_high: Ratio clip range [1 - clip_low, 1 + clip_high]; DAPO's clip-higher
             is clip_high > clip_low. GSPO clips its sequence ratio with them (narrow: 3e-4 / 4e-4),
             CISPO its detached IS weight; GMPO reads them in log space, [e^-clip_low, e^clip_high].
+            CISPO's cap is *relative*, 1 + clip_high (MiniMax's eps_high); TRL's CISPO cap is the
+            absolute upper bound of the weight: TRL's cap c is clip_high = c - 1 here.
         dual_clip: Dual-clip constant c > 1 bounding the loss for negative advantages; None = off.
         policy_loss: The policy objective (``algos.losses``). ``ppo_clip`` (PPO / GRPO / DAPO
             clipped surrogate); ``gspo`` (one clipped geometric-mean ratio per sequence, Zheng et
@@ -62,19 +67,35 @@ class AlgoConfig:
             ``cispo`` (clipped, detached IS weight times A log pi; MiniMax-M1); ``sapo`` (soft
             sigmoid gate, temperature by the sign of A); ``gmpo`` (geometric mean of token ratios,
             clipped in log space); ``clip_cov`` / ``kl_cov`` (Cui et al. 2025: detach / KL-penalise
-            the tokens with the highest advantage-log-prob covariance).
+            the tokens with the highest advantage-log-prob covariance); ``dppo`` (Qi et al. 2026:
+            ratio against the sampler's mu, a binary TV / KL trust-region mask and a small
+            squared log-ratio penalty; ``dppo_*``). ``gspo``, ``gspo_token`` and ``gmpo`` are
+            sequence-level: they need ``loss_agg=seq_mean_token_mean``.
         sequence_unit: What "the sequence" is for sequence-level objectives (gspo, gmpo) and the
             geometric rollout mask: ``episode`` = all sampled tokens of the episode, every turn
             (environment tokens between turns are not part of it); ``turn`` = each turn's sampled
-            tokens on their own (use it with per-turn credit: ``reward_level=turn``, ``process``).
+            tokens on their own (use it with per-turn credit: ``reward_level=turn``, ``process``);
+            the sequence modes of ``loss_agg`` then average per (episode, turn) too.
         sapo_tau_pos, sapo_tau_neg: SAPO gate temperatures for A > 0 and A < 0 (paper: 1.0, 1.05).
         cov_ratio: Clip-Cov / KL-Cov share of tokens acted on (paper: 2e-4; KL-Cov 2e-3 at 7B).
         cov_lb, cov_ub: Clip-Cov covariance window from which tokens are detached (paper: 1, 5).
         cov_kl_coef: KL-Cov weight of |log ratio| on the selected tokens (paper: 1).
+            Clip-Cov / KL-Cov choose their tokens once per mini-batch, with log pi_old (the policy
+            the batch was sampled from; pi_theta at the first update), so micro-batching leaves the
+            gradient unchanged.
+        dppo_divergence: DPPO's trust-region divergence, ``tv`` (pi - mu of the sampled token) or
+            ``kl`` (the binary KL of mu vs pi on {token, rest}).
+        dppo_low, dppo_high: DPPO's bounds on that divergence for A < 0 / A > 0 (prime-rl's TV
+            default 0.2 / 0.2; a KL bound is on another scale, e.g. 0.05).
+        dppo_tau: Weight of DPPO's squared log-ratio penalty tau (log pi / mu)^2 (prime-rl: 1e-3).
         rollout_is: Rollout correction per token, with mu the sampler's recorded probability and
             pi_old the trainer's own (recomputed before the update): ``truncate`` weighs the loss
             by min(pi_old / mu, rollout_is_cap) (TIS); ``mask`` by pi_old / mu, dropping tokens
             whose ratio leaves [rollout_is_low, rollout_is_high] (MIS / IcePop); ``none``.
+            The bounds are on pi_old / mu; verl's are on mu / pi_old (its [a, b] is [1/b, 1/a]
+            here: the same only for bounds symmetric in log space, such as [0.5, 2]). Not with
+            top-p / top-k sampling (the config check refuses it): mu is then the filtered
+            distribution's and pi_old / mu is the nucleus mass, not a mismatch.
         rollout_is_cap: C of truncated IS.
         rollout_is_low, rollout_is_high: Masked IS bounds.
         rollout_seq_mask: Drop a whole sequence (``sequence_unit``) when the geometric mean of its
@@ -124,6 +145,10 @@ class AlgoConfig:
     cov_lb: float = 1.0
     cov_ub: float = 5.0
     cov_kl_coef: float = 1.0
+    dppo_divergence: DPPODivergence = "tv"
+    dppo_low: float = 0.2
+    dppo_high: float = 0.2
+    dppo_tau: float = 1e-3
     rollout_is: RolloutIS = "none"
     rollout_is_cap: float = 2.0
     rollout_is_low: float = 0.5
@@ -163,6 +188,12 @@ class AlgoConfig:
         """Rollout correction compares the trainer's pi_old with the sampler's recorded mu."""
         return self.rollout_is != "none" or self.rollout_seq_mask
 
+    @property
+    def needs_sampler_logprobs(self) -> bool:
+        """The update reads the sampler's recorded log-probs mu as such (rollout correction, DPPO):
+        they must be of the trainer's distribution, so top-p / top-k sampling is refused."""
+        return self.needs_old_recompute or self.policy_loss == "dppo"
+
     def validate(self) -> None:
         """Cross-field checks, each with a fix-it message."""
         if self.advantage == "gae" and self.critic == "none":
@@ -192,6 +223,7 @@ class AlgoConfig:
                     "per-token or per-turn advantages: use policy_loss=gspo_token"
                     + (", or sequence_unit=turn" if per_turn and not per_token else "")
                 )
+        self._validate_objective()
         if min(self.sapo_tau_pos, self.sapo_tau_neg) <= 0:
             raise ValueError(f"sapo temperatures must be > 0, got {self.sapo_tau_pos}, {self.sapo_tau_neg}")
         if not 0 < self.cov_ratio <= 1 or self.cov_lb >= self.cov_ub:
@@ -210,3 +242,26 @@ class AlgoConfig:
             )
         if self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+
+    def _validate_objective(self) -> None:
+        """Choices that only some objectives accept."""
+        if self.policy_loss in SEQUENCE_LEVEL_LOSSES and self.loss_agg != "seq_mean_token_mean":
+            raise ValueError(
+                f"policy_loss={self.policy_loss} puts one loss per sequence on each of its tokens: "
+                f"loss_agg={self.loss_agg} would weigh each sequence by its length. Use "
+                "loss_agg=seq_mean_token_mean (the paper's mean over sequences, as verl hard-codes)"
+            )
+        if self.policy_loss == "dppo":
+            if self.needs_old_recompute:
+                raise ValueError(
+                    "policy_loss=dppo already takes its ratio against the sampler's mu; the rollout "
+                    "correction's pi_old / mu weights would correct twice: set rollout_is=none and "
+                    "rollout_seq_mask=false"
+                )
+            if self.dppo_low <= 0 or self.dppo_high <= 0 or self.dppo_tau < 0:
+                raise ValueError(
+                    f"dppo needs dppo_low > 0, dppo_high > 0 and dppo_tau >= 0, got {self.dppo_low}, "
+                    f"{self.dppo_high}, {self.dppo_tau}"
+                )
+            if self.dppo_divergence not in ("tv", "kl"):
+                raise ValueError(f"dppo_divergence must be 'tv' or 'kl', got {self.dppo_divergence!r}")

@@ -621,6 +621,16 @@ class ExperimentConfig:
                 f"algo.advantage={algo.advantage} compares samples of the same prompt: set "
                 f"rollout.group_size >= 2 (got {rollout.group_size}), or use algo.advantage=batch_norm"
             )
+        if algo.needs_sampler_logprobs and (rollout.top_p < 1.0 or rollout.top_k > 0):
+            what = "rollout correction (algo.rollout_is, rollout_seq_mask)"
+            if algo.policy_loss == "dppo":
+                what = "policy_loss=dppo"
+            raise ConfigError(
+                f"{what} compares the trainer with the sampler's recorded log-probs, but rollout.top_p="
+                f"{rollout.top_p} / rollout.top_k={rollout.top_k} make them log-probs of the filtered "
+                "distribution: pi_old / mu would be the nucleus mass even for identical engines. Sample with "
+                "rollout.top_p=1.0 rollout.top_k=0, or switch the correction off"
+            )
         if algo.dynamic_sampling and rollout.group_size < 2:
             raise ConfigError(
                 "algo.dynamic_sampling keeps groups with differing rewards: set rollout.group_size >= 2"

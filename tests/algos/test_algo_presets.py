@@ -11,7 +11,7 @@ import torch
 from veriloop.configs.presets import config_from_mapping, list_presets, load_preset
 
 EXPECTED = {"ppo", "grpo", "rloo", "dapo", "dr_grpo", "reinforce_pp", "s2r_outcome_rloo", "s2r_process_grpo",
-            "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "reinforce_pp_baseline"}  # fmt: skip
+            "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "reinforce_pp_baseline", "dppo"}  # fmt: skip
 
 
 def test_all_presets_ship_load_and_start_with_a_paper_comment():
@@ -55,12 +55,17 @@ PAPER_SETTINGS = {
     "sapo": dict(policy_loss="sapo", sapo_tau_pos=1.0, sapo_tau_neg=1.05, advantage="group_norm"),
     # GMPO: geometric mean, log-space clip (e^-0.4, e^0.4)
     "gmpo": dict(policy_loss="gmpo", clip_low=0.4, clip_high=0.4, loss_agg="seq_mean_token_mean"),
-    # Clip-Cov r = 2e-4 in [1, 5]; KL-Cov k = 0.2%, beta 1
-    "clip_cov": dict(policy_loss="clip_cov", cov_ratio=2e-4, cov_lb=1.0, cov_ub=5.0, clip_low=0.2, clip_high=0.2),
+    # Clip-Cov r = 2e-4 in [1, 5], clip low = high = 1 and dynamic sampling as the authors' recipes;
+    # KL-Cov k = 0.2%, beta 1
+    "clip_cov": dict(policy_loss="clip_cov", cov_ratio=2e-4, cov_lb=1.0, cov_ub=5.0, clip_low=1.0, clip_high=1.0,
+                     dynamic_sampling=True),
     "kl_cov": dict(policy_loss="kl_cov", cov_ratio=2e-3, cov_kl_coef=1.0),
     # REINFORCE++-baseline: group mean subtracted, then whitened over the batch's tokens
     "reinforce_pp_baseline": dict(advantage="group_mean_batch_norm", kl_mode="reward", kl_coef=0.01,
                                   kl_estimator="k1", critic="none"),
+    # DPPO: ratio against mu, binary TV mask 0.2 / 0.2, tau 1e-3 (prime-rl's defaults), token mean
+    "dppo": dict(policy_loss="dppo", dppo_divergence="tv", dppo_low=0.2, dppo_high=0.2, dppo_tau=1e-3,
+                 loss_agg="token_mean", kl_coef=0.0, rollout_is="none", rollout_seq_mask=False),
 }  # fmt: skip
 
 
@@ -94,7 +99,7 @@ def test_unknown_names_and_keys_suggest_the_closest():
 
 
 # ------------------------------------------------------------- the new presets train 2 steps
-NEW = ["gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "reinforce_pp_baseline", "grpo+tis"]
+NEW = ["gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "reinforce_pp_baseline", "grpo+tis", "dppo"]
 FAST = [
     "policy.model=tiny", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}",
     "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
@@ -132,6 +137,8 @@ def test_new_presets_train_two_steps(tmp_path, preset, monkeypatch) -> None:
         assert all(
             {"rollout_corr/token_frac", "rollout_corr/seq_frac", "mismatch/k3_kl"} <= set(r) for r in rows
         )
+    if name == "dppo":  # its ratio is against the recorded mu; the mismatch is measured in the update
+        assert all(r["mismatch/tokens"] > 0 and 0 <= r["clip_frac_high"] <= 1 for r in rows)
     if name in ("clip_cov", "kl_cov"):  # KL-Cov always acts on >= 1 token; Clip-Cov only in its window
         assert all(r["cov_frac"] > 0 if name == "kl_cov" else r["cov_frac"] >= 0 for r in rows)
     step = max((run_dir / "checkpoints").glob("step-*"))

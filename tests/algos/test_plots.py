@@ -99,3 +99,55 @@ def test_empty_panels_say_why_and_eval_shows_the_base_model():
     labels = ax.get_legend_handles_labels()[1]
     assert labels == ["avg@n (= pass@1)", "base model avg@n = 0.00"]
     _pyplot().close(fig)
+
+
+def test_eval_curves_carry_their_standard_error_band():
+    from veriloop.algos.plots import _draw_eval, _pyplot
+
+    rows = [
+        {"step": s, "eval/id/avg@n": 0.1 * s, "eval/id/se/avg@n": 0.05, "eval/id/pass@4": 0.2 * s}
+        for s in range(3)
+    ]
+    fig, ax = _pyplot().subplots()
+    _draw_eval(ax, rows, "id", ["avg@n", "pass@4"])
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["avg@n (band: +/- 1 SE)", "pass@4"]  # pass@4 has no SE logged: no band claimed
+    (band,) = ax.collections
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert min(ys) == pytest.approx(-0.05) and max(ys) == pytest.approx(0.25)  # 0.0 - 0.05 .. 0.2 + 0.05
+    _pyplot().close(fig)
+
+
+def test_kl_note_sits_above_the_axes_not_on_the_curve():
+    from veriloop.algos.plots import _draw_group, _pyplot
+
+    rows = [{"step": s, "approx_kl": 1e-9, "updates": 1.0} for s in range(1, 4)]
+    fig, ax = _pyplot().subplots()
+    assert _draw_group(ax, rows, "kl")
+    assert len(ax.texts) == 0  # nothing drawn inside the axes
+    assert "~0" in ax.get_title() and ax.get_title().startswith("KL")
+    _pyplot().close(fig)
+
+
+def test_sft_loss_is_plotted_for_an_sft_folder_and_a_training_run(tmp_path):
+    sft_rows = [{"step": s, "loss/sft": 2.0 / s, "sft/lr": 1e-4} for s in range(1, 6)]
+    sft = tmp_path / "sft-only"
+    sft.mkdir()
+    (sft / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft_rows))
+    assert [p.name for p in plot_run(sft)] == ["sft.png", "overview.png"]
+    run = tmp_path / "run"
+    write_metrics(run)
+    (run / "sft").mkdir()
+    (run / "sft" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft_rows))
+    assert is_png(run / "plots" / "sft.png") if "sft.png" in [p.name for p in plot_run(run)] else False
+
+
+def test_plot_cli_on_a_wrong_folder_is_one_line_and_exit_2(tmp_path, capsys):
+    assert cli_plot(argparse.Namespace(run=str(tmp_path / "nope"), out=None)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a run folder" in err and "Traceback" not in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "metrics.jsonl").write_text('{"step": 1, "time": 0.5}\n')
+    assert cli_plot(argparse.Namespace(run=str(empty), out=None)) == 1
+    assert "nothing to draw" in capsys.readouterr().err

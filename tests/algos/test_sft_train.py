@@ -291,3 +291,19 @@ def test_build_examples_errors_point_to_the_right_source():
         build_examples("s2r", "veriloop/MathVerify-v0", {}, [0])
     chats = build_examples("s2r", "veriloop/SolveVerify-v0", {"task": "points24"}, [0, 1], system_prompt="S")
     assert all(ex.messages[0] == {"role": "system", "content": "S"} for ex in chats)
+
+
+def test_sft_steps_run_as_asked_unless_an_epochs_cap_is_set_and_said(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from veriloop.algos.sft_train import sft_total_steps
+    from veriloop.configs.schema import ConfigError, SFTConfig
+
+    assert SFTConfig().epochs is None  # sft.steps alone decides by default
+    assert sft_total_steps(20, None, 16, 8) == 20 and capsys.readouterr().err == ""
+    assert sft_total_steps(20, 1, 16, 8) == 2  # one pass over 16 examples in batches of 8
+    assert "running 2 of sft.steps=20 steps" in capsys.readouterr().err
+    assert sft_total_steps(20, 3, 17, 8) == 7  # ceil(3 x 17 / 8)
+    assert sft_total_steps(5, 3, 17, 8) == 5 and capsys.readouterr().err.count("running") == 1
+    with pytest.raises(ConfigError, match="sft.epochs must be >= 1 or null"):
+        SFTConfig(epochs=0).validate()
