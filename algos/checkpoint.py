@@ -28,6 +28,7 @@ Loading uses ``torch.load(weights_only=True)``: a checkpoint can never execute c
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -161,15 +162,34 @@ def save_checkpoint(
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    _write_contents(tmp, model, save_model, optimizer, scheduler, trainer_state)
-    _write_file(tmp / MARKER, json.dumps({"step": step, "files": _manifest(tmp)}, indent=1).encode())
-    fsync_tree(tmp)
+    try:
+        _write_contents(tmp, model, save_model, optimizer, scheduler, trainer_state)
+        _write_file(tmp / MARKER, json.dumps({"step": step, "files": _manifest(tmp)}, indent=1).encode())
+        fsync_tree(tmp)
+    except BaseException as e:
+        full = isinstance(e, OSError | RuntimeError) and _disk_full(root, e)
+        shutil.rmtree(tmp, ignore_errors=True)  # a cut save leaves nothing behind (and frees its space)
+        if full:
+            raise OSError(
+                errno.ENOSPC, f"no space left on the device while saving {final.name}", str(root)
+            ) from e
+        raise
     if final.exists():  # re-saving a step (resumed from an older one): retire the old copy first
         _retire(final)
     os.rename(tmp, final)
     fsync_dir(root)
     _prune(root, keep=keep_last, protect=final)
     return final
+
+
+def _disk_full(folder: Path, error: BaseException) -> bool:
+    """Whether a failed write ran out of space (``torch.save`` reports it as a RuntimeError)."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        return shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        return False
 
 
 def _write_contents(

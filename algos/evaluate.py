@@ -499,6 +499,24 @@ def _label(checkpoint: str) -> str:
     return path.name if path.parent.name != "checkpoints" else f"{path.parent.parent.name}-{path.name}"
 
 
+def run_folder_of(checkpoint: str | Path) -> Path | None:
+    """The run folder a saved policy belongs to (``RUN/final``, ``RUN/sft/final``,
+    ``RUN/checkpoints/step-N``...): its nearest ancestor holding a ``config.yaml``; None if none."""
+    for folder in Path(checkpoint).resolve().parents:
+        if (folder / "config.yaml").is_file():
+            return folder
+    return None
+
+
+def _default_eval_dir(cfg: Any, checkpoints: Sequence[str]) -> Path:
+    """``RUN/eval-cli`` of the run the evaluated checkpoints come from (all from one run); the
+    config's run folder when only the base model is evaluated or they come from several runs."""
+    runs = {run_folder_of(c) for c in checkpoints if c not in ("base", "default")}
+    if len(runs) == 1 and None not in runs:
+        return next(iter(runs)) / "eval-cli"  # type: ignore[operator]
+    return Path(cfg.run.out_dir) / cfg.run_name / "eval-cli"
+
+
 def _cli_backend(cfg: Any, policy: Any) -> Any:
     """The engine ``veriloop eval`` samples with: the config's vLLM engine (one per checkpoint) when its
     evaluations use the rollouts' backend (``eval.backend: rollout``) and that resolves to ``vllm``,
@@ -519,7 +537,8 @@ def run_eval_cli(
 ) -> dict[str, dict]:
     """Evaluate each checkpoint as the config says; write per-checkpoint and combined reports and the
     pass@k-vs-k plot (``pass_at_k.png``) to ``out_dir`` (default: ``RUN_DIR/eval-cli``, where
-    RUN_DIR is the config's run folder). Returns ``{label: report}``.
+    RUN_DIR is the run folder the checkpoints were saved in, or the config's run folder for the
+    base model). Returns ``{label: report}``.
 
     The config, the environments (``imports`` are imported first) and every checkpoint path are
     checked before any model loads."""
@@ -536,7 +555,8 @@ def run_eval_cli(
             f"--checkpoints: {', '.join(missing)} not found; give saved policy folders (RUN/final, "
             "RUN/sft/final, RUN/checkpoints/step-N) or 'base'"
         )
-    out = Path(out_dir) if out_dir is not None else Path(cfg.run.out_dir) / cfg.run_name / "eval-cli"
+    out = Path(out_dir) if out_dir is not None else _default_eval_dir(cfg, checkpoints)
+    out.mkdir(parents=True, exist_ok=True)  # an unwritable folder fails now, before any model loads
     reports: dict[str, dict] = {}
     for checkpoint in checkpoints or ["base"]:
         label = _label(checkpoint)

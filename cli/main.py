@@ -316,12 +316,12 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"veriloop {args.command}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"veriloop {args.command}: interrupted. {_KEPT}", file=sys.stderr)
+        print(f"veriloop {args.command}: interrupted. {_kept(args.command)}", file=sys.stderr)
         return 130
-    except OSError as e:
-        if e.errno not in _DISK_ERRORS:
+    except (OSError, RuntimeError) as e:
+        if not _refused_write(e):
             raise
-        print(f"veriloop {args.command}: {_disk_message(e)}", file=sys.stderr)
+        print(f"veriloop {args.command}: {_disk_message(e)} {_kept(args.command)}", file=sys.stderr)
         return 1
 
 
@@ -333,14 +333,31 @@ _KEPT = (
 _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
-def _disk_message(e: OSError) -> str:
+#: How writers that are not Python's own file objects (torch.save, safetensors) say the disk is full.
+_FULL_DISK_TEXTS = ("No space left on device", "file write failed", "iostream error")
+
+
+def _refused_write(e: BaseException) -> bool:
+    if isinstance(e, OSError):
+        return e.errno in _DISK_ERRORS
+    return any(text in str(e) for text in _FULL_DISK_TEXTS)
+
+
+def _disk_message(e: OSError | RuntimeError) -> str:
     """One line for a write the file system refused: what, where, and what to do."""
+    if not isinstance(e, OSError):
+        e = OSError(errno.ENOSPC, f"a write failed ({str(e)[:200]}), most likely a full disk")
     where = f" ({e.filename})" if e.filename else ""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = "free some space (or lower run.keep_last) or choose another run.out_dir"
+        fix = "Free some space (or lower run.keep_last) or choose another run.out_dir"
     else:
-        fix = "choose a writable run.out_dir (or --out) or fix the folder's permissions"
-    return f"cannot write{where}: {os.strerror(e.errno or 0)}. {fix}. {_KEPT}"
+        fix = "Choose a writable run.out_dir (or --out) or fix the folder's permissions"
+    return f"cannot write{where}: {e.strerror or os.strerror(e.errno or 0)}. {fix}."
+
+
+def _kept(command: str) -> str:
+    """What an interrupted command leaves: trainers can resume; other commands just run again."""
+    return _KEPT if command in ("train", "sft", "quickstart") else "Run the command again."
 
 
 if __name__ == "__main__":
