@@ -6,6 +6,11 @@ attribute, through ``getattr(..., "eval")``, or imported under another name). ma
 LaTeX with sympy inside the sandboxed verifier workers, with its LaTeX extraction only (its plain
 expression mode goes through ``parse_expr``; tests/envs/test_hostile_inputs.py watches for that at
 run time).
+
+Third-party scorers that evaluate text (reasoning-gym's) are the other door: package code calls a
+``score_answer`` only on trusted text (the warm-up on a dataset's own gold), and hands it model text
+only by reference, to the jail (tests/interop/test_reasoning_gym_isolation.py); at run time no
+``score_answer`` runs in the caller's process.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_DIRS = ("envs", "agents", "algos", "cli", "configs")
+PACKAGE_DIRS = ("envs", "agents", "algos", "cli", "configs", "interop")
+#: ``(file, function)`` where package code may call a third-party ``score_answer``: trusted text only.
+SCORE_ANSWER_CALLS = {("interop/reasoning_gym_env.py", "_warm")}
 BUILTINS = frozenset({"eval", "exec", "compile"})
 SYMPY_EVALUATORS = frozenset({"sympify", "parse_expr", "lambdify"})
 NAMES = BUILTINS | SYMPY_EVALUATORS
@@ -104,3 +111,45 @@ def test_package_code_never_evaluates_text() -> None:
         if (hits := forbidden_calls(p.read_text(encoding="utf-8"), str(p)))
     }
     assert offenders == {}, f"calls that evaluate text as code: {offenders}"
+
+
+def score_answer_calls(source: str) -> list[tuple[str, int]]:
+    """``(enclosing function, line)`` of every ``<x>.score_answer(...)`` call in ``source``."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
+                if child.func.attr == "score_answer":
+                    found.append((function, child.lineno))
+            visit(child, name)
+
+    visit(ast.parse(source), "<module>")
+    return found
+
+
+def test_third_party_scorers_see_model_text_only_in_the_jail() -> None:
+    calls = {
+        (str(p.relative_to(ROOT)), function, line)
+        for p in _package_files()
+        for function, line in score_answer_calls(p.read_text(encoding="utf-8"))
+    }
+    assert calls, "the scan found no score_answer call: has the warm-up moved?"
+    assert {(f, fn) for f, fn, _ in calls} <= SCORE_ANSWER_CALLS, calls
+
+
+def test_no_reasoning_gym_scorer_runs_in_the_callers_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    gymnasium = pytest.importorskip("gymnasium")
+    rg = pytest.importorskip("reasoning_gym")
+    import veriloop.envs  # noqa: F401  (registers the ids)
+
+    calls: list[str] = []
+    for name in ("puzzle24", "countdown", "simple_integration"):
+        cls = rg.factory.DATASETS[name][0]
+        monkeypatch.setattr(cls, "score_answer", lambda self, answer, entry, _n=name: calls.append(_n))
+    for name in ("puzzle24", "countdown", "simple_integration"):
+        env = gymnasium.make("veriloop/ReasoningGym-v0", dataset=name)
+        _, info = env.reset(seed=0)
+        env.step(f"<answer>{info['task']['answer']}</answer>")
+    assert calls == []
