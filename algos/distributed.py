@@ -1,5 +1,8 @@
 """Data parallelism for the training loop: several processes, one model copy each, same weights.
 
+(``train.parallel: fsdp`` runs the same split with the weights sharded instead of copied:
+:mod:`veriloop.algos.fsdp`.)
+
 Launch with ``accelerate launch --num_processes N -m veriloop.cli.main train ...`` or ``torchrun``;
 both set ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` / ``MASTER_PORT``, which is all we read. A
 plain ``python`` run is one process and nothing here communicates.
@@ -39,10 +42,13 @@ class DistContext:
     Attributes:
         rank: This process's index, 0 .. world_size - 1.
         world_size: Number of processes (1 = not distributed).
+        sharded: ``train.parallel: fsdp``: the weights, gradients and optimizer state are sharded
+            over the ranks (:mod:`veriloop.algos.fsdp`) instead of copied on each.
     """
 
     rank: int = 0
     world_size: int = 1
+    sharded: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -87,6 +93,26 @@ class DistContext:
         with torch.no_grad():
             for p in params:
                 torch.distributed.broadcast(p.data, src=0)
+
+    def update_kwargs(self, mini_batch: Any) -> dict[str, Any]:
+        """``update_step`` arguments for this rank's part of ``mini_batch`` (a ``TokenBatch``).
+
+        One process: none. Several: the whole mini-batch's loss normalisers, so the ranks'
+        gradients just add up, and the summing: an all-reduce of the gradients (data parallel) or,
+        sharded, the backward's own reduce-scatter plus micro-batches in lockstep (``fsdp``).
+        """
+        if not self.enabled:
+            return {}
+        from veriloop.algos.update import loss_normalisers
+
+        if self.sharded:
+            from veriloop.algos.fsdp import agree_finite, lockstep
+
+            sync = {"on_before_step": agree_finite(self.world_size),
+                    "pad_micro_batches": lockstep(self.world_size, mini_batch)}  # fmt: skip
+        else:
+            sync = {"on_before_step": self.grad_sync(1.0)}
+        return {**sync, **loss_normalisers(mini_batch)}
 
     def grad_sync(self, weight: float) -> Callable[[list[torch.nn.Parameter], bool], bool]:
         """A ``update_step(on_before_step=...)`` hook: sum ``weight * grad`` over ranks.
