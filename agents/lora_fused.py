@@ -7,7 +7,13 @@ matmuls themselves. ``addmm`` folds the scale into the matmul and accumulates in
 output: the same numbers up to float rounding, the same gradients (tests/agents/test_lora_fused.py),
 ~4% off a training micro-batch of the default model with r = 16 on all linear layers. Only the
 plain case is taken -- one active adapter, not merged, not disabled, no dropout, no LoRA bias or
-variant (DoRA...), one dtype; anything else runs peft's own forward.
+variant (DoRA...), the input in the base layer's dtype; anything else runs peft's own forward.
+
+Mixed precision (``policy.precision: bf16``, :mod:`veriloop.agents.precision`): the frozen base
+weights are bf16 and the adapters fp32. The adapter's two small matrices are cast to the input's
+dtype here (an autograd cast: their gradients arrive in fp32, like ``torch.autocast`` does it), so
+the whole layer runs as bf16 matmuls with fp32 accumulation inside, and nothing [tokens, d] wide is
+cast. peft's own forward would cast the input to fp32 for the adapter instead.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ class FusedLoraLinear(LoraLinear):
         if plain is None:
             return super().forward(x, *args, **kwargs)
         a, b, scaling = plain
+        a, b = a.to(x.dtype), b.to(x.dtype)  # no-ops unless the adapter is fp32 under a bf16 base
         base = self.base_layer(x)
         low = x.reshape(-1, x.shape[-1]) @ a.t()  # [tokens, r]
         out = torch.addmm(base.reshape(-1, base.shape[-1]), low, b.t(), alpha=scaling)
@@ -55,8 +62,6 @@ def _plain_adapter(layer: LoraLinear, x: torch.Tensor) -> tuple[torch.Tensor, to
     if lora_a.bias is not None or lora_b.bias is not None:
         return None
     base_weight = getattr(layer.base_layer, "weight", None)
-    if base_weight is None or not (
-        x.dtype == base_weight.dtype == lora_a.weight.dtype == lora_b.weight.dtype
-    ):
+    if base_weight is None or x.dtype != base_weight.dtype or lora_a.weight.dtype != lora_b.weight.dtype:
         return None
     return lora_a.weight, lora_b.weight, float(layer.scaling[name])

@@ -28,6 +28,8 @@ class Policy:
         name: Where the weights came from (for logs and saved metadata).
         frozen_reference: For full fine-tuning with a KL term, a frozen copy of the initial model;
             ``None`` for LoRA (the adapter is disabled instead) or when no KL is used.
+        precision: ``fp32`` or ``bf16`` (mixed precision), set by
+            :func:`veriloop.agents.precision.apply_precision`.
     """
 
     model: Any
@@ -37,6 +39,7 @@ class Policy:
     name: str = ""
     frozen_reference: Any = None
     meta: dict[str, Any] = field(default_factory=dict)
+    precision: str = "fp32"
 
     @property
     def is_vision(self) -> bool:
@@ -45,6 +48,14 @@ class Policy:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def sampler_dtype(self) -> str:
+        """The dtype a separate sampling engine (vLLM) should run this policy in: ``bfloat16`` for
+        bf16 mixed precision, else the weights' own dtype (e.g. ``float32``)."""
+        if self.precision == "bf16":
+            return "bfloat16"
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[Any]:

@@ -35,6 +35,7 @@ from veriloop.agents.drift import drift_rate
 from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.loading import LoraSettings, load_policy, save_policy
 from veriloop.agents.policy import Policy
+from veriloop.agents.precision import apply_precision
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.algorithm import Algorithm, resolve
@@ -110,19 +111,20 @@ def build_policy(cfg: ExperimentConfig) -> Policy:
     if p.model == "tiny":  # a tiny random model with the real tokenizer: for tests and smoke runs
         from veriloop.agents.testing import tiny_policy
 
-        return tiny_policy(
-            lora=p.lora, seed=cfg.rollout.seed, keep_reference=cfg.keep_reference and not p.lora
-        )
+        tiny = tiny_policy(lora=p.lora, seed=cfg.rollout.seed, keep_reference=cfg.keep_reference and not p.lora)
+        return apply_precision(tiny, p.precision)
     lora = LoraSettings(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
                         target_modules=_modules(p.target_modules)) if p.lora else None  # fmt: skip
-    return load_policy(p.model, lora=lora, dtype=p.dtype, keep_reference=cfg.keep_reference and not p.lora)
+    policy = load_policy(p.model, lora=lora, dtype=p.dtype, keep_reference=cfg.keep_reference and not p.lora)
+    return apply_precision(policy, p.precision)  # bf16: frozen weights bf16, trained ones fp32
 
 
 def build_critic(cfg: ExperimentConfig, policy: Policy) -> ValueModel | None:
     if not cfg.algo.needs_critic:
         return None
-    if cfg.algo.critic == "separate":
-        return ValueModel.separate(policy.model)  # the policy's pretrained weights + a fresh head
+    if cfg.algo.critic == "separate":  # the policy's pretrained weights + a fresh head, trained in fp32
+        critic = ValueModel.separate(policy.model)
+        return critic.float() if policy.precision == "bf16" else critic  # not the bf16 of a frozen base
     return ValueModel(policy.model)  # value head on the policy's own backbone
 
 

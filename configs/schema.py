@@ -219,7 +219,11 @@ class PolicyConfig:
             sampler's, so the PPO ratio starts away from 1, and it costs ~15% of a CPU training step).
         target_modules: ``all-linear`` (every linear layer but the output head) or a list of module
             names such as ``[q_proj, v_proj]``.
-        dtype: Weight dtype (float32 on CPU; bfloat16 on recent GPUs).
+        dtype: Weight dtype the model is loaded in. Leave it at float32 and set ``precision`` for bf16
+            training: ``dtype: bfloat16`` alone trains every parameter in bf16 (full fine-tuning included).
+        precision: ``fp32`` (everything float32) or ``bf16`` (mixed precision: bf16 matmuls, with the
+            trained weights -- LoRA adapters or the full fp32 master weights --, gradients and AdamW state in
+            fp32, log-softmax in fp32, and the sampler in bf16). docs/precision.md has the numbers.
         keep_reference: Keep a reference policy for the KL term; None = only when
             ``algo.kl_coef > 0`` (see ``ExperimentConfig.keep_reference``).
     """
@@ -231,6 +235,7 @@ class PolicyConfig:
     lora_dropout: float = 0.0
     target_modules: str | list[str] = "all-linear"
     dtype: DType = "float32"
+    precision: Literal["fp32", "bf16"] = "fp32"
     keep_reference: bool | None = None
 
     def validate(self) -> None:
@@ -240,6 +245,11 @@ class PolicyConfig:
             )
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ConfigError(f"policy.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.precision == "bf16" and self.dtype != "float32":
+            raise ConfigError(
+                f"policy.precision bf16 keeps the trained weights in float32 and converts the frozen ones itself, "
+                f"but policy.dtype is {self.dtype}: set policy.dtype: float32 (or precision: fp32 for pure {self.dtype})"
+            )
         if self.lora and not self.target_modules:
             raise ConfigError(
                 "policy.target_modules is empty: name modules (e.g. [q_proj, v_proj]) or use all-linear"

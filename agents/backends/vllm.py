@@ -34,8 +34,9 @@ What it relies on (public vLLM API):
     is deleted. ``max_lora_rank`` is the smallest rank vLLM accepts that holds the adapter's.
     On CPU, serving an adapter costs ~5x in decode speed (measured: 604 -> 112 tok/s at batch 32),
     which is why ``"merge"`` is the CPU default.
-* ``dtype``: the policy's own unless ``dtype`` is given (``"auto"`` would sample an fp32 model in
-  bf16 on CPU). Sampling in bf16 is faster; the mismatch it causes is measured every step
+* ``dtype``: the trainer's unless ``dtype`` is given (``Policy.sampler_dtype``: ``bfloat16`` under
+  ``policy.precision: bf16``, else the weights' own; ``"auto"`` would sample an fp32 model in bf16
+  on CPU). The mismatch between sampler and trainer is measured every step
   (:mod:`veriloop.algos.mismatch`).
 * CPU defaults, each only where not already set: all the process's cores for vLLM's OpenMP threads
   (``VLLM_CPU_OMP_THREADS_BIND``; vLLM would otherwise reserve one and run a single thread); 1 GiB
@@ -228,8 +229,8 @@ class VLLMBackend:
         }
         if processed_logprobs:
             kwargs.setdefault("logprobs_mode", "processed_logprobs")
-        # the trainer's dtype unless told otherwise: vLLM's "auto" picks bf16 for fp32 models on CPU
-        kwargs.setdefault("dtype", str(next(policy.model.parameters()).dtype).removeprefix("torch."))
+        # the trainer's precision unless told otherwise: vLLM's "auto" picks bf16 for fp32 models on CPU
+        kwargs.setdefault("dtype", policy.sampler_dtype)
         if self.serves_adapter:
             kwargs.setdefault("max_lora_rank", lora_rank_bound(policy.model))
         else:

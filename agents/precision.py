@@ -1,0 +1,154 @@
+"""Mixed precision for a :class:`~veriloop.agents.policy.Policy`: ``policy.precision: fp32 | bf16``.
+
+``fp32``: every weight and every operation in float32 (what the tests pin).
+
+``bf16`` (mixed precision, the way peers train): matmuls run in bfloat16, with fp32 accumulation
+inside the kernels, while everything that is trained or summed stays float32:
+
+* LoRA: the frozen base weights are *stored* in bf16 (no cast per call; half the memory), the
+  adapters stay fp32 parameters. The fused LoRA layer (:mod:`veriloop.agents.lora_fused`) casts
+  the two small adapter matrices to bf16 for its matmul; autograd casts their gradients back, so
+  ``.grad``, gradient accumulation over micro-batches, clipping and AdamW's state are fp32.
+* Full fine-tuning: the weights stay fp32 (the master copy AdamW updates) and the model's forward
+  runs under ``torch.autocast(bfloat16)`` (what accelerate does for ``mixed_precision="bf16"``,
+  which TRL's ``bf16=True`` uses). The frozen reference copy is stored in bf16.
+* The log-prob / entropy head keeps fp32 numerics: the vocabulary projection is a bf16 matmul, and
+  its logits are read in fp32 chunks for the log-softmax (:func:`veriloop.agents.forward.token_logprobs`).
+  The projection is run as one 2-D matmul (transformers' slice for ``logits_to_keep`` is not
+  contiguous and took a batched matmul that copies the 49k x d weight per row in bf16).
+* RMSNorm computes in fp32 (transformers upcasts it), rotary embeddings are computed in fp32.
+* Attention on CPU runs in fp32 (q, k, v upcast; out cast back): PyTorch's CPU flash-attention
+  kernel is ~2.6x slower in bf16 than in fp32 on AVX-512 machines (tests/agents/test_precision.py
+  states the measurement); on GPUs it stays bf16 (FlashAttention's own dtype).
+* The sampler uses the same dtype by default (:attr:`Policy.sampler_dtype`), so the
+  sampler-trainer gap measures the engines, not two precisions.
+
+Saved adapters and checkpoints hold the fp32 parameters (the adapters, or the full fp32 weights).
+A saved merged model (``save_policy(merge=True)``) of a bf16 LoRA policy is bf16, like its base.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Literal
+
+import torch
+
+from veriloop.agents.policy import Policy
+
+Precision = Literal["fp32", "bf16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
+#: The dtype matmuls run in, per precision.
+COMPUTE_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
+#: transformers attention implementation registered by :func:`_fp32_attention_name`.
+FP32_ATTENTION = "veriloop_sdpa_fp32"
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"precision must be one of {list(PRECISIONS)}, got {precision!r}: fp32 computes everything in "
+            "float32; bf16 is mixed precision (bf16 matmuls, fp32 trained weights, gradients and optimizer state)"
+        )
+
+
+def apply_precision(policy: Policy, precision: str) -> Policy:
+    """Set ``policy`` up for ``precision`` in place (see the module docstring) and return it.
+
+    ``fp32`` requires float32 weights and changes nothing; ``bf16`` expects float32 weights (the
+    default ``policy.dtype``) and converts the frozen ones. Applying ``bf16`` twice is harmless.
+    """
+    check_precision(precision)
+    dtypes = {p.dtype for p in policy.model.parameters() if p.is_floating_point() and p.requires_grad}
+    if precision == "fp32":
+        policy.precision = "fp32"
+        return policy
+    if dtypes - {torch.float32}:
+        raise ValueError(
+            f"precision bf16 keeps the trained weights in float32, but they are {sorted(map(str, dtypes))}: "
+            "load the model in float32 (policy.dtype: float32) and let the precision convert the frozen ones"
+        )
+    device_type = policy.device.type
+    _frozen_to_bf16(policy.model)
+    if not policy.is_lora:  # fp32 master weights: bf16 compute comes from autocast
+        _autocast_forward(policy.model, device_type)
+    for model in (policy.model, policy.frozen_reference):
+        if model is None:
+            continue
+        if model is policy.frozen_reference:
+            model.to(torch.bfloat16)
+        _contiguous_head(model)
+        if device_type == "cpu":
+            _set_attention(model, _fp32_attention_name())
+    policy.precision = "bf16"
+    return policy
+
+
+def _frozen_to_bf16(model: torch.nn.Module) -> None:
+    """Store every frozen floating-point parameter in bf16; trained ones stay as they are (fp32)."""
+    for param in model.parameters():
+        if not param.requires_grad and param.is_floating_point() and param.dtype != torch.bfloat16:
+            param.data = param.data.to(torch.bfloat16)
+
+
+def _autocast_forward(model: torch.nn.Module, device_type: str) -> None:
+    """Run ``model``'s forward under bf16 autocast, by giving it a subclass (survives ``deepcopy``)."""
+    cls = type(model)
+    if getattr(cls, "_veriloop_autocast", False):
+        return
+    model.__class__ = _autocast_class(cls, device_type)
+
+
+@functools.cache
+def _autocast_class(cls: type, device_type: str) -> type:
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            return cls.forward(self, *args, **kwargs)
+
+    return type(
+        cls.__name__, (cls,), {"forward": forward, "_veriloop_autocast": True, "__module__": cls.__module__}
+    )
+
+
+class _ContiguousHead(torch.nn.Linear):
+    """The output projection as one [tokens, d] x [d, V] matmul, whatever the input's strides."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        flat = hidden.reshape(-1, hidden.shape[-1])  # copies a non-contiguous slice: [N, d], small
+        out = torch.nn.functional.linear(flat, self.weight, self.bias)  # [N, V]
+        return out.view(*hidden.shape[:-1], out.shape[-1])
+
+
+def _contiguous_head(model: torch.nn.Module) -> None:
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if get is not None else None
+    if type(head) is torch.nn.Linear:
+        head.__class__ = _ContiguousHead
+
+
+@functools.cache
+def _fp32_attention_name() -> str:
+    """Register (once) transformers' SDPA attention with q, k, v upcast to fp32, and return its name."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:  # fmt: skip
+        dtype = query.dtype
+        with torch.autocast(query.device.type, enabled=False):
+            out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(),
+                                                  attention_mask, **kwargs)  # fmt: skip
+        return out.to(dtype), weights
+
+    AttentionInterface.register(FP32_ATTENTION, attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(FP32_ATTENTION, sdpa_mask)
+    return FP32_ATTENTION
+
+
+def _set_attention(model: torch.nn.Module, name: str) -> None:
+    """Point every config in ``model`` that uses SDPA at ``name`` (other choices are left alone)."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and getattr(config, "_attn_implementation", None) == "sdpa":
+            config._attn_implementation_internal = name
