@@ -50,6 +50,7 @@ from veriloop.algos.checkpoint import (
 from veriloop.algos.critic import ValueModel
 from veriloop.algos.distributed import DistContext, init_distributed, shutdown_distributed
 from veriloop.algos.evaluate import final_sample, run_summary
+from veriloop.algos.mismatch import NAMES as MISMATCH_NAMES
 from veriloop.algos.mismatch import MismatchStats
 from veriloop.algos.mixture import assign_envs, per_env_metrics
 from veriloop.algos.nonfinite import NonFiniteGuard
@@ -58,7 +59,7 @@ from veriloop.algos.run_lock import LOCK_FILE, acquire, release
 from veriloop.algos.run_log import RunLog
 from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
 from veriloop.algos.steps import StepLoop
-from veriloop.algos.update import METRIC_NAMES, learning_signal, prepare_batch, update_step
+from veriloop.algos.update import METRIC_NAMES, learning_signal, prepare_batch, select_tokens, update_step
 from veriloop.configs.loader import config_to_yaml, dump_config
 from veriloop.configs.schema import ConfigError, ExperimentConfig
 
@@ -344,9 +345,13 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
     policy.model.train()
     sums: dict[str, float] = {}
     updates = 0
-    mismatch: list[MismatchStats] = []  # sampler vs trainer, measured in the first update's forward passes
+    # sampler vs trainer, measured in the first update's forward passes, unless prepare_batch did
+    # (pi_old recomputed for the rollout correction) or it cannot be measured (top-k / top-p)
+    measure = not truncated and not cfg.algo.needs_old_recompute
+    mismatch: list[MismatchStats] = []
     for _ in range(cfg.algo.epochs):
         for mb in minibatches(batch, cfg.mini_batch_size, shuffle=generator):
+            mb = select_tokens(mb, algo)  # Clip-Cov / KL-Cov: chosen over the mini-batch, all ranks alike
             part = mb.select(torch.arange(dist.rank, mb.size, dist.world_size)) if dist.enabled else mb
             # every rank's loss is normalised by the whole mini-batch's counts: gradients just add up
             sync = dist.update_kwargs(mb)  # several ranks: normalisers and gradient summing
@@ -354,7 +359,7 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
                             micro_batch_tokens=cfg.train.micro_batch_tokens, max_grad_norm=cfg.train.max_grad_norm or float("inf"),
                             ref_model_ctx=ref_ctx, critic=critic,
                             max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                            mismatch=mismatch if updates == 0 else None, **sync)  # fmt: skip
+                            mismatch=mismatch if updates == 0 and measure else None, **sync)  # fmt: skip
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
             updates += 1
@@ -364,8 +369,29 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
     out["updates"] = float(updates)
     out["train_tokens"] = float(batch.loss_mask.sum())
     out["kl_ref"] = kl_to_reference(batch)  # None without a reference: logged as null
-    out.update(sum(mismatch, MismatchStats()).metrics())  # every step, either backend
-    return {**out, **adv_metrics}  # rollout correction's own mismatch/* (whole batch) wins
+    return merge_metrics(out, adv_metrics, _mismatch_metrics(mismatch, measure, truncated))
+
+
+def _mismatch_metrics(parts: list[MismatchStats], measured: bool, truncated: bool) -> dict[str, float | None]:
+    """``mismatch/*`` from the update's forward passes when it measured them; null under top-k /
+    top-p (the sampler recorded the filtered distribution's log-probs, which the trainer's
+    unfiltered pass cannot be compared with: a number there would be the nucleus mass, or the
+    trainer against itself); none here when ``prepare_batch`` measured them (rollout correction)."""
+    if truncated:
+        return dict.fromkeys(MISMATCH_NAMES, None)
+    return sum(parts, MismatchStats()).metrics() if measured else {}
+
+
+def merge_metrics(*parts: dict[str, Any]) -> dict[str, Any]:
+    """One dict from metric dicts that must not share a key: each logged key has one source, so
+    a key computed twice (two formulas, or two token sets) is an error, never a silent overwrite."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        twice = sorted(out.keys() & part.keys())
+        if twice:
+            raise ValueError(f"metric keys computed in two places: {twice}")
+        out.update(part)
+    return out
 
 
 # -------------------------------------------------------------------------------------- run folder
