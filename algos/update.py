@@ -423,6 +423,7 @@ def update_step(
     global_tokens: float | None = None,
     global_seqs: float | None = None,
     mismatch: list[MismatchStats] | None = None,
+    pad_micro_batches: Callable[[list[TokenBatch]], list[TokenBatch]] | None = None,
 ) -> dict[str, float]:
     """One optimizer step on ``batch``: gradient accumulation over micro-batches, grad-norm clipping
     over the optimizer's parameters, and a non-finite guard (a NaN/inf loss or gradient norm skips
@@ -439,6 +440,9 @@ def update_step(
     of a larger mini-batch (``loss_normalisers``); None = ``batch``'s own counts.
     ``mismatch``: when given, each micro-batch's sampler-vs-trainer :class:`MismatchStats` is
     appended (all forward passes of one step precede its optimizer step, so these are pre-update).
+    ``pad_micro_batches``: sharded training (``fsdp.lockstep``), where every forward and backward
+    pass is a collective: it pads this rank's micro-batches to every rank's count, and every one of
+    them runs (also one without training tokens, also after a non-finite loss).
 
     Returns:
         ``METRIC_NAMES`` metrics (losses summed over micro-batches, rates token-weighted) + ``skipped``.
@@ -455,7 +459,10 @@ def update_step(
                       total_seqs=total_seqs, mismatch=mismatch)  # fmt: skip
     # similar lengths, little padding; at most micro_batch_tokens padded tokens each when set
     micro = minibatches(batch, micro_batch_size, by_length=True, max_tokens=micro_batch_tokens)
-    sums, finite = _accumulate_gradients(model, micro, loss_fn, own_tokens=float(lengths.sum()))
+    if pad_micro_batches is not None:
+        micro = iter(pad_micro_batches(list(micro)))
+    sums, finite = _accumulate_gradients(model, micro, loss_fn, own_tokens=float(lengths.sum()),
+                                         lockstep=pad_micro_batches is not None)  # fmt: skip
     if on_before_step is not None:
         trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         finite = on_before_step(trainable, finite)
@@ -487,21 +494,28 @@ def _accumulate_gradients(
     micro_batches: Any,
     loss_fn: Callable[..., tuple[torch.Tensor, dict[str, float]]],
     own_tokens: float,
+    lockstep: bool = False,
 ) -> tuple[dict[str, float], bool]:
     """Backward every micro-batch's loss (already in the whole batch's units); stop at the first
-    non-finite loss. Returns the summed metrics (rates weighted by tokens) and whether all were finite."""
+    non-finite loss. Returns the summed metrics (rates weighted by tokens) and whether all were finite.
+    ``lockstep`` (sharded training): run every micro-batch, stopping at nothing (see ``update_step``)."""
     sums = dict.fromkeys(METRIC_NAMES, 0.0)
+    finite = True
     for mb in micro_batches:
         n_tok = float(mb.loss_mask.sum())
-        if n_tok == 0:
+        if n_tok == 0 and not lockstep:
             continue  # nothing to train on in these rows
         loss, m = loss_fn(model, mb)
         if not torch.isfinite(loss):
-            return sums, False
+            if not lockstep:
+                return sums, False
+            finite = False  # the step is skipped; the backward still runs its collectives
         loss.backward()
+        if n_tok == 0 or not finite:
+            continue
         for k, v in m.items():
             sums[k] = sums.get(k, 0.0) + (v if k in _SUMMED else v * n_tok / max(own_tokens, 1.0))
-    return sums, True
+    return sums, finite
 
 
 def prepare_batch(

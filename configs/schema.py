@@ -26,6 +26,7 @@ from veriloop.envs.base import DemonstrationSource
 
 DType = Literal["float32", "bfloat16", "float16"]
 Schedule = Literal["constant", "linear", "cosine"]
+Parallel = Literal["data", "fsdp"]
 #: ``rejection`` or a source an environment serves (``veriloop.envs.base.DemonstrationSource``).
 SFTSource = Literal[DemonstrationSource, "rejection"]
 #: Largest learning rate accepted: far above any useful value, and keeps AdamW's arithmetic finite.
@@ -378,6 +379,9 @@ class TrainConfig:
         max_consecutive_nonfinite: Stop after this many consecutive steps with a NaN/inf loss or
             gradient (each such step is skipped, not applied).
         log_every: Write metrics every this many steps.
+        parallel: With several processes (``torchrun`` / ``accelerate launch``): ``data`` = every
+            rank holds the whole model and optimizer state; ``fsdp`` = they are sharded over the
+            ranks with PyTorch FSDP2 (each holds 1/N; see docs/scaling.md). One process: no effect.
     """
 
     steps: int = 100
@@ -391,6 +395,7 @@ class TrainConfig:
     micro_batch_tokens: int = 0
     max_consecutive_nonfinite: int = 3
     log_every: int = 1
+    parallel: Parallel = "data"
 
     def validate(self) -> None:
         _positive("train", self, "micro_batch_size", "max_consecutive_nonfinite", "log_every")
@@ -625,6 +630,11 @@ class ExperimentConfig:
             raise ConfigError(
                 "sft.steps > 0 with env.mixture: the SFT warm-up builds demonstrations for one env; run "
                 "`veriloop sft` per env first and train the mixture from its policy (policy.model=RUN/sft/final)"
+            )
+        if train.parallel == "fsdp" and self.sft.steps > 0:
+            raise ConfigError(
+                "train.parallel=fsdp with sft.steps > 0: the SFT warm-up is not sharded; run `veriloop sft` "
+                "first and train from its policy (policy.model=RUN/sft/final), or use train.parallel=data"
             )
         if algo.advantage in GROUP_ADVANTAGES and rollout.group_size < 2:
             raise ConfigError(

@@ -1,0 +1,207 @@
+"""Sharded training (``train.parallel: fsdp``, FSDP2) on CPU: two gloo processes, tiny model.
+
+* one update sharded over two ranks gives the single-process weights (full fine-tuning, LoRA,
+  and PPO's value head), and each rank holds about half of the parameters + AdamW state;
+* a sharded run killed after a checkpoint resumes (torch.distributed.checkpoint) to the weights
+  of an uninterrupted run, and its final model is the ordinary ``save_policy`` folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from veriloop.algos.batch import collate_tokens
+from veriloop.algos.fsdp import decoder_blocks, empty_like_row
+
+# A deterministic coin as the math check, so that groups have differing rewards (non-zero advantages).
+COIN = r"""
+from veriloop.envs.math_env import MathVerifyEnv
+from veriloop.envs.verifiers import Verdict
+MathVerifyEnv.check = lambda self, r, task: Verdict(correct=len(r) % 2 == 0, reason="coin")
+"""
+UPDATE = (
+    COIN
+    + r"""
+import dataclasses, json, os, sys, torch
+import veriloop.algos.train as T
+from veriloop.algos import fsdp
+from veriloop.algos.distributed import init_distributed, shutdown_distributed
+from veriloop.configs.loader import load_config
+
+out, single = sys.argv[1], sys.argv[2] == "single"
+cfg = load_config(None, sys.argv[3:])
+dist = T.SINGLE_PROCESS if single else dataclasses.replace(init_distributed(), sharded=True)
+torch.manual_seed(0)
+policy = T.build_policy(cfg)
+critic = T.build_critic(cfg, policy)
+parts = fsdp.state_modules(policy, critic)
+start = {n: p.detach().clone() for n, p in parts.named_parameters() if p.requires_grad}
+sharded = None if single else fsdp.shard(policy, critic)
+opt = T.build_optimizer(cfg, policy, critic)
+if single:  # the batch the two ranks gathered, trained by one process
+    trajs = torch.load(os.path.join(out, "batch.pt"), weights_only=False)
+else:
+    with sharded.gathered():  # each rank samples its own groups with the whole weights
+        trajs, _, _ = T.collect(cfg, policy, T.TrainerState(), dist)
+    if dist.rank == 0:
+        torch.save(trajs, os.path.join(out, "batch.pt"))
+m = T.train_on_batch(cfg, policy, critic, opt, trajs, torch.Generator().manual_seed(0), dist)
+memory = fsdp.training_state_bytes(opt)  # after the step: AdamW's moments exist
+if single:
+    after = {n: p.detach() for n, p in parts.named_parameters() if p.requires_grad}
+else:
+    after = fsdp.full_trainable_state(policy, critic)
+name = "single" if single else str(dist.rank)
+torch.save({"start": start, "after": after, "grad_norm": m["grad_norm"], "memory": memory,
+            "seeds": [t.seed for t in trajs]}, os.path.join(out, name + ".pt"))
+shutdown_distributed(dist)
+"""
+)
+TRAIN = (
+    COIN
+    + r"""
+import sys
+import veriloop.algos.train as T
+from veriloop.configs.loader import load_config
+
+T.train(load_config(None, sys.argv[2:]), resume=sys.argv[1] == "resume", quiet=True)
+"""
+)
+TINY = [
+    "policy.model=tiny", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}", "run.algo_preset=rloo",
+    "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
+    "rollout.max_context=256", "train.micro_batch_size=1", "train.lr=1e-2",
+]  # fmt: skip
+#: PPO with a value head on the policy: the head is sharded too, and its loss is a token mean.
+CRITIC = ["algo.advantage=gae", "algo.critic=value_head", "algo.loss_agg_constant=8"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(script: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", script, *args], env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+
+
+def _two_ranks(
+    script: str, args: list[str], env: dict[str, str] | None = None
+) -> list[subprocess.Popen[bytes]]:
+    """Two processes as ``torchrun --nproc_per_node 2`` starts them (gloo on CPU)."""
+    common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), **(env or {})}
+    return [_start(script, args, {**common, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
+
+
+def _wait(procs: list[subprocess.Popen[bytes]], timeout: float = 240) -> None:
+    """Wait for every process; on a failure the others are killed (they would wait for it until
+    the process group's timeout)."""
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=timeout)
+            assert p.returncode == 0, err.decode()[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _report(name: str, numbers: dict[str, object]) -> None:
+    """Measured numbers, printed (``pytest -s``) and kept in ``$VERILOOP_FSDP_REPORT`` when set."""
+    print(f"{name}: {json.dumps(numbers)}")
+    if os.environ.get("VERILOOP_FSDP_REPORT"):
+        with open(os.environ["VERILOOP_FSDP_REPORT"], "a") as f:
+            f.write(json.dumps({"test": name, **numbers}) + "\n")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["policy.lora=false"], ["policy.lora=true"], ["policy.lora=false", *CRITIC]],
+    ids=["full", "lora", "full-value_head"],
+)
+def test_sharded_update_matches_single_process_and_halves_memory(tmp_path: Path, extra: list[str]) -> None:
+    args = [str(tmp_path), "fsdp", *TINY, *extra]
+    _wait(_two_ranks(UPDATE, args))
+    _wait([_start(UPDATE, [str(tmp_path), "single", *TINY, *extra], {})])
+    r0, r1, one = (torch.load(tmp_path / f"{n}.pt", weights_only=False) for n in ("0", "1", "single"))
+    assert r0["seeds"] == r1["seeds"] == [0, 0, 1, 1]  # rank 0 played seed 0, rank 1 seed 1; both hold all
+    assert one["grad_norm"] == pytest.approx(r0["grad_norm"], rel=1e-4) and r0["grad_norm"] == r1["grad_norm"]
+    assert set(one["after"]) <= set(r0["after"])
+    moved = [k for k in one["after"] if not torch.equal(one["after"][k], one["start"][k])]
+    assert moved, "the update changed no weight"
+    worst = 0.0
+    for k in one["after"]:  # AdamW's first step is ~lr * sign(g): rounding moves only g ~ eps entries
+        torch.testing.assert_close(r0["after"][k], one["after"][k], rtol=0, atol=1e-3)
+        worst = max(worst, float((r0["after"][k] - one["after"][k]).abs().max()))
+    whole = sum(one["memory"].values())
+    halves = [sum(r["memory"].values()) / whole for r in (r0, r1)]
+    _report(f"fsdp-update-{'-'.join(extra)}", {"unsharded_bytes": one["memory"], "rank0_bytes": r0["memory"],
+            "rank1_bytes": r1["memory"], "fraction_per_rank": halves, "max_abs_weight_diff": worst})  # fmt: skip
+    assert all(0.45 <= h <= 0.55 for h in halves), halves  # each rank keeps about half
+    assert sum(halves) == pytest.approx(1.0, abs=0.01)  # and together they hold it once
+
+
+def _final_weights(run: Path) -> dict[str, torch.Tensor]:
+    from veriloop.agents.loading import load_policy
+
+    policy = load_policy(str(run / "final"))
+    assert json.loads((run / "final" / "veriloop.json").read_text())["kind"] == "full"
+    return {n: p.detach() for n, p in policy.model.named_parameters()}
+
+
+def test_killed_sharded_run_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
+    cfg = [*TINY, "policy.lora=false", "train.parallel=fsdp", "train.steps=3", "run.checkpoint_every=1",
+           "run.keep_last=3", "eval.every=0", "eval.at_start=false", "eval.num_problems=1", "eval.n_samples=1",
+           "eval.k_list=[1]", "run.tensorboard=false", f"run.out_dir={tmp_path}"]  # fmt: skip
+    straight = _two_ranks(TRAIN, ["fresh", *cfg, "run.name=straight"])
+    # the other run: killed once its first checkpoint is committed (each commit waits 3 s first,
+    # so step 2's cannot be committed yet); then resumed from that checkpoint
+    killed = _two_ranks(TRAIN, ["fresh", *cfg, "run.name=killed"], {"VERILOOP_TEST_SAVE_DELAY": "3"})
+    ckpts = tmp_path / "killed" / "checkpoints"
+    deadline = time.time() + 240
+    while not (ckpts / "step-000001" / "COMPLETE").exists():
+        assert time.time() < deadline and all(p.poll() is None for p in killed), "no first checkpoint"
+        time.sleep(0.05)
+    for p in killed:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    committed = sorted(p.name for p in ckpts.glob("step-*"))
+    assert committed == ["step-000001"] and not (tmp_path / "killed" / "final").exists()
+    assert (ckpts / "step-000001" / "model" / "shards" / ".metadata").is_file()
+    assert len(list((ckpts / "step-000001" / "model" / "shards").glob("*.distcp"))) == 2  # one file per rank
+    _wait(_two_ranks(TRAIN, ["resume", *cfg, "run.name=killed"]))
+    _wait(straight)
+    a, b = _final_weights(tmp_path / "straight"), _final_weights(tmp_path / "killed")
+    assert a.keys() == b.keys()
+    diff = max(float((a[k] - b[k]).abs().max()) for k in a)
+    _report("fsdp-resume", {"max_abs_weight_diff": diff, "steps": 3, "resumed_from_step": 1})
+    assert diff <= 1e-6, diff  # same data, same order, same sums: the same weights
+
+
+def test_decoder_blocks_are_the_layers_of_the_tiny_model() -> None:
+    from veriloop.agents.testing import tiny_policy
+
+    model = tiny_policy().model
+    assert decoder_blocks(model) == list(model.model.layers) and len(model.model.layers) == 2
+
+
+def test_padding_micro_batch_has_nothing_to_learn() -> None:
+    batch = collate_tokens([[5, 6, 7], [5, 6]], [[0, 1, 1], [0, 1]])
+    batch = dataclasses.replace(batch, advantages=torch.ones_like(batch.loss_mask))
+    pad = empty_like_row(batch)
+    assert pad.size == 1 and float(pad.loss_mask.sum()) == 0 and float(pad.advantages.abs().sum()) == 0
+    assert torch.equal(pad.input_ids, batch.input_ids[:1])
