@@ -67,9 +67,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _settings_help() -> str:
     """Every config key with its type, default and doc: the schema is the one source of truth."""
+    from veriloop.configs.loader import shipped_experiments
+    from veriloop.configs.presets import list_presets
     from veriloop.configs.schema import ExperimentConfig, describe
 
-    lines = ["settings (override any with KEY=VALUE):"]
+    lines = [f"shipped experiments (CONFIG): {', '.join(shipped_experiments())}",
+             f"algorithm presets (algo.preset=NAME): {', '.join(list_presets())}",
+             "models (policy.model=...): default, tiny, a local folder, or a Hub id such as Qwen/Qwen2.5-0.5B-Instruct",
+             "", "settings (override any with KEY=VALUE):"]  # fmt: skip
     for key, tp, default, doc in describe(ExperimentConfig):
         lines.append(f"  {key} ({tp}, default {default!r})")
         if doc:

@@ -73,10 +73,12 @@ class EnvConfig:
 
     Attributes:
         id: Registered Gymnasium id of the training environment, e.g. ``veriloop/MathVerify-v0``.
-        kwargs: Keyword arguments for ``gymnasium.make`` of the training environment.
+        kwargs: Keyword arguments for ``gymnasium.make`` of the training environment; your own
+            dataset is ``data`` (a JSONL / JSON / CSV / Parquet file, a ``save_to_disk`` folder or
+            a Hub dataset id) with ``question_key`` / ``answer_key`` / ``answer_extract`` (docs/data.md).
         eval_splits: Named evaluation splits (e.g. ``rule_ood``, ``visual_ood``). The
-            in-distribution split ``id`` (training env, held-out seeds) is always evaluated; see
-            ``resolved_eval_splits``.
+            in-distribution split ``id`` (training env; held-out seeds, or a dataset's held-out
+            rows) is always evaluated; see ``resolved_eval_splits``.
         system_prompt: System message for the policy; None = the environment's own prompt.
         imports: Modules to import before the environments are made, so that their
             ``gymnasium.register(...)`` calls run (your own environments; the working directory is
@@ -197,8 +199,11 @@ def _try_make(where: str, split: SplitConfig) -> None:
     try:
         env = gymnasium.make(str(split.id), **split.kwargs)
     except Exception as e:  # anything the env's constructor rejects: its message says what
+        from veriloop.envs.plugins import unknown_kwarg_hint
+
         raise ConfigError(
             f"{where}: gymnasium.make({split.id!r}, **{split.kwargs}) failed: {type(e).__name__}: {e}"
+            + unknown_kwarg_hint(str(split.id), e)
         ) from e
     env.close()
 

@@ -128,3 +128,28 @@ def resolve_env_id(env_id: str, imports: Iterable[str] = ()) -> str:
             "`veriloop envs` lists the registered ids."
         )
     return bare
+
+
+def unknown_kwarg_hint(env_id: str, error: BaseException) -> str:
+    """For ``gymnasium.make`` failing on ``unexpected keyword argument 'levle'``: `` Did you mean
+    'level'?`` and the arguments the environment takes (from its constructor); else ``""``."""
+    import inspect
+    import re
+
+    from gymnasium.envs.registration import load_env_creator
+
+    match = re.search(r"unexpected keyword argument '(\w+)'", str(error))
+    if match is None:
+        return ""
+    try:
+        entry = gymnasium.spec(env_id).entry_point
+        creator = load_env_creator(entry) if isinstance(entry, str) else entry
+        names = [n for cls in inspect.getmro(creator) if "__init__" in vars(cls)
+                 for n, p in inspect.signature(vars(cls)["__init__"]).parameters.items()
+                 if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]  # fmt: skip
+    except Exception:  # no signature to read: no hint
+        return ""
+    names = list(dict.fromkeys(names))
+    close = difflib.get_close_matches(match.group(1), names, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"{hint} {env_id} takes: {', '.join(names)}."

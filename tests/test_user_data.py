@@ -64,3 +64,12 @@ def test_generator_sft_on_rows_without_solutions_is_refused_before_any_model_loa
     err = capsys.readouterr().err
     assert code == 2 and "no 'solution'" in err and "sft.source=rejection" in err, err
     assert not out.exists()  # no run folder to block the rerun
+
+
+def test_help_names_presets_experiments_and_model_choices(capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit):
+        run(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "algorithm presets (algo.preset=NAME): " in out and "grpo" in out and "dapo" in out
+    assert "shipped experiments (CONFIG): " in out and "quickstart" in out
+    assert "``tiny``" in out and "Hub id" in out and "docs/data.md" in out

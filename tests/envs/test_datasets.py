@@ -276,3 +276,10 @@ def test_hub_dataset_id_reads_from_a_local_hub_cache_offline(tmp_path: Path) -> 
         [sys.executable, "-c", HUB_SCRIPT], env=env, capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_env_kwarg_typo_gets_did_you_mean() -> None:
+    with pytest.raises(
+        ConfigError, match=r"unexpected keyword argument 'levle'.*Did you mean 'level'\?.*takes: data, "
+    ):
+        EnvConfig(kwargs={"levle": 1}).resolve()
