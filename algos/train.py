@@ -354,7 +354,7 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
             mb = select_tokens(mb, algo)  # Clip-Cov / KL-Cov: chosen over the mini-batch, all ranks alike
             part = mb.select(torch.arange(dist.rank, mb.size, dist.world_size)) if dist.enabled else mb
             # every rank's loss is normalised by the whole mini-batch's counts: gradients just add up
-            sync = dist.update_kwargs(mb)  # several ranks: normalisers and gradient summing
+            sync = dist.update_kwargs(mb, algo)  # several ranks: normalisers and gradient summing
             m = update_step(policy.model, optimizer, part, algo, micro_batch_size=cfg.train.micro_batch_size,
                             micro_batch_tokens=cfg.train.micro_batch_tokens, max_grad_norm=cfg.train.max_grad_norm or float("inf"),
                             ref_model_ctx=ref_ctx, critic=critic,
