@@ -20,7 +20,12 @@ Run: ``python benchmarks/bench_verifiers.py``
    comparison, with the ``threading.BoundedSemaphore`` they replaced; and the documented bound.
 6. Hostile sizes: a 47,614-character response ending in ``\\boxed{42}``; extraction over a
    brace-dense 1,000,000-character response whose last box never closes (the scan's worst case); the give-up check on a 10 MB response (time and peak
-   traced memory).
+   traced memory); 16 answers of 15 nested bare braces in one batch (math-verify's time doubles per
+   level: they used to hold both workers to the deadline).
+7. Third-party scorers (``veriloop/ReasoningGym-v0``, needs the ``[reasoning-gym]`` extra): per-step
+   latency of ``simple_integration`` (reasoning-gym's scorer, a fresh jail per call) and ``puzzle24``
+   (our formula check, in-process), cold first step included, and which isolation steps the jail
+   gets on this machine.
 """
 
 from __future__ import annotations
@@ -333,7 +338,50 @@ def bench_hostile_sizes() -> dict[str, Any]:
         "give_up_10mb_result": given_up,
         "give_up_10mb_ms": round(give_up_ms, 2),
         "give_up_10mb_peak_traced_kb": round(give_up_peak / 1024, 1),
+        **_deep_braces(),
     }
+
+
+def _deep_braces() -> dict[str, Any]:
+    hostile = "\\boxed{" + "{" * 15 + "1" + "}" * 15 + "}"
+    start = time.perf_counter()
+    verdicts = check_math_batch([(hostile, "1")] * 16)
+    return {
+        "deep_braces_16_answers_ms": round(1000 * (time.perf_counter() - start), 2),
+        "deep_braces_verdicts": sorted({v.reason for v in verdicts}),
+    }
+
+
+def bench_scorers(steps: int = 40) -> dict[str, Any]:
+    """Section 7 of the module docstring (skipped without reasoning-gym)."""
+    try:
+        import gymnasium
+
+        import veriloop.envs  # noqa: F401  (registers the ids)
+        from veriloop.envs.verifiers.sandbox import isolation
+        from veriloop.interop.reasoning_gym_env import ENV_ID
+    except ImportError as exc:
+        return {"skipped": str(exc)}
+    out: dict[str, Any] = {"isolation": isolation(), "steps": steps}
+    for dataset, scored_by in (("simple_integration", "jail"), ("puzzle24", "ours, in-process")):
+        env = gymnasium.make(ENV_ID, dataset=dataset)
+        latencies, rewards = [], []
+        for i in range(steps + 1):
+            _, info = env.reset(seed=i)
+            answer = info["task"]["answer"] if i % 2 == 0 else "1"
+            start = time.perf_counter()
+            rewards.append(env.step(f"<answer>{answer}</answer>")[1])
+            latencies.append(1000 * (time.perf_counter() - start))
+        warm = latencies[1:]
+        out[dataset] = {
+            "scored_by": scored_by,
+            "cold_first_step_ms": round(latencies[0], 1),
+            "p50_ms": round(_pct(warm, 0.5), 2),
+            "p95_ms": round(_pct(warm, 0.95), 2),
+            "max_ms": round(max(warm), 2),
+            "right_answers_scored_1": sum(r == 1.0 for r in rewards[::2]) / len(rewards[::2]),
+        }
+    return out
 
 
 def targets(results: dict[str, Any]) -> dict[str, Any]:
@@ -385,6 +433,7 @@ def main() -> None:
         "cold_start": bench_cold_start(),
         "queue": bench_queue(),
         "hostile_sizes": bench_hostile_sizes(),
+        "third_party_scorers": bench_scorers(),
     }
     results["verifier_stats"] = verifier_stats()
     results["targets"] = targets(results)

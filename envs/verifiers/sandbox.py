@@ -36,6 +36,7 @@ import resource
 import select
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -169,6 +170,7 @@ def _validate(raw: bytes) -> tuple[str, Any]:
     except ValueError:
         return "crash", "the scorer's process sent no valid reply"
     if isinstance(reply, list) and len(reply) == 3 and reply[0] == "ok":
+        _warn_if_partial(reply[2])
         value = reply[1]
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             return "ok", float(value)
@@ -176,6 +178,23 @@ def _validate(raw: bytes) -> tuple[str, Any]:
     if isinstance(reply, list) and len(reply) == 2 and reply[0] in ("crash", "memory"):
         return reply[0], str(reply[1])[:300]
     return "crash", "the scorer's process sent a malformed reply"
+
+
+ALL_STEPS = ("network", "files", "user")
+_WARNED: list[bool] = []
+
+
+def _warn_if_partial(done: Any) -> None:
+    """Say once per process, on stderr, which optional jail steps this machine could not apply."""
+    expected = ALL_STEPS if os.getuid() == 0 else ALL_STEPS[:2]
+    missing = [step for step in expected if not (isinstance(done, list) and step in done)]
+    if missing and not _WARNED:
+        _WARNED.append(True)
+        sys.stderr.write(
+            f"veriloop: third-party scorers run with partial isolation here (missing: {', '.join(missing)}); "
+            "run as root, or allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1), "
+            "for the full jail\n"
+        )
 
 
 def run_jailed(fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> tuple[str, Any]:
