@@ -27,8 +27,14 @@ What is lost or withheld: clients that read only OpenEnv's ``done`` cannot tell 
 budget that ran out or a failed verifier (read ``terminated`` / ``truncated`` / ``verifier_error``);
 ``info["task"]`` (the gold answer) is NOT sent unless ``expose_task=True``, since OpenEnv clients
 often show observations to the policy; the HTTP ``/reset`` and ``/step`` routes are stateless in
-OpenEnv (a fresh env per request), so multi-turn episodes need the WebSocket session (OpenEnv's
-``EnvClient`` does that).
+OpenEnv (a fresh env per request), so episodes need the WebSocket session (OpenEnv's
+``EnvClient`` does that) and HTTP ``POST /step`` answers 409 saying so.
+
+Limits (:mod:`veriloop.interop.openenv_sessions`): at most ``max_concurrent_envs`` sessions, each
+closed after ``idle_timeout_s`` without a message; a client refused for capacity gets the reason
+in an error message and in the close frame (code 1013); a failed reset or a step before any reset
+is an error reply and the session stays usable. The id and kwargs are checked when the app is
+built, so a typo stops the server at start with one line, not every session later.
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ from __future__ import annotations
 import base64
 import functools
 import io
+import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -49,6 +57,7 @@ import numpy as np
 
 import veriloop.envs  # noqa: F401  (registers the ids)
 from veriloop.interop._extras import require
+from veriloop.interop.openenv_sessions import SessionServer, mount
 
 _WHAT = "serving veriloop envs over OpenEnv"
 # imported at run time (an optional extra): typed Any so the classes below may subclass them
@@ -107,10 +116,11 @@ class VeriloopOpenEnv(_interfaces.Environment):
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None = None, expose_task: bool = False):
         super().__init__()
-        self.env_id = env_id
-        self.env = gymnasium.make(env_id, **(env_kwargs or {}))
+        self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
+        self.env = gymnasium.make(env_id, **self.env_kwargs)
         self.expose_task = expose_task
         self._state = _types.State(episode_id=None, step_count=0)
+        self._has_episode = False
 
     def reset(
         self,
@@ -119,13 +129,30 @@ class VeriloopOpenEnv(_interfaces.Environment):
         options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> VeriloopObservation:
-        obs, info = self.env.reset(seed=seed, options=options)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"reset: seed must be a non-negative integer or null, got {str(seed)[:40]!r}")
+        if options is not None and not isinstance(options, dict):
+            raise ValueError(
+                f'reset: options must be an object (e.g. {{"task": ...}}), got {type(options).__name__}'
+            )
+        self._has_episode = False
+        try:
+            obs, info = self.env.reset(seed=seed, options=options)
+        except Exception as e:
+            # a reset that failed half-way may leave the env (and gymnasium's wrappers) in a state no
+            # later reset repairs: start this session over with a fresh env, then report the error
+            self.env.close()
+            self.env = gymnasium.make(self.env_id, **self.env_kwargs)
+            raise ValueError(f"reset failed ({type(e).__name__}: {str(e)[:300]}); reset again") from e
         self._state = _types.State(episode_id=episode_id or str(uuid4()), step_count=0)
+        self._has_episode = True
         return self._observation(obs, 0.0, False, False, info)
 
     def step(
         self, action: VeriloopAction, timeout_s: float | None = None, **kwargs: Any
     ) -> VeriloopObservation:
+        if not self._has_episode:
+            raise RuntimeError("no episode to step: send a reset first (its seed picks the task)")
         obs, reward, terminated, truncated, info = self.env.step(action.response)
         self._state.step_count += 1
         return self._observation(obs, float(reward), terminated, truncated, info)
@@ -168,23 +195,49 @@ def create_app(
     *,
     max_concurrent_envs: int = 8,
     expose_task: bool = False,
+    idle_timeout_s: float = 300.0,
 ) -> Any:
-    """OpenEnv's FastAPI app (``openenv.core.env_server.http_server.create_app``) serving ``env_id``.
+    """OpenEnv's FastAPI app (``openenv.core.env_server.http_server.create_app``) serving ``env_id``,
+    with our session endpoints (:mod:`veriloop.interop.openenv_sessions`) in place of its ``/ws``
+    and ``POST /step``.
 
-    Each WebSocket session gets its own env; at most ``max_concurrent_envs`` at once. The id is
-    checked now (a typo fails here, not on the first client).
+    Each WebSocket session gets its own env; at most ``max_concurrent_envs`` at once, each closed
+    after ``idle_timeout_s`` seconds without a message. The id and ``env_kwargs`` are checked now,
+    by building one env (a typo fails here, not on every client).
+
+    Raises:
+        ValueError: an unknown id (with Gymnasium's "did you mean") or kwargs the env rejects.
     """
-    gymnasium.spec(env_id)  # raises with Gymnasium's "did you mean" for an unknown id
-
+    check_env_args(env_id, env_kwargs)
     # a partial of the class: OpenEnv reads SUPPORTS_CONCURRENT_SESSIONS off it without building an env
     factory = functools.partial(VeriloopOpenEnv, env_id, env_kwargs, expose_task=expose_task)
-    return _http.create_app(
+    app = _http.create_app(
         factory,
         VeriloopAction,
         VeriloopObservation,
         env_name=env_id.replace("/", "_"),
         max_concurrent_envs=max_concurrent_envs,
     )
+    sessions = SessionServer(
+        factory, VeriloopAction, max_sessions=max_concurrent_envs, idle_timeout_s=idle_timeout_s
+    )
+    return mount(app, sessions)
+
+
+def check_env_args(env_id: str, env_kwargs: dict[str, Any] | None) -> None:
+    """Build (and close) one ``gymnasium.make(env_id, **env_kwargs)``; ValueError in one line if it fails."""
+    try:
+        gymnasium.spec(env_id)  # Gymnasium's "did you mean" for an unknown id
+    except gymnasium.error.Error as e:
+        raise ValueError(f"unknown environment id {env_id!r}: {e}. `veriloop envs` lists them") from None
+    if env_kwargs is not None and not isinstance(env_kwargs, dict):
+        raise ValueError(f"env kwargs must be a JSON object, got {type(env_kwargs).__name__}")
+    try:
+        gymnasium.make(env_id, **(env_kwargs or {})).close()
+    except Exception as e:  # noqa: BLE001  (whatever the env's constructor raises, in one line)
+        raise ValueError(
+            f"{env_id} rejects the kwargs {json.dumps(env_kwargs)[:200]}: {str(e)[:300]}"
+        ) from None
 
 
 @contextmanager
@@ -222,18 +275,33 @@ def serve(env_id: str, env_kwargs: dict[str, Any] | None = None, **app_kwargs: A
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m veriloop.interop.openenv_server ENV_ID [--host H] [--port P] [--kwargs JSON]``."""
+    """``python -m veriloop.interop.openenv_server ENV_ID [--host H] [--port P] [--kwargs JSON]
+    [--max-sessions N] [--idle-timeout S]``; a bad id or kwargs is one line on stderr and exit 2."""
     import argparse
-    import json
 
     parser = argparse.ArgumentParser(description="Serve a veriloop environment over OpenEnv.")
     parser.add_argument("env_id")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--kwargs", default="{}", help="JSON kwargs for gymnasium.make")
+    parser.add_argument("--max-sessions", type=int, default=8, help="WebSocket sessions at once (default 8)")
+    parser.add_argument("--idle-timeout", type=float, default=300.0,
+                        help="close a session after this many seconds without a message (default 300)")  # fmt: skip
     args = parser.parse_args(argv)
+    try:
+        kwargs = json.loads(args.kwargs)
+        app = create_app(
+            args.env_id, kwargs, max_concurrent_envs=args.max_sessions, idle_timeout_s=args.idle_timeout
+        )
+    except json.JSONDecodeError as e:
+        print(f"openenv_server: --kwargs is not valid JSON ({e}): pass an object, e.g. '{{\"level\": 2}}'",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    except ValueError as e:
+        print(f"openenv_server: {e}", file=sys.stderr)
+        return 2
     uvicorn = require("uvicorn", "openenv", _WHAT)
-    uvicorn.run(create_app(args.env_id, json.loads(args.kwargs)), host=args.host, port=args.port)
+    uvicorn.run(app, host=args.host, port=args.port)
     return 0
 
 
