@@ -320,6 +320,14 @@ def run(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, UnknownEnvError) as e:  # bad input: the message says what and how to fix it
         print(f"veriloop {args.command}: {e}", file=sys.stderr)
         return 2
+    except ValueError as e:  # a damaged checkpoint (checkpoint.CheckpointError) is a message too
+        checkpoint = sys.modules.get(
+            "veriloop.algos.checkpoint"
+        )  # loaded if it raised (no torch import here)
+        if checkpoint is None or not isinstance(e, checkpoint.CheckpointError):
+            raise
+        print(f"veriloop {args.command}: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"veriloop {args.command}: interrupted. {_kept(args.command)}", file=sys.stderr)
         return 130

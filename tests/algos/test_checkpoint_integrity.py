@@ -103,3 +103,32 @@ def test_checkpoints_without_checksums_still_load(tmp_path: Path) -> None:
     manifest["files"] = {rel: e["size"] for rel, e in manifest["files"].items()}
     (folder / MARKER).write_text(json.dumps(manifest))
     assert load_checkpoint(folder)["step"] == 1
+
+
+TINY = [
+    "policy.model=tiny", "policy.lora=false", "env.kwargs={level: 1}", "rollout.prompts_per_step=2",
+    "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_context=256", "train.steps=2",
+    "train.micro_batch_size=2", "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]",
+    "eval.greedy=false", "eval.every=0", "eval.at_start=false", "run.tensorboard=false",
+    "run.checkpoint_every=1", "run.keep_last=2", "sft.steps=0",
+]  # fmt: skip
+
+
+def test_train_resume_skips_a_flipped_newest_checkpoint(tmp_path: Path, capsys) -> None:
+    """The repro end to end: a same-size byte flip in the newest checkpoint's model.pt. Resume says
+    so in one line and continues from the previous checkpoint (before: silently other weights)."""
+    from veriloop.algos.run_log import read_metrics
+    from veriloop.algos.train import train
+    from veriloop.configs.loader import load_config
+
+    run = train(load_config("quickstart", [*TINY, f"run.out_dir={tmp_path}", "run.name=r"]), quiet=True)
+    _flip_byte(run / "checkpoints" / "step-000002" / "model" / "model.pt")
+    capsys.readouterr()
+    longer = load_config("quickstart", [*TINY, f"run.out_dir={tmp_path}", "run.name=r", "train.steps=3"])
+    train(longer, resume=True)
+    out = capsys.readouterr()
+    assert "step-000002 cannot be resumed" in out.err and "model/model.pt is damaged" in out.err
+    assert "Traceback" not in out.err
+    assert "resumed from" in out.out and "step-000001 at step 1" in out.out
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]  # steps 2 and 3 trained again / anew
+    verify_checkpoint(run / "checkpoints" / "step-000002")  # re-saved whole

@@ -61,7 +61,7 @@ TINY = [
 
 
 def test_train_and_resume_on_a_busy_run_exit_2_and_change_nothing(tmp_path: Path) -> None:
-    """The repro: a --resume beside a live trainer of the same run. It stops before any model loads,
+    """The repro: a --resume (or an SFT warm-up) beside a live trainer of the same run. It stops before any model loads,
     with exit code 2 and one message naming the holder; config.yaml and the metrics are untouched."""
     run = tmp_path / "r"
     run.mkdir()
@@ -70,8 +70,9 @@ def test_train_and_resume_on_a_busy_run_exit_2_and_change_nothing(tmp_path: Path
     holder = _hold(run)
     try:
         exe = Path(sys.executable).with_name("veriloop")
-        for flag in ("--resume", "--overwrite"):
-            r = subprocess.run([str(exe), "train", "quickstart", *TINY, f"run.out_dir={tmp_path}", "run.name=r", flag],
+        for command, flag in (("train", "--resume"), ("train", "--overwrite"), ("sft", "--resume")):
+            args = [str(exe), command, "quickstart", *TINY, f"run.out_dir={tmp_path}", "run.name=r", flag]
+            r = subprocess.run([*args, *(["sft.steps=1"] if command == "sft" else [])],
                                capture_output=True, text=True, timeout=120)  # fmt: skip
             assert r.returncode == 2, r.stderr[-2000:]
             assert "in use by another trainer" in r.stderr and f"pid {holder.pid}" in r.stderr
