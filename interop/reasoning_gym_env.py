@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 from veriloop.envs.base import MAX_TEXT_CHARS, VerifierEnv
 from veriloop.envs.datasets import DEFAULT_HELDOUT_FRACTION, Part, index_range
-from veriloop.envs.verifiers import Verdict, extract_answer
+from veriloop.envs.verifiers import Verdict, VerifierError, extract_answer
 from veriloop.envs.verifiers import stats as verifier_stats
 from veriloop.envs.verifiers.pool import get_scorer_pool
 from veriloop.interop._extras import require
@@ -204,13 +204,16 @@ class ReasoningGymEnv(VerifierEnv[dict]):
             return Verdict(correct=False, reason="no_answer", feedback=NO_ANSWER_FEEDBACK)
         status, value = self._score(answer, task)
         if status != "ok":
-            verifier_stats.count(_ERRORS[status])
+            error: VerifierError = (
+                "timeout" if status == "timeout" else "memory" if status == "memory" else "crash"
+            )
+            verifier_stats.count(_ERRORS[error])
             return Verdict(
                 correct=False,
-                error=status,
+                error=error,
                 parsed=answer,
                 reason="verifier_error",
-                feedback=f"The verifier failed ({status}); this episode is stopped.",
+                feedback=f"The verifier failed ({error}); this episode is stopped.",
                 details={"message": str(value)[:300]},
             )
         score = float(value)
