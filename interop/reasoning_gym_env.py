@@ -49,7 +49,7 @@ from veriloop.envs.verifiers import Verdict, VerifierError, extract_answer
 from veriloop.envs.verifiers import stats as verifier_stats
 from veriloop.envs.verifiers.pool import get_scorer_pool
 from veriloop.interop._extras import require
-from veriloop.interop.reasoning_gym_scorers import safe_score
+from veriloop.interop.reasoning_gym_scorers import SAFE_SCORERS, safe_score
 
 ENV_ID = "veriloop/ReasoningGym-v0"
 DEFAULT_TIMEOUT_S = 10.0
@@ -180,6 +180,8 @@ class ReasoningGymEnv(VerifierEnv[dict]):
         self._data = _build(dataset, self.config_json)
         if len(self._data) < 1:
             raise ValueError(f"reasoning-gym dataset {dataset!r} with config {config} has no items")
+        if dataset not in SAFE_SCORERS:  # the scorer workers import reasoning-gym while the model loads
+            get_scorer_pool().start()
         self._indices = index_range(len(self._data), part, heldout_fraction)
         self.part_source = f"items {self._indices.start}..{self._indices.stop - 1} of {dataset} ({part} part)"
 

@@ -27,6 +27,14 @@ from veriloop.interop.reasoning_gym_scorers import score_countdown, score_puzzle
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the jail uses Linux namespaces")
 
 
+@pytest.fixture(scope="module")
+def full_jail() -> None:
+    """Skip (saying why) where the kernel refuses the namespace steps: the jail is then partial."""
+    done = sandbox.isolation()
+    if not {"network", "files"} <= set(done):
+        pytest.skip(f"this machine gives the jail only {done}: run as root or enable user namespaces")
+
+
 def _env(dataset: str, seed: int = 0, **kwargs: Any) -> tuple[Any, dict]:
     env = gymnasium.make(ENV_ID, dataset=dataset, **kwargs)
     _, info = env.reset(seed=seed)
@@ -48,7 +56,7 @@ def _attacks(target: Path) -> list[str]:
 
 @pytest.mark.parametrize("dataset", ["puzzle24", "countdown", "simple_integration"])
 def test_repros_run_nothing_forge_nothing_and_the_next_verdicts_are_right(
-    dataset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    dataset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, full_jail: None
 ) -> None:
     monkeypatch.chdir(tmp_path)
     target = tmp_path / "pwned-abs"
@@ -128,7 +136,7 @@ def _escape_attempts(target: str, port: int) -> float:
 
 
 def test_jail_confines_files_env_network_fds_and_processes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, full_jail: None
 ) -> None:
     monkeypatch.setenv("VERILOOP_TEST_SECRET", "s3cret")
     listener = socket.create_server(("127.0.0.1", 0))
