@@ -401,8 +401,9 @@ DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def portable_base_name(base: str) -> str:
-    """What ``adapter_config.json`` calls the base model: the Hub id for ``default``, else as given."""
-    return DEFAULT_MODEL_HUB_ID if base == "default" else base
+    """What ``adapter_config.json`` calls the base model: the Hub id for ``default``, a Hub id
+    without its ``@revision`` (``veriloop.json`` keeps it), else as given."""
+    return DEFAULT_MODEL_HUB_ID if base == "default" else split_revision(base)[0]
 
 
 def _default_card(policy: Policy, merge: bool) -> str:

@@ -1,0 +1,108 @@
+"""Every command and code block of every ``docs/*.md`` page runs here, in page order, as the README's do.
+
+The same runner rules as ``tests/test_readme.py`` (whose helpers this file reuses): a block whose first
+line is ``# NAME.py`` / ``# NAME.yaml`` is saved into the page's working folder; other ``python``
+blocks run there as scripts, with ``load_policy("default")`` pointed at a tiny saved model; ``bash``
+lines run one by one, ``veriloop`` commands that take a config with the README's tiny overrides
+appended (except the keys the command sets itself); ``VAR=value`` in front of a command sets its
+environment. The Hub cache (``HF_HUB_CACHE``) is a folder in the Hub layout holding a tiny model under
+SmolLM2's id, so a page's Hub-id command runs offline. There is no way to skip a block: a page whose
+block cannot run here must change the block.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = sorted((ROOT / "docs").glob("*.md"))
+_spec = importlib.util.spec_from_file_location("readme_runner", ROOT / "tests" / "test_readme.py")
+readme = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+_spec.loader.exec_module(readme)  # type: ignore[union-attr]
+STAND_IN = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the Hub id a page may name; a tiny model here
+
+
+def blocks(page: Path) -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2)) for m in readme.FENCE.finditer(page.read_text())]
+
+
+@pytest.fixture(scope="module")
+def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from veriloop.agents.loading import save_policy
+    from veriloop.agents.testing import tiny_policy
+
+    root = tmp_path_factory.mktemp("hub")
+    repo = root / ("models--" + STAND_IN.replace("/", "--"))
+    save_policy(tiny_policy(lora=False), repo / "snapshots" / ("0" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    return root
+
+
+def test_docs_pages_exist_and_the_readme_links_them() -> None:
+    names = {p.name for p in PAGES}
+    assert {"data.md", "models.md"} <= names
+    text = (ROOT / "README.md").read_text()
+    for page in ("docs/data.md", "docs/models.md"):
+        assert f"({page})" in text, f"the README does not link {page}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_block_of_the_page_runs(page: Path, tmp_path: Path, hub_cache: Path) -> None:
+    from veriloop.agents.loading import save_policy
+    from veriloop.agents.testing import tiny_policy
+
+    save_policy(tiny_policy(lora=False), tmp_path / "tiny-model")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_CACHE": str(hub_cache)}
+    for lang, body in blocks(page):
+        first = body.splitlines()[0].strip() if body.strip() else ""
+        if name := readme.FILE_BLOCK.fullmatch(first):
+            (tmp_path / name.group(1)).write_text(body)
+        elif lang == "python":
+            code = body.replace('load_policy("default")', f'load_policy("{tmp_path / "tiny-model"}")')
+            r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                               timeout=600)  # fmt: skip
+            assert r.returncode == 0, f"{page.name} python block failed:\n{code}\n{r.stderr[-3000:]}"
+        elif lang == "bash":
+            for cmd in readme._commands(body):
+                _run_command(page, cmd, tmp_path, env)
+        else:
+            pytest.fail(
+                f"{page.name}: a {lang or 'plain'} block that is not a file (# NAME.yaml): {body[:80]!r}"
+            )
+
+
+def _run_command(page: Path, cmd: str, cwd: Path, env: dict[str, str]) -> None:
+    words = shlex.split(cmd)
+    extra = {}
+    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        key, _, value = words.pop(0).partition("=")
+        extra[key] = value
+    if not words or words[0] != "veriloop":
+        pytest.fail(f"{page.name}: a bash line this test cannot run: {cmd!r}; teach tests/test_docs.py")
+    args = words[1:]
+    if args and args[0] in readme.CONFIG_COMMANDS and "--help" not in args:
+        given = {a.split("=", 1)[0] for a in args if "=" in a}
+        args += [t for t in readme.TINY if t.split("=", 1)[0] not in given]
+    r = subprocess.run([sys.executable, "-m", "veriloop.cli", *args], cwd=cwd, env={**env, **extra},
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, f"{page.name} command failed: {cmd}\n{r.stderr[-3000:]}"
+
+
+def test_inline_commands_of_the_pages_exist() -> None:
+    sub = subprocess.run(
+        [sys.executable, "-m", "veriloop.cli", "--help"], capture_output=True, text=True
+    ).stdout
+    for page in PAGES:
+        for m in readme.INLINE.finditer(page.read_text()):
+            words = [w for w in shlex.split(m.group(1)) if not re.fullmatch(r"[A-Z_]+=\S+", w)]
+            if len(words) >= 2 and words[0] == "veriloop":
+                assert words[1] in sub, f"{page.name}: `{m.group(1)}`: no subcommand {words[1]!r}"
