@@ -19,8 +19,8 @@ import gymnasium
 import pytest
 
 import veriloop.envs  # noqa: F401  (registers the ids)
+from veriloop.envs.verifiers import check_math, sandbox
 from veriloop.envs.verifiers import pool as pool_module
-from veriloop.envs.verifiers import sandbox
 from veriloop.interop.reasoning_gym_env import ENV_ID
 from veriloop.interop.reasoning_gym_scorers import score_countdown, score_puzzle24
 
@@ -72,6 +72,7 @@ def test_repros_run_nothing_forge_nothing_and_the_next_verdicts_are_right(
         _, reward, _, _, info = env.step(f"<answer>{answer}</answer>")
         assert info["verdict"].error is None, info["verdict"]
         assert (reward == 1.0) if expected == 1.0 else reward < 1.0
+    assert check_math("\\boxed{\\frac{1}{2}}", "0.5").correct  # math checks still give verdicts
 
 
 def test_puzzle24_checks_the_dealt_numbers() -> None:
@@ -186,3 +187,26 @@ def test_a_stray_reply_line_cannot_answer_the_next_request() -> None:
         assert math_pool.run("math", ("$3$", "$2$"), 60) == ("ok", ["wrong", "3"])  # in step again
     finally:
         math_pool.shutdown()
+
+
+@pytest.mark.slow
+def test_every_dataset_scores_the_same_jailed_as_in_process(full_jail: None) -> None:
+    """The jail changes no score: each dataset's gold and a wrong answer, in-process vs jailed."""
+    import reasoning_gym as rg
+
+    differ, checked = [], 0
+    for name in sorted(rg.factory.DATASETS):
+        if name == "composite":  # needs a list of datasets to compose
+            continue
+        data = rg.create_dataset(name, size=3, seed=0)
+        entry = data[0]
+        for answer in (str(entry.get("answer")), "1"):
+            try:
+                expected: Any = data.score_answer(answer, entry)  # trusted here: the test's own process
+            except Exception:  # noqa: BLE001 - then the jail must report a crash too
+                expected = "crash"
+            status, value = sandbox.run_jailed(data.score_answer, (answer, entry), 30)
+            if (value if status == "ok" else status) != expected:
+                differ.append((name, answer[:30], expected, status, value))
+            checked += 1
+    assert checked > 150 and differ == []
