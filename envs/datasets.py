@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from veriloop.envs.base import VerifierEnv
 from veriloop.envs.verifiers import Verdict
@@ -514,7 +514,9 @@ def register_dataset_env(env_id: str, *, data: str | Path, check: CheckFn | str,
     ``veriloop train CONFIG env.id=module:env_id``. Configs may still override any argument."""
     import gymnasium
 
-    gymnasium.register(env_id, entry_point=DatasetEnv, kwargs={"data": str(data), "check": check, **kwargs})
+    gymnasium.register(
+        env_id, entry_point=cast(Any, DatasetEnv), kwargs={"data": str(data), "check": check, **kwargs}
+    )
 
 
 def _tasks(rows: Sequence[Row], fields: FieldMap) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ import importlib.metadata
 import os
 import sys
 from collections.abc import Iterable
+from typing import Any
 
 import gymnasium
 
@@ -143,7 +144,7 @@ def unknown_kwarg_hint(env_id: str, error: BaseException) -> str:
         return ""
     try:
         entry = gymnasium.spec(env_id).entry_point
-        creator = load_env_creator(entry) if isinstance(entry, str) else entry
+        creator: Any = load_env_creator(entry) if isinstance(entry, str) else entry
         names = [n for cls in inspect.getmro(creator) if "__init__" in vars(cls)
                  for n, p in inspect.signature(vars(cls)["__init__"]).parameters.items()
                  if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]  # fmt: skip
