@@ -379,7 +379,8 @@ def _mismatch_metrics(parts: list[MismatchStats], measured: bool, truncated: boo
     trainer against itself); none here when ``prepare_batch`` measured them (rollout correction)."""
     if truncated:
         return dict.fromkeys(MISMATCH_NAMES, None)
-    return sum(parts, MismatchStats()).metrics() if measured else {}
+    measured_now: dict[str, float | None] = {**sum(parts, MismatchStats()).metrics()} if measured else {}
+    return measured_now
 
 
 def merge_metrics(*parts: dict[str, Any]) -> dict[str, Any]:
