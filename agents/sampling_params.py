@@ -13,6 +13,11 @@ what :func:`veriloop.agents.forward.token_logprobs` recomputes (tested). Greedy 
 (``temperature == 0``) records the untempered model log-probability ``log softmax(logits)[x]``
 (a point mass would record 0 for every token, which helps nobody).
 
+With top-k / top-p on, the recorded log-probs are of the *filtered* distribution, which the
+trainer's forward pass does not reproduce: the update then recomputes pi_old itself, and the parts
+that compare the trainer with the sampler's mu (rollout correction, DPPO) are refused by the config
+check, and the ``mismatch/*`` metrics are logged as null (not measurable).
+
 Sampling inverts the cumulative distribution: with C(v) = q(1) + ... + q(v) (float64) and one
 uniform U per row, x = the first v with C(v) > U * C(V). That draws exactly from ``q`` (P[x = v]
 = q(v); tokens with q = 0 never come up) with one random number per row. The alternatives cost

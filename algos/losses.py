@@ -384,7 +384,9 @@ def cispo_loss(
     REINFORCE gradient -w_t A_t grad log pi, w_t in the clip range; none is dropped (PPO gives a
     token beyond the clip zero gradient). The paper sets no lower bound (``clip_low`` = 1 makes
     the lower end 0) and tunes only ``clip_high``. The loss *value* is a surrogate (its gradient
-    is what counts); token-level aggregation as in the paper.
+    is what counts); token-level aggregation as in the paper. The cap is relative, 1 + clip_high
+    (MiniMax's eps_high); TRL's CISPO cap is the absolute bound on the weight, so TRL's c ports as
+    clip_high = c - 1.
 
     Returns:
         per_token_loss [B, T] and stats; ``clip_frac_low/high`` = share of tokens whose weight was
