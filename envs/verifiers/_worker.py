@@ -170,6 +170,10 @@ def _run(argv: list[str]) -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     if role == "math":
         _warm_up()
+    else:
+        from veriloop.envs.verifiers.sandbox import protect_worker
+
+        protect_worker()
     serve(sys.stdin, replies, ROLES[role])
 
 

@@ -11,7 +11,8 @@ first line, the jail
   worker's reply channel to the caller is out of its reach) and points 0, 1, 2 at ``/dev/null``;
 * clears its environment (``os.environ``) and moves into a fresh private temporary folder;
 * caps address space (inherited), file size (:data:`MAX_FILE_BYTES`), open files, CPU seconds and
-  forbids new processes (``RLIMIT_NPROC`` 0);
+  forbids new processes (``RLIMIT_NPROC`` 0); is non-dumpable (no other process of its user may
+  ``ptrace`` it) and dies with its worker;
 * when it can: leaves the network (a new, empty network namespace), enters a ``chroot`` of the private
   folder (nothing outside it can be read or written; no ``/proc``), and, as root, drops to the
   ``nobody`` user and group.
@@ -49,6 +50,7 @@ NOBODY = 65534  # uid and gid of ``nobody`` on Linux
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 _RESULT_FD = 3  # the jail's result pipe, moved here before everything else is closed
 
 
@@ -123,9 +125,17 @@ def _confine(result_fd: int, folder: str, cpu_seconds: float) -> list[str]:
     os.environ.clear()
     done = _leave_network_and_files(folder)
     _set_limits(cpu_seconds)
-    if _LIBC is not None:  # after the uid change, which clears it: die with the worker
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if _LIBC is not None:  # after the uid change, which resets both: die with the worker, and let
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # no other jail of the same user
+        _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # attach to this one (ptrace) and rewrite its score
     return done
+
+
+def protect_worker() -> None:
+    """Make the calling scorer worker non-dumpable: a jail running as the same user (no root) can
+    then not ``ptrace`` its parent worker, whatever the machine's Yama setting."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 def _jail_main(

@@ -133,6 +133,9 @@ def _escape_attempts(target: str, port: int) -> float:
         escapes += 1
     except OSError:
         pass
+    import ctypes  # noqa: PLC0415 - already loaded by the sandbox: no file needed
+
+    escapes += ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE: 1 lets a same-user process ptrace it
     return escapes
 
 
