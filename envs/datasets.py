@@ -55,11 +55,14 @@ Row = tuple[str, dict[str, Any]]
 
 
 # ---------------------------------------------------------------------------- loading
-def load_rows(source: str | Path, *, split: str = "train", revision: str | None = None) -> list[Row]:
+def load_rows(
+    source: str | Path, *, split: str = "train", revision: str | None = None, subset: str | None = None
+) -> list[Row]:
     """Every row of ``source`` as ``(where, dict)``; see the module docstring for the formats.
 
     ``split`` picks the split of a ``DatasetDict`` folder or a Hub dataset; ``revision`` a Hub
-    dataset's branch, tag or commit. Raises ``FileNotFoundError`` (what was tried) or ``ValueError``
+    dataset's branch, tag or commit; ``subset`` a Hub dataset's subset (config name, e.g. GSM8K's
+    ``main``). Raises ``FileNotFoundError`` (what was tried) or ``ValueError``
     (``where: reason``) before any row is used.
     """
     path = Path(str(source)).expanduser()
@@ -68,7 +71,7 @@ def load_rows(source: str | Path, *, split: str = "train", revision: str | None 
     elif path.is_file():
         rows = _rows_from_file(path)
     elif _looks_like_hub_id(str(source)):
-        rows = _rows_from_hub(str(source), split, revision)
+        rows = _rows_from_hub(str(source), split, revision, subset)
     else:
         raise FileNotFoundError(
             f"dataset {str(source)!r} not found: it is not a file, not a folder and not a Hub dataset id "
@@ -152,30 +155,52 @@ def _rows_from_folder(path: Path, split: str) -> list[Row]:
     return [(f"{path} row {i}", dict(r)) for i, r in enumerate(data, start=1)]
 
 
-def _rows_from_hub(dataset_id: str, split: str, revision: str | None) -> list[Row]:
-    """A Hub dataset's ``split`` files, found through ``huggingface_hub``'s own resolution: its cache
-    first, ``HF_HUB_OFFLINE=1`` honoured, ``revision`` a branch, tag or commit."""
+def _rows_from_hub(dataset_id: str, split: str, revision: str | None, subset: str | None) -> list[Row]:
+    """A Hub dataset's ``split`` (of ``subset``, the Hub's config name) through ``datasets.load_dataset``
+    and its cache; offline (``HF_HUB_OFFLINE=1``) without that cache, from the data files in the
+    Hub cache (``huggingface_hub``'s layout, what any download leaves)."""
+    datasets = _require("datasets", "datasets")
     hub = _require("huggingface_hub", "huggingface_hub")
+    try:
+        data = datasets.load_dataset(dataset_id, subset, split=split, revision=revision)
+        return [(f"{dataset_id}[{split}] row {i}", dict(r)) for i, r in enumerate(data, start=1)]
+    except Exception as exc:  # unknown id, missing subset, no network: its own message says which
+        if not hub.constants.HF_HUB_OFFLINE:
+            raise FileNotFoundError(_hub_help(dataset_id, revision, f"{type(exc).__name__}: {exc}")) from None
     try:
         folder = Path(hub.snapshot_download(dataset_id, repo_type="dataset", revision=revision,
                                             allow_patterns=[f"*{s}" for s in FILE_SUFFIXES]))  # fmt: skip
-    except Exception as exc:  # offline cache miss, unknown id, no network: its own message says which
-        raise FileNotFoundError(
-            f"dataset {dataset_id!r} is not a local file or folder, and as a Hugging Face Hub dataset "
-            f"(revision {revision or 'main'}) it could not be resolved: {type(exc).__name__}: {exc}. Check the "
-            "id; with HF_HUB_OFFLINE=1 it must have been downloaded once (online, or `hf download "
-            f"{dataset_id} --repo-type dataset`); or save it to a file and pass its path"
-        ) from None
-    files = sorted(
-        p for p in folder.rglob("*") if p.suffix.lower() in FILE_SUFFIXES and _in_split(p, folder, split)
+    except Exception as exc:
+        raise FileNotFoundError(_hub_help(dataset_id, revision, f"{type(exc).__name__}: {exc}")) from None
+    files = [
+        p
+        for p in sorted(folder.rglob("*"))
+        if p.suffix.lower() in FILE_SUFFIXES and _in_split(p, folder, split)
+    ]
+    subsets = sorted(
+        {p.relative_to(folder).parts[0] for p in files if len(p.relative_to(folder).parts) > 1} - {"data"}
     )
+    if subset is not None:
+        files = [p for p in files if subset in p.relative_to(folder).parts[:-1]]
+    elif len(subsets) > 1:
+        raise ValueError(f"Hub dataset {dataset_id!r} has subsets {subsets}: set subset to one of them")
     if not files:
         found = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
         raise FileNotFoundError(
-            f"Hub dataset {dataset_id!r} has no data file for split {split!r} (files: {found[:10]}); "
-            "set split to one the file names carry"
+            f"Hub dataset {dataset_id!r} has no data file for split {split!r}"
+            + (f" of subset {subset!r}" if subset else "")
+            + f" (files: {found[:10]}); set split (or subset)"
         )
     return [row for path in files for row in _rows_from_file(path)]
+
+
+def _hub_help(dataset_id: str, revision: str | None, why: str) -> str:
+    return (
+        f"dataset {dataset_id!r} is not a local file or folder, and as a Hugging Face Hub dataset (revision "
+        f"{revision or 'main'}) it could not be loaded: {why}. Check the id (and subset); with "
+        f"HF_HUB_OFFLINE=1 it must have been downloaded once (online, or `hf download {dataset_id} "
+        "--repo-type dataset`); or save it to a file and pass its path"
+    )
 
 
 def _in_split(path: Path, root: Path, split: str) -> bool:
@@ -428,7 +453,7 @@ class DatasetEnv(VerifierEnv[dict]):
         question_key, answer_key, answer_extract: See :class:`FieldMap`.
         prompt: The prompt, with ``{question}`` (and any other field of the row) filled in.
         part, heldout_fraction, heldout_data: Which rows (see the module docstring).
-        split, revision: Of a ``DatasetDict`` folder or a Hub dataset (see :func:`load_rows`).
+        split, revision, subset: Of a ``DatasetDict`` folder or a Hub dataset (see :func:`load_rows`).
         max_attempts: Responses per episode (retries see "Incorrect").
 
     Reward 1 for a correct response, else 0 (``{"accuracy": 0|1}``). ``info["task"]`` is the row
@@ -451,6 +476,7 @@ class DatasetEnv(VerifierEnv[dict]):
         heldout_data: str | Path | None = None,
         split: str = "train",
         revision: str | None = None,
+        subset: str | None = None,
         max_attempts: int = 1,
         **base_kwargs: Any,
     ) -> None:
@@ -458,7 +484,7 @@ class DatasetEnv(VerifierEnv[dict]):
         self._check = resolve_check(check)
         fields = FieldMap(question_key, answer_key, answer_extract)
         self.prompt_template = prompt
-        tasks = _tasks(load_rows(data, split=split, revision=revision), fields)
+        tasks = _tasks(load_rows(data, split=split, revision=revision, subset=subset), fields)
         held = None if heldout_data is None else _tasks(load_rows(heldout_data), fields)
         if part == "heldout" and held is not None:
             self.tasks = held

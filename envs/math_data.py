@@ -131,6 +131,7 @@ def load_problems(
     fields: FieldMap | None = None,
     split: str = "train",
     revision: str | None = None,
+    subset: str | None = None,
 ) -> list[MathProblem]:
     """Problems from any dataset :func:`~veriloop.envs.datasets.load_rows` reads, with ``fields``
     naming the question and answer fields (default ``question`` / ``answer``).
@@ -141,7 +142,7 @@ def load_problems(
     """
     fields = fields or FieldMap()
     problems = []
-    for where, row in load_rows(source, split=split, revision=revision):
+    for where, row in load_rows(source, split=split, revision=revision, subset=subset):
         mapped = {k: _json_value(v) for k, v in row.items()}
         mapped["question"] = fields.question(row, where)
         mapped["answer"] = fields.answer(row, where)

@@ -56,7 +56,8 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
             or ``all``; the held-out rows are ``heldout_fraction`` of the distinct questions, picked
             by question hash, or the rows of ``heldout_data``. Ignored by the generator, whose
             evaluation is kept apart by seeds.
-        split, revision: Of a ``DatasetDict`` folder or a Hub dataset.
+        split, revision, subset: Of a ``DatasetDict`` folder or a Hub dataset (``subset``: its config
+            name, e.g. GSM8K's ``main``).
         level: Difficulty ``1``-``3``, a list of levels, or ``None`` for a uniform mix. With
             ``data``, keeps only rows with these levels.
         kinds: Generator kinds to draw from (default all: integer, fraction, linear, word).
@@ -89,6 +90,7 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         heldout_data: str | Path | None = None,
         split: str = "train",
         revision: str | None = None,
+        subset: str | None = None,
         level: int | Sequence[int] | None = None,
         kinds: Sequence[Kind] | None = None,
         reward: RewardScheme = "dapo",
@@ -115,7 +117,8 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         self.part: Part | None = part if data is not None else None
         if data is not None:
             fields = FieldMap(question_key, answer_key, answer_extract)
-            self._load(data, fields, part, heldout_fraction, heldout_data, split=split, revision=revision)
+            self._load(data, fields, part, heldout_fraction, heldout_data, split=split, revision=revision,
+                       subset=subset)  # fmt: skip
         # launch the verifier workers now (without waiting): their ~1-3 s import of math-verify then
         # overlaps with model loading instead of delaying the first check that needs one
         get_pool().start()

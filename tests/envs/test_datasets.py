@@ -247,6 +247,13 @@ from veriloop.envs.math_data import load_problems
 fields = FieldMap("problem", "solution", "last_boxed")
 assert len(load_problems("someone/sums", fields=fields)) == 6
 assert [p.answer for p in load_problems("someone/sums", fields=fields, split="test")] == ["12", "14", "16"]
+assert len(load_problems("someone/twosets", fields=fields, subset="main")) == 2
+try:
+    load_rows("someone/twosets")
+except ValueError as e:
+    assert "subsets ['main', 'socratic']: set subset" in str(e), e
+else:
+    sys.exit("two subsets were mixed")
 try:
     load_rows("someone/nothing")
 except FileNotFoundError as e:
@@ -266,6 +273,12 @@ def test_hub_dataset_id_reads_from_a_local_hub_cache_offline(tmp_path: Path) -> 
     data.mkdir(parents=True)
     write_parquet(data / "train-00000-of-00001.parquet", ROWS[:6])
     write_parquet(data / "test-00000-of-00001.parquet", ROWS[6:9])
+    two = tmp_path / "hub" / "datasets--someone--twosets"
+    (two / "refs").mkdir(parents=True)
+    (two / "refs" / "main").write_text("1" * 40)
+    for subset, rows in (("main", ROWS[:2]), ("socratic", ROWS[2:5])):
+        (two / "snapshots" / ("1" * 40) / subset).mkdir(parents=True)
+        write_parquet(two / "snapshots" / ("1" * 40) / subset / "train-00000-of-00001.parquet", rows)
     env = {
         **os.environ,
         "HF_HUB_CACHE": str(tmp_path / "hub"),
