@@ -69,6 +69,7 @@ from typing import Any, Literal
 from veriloop.envs.base import SIGNAL_KEY, LearnerSignal, VerifierEnv
 from veriloop.envs.judgement_metrics import Z95, judgement_metrics, wilson_interval
 from veriloop.envs.verifiers import Verdict
+from veriloop.envs.verifiers.guarded import guarded_check
 
 TaskName = Literal["math", "points24"]
 RewardMode = Literal["process", "outcome"]
@@ -339,7 +340,7 @@ class SolveVerifyEnv(VerifierEnv[Any]):
         self._steps += 1
         terminated = truncated = False
         if kind == "solve":
-            verdict = self.check(action, task)
+            verdict = guarded_check(self, action, task)  # a check that raises is a verifier error
             self._attempt += 1
             info["verdict"] = verdict
             if verdict.error is not None:

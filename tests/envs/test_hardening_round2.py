@@ -96,6 +96,18 @@ def test_a_built_in_check_that_raises_is_a_verifier_error(monkeypatch: pytest.Mo
     assert (reward, truncated, info["verifier_error"]) == (0.0, True, "crash")
 
 
+def test_solve_verify_catches_a_raising_check_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = gymnasium.make("veriloop/SolveVerify-v0")
+    env.reset(seed=0)
+
+    def broken(*args: Any) -> Verdict:
+        raise ValueError("a verifier bug")
+
+    monkeypatch.setattr(MathVerifyEnv, "check", broken)
+    _, reward, _, truncated, info = env.step("\\boxed{1}")
+    assert (reward, truncated, info["verifier_error"]) == (0.0, True, "crash")
+
+
 # ------------------------------------------------------------------ Unicode digits
 @pytest.mark.parametrize(
     "answer", ["2^{²}", "²!", "10^⁶", "①", "①!", "2^{①}", "3^{٣}", "⑳!", "10^{²²²²²²²²}", "1,²³⁴"]
