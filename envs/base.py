@@ -24,9 +24,10 @@ Episode ends (exactly one of the two flags is set on the last step):
 A ``check`` that raises is a verifier failure, never a crash of the caller: the step gets a verdict
 with ``error="crash"`` (the exception in ``details["message"]``; logged once per environment
 class). A ``check`` that overruns its deadline gets ``error="timeout"``: every environment whose
-``check`` is not veriloop's own runs it under :attr:`VerifierEnv.check_timeout_s` (default
-:data:`veriloop.envs.verifiers.guarded.DEFAULT_CHECK_TIMEOUT_S`, 5 s, the math verifier's); veriloop's built-in checks bound their own
-time (worker processes with deadlines, or linear-time pure Python). Python cannot stop a thread, so
+``check`` is not one of veriloop's built-in checks runs it under :attr:`VerifierEnv.check_timeout_s`
+(default :data:`veriloop.envs.verifiers.guarded.DEFAULT_CHECK_TIMEOUT_S`, 5 s, the math verifier's;
+set it with the ``check_timeout_s`` argument); the built-in checks bound their own time (worker
+processes with deadlines, or linear-time pure Python). Python cannot stop a thread, so
 an overrunning user check is abandoned, not killed: keep checks pure and quick, or run slow ones in a
 process of your own.
 
@@ -213,6 +214,8 @@ class VerifierEnv(gymnasium.Env, Generic[TaskT]):
             are cut (never silently for responses: the action space rejects them in ``check_env``,
             ``step`` itself accepts any ``str``).
         render_mode: ``None`` or ``"ansi"`` (``render()`` returns the transcript so far).
+        check_timeout_s: Deadline of one :meth:`check` call in seconds (``math.inf``: none);
+            ``None`` keeps the class's :attr:`check_timeout_s`.
 
     Subclasses implement :meth:`sample_task`, :meth:`prompt`, :meth:`check` and :meth:`reward`;
     they may override :meth:`task_info`, :meth:`task_from_options`, :meth:`feedback`,
@@ -221,9 +224,9 @@ class VerifierEnv(gymnasium.Env, Generic[TaskT]):
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}
 
-    #: Deadline (seconds) of one :meth:`check` call; ``None`` = automatic: veriloop's own checks bound
+    #: Deadline (seconds) of one :meth:`check` call; ``None`` = automatic: the built-in checks bound
     #: their own time, any other gets ``guarded.DEFAULT_CHECK_TIMEOUT_S`` (5 s); ``math.inf`` = none.
-    #: Set it on your class or instance (see the module docstring).
+    #: Set it on your class, or with the ``check_timeout_s`` argument (see the module docstring).
     check_timeout_s: float | None = None
 
     def __init__(
@@ -232,9 +235,16 @@ class VerifierEnv(gymnasium.Env, Generic[TaskT]):
         max_attempts: int = 1,
         max_text_chars: int = MAX_TEXT_CHARS,
         render_mode: str | None = None,
+        check_timeout_s: float | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        if check_timeout_s is not None:
+            if not check_timeout_s > 0:
+                raise ValueError(
+                    f"check_timeout_s must be > 0 seconds (math.inf: none), got {check_timeout_s!r}"
+                )
+            self.check_timeout_s = float(check_timeout_s)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
                 f"render_mode {render_mode!r} is not supported; choose one of "

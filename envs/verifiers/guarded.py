@@ -6,11 +6,12 @@
   ``"verifier_error"``, the exception in ``details["message"]``), counted in the verifier stats
   and logged once per environment class with its traceback -- one hostile answer that trips a
   verifier bug must not end training or evaluation;
-* a ``check`` that is not veriloop's own (its class's ``check`` is defined outside the
-  ``veriloop`` package) runs in a helper thread under the environment's ``check_timeout_s``
+* a ``check`` that is not one of veriloop's built-in checks (:data:`BOUNDED_CHECKS`: a user's
+  environment, a subclass that overrides ``check``, the dataset environment, which calls the
+  user's function) runs in a helper thread under the environment's ``check_timeout_s``
   (:data:`DEFAULT_CHECK_TIMEOUT_S` unless set, the math verifier's deadline); a late one gives
   ``error="timeout"``. Python cannot kill a thread: the late check is abandoned and runs on
-  (daemon thread), its result discarded. veriloop's own checks bound their own time (worker
+  (daemon thread), its result discarded. The built-in checks bound their own time (worker
   processes with deadlines, or linear-time pure Python), so they run inline;
 * ``KeyboardInterrupt`` and ``SystemExit`` are never swallowed.
 """
@@ -27,16 +28,26 @@ from veriloop.envs.verifiers.verdict import Verdict
 
 #: Deadline of a user environment's ``check`` (seconds): the math verifier's default.
 DEFAULT_CHECK_TIMEOUT_S = 5.0
+#: The checks that bound their own time (``module.qualname`` of the ``check`` function): they run
+#: inline, with no thread deadline on top (the math check's own deadline excludes worker start-up).
+BOUNDED_CHECKS = frozenset({
+    "veriloop.envs.math_env.MathVerifyEnv.check",
+    "veriloop.envs.points24.env.Points24Env.check",
+    "veriloop.envs.solve_verify.SolveVerifyEnv.check",
+    "veriloop.interop.reasoning_gym_env.ReasoningGymEnv.check",
+})  # fmt: skip
 _LOG = logging.getLogger(__name__)
 _LOGGED: set[type] = set()
 
 
 def check_deadline(env: Any) -> float | None:
-    """Seconds ``env.check`` may take here; ``None`` = no deadline (veriloop's own checks, or ``inf``)."""
+    """Seconds ``env.check`` may take here; ``None`` = no deadline (a built-in check, or ``inf``)."""
     timeout = getattr(env, "check_timeout_s", None)
     if timeout is None:
-        owner = type(env).check.__module__
-        return None if owner.split(".")[0] == "veriloop" else DEFAULT_CHECK_TIMEOUT_S
+        check = type(env).check
+        return (
+            None if f"{check.__module__}.{check.__qualname__}" in BOUNDED_CHECKS else DEFAULT_CHECK_TIMEOUT_S
+        )
     if not timeout > 0:
         raise ValueError(f"check_timeout_s must be > 0 seconds (math.inf: no deadline), got {timeout!r}")
     return None if math.isinf(timeout) else float(timeout)

@@ -71,17 +71,23 @@ def test_a_user_check_gets_the_math_deadline_and_it_is_configurable() -> None:
     good.check_timeout_s = 0.3
     good.reset(seed=0)
     assert good.step("7")[1] == 1.0  # a quick check under a deadline is judged as before
-    with pytest.raises(ValueError, match="check_timeout_s"):
-        good.check_timeout_s = -1
-        good.reset(seed=0)
-        good.step("7")
 
 
-def test_our_own_checks_bound_their_own_time() -> None:
-    assert check_deadline(gymnasium.make("veriloop/Points24-text-v0").unwrapped) is None
-    env = UserEnv("ok")
-    env.check_timeout_s = math.inf
+def test_built_in_checks_bound_their_own_time_and_user_code_gets_the_deadline() -> None:
+    import importlib
+
+    from veriloop.envs import ENVS, INTEROP_ENVS
+
+    for env_id, (entry_point, _) in {**ENVS, **INTEROP_ENVS}.items():
+        module, _, name = entry_point.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        expected = DEFAULT_CHECK_TIMEOUT_S if env_id == "veriloop/Dataset-v0" else None  # the user's function
+        assert check_deadline(cls.__new__(cls)) == expected, env_id
+    env = UserEnv("ok", check_timeout_s=math.inf)
     assert check_deadline(env) is None
+    assert check_deadline(UserEnv("ok", check_timeout_s=12)) == 12.0
+    with pytest.raises(ValueError, match="check_timeout_s"):
+        UserEnv("ok", check_timeout_s=0)
 
 
 def test_a_built_in_check_that_raises_is_a_verifier_error(monkeypatch: pytest.MonkeyPatch) -> None:
