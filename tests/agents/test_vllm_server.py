@@ -170,24 +170,31 @@ def test_greedy_stop_strings_and_max_tokens_as_in_hf(server, base_policy):
     assert v2.finish == h2.finish == "stop" and v2.token_ids == h2.token_ids and len(v2.token_ids) <= 5
 
 
-@pytest.mark.parametrize("route", ["full", "merge", "adapter"])
+@pytest.mark.parametrize("route", ["full", "full-file", "merge", "adapter"])
 def test_a_sync_serves_the_updated_policy(server, route):
+    """``full`` / ``merge``: full weights without a file (vLLM's weight-transfer API over gloo, which
+    ``veriloop serve-vllm`` sets up); ``full-file``: the file route; ``adapter``: a LoRA adapter."""
     from veriloop.agents.backends.vllm_server import VLLMServerBackend
     from veriloop.agents.loading import LoraSettings, load_policy
 
-    lora = None if route == "full" else LoraSettings(r=8, alpha=16)
+    lora = None if route.startswith("full") else LoraSettings(r=8, alpha=16)
     policy = load_policy("default", lora=lora)
     sync = "adapter" if route == "adapter" else "merge"
-    backend = VLLMServerBackend(policy, urls=[server["url"]], lora_sync=sync)
+    transfer = "file" if route == "full-file" else "auto"
+    backend = VLLMServerBackend(policy, urls=[server["url"]], lora_sync=sync, weight_transfer=transfer)
     assert backend.serves_adapter == (route == "adapter")
+    assert backend.transfer == ("file" if route == "full-file" else "gloo")
     context = chat_ids(policy.tokenizer, "What is 7 times 8?")
     before = sample(backend, context, n=2, max_new=16, seed=5)
     assert_matches_hf(policy, context, before)  # whatever an earlier test left on the server
     old = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     sft_step(policy, context, before, lr=1e-4 if route == "full" else 2e-3)
-    t0 = time.perf_counter()
-    backend.sync()
-    print(f"{route} sync: {time.perf_counter() - t0:.2f} s")
+    times = []
+    for _ in range(3):  # the first gloo sync also joins the transfer group
+        t0 = time.perf_counter()
+        backend.sync()
+        times.append(time.perf_counter() - t0)
+    print(f"{route} sync (default model, {backend.transfer}): " + ", ".join(f"{t:.2f}" for t in times) + " s")
     after = sample(backend, context, n=2, max_new=16, seed=5)
     assert [r.token_ids for r in after] != [r.token_ids for r in before]  # same seed, new policy
     assert_matches_hf(policy, context, after)

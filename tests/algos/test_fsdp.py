@@ -130,7 +130,11 @@ def _report(name: str, numbers: dict[str, object]) -> None:
 
 @pytest.mark.parametrize(
     "extra",
-    [["policy.lora=false"], ["policy.lora=true"], ["policy.lora=false", *CRITIC]],
+    [
+        ["policy.lora=false"],
+        ["policy.lora=true"],
+        pytest.param(["policy.lora=false", *CRITIC], marks=pytest.mark.slow),  # ~1 min more
+    ],
     ids=["full", "lora", "full-value_head"],
 )
 def test_sharded_update_matches_single_process_and_halves_memory(tmp_path: Path, extra: list[str]) -> None:
