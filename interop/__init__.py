@@ -7,7 +7,8 @@ Importing this package itself needs nothing beyond veriloop.
 In (other environments as veriloop / Gymnasium envs):
 
 * :mod:`.reasoning_gym_env` -- ``veriloop/ReasoningGym-v0``: any reasoning-gym dataset, scored by
-  reasoning-gym's own scorer in veriloop's killable verifier worker (``[reasoning-gym]``).
+  reasoning-gym's own scorer in a jail of its own (:mod:`veriloop.envs.verifiers.sandbox`), or by
+  our own safe check where reasoning-gym's evaluates the text (``[reasoning-gym]``).
 * :mod:`.openenv_client` -- an OpenEnv server's environment as a ``gymnasium.Env`` (``[openenv]``).
 
 Out (veriloop environments elsewhere):
