@@ -213,3 +213,20 @@ def test_every_dataset_scores_the_same_jailed_as_in_process(full_jail: None) -> 
                 differ.append((name, answer[:30], expected, status, value))
             checked += 1
     assert checked > 150 and differ == []
+
+
+def test_served_over_openenv_the_repro_runs_nothing(tmp_path: Path, full_jail: None) -> None:
+    """The issue's remote-code-execution path: the repro sent to a ReasoningGym env over OpenEnv."""
+    openenv = pytest.importorskip("openenv.core")
+    from veriloop.interop.openenv_server import serve
+
+    target = tmp_path / "pwned"
+    for dataset in ("simple_integration",):  # jailed; puzzle24 is scored by our check (tested above)
+        with (
+            serve(ENV_ID, {"dataset": dataset}) as base_url,
+            openenv.GenericEnvClient(base_url=base_url).sync() as client,
+        ):
+            client.reset(seed=0)
+            result = client.step({"response": f"<answer>__import__('os').system('touch {target}')</answer>"})
+            assert result.reward is not None and result.reward < 1.0
+    assert not target.exists()
