@@ -440,9 +440,8 @@ def update_step(
     of a larger mini-batch (``loss_normalisers``); None = ``batch``'s own counts.
     ``mismatch``: when given, each micro-batch's sampler-vs-trainer :class:`MismatchStats` is
     appended (all forward passes of one step precede its optimizer step, so these are pre-update).
-    ``pad_micro_batches``: sharded training (``fsdp.lockstep``), where every forward and backward
-    pass is a collective: it pads this rank's micro-batches to every rank's count, and every one of
-    them runs (also one without training tokens, also after a non-finite loss).
+    ``pad_micro_batches``: sharded training (``fsdp.lockstep``: every pass is a collective, so all
+    ranks run as many, also without training tokens or after a non-finite loss).
 
     Returns:
         ``METRIC_NAMES`` metrics (losses summed over micro-batches, rates token-weighted) + ``skipped``.
@@ -459,10 +458,7 @@ def update_step(
                       total_seqs=total_seqs, mismatch=mismatch)  # fmt: skip
     # similar lengths, little padding; at most micro_batch_tokens padded tokens each when set
     micro = minibatches(batch, micro_batch_size, by_length=True, max_tokens=micro_batch_tokens)
-    if pad_micro_batches is not None:
-        micro = iter(pad_micro_batches(list(micro)))
-    sums, finite = _accumulate_gradients(model, micro, loss_fn, own_tokens=float(lengths.sum()),
-                                         lockstep=pad_micro_batches is not None)  # fmt: skip
+    sums, finite = _accumulate_gradients(model, micro, loss_fn, float(lengths.sum()), pad_micro_batches)
     if on_before_step is not None:
         trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         finite = on_before_step(trainable, finite)
@@ -494,13 +490,16 @@ def _accumulate_gradients(
     micro_batches: Any,
     loss_fn: Callable[..., tuple[torch.Tensor, dict[str, float]]],
     own_tokens: float,
-    lockstep: bool = False,
+    pad: Callable[[list[TokenBatch]], list[TokenBatch]] | None = None,
 ) -> tuple[dict[str, float], bool]:
     """Backward every micro-batch's loss (already in the whole batch's units); stop at the first
     non-finite loss. Returns the summed metrics (rates weighted by tokens) and whether all were finite.
-    ``lockstep`` (sharded training): run every micro-batch, stopping at nothing (see ``update_step``)."""
+    ``pad`` (sharded training, see ``update_step``): pad the micro-batches to every rank's count and
+    run every one, stopping at nothing."""
     sums = dict.fromkeys(METRIC_NAMES, 0.0)
-    finite = True
+    finite, lockstep = True, pad is not None
+    if pad is not None:
+        micro_batches = pad(list(micro_batches))
     for mb in micro_batches:
         n_tok = float(mb.loss_mask.sum())
         if n_tok == 0 and not lockstep:

@@ -636,6 +636,13 @@ class ExperimentConfig:
             raise ConfigError(f"algo: {e}") from e
         self._validate_cross()
 
+    def _check_parallel(self) -> None:
+        if self.train.parallel == "fsdp" and self.sft.steps > 0:
+            raise ConfigError(
+                "train.parallel=fsdp with sft.steps > 0: the SFT warm-up is not sharded; run `veriloop sft` "
+                "first and train from its policy (policy.model=RUN/sft/final), or use train.parallel=data"
+            )
+
     def _validate_cross(self) -> None:
         algo, rollout, train = self.algo, self.rollout, self.train
         if self.env.mixture and self.sft.steps > 0:
@@ -643,11 +650,7 @@ class ExperimentConfig:
                 "sft.steps > 0 with env.mixture: the SFT warm-up builds demonstrations for one env; run "
                 "`veriloop sft` per env first and train the mixture from its policy (policy.model=RUN/sft/final)"
             )
-        if train.parallel == "fsdp" and self.sft.steps > 0:
-            raise ConfigError(
-                "train.parallel=fsdp with sft.steps > 0: the SFT warm-up is not sharded; run `veriloop sft` "
-                "first and train from its policy (policy.model=RUN/sft/final), or use train.parallel=data"
-            )
+        self._check_parallel()
         if algo.advantage in GROUP_ADVANTAGES and rollout.group_size < 2:
             raise ConfigError(
                 f"algo.advantage={algo.advantage} compares samples of the same prompt: set "

@@ -124,24 +124,22 @@ def repack_tied_head(model: Any) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
-def _register_gloo_engine() -> None:
-    """Make ``veriloop_gloo`` a vLLM weight-transfer backend (runs when a vLLM worker imports this
-    module as its ``--worker-extension-cls``, before vLLM builds the engine). No vLLM, or a vLLM
-    without the weight-transfer API: nothing to register (the file route still works)."""
-    try:
-        from vllm.distributed.weight_transfer.base import (
-            WeightTransferEngine,
-            WeightTransferInitInfo,
-            WeightTransferUpdateInfo,
-        )
-        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
-    except ImportError:
-        return
-    if GLOO_BACKEND in getattr(WeightTransferEngineFactory, "_registry", {}):
-        return
+try:  # inside a vLLM worker (its --worker-extension-cls imports this module): the engine below
+    from vllm.distributed.weight_transfer.base import (
+        WeightTransferEngine,
+        WeightTransferInitInfo,
+        WeightTransferUpdateInfo,
+    )
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+except ImportError:  # no vLLM (the trainer's side), or one without the weight-transfer API
+    WeightTransferEngineFactory = None
+
+if WeightTransferEngineFactory is not None:
 
     @dataclass
     class GlooInitInfo(WeightTransferInitInfo):
+        """``/init_weight_transfer_engine``'s ``init_info`` for ``veriloop_gloo``."""
+
         master_address: str
         master_port: int
         rank_offset: int
@@ -150,6 +148,8 @@ def _register_gloo_engine() -> None:
 
     @dataclass
     class GlooUpdateInfo(WeightTransferUpdateInfo):
+        """``/update_weights``' ``update_info``: what the next broadcasts carry, in order."""
+
         names: list[str]
         dtype_names: list[str]
         shapes: list[list[int]]
@@ -189,7 +189,5 @@ def _register_gloo_engine() -> None:
         def shutdown(self) -> None:
             self.group = None
 
-    WeightTransferEngineFactory.register_engine(GLOO_BACKEND, GlooWeightTransferEngine)
-
-
-_register_gloo_engine()
+    if GLOO_BACKEND not in getattr(WeightTransferEngineFactory, "_registry", {}):
+        WeightTransferEngineFactory.register_engine(GLOO_BACKEND, GlooWeightTransferEngine)
