@@ -261,7 +261,8 @@ def test_evaluate_config_uses_eval_settings(tokenizer):
     for m in report["splits"].values():
         assert m["num_problems"] == 3 and m["num_samples"] == 6 and m["pass@2"] == 1.0 and m["avg@n"] == 1.0
     assert report["meta"]["step"] == 7 and report["meta"]["first_seed"] == cfg.eval.seed_offset
-    assert report["meta"]["splits"]["hard"] == {"id": MATH, "kwargs": {"level": 3}}
+    assert report["meta"]["splits"]["hard"] == {"id": MATH, "kwargs": {"level": 3},
+                                                "source": "generator, env seeds 1000000..1000002"}  # fmt: skip
 
 
 def test_evaluate_config_rolls_out_in_eval_batch_episodes(tokenizer, monkeypatch):
