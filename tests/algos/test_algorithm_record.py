@@ -45,14 +45,19 @@ def test_unknown_policy_loss_suggests_the_closest():
 
 
 def test_every_policy_loss_has_one_signature():
-    """Each table entry, built from the default config, takes (logp, old, adv, mask, segments)."""
+    """Each table entry, built from the default config, takes (logp, old, adv, mask, segments,
+    extras); DPPO reads the sampler's log-probs from the extras."""
     import torch
+
+    from veriloop.algos.algorithm import ObjectiveExtras
 
     logp = torch.tensor([[0.0, -1.0, -0.5]])  # [B, T]
     mask = torch.tensor([[0.0, 1.0, 1.0]])
     adv = torch.tensor([[0.0, 1.0, 1.0]])
     for name in U.POLICY_LOSSES:
         cfg = AlgoConfig(policy_loss=name)
-        loss, stats = U.pick_policy_loss(cfg)(logp, logp, adv, mask, None)
+        loss, stats = U.pick_policy_loss(cfg)(
+            logp, logp, adv, mask, None, ObjectiveExtras(sampler_logprobs=logp)
+        )
         assert loss.shape == (1, 3), name
         assert {"clip_frac_low", "clip_frac_high", "approx_kl"} <= set(stats), name
