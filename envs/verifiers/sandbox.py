@@ -65,7 +65,12 @@ _LIBC = _libc()
 
 
 def _unshare(flags: int) -> bool:
-    return _LIBC is not None and _LIBC.unshare(flags) == 0
+    return hasattr(_LIBC, "unshare") and _LIBC.unshare(flags) == 0
+
+
+def _prctl(option: int, value: int) -> None:
+    if hasattr(_LIBC, "prctl"):  # Linux only
+        _LIBC.prctl(option, value, 0, 0, 0)
 
 
 def _write_id_map(path: str, inside: int, outside: int) -> None:
@@ -125,17 +130,17 @@ def _confine(result_fd: int, folder: str, cpu_seconds: float) -> list[str]:
     os.environ.clear()
     done = _leave_network_and_files(folder)
     _set_limits(cpu_seconds)
-    if _LIBC is not None:  # after the uid change, which resets both: die with the worker, and let
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # no other jail of the same user
-        _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # attach to this one (ptrace) and rewrite its score
+    # after the uid change, which resets both: die with the worker, and let no other jail of the
+    # same user attach to this one (ptrace) and rewrite its score
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _prctl(_PR_SET_DUMPABLE, 0)
     return done
 
 
 def protect_worker() -> None:
     """Make the calling scorer worker non-dumpable: a jail running as the same user (no root) can
     then not ``ptrace`` its parent worker, whatever the machine's Yama setting."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    _prctl(_PR_SET_DUMPABLE, 0)
 
 
 def _jail_main(
