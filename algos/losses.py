@@ -618,6 +618,26 @@ def kl_cov_loss(
     return loss, stats
 
 
+def dppo_divergence(
+    logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    divergence: Literal["tv", "kl"],
+) -> torch.Tensor:
+    """DPPO's per-token divergence on the binary split {y_t, not y_t}, signed by pi - mu (detached,
+    float64, 0 off the mask): ``tv`` pi(y_t) - mu(y_t); ``kl`` sign(pi - mu) KL(Bern(mu) || Bern(pi)).
+    """
+    m = mask.bool()
+    with torch.no_grad():
+        p = torch.where(m, logprobs.detach().double().exp(), torch.zeros_like(logprobs, dtype=torch.float64))
+        q = torch.where(m, sampler_logprobs.detach().double().exp(), torch.zeros_like(p))
+        if divergence == "tv":
+            return p - q
+        pc, qc = p.clamp(1e-12, 1 - 1e-12), q.clamp(1e-12, 1 - 1e-12)
+        kl = qc * (qc / pc).log() + (1 - qc) * ((1 - qc) / (1 - pc)).log()
+        return torch.sign(p - q) * kl
+
+
 def dppo_loss(
     logprobs: torch.Tensor,
     sampler_logprobs: torch.Tensor,
@@ -667,17 +687,10 @@ def dppo_loss(
             f"dppo needs delta_low, delta_high > 0 and tau >= 0, got {delta_low}, {delta_high}, {tau}"
         )
     m, log_ratio, adv = _masked_inputs(logprobs, sampler_logprobs, advantages, mask)
-    with torch.no_grad():
-        p = torch.where(m, logprobs.detach().double().exp(), torch.zeros_like(log_ratio, dtype=torch.float64))
-        q = torch.where(m, sampler_logprobs.detach().double().exp(), torch.zeros_like(p))
-        d = p - q
-        if divergence == "kl":
-            pc, qc = p.clamp(1e-12, 1 - 1e-12), q.clamp(1e-12, 1 - 1e-12)
-            kl = qc * (qc / pc).log() + (1 - qc) * ((1 - qc) / (1 - pc)).log()
-            d = torch.sign(d) * kl
-        high = m & (adv > 0) & (d > delta_high)
-        low = m & (adv < 0) & (d < -delta_low)
-        keep = ~(high | low)
+    d = dppo_divergence(logprobs, sampler_logprobs, m, divergence)
+    high = m & (adv > 0) & (d > delta_high)
+    low = m & (adv < 0) & (d < -delta_low)
+    keep = ~(high | low)
     ratio = torch.exp(log_ratio)
     pg = torch.where(keep, -adv * ratio, torch.zeros_like(ratio))
     loss = torch.where(m, pg + tau * log_ratio * log_ratio, torch.zeros_like(ratio))

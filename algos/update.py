@@ -278,10 +278,9 @@ def policy_loss(
     + vf_coef V-loss.
 
     The policy objective is ``cfg.policy_loss`` (``POLICY_LOSSES``: PPO clip, GSPO, CISPO, SAPO,
-    GMPO, Clip-Cov, KL-Cov, DPPO); w is the rollout-correction weight ``batch.is_weights`` (1 when
-    off), applied by the objective (per token; GSPO per token of its token form; GMPO as the
-    geometric mean over the sequence, see ``ObjectiveExtras``). With ``sequence_unit="turn"`` the
-    sequence modes of the aggregation average per (episode, turn) (``aggregate``'s ``segments``).
+    GMPO, Clip-Cov, KL-Cov, DPPO), which applies the rollout-correction weights w =
+    ``batch.is_weights`` itself (``ObjectiveExtras``). With ``sequence_unit="turn"`` the sequence
+    modes of the aggregation average per (episode, turn) (``aggregate``'s ``segments``).
     The KL term is in the loss only for ``kl_mode="loss"`` (GRPO); its reference log-probs come
     from ``batch.ref_logprobs`` or are computed under ``ref_model_ctx()``. The value loss is always
     token-mean. ``agg_constant`` (max new tokens) is used for ``seq_sum_constant`` when
@@ -296,8 +295,7 @@ def policy_loss(
     ``prepare_batch(..., recompute_old_logprobs=True)``, as the training loop does.)
 
     Returns:
-        scalar loss (with grad) and the metrics named in ``METRIC_NAMES`` (except grad_norm),
-        plus ``cov_frac`` for Clip-Cov / KL-Cov.
+        scalar loss (with grad) and ``METRIC_NAMES`` metrics (but grad_norm), + ``cov_frac`` (Clip-/KL-Cov).
     """
     algo, mask = resolve(cfg), batch.loss_mask  # mask: [B, T]
     first = first_loss_position(mask)
@@ -312,8 +310,7 @@ def policy_loss(
     segments = batch.turn_index if algo.per_turn_segments else None
     agg = partial(algo.aggregation, mask=mask, constant=algo.cfg.loss_agg_constant or agg_constant,
                   total_tokens=total_tokens, total_seqs=total_seqs, segments=segments)  # fmt: skip
-    extras = ObjectiveExtras(is_weights=batch.is_weights, sampler_logprobs=batch.sampler_logprobs,
-                             cov_select=batch.cov_select)  # fmt: skip
+    extras = ObjectiveExtras(batch.is_weights, batch.sampler_logprobs, batch.cov_select)
     pg, stats = algo.objective(logp, batch.old_logprobs, batch.advantages, mask, segments, extras)  # [B, T]
     loss_pg = agg(pg)
     zero = loss_pg.new_zeros(())
@@ -428,9 +425,8 @@ def update_step(
     """One optimizer step on ``batch``: gradient accumulation over micro-batches, grad-norm clipping
     over the optimizer's parameters, and a non-finite guard (a NaN/inf loss or gradient norm skips
     the step and reports ``skipped=1``). The accumulated gradient equals the full-batch gradient:
-    each micro-batch loss is normalised by the whole batch's token / sequence counts ((episode,
-    turn) pairs with ``sequence_unit="turn"``), and Clip-Cov / KL-Cov choose their tokens once for
-    the whole batch (``select_tokens``) before it is cut into micro-batches.
+    each micro-batch loss is normalised by the whole batch's token / sequence counts, and Clip-Cov
+    / KL-Cov choose their tokens once for the whole batch (``select_tokens``).
 
     ``on_before_step(params, finite) -> finite`` runs after the last backward and before clipping
     (data parallelism: the gradient all-reduce, see ``DistContext.grad_sync``); it receives every
@@ -447,10 +443,8 @@ def update_step(
         ``METRIC_NAMES`` metrics (losses summed over micro-batches, rates token-weighted) + ``skipped``.
     """
     optimizer.zero_grad(set_to_none=True)
-    algo = resolve(cfg)
-    batch = select_tokens(batch, algo)
-    lengths = batch.loss_mask.sum(1)  # [B] sampled tokens per row
-    # every micro-batch's loss is in the whole (mini-)batch's units: the gradients just add up
+    batch = select_tokens(batch, algo := resolve(cfg))
+    lengths = batch.loss_mask.sum(1)  # [B] sampled tokens per row; the losses are in the whole batch's units
     total_tokens = float(lengths.sum()) if global_tokens is None else global_tokens
     total_seqs = float(loss_normalisers(batch, algo)["global_seqs"]) if global_seqs is None else global_seqs
     loss_fn = partial(policy_loss, cfg=algo, ref_model_ctx=ref_model_ctx, critic=critic,
@@ -468,9 +462,7 @@ def update_step(
     if not skipped:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    sums["grad_norm"] = grad_norm
-    sums["skipped"] = float(skipped)
-    return sums
+    return {**sums, "grad_norm": grad_norm, "skipped": float(skipped)}
 
 
 def select_tokens(batch: TokenBatch, cfg: AlgoConfig | Algorithm) -> TokenBatch:
@@ -542,24 +534,16 @@ def prepare_batch(
     forward pass (unfiltered) cannot reproduce, so the ratio would start away from 1.
 
     Rollout correction (``cfg.needs_old_recompute``): pi_old is always recomputed by ``model``
-    and the recorded log-probs are kept as mu (``batch.sampler_logprobs``); the correction's
-    weights go to ``batch.is_weights`` and the tokens / sequences it drops leave the loss mask.
-    Its stats (``rollout_corr/*``) join the returned metrics, and so does the mismatch of mu
-    against this pi_old over every sampled token, dropped ones included (``mismatch/*``, the one
-    place they are measured when pi_old is recomputed: the caller must not measure them again).
-    DPPO (``policy_loss="dppo"``) keeps the recorded log-probs as mu too (its ratio is pi / mu).
-    Both refuse ``recompute_old_logprobs`` (top-k / top-p): mu would be the filtered distribution's.
+    and the recorded log-probs are kept as mu (``batch.sampler_logprobs``, also for DPPO); the
+    correction's weights go to ``batch.is_weights`` and what it drops leaves the loss mask. Its
+    stats (``rollout_corr/*``) and the mismatch of mu against this pi_old over every sampled token
+    (``mismatch/*``: measured here, then, and nowhere else) join the returned metrics.
     """
     algo = resolve(cfg)
     c = algo.cfg
     base = collate(trajectories, [[0.0] * len(t.token_ids) for t in trajectories], pad_id=pad_id)  # [N, T]
     sampler_lp = base.old_logprobs  # mu: what the sampler recorded, [N, T]
-    if recompute_old_logprobs and c.needs_sampler_logprobs:
-        raise ValueError(
-            "rollout correction and DPPO compare the trainer with the sampler's recorded log-probs, but "
-            "with top-k / top-p those are of the filtered distribution (pi_old / mu would be the nucleus "
-            "mass, not a mismatch): sample with rollout.top_p=1 and rollout.top_k=0"
-        )
+    _refuse_filtered_mu(recompute_old_logprobs, c)
     if recompute_old_logprobs or c.needs_old_recompute:
         base = _recompute_old_logprobs(model, base, temperature)
     ref_ctx = _as_context(ref_model, ref_model_ctx)
@@ -582,6 +566,16 @@ def prepare_batch(
     seen = mismatch_stats(batch.old_logprobs, sampler_lp * batch.loss_mask, batch.loss_mask).metrics()
     batch, stats = _correct_rollout(batch, sampler_lp, c)
     return batch, {**adv.metrics, **stats, **seen}
+
+
+def _refuse_filtered_mu(filtered: bool, c: AlgoConfig) -> None:
+    """Rollout correction and DPPO compare the trainer with mu: not with a top-k / top-p sampler."""
+    if filtered and c.needs_sampler_logprobs:
+        raise ValueError(
+            "rollout correction and DPPO compare the trainer with the sampler's recorded log-probs, but "
+            "with top-k / top-p those are of the filtered distribution (pi_old / mu would be the nucleus "
+            "mass, not a mismatch): sample with rollout.top_p=1 and rollout.top_k=0"
+        )
 
 
 def _recompute_old_logprobs(model: Any, base: TokenBatch, temperature: float) -> TokenBatch:
