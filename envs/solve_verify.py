@@ -64,9 +64,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from veriloop.envs.base import SIGNAL_KEY, LearnerSignal, VerifierEnv
+from veriloop.envs.datasets import Part
 from veriloop.envs.judgement_metrics import Z95, judgement_metrics, wilson_interval
 from veriloop.envs.verifiers import Verdict
 from veriloop.envs.verifiers.guarded import guarded_check
@@ -205,8 +206,13 @@ class SolveVerifyEnv(VerifierEnv[Any]):
         max_attempts: Solve actions allowed (default 3).
         max_steps: Actions allowed in all (default ``2 * max_attempts``).
         reward_mode: ``"process"`` or ``"outcome"``.
+        part: With ``task="math"`` and ``data``, which rows (``train`` / ``heldout`` / ``all``, see
+            :mod:`veriloop.envs.datasets`); the generated tasks ignore it (seeds keep them apart).
         **task_kwargs: Passed to the task env (e.g. ``level=3``, ``data=...``, ``face_cards=...``).
     """
+
+    #: A math dataset's rows are split into a training and a held-out part (``part``).
+    heldout_parts: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -217,6 +223,7 @@ class SolveVerifyEnv(VerifierEnv[Any]):
         reward_mode: RewardMode = "process",
         max_text_chars: int | None = None,
         render_mode: str | None = None,
+        part: Part = "train",
         **task_kwargs: Any,
     ) -> None:
         base: dict[str, Any] = {"render_mode": render_mode}
@@ -228,7 +235,7 @@ class SolveVerifyEnv(VerifierEnv[Any]):
         if task == "math":
             from veriloop.envs.math_env import MathVerifyEnv
 
-            self.inner: VerifierEnv[Any] = MathVerifyEnv(**task_kwargs)
+            self.inner: VerifierEnv[Any] = MathVerifyEnv(part=part, **task_kwargs)
         elif task == "points24":
             if task_kwargs.get("vision"):
                 raise ValueError("SolveVerify-v0 supports the text Points24 task only (vision=False)")
@@ -238,6 +245,7 @@ class SolveVerifyEnv(VerifierEnv[Any]):
         else:
             raise ValueError(f"task must be 'math' or 'points24', got {task!r}")
         self.task_name = task
+        self.part_source: str | None = getattr(self.inner, "part_source", None)
         self.reward_mode: RewardMode = reward_mode
         self.max_steps = int(max_steps) if max_steps is not None else 2 * self.max_attempts
         self._history: list[dict[str, Any]] = []

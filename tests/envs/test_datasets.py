@@ -118,6 +118,7 @@ def test_explicit_heldout_file_removes_its_questions_from_training() -> None:
 
 def _pool(env_id: str, kwargs: dict) -> set[str]:
     env = gymnasium.make(env_id, **kwargs).unwrapped
+    env = getattr(env, "inner", env)  # SolveVerify: its math task env
     try:
         if hasattr(env, "problems"):
             return {p.question for p in env.problems}
@@ -157,6 +158,7 @@ def _configs(tmp_path: Path) -> dict[str, EnvConfig]:
                 "b": MixtureEntry(kwargs={"data": str(parquet), **MAPPED}),
             }
         ),  # fmt: skip
+        "solve-verify": EnvConfig(id="veriloop/SolveVerify-v0", kwargs={"data": str(jsonl), "level": None}),
         "reasoning-gym": EnvConfig(
             id="veriloop/ReasoningGym-v0", kwargs={"dataset": "chain_sum", "config": {"size": 50}}
         ),
@@ -164,7 +166,9 @@ def _configs(tmp_path: Path) -> dict[str, EnvConfig]:
     }
 
 
-@pytest.mark.parametrize("name", ["math-jsonl", "math-parquet", "mixture", "reasoning-gym", "dataset+check"])
+@pytest.mark.parametrize(
+    "name", ["math-jsonl", "math-parquet", "mixture", "solve-verify", "reasoning-gym", "dataset+check"]
+)
 def test_id_evaluation_never_sees_a_training_row(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
