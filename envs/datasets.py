@@ -34,6 +34,7 @@ import hashlib
 import importlib
 import json
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,8 +84,8 @@ def load_rows(
 
 
 def _looks_like_hub_id(text: str) -> bool:
-    parts = text.split("/")
-    return len(parts) in (1, 2) and all(p and not p.startswith(".") for p in parts) and "\\" not in text
+    """``owner/name`` without a data-file suffix (``mine.parquet`` that is missing is a missing file)."""
+    return bool(re.fullmatch(r"[\w-][\w.-]*/[\w-][\w.-]*", text)) and not text.lower().endswith(FILE_SUFFIXES)
 
 
 def _rows_from_file(path: Path) -> list[Row]:
