@@ -300,3 +300,17 @@ def test_env_kwarg_typo_gets_did_you_mean() -> None:
         ConfigError, match=r"unexpected keyword argument 'levle'.*Did you mean 'level'\?.*takes: data, "
     ):
         EnvConfig(kwargs={"levle": 1}).resolve()
+
+
+def test_an_empty_training_part_fails_when_the_config_is_resolved(tmp_path: Path) -> None:
+    questions = [f"Q{i}?" for i in range(10)]
+    level_1 = sorted(questions, key=question_digest)[0]  # held out (smallest hash): the only level-1 row
+    rows = [{"question": q, "answer": "1", "level": 1 if q == level_1 else 2} for q in questions]
+    path = write_parquet(tmp_path / "levels.parquet", rows)
+    EnvConfig(kwargs={"data": str(path), "level": 2}).resolve()  # both parts have level 2 rows
+    with pytest.raises(
+        ConfigError, match=r"env.kwargs: .*no problem of the train part has a level in \(1,\)"
+    ):
+        EnvConfig(kwargs={"data": str(path), "level": 1}).resolve()  # the training part has none
+    with pytest.raises(ValueError, match=r"no problem of the train part has a level in \(1,\)"):
+        gymnasium.make("veriloop/MathVerify-v0", data=str(path), level=1)
