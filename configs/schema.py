@@ -165,6 +165,9 @@ class EnvConfig:
         for name, split in self.resolved_eval_splits.items():
             where = f"env.mixture.{name}" if name in self.mixture else f"env.eval_splits.{name}"
             _try_make("env.kwargs" if name == "id" and not self.mixture else where, split)
+        for name, split in self.training_envs.items():  # a dataset's training part is made too
+            if split.kwargs.get("part") == "train":
+                _try_make(f"env.mixture.{name}" if self.mixture else "env.kwargs", split)
 
     def _ids(self) -> list[str]:
         return [self.id, *(m.id for m in self.mixture.values()),
