@@ -27,6 +27,13 @@ def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(MAIN)
     (repo / "refs" / "v2").write_text(V2)
+    # a LoRA adapter repository on top of it (adapter_config.json names the base by Hub id)
+    adapter = root / "models--someone--tiny-adapter"
+    policy = tiny_policy(lora=True)
+    policy.meta["base_model"] = "someone/tiny-model"
+    save_policy(policy, adapter / "snapshots" / MAIN)
+    (adapter / "refs").mkdir()
+    (adapter / "refs" / "main").write_text(MAIN)
     return root
 
 
@@ -44,6 +51,8 @@ first = lambda p: next(p.model.parameters())
 assert main.name == "someone/tiny-model" and tag.name == "someone/tiny-model@v2", (main.name, tag.name)
 assert not torch.equal(first(main), first(tag)), "the revision was ignored"
 assert torch.equal(first(tag), first(pinned))
+adapter = load_policy("someone/tiny-adapter")
+assert adapter.is_lora and adapter.meta["base_model"] == "someone/tiny-model", adapter.meta
 try:
     load_policy("someone/missing")
 except FileNotFoundError as e:
