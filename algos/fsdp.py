@@ -62,11 +62,11 @@ def decoder_blocks(model: nn.Module) -> list[nn.Module]:
     return blocks
 
 
-def _shard_model(model: nn.Module, mesh: Any) -> list[nn.Module]:
+def _shard_model(model: nn.Module, mesh: Any) -> list[Any]:
     """``fully_shard`` each block, then the model (embeddings, norms, a tied head: one unit)."""
     from torch.distributed.fsdp import fully_shard
 
-    units = []
+    units: list[Any] = []
     for block in decoder_blocks(model):
         units.append(fully_shard(block, mesh=mesh, reshard_after_forward=True))
     units.append(fully_shard(model, mesh=mesh, reshard_after_forward=True))
@@ -125,7 +125,7 @@ def shard(policy: Policy, critic: ValueModel | None, mesh: Any = None) -> Sharde
     if critic is not None and critic.backbone is not policy.model:
         models.append(critic.backbone)  # critic="separate": its own model
     policy_units = _shard_model(policy.model, mesh)
-    units = list(policy_units)
+    units: list[Any] = list(policy_units)
     for model in models[1:]:
         units += _shard_model(model, mesh)
     if critic is not None:  # the value head is its own unit: a mix of DTensors and tensors cannot be clipped
@@ -228,7 +228,8 @@ def full_trainable_state(policy: Policy, critic: ValueModel | None) -> dict[str,
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-    return get_model_state_dict(state_modules(policy, critic), options=options)
+    state = get_model_state_dict(state_modules(policy, critic), options=options)
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
 def load_trainable_state(policy: Policy, critic: ValueModel | None, state: dict[str, torch.Tensor]) -> None:

@@ -163,8 +163,8 @@ def load_sharded(
     folder = Path(chosen)
     loaded = load_checkpoint(folder)  # every rank: checksums, scheduler, trainer state, RNG states
     model_state, optim_state = get_state_dict(modules, optimizer, options=_options())
-    state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=str(folder / "model" / SHARDS))
-    set_state_dict(modules, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
-                   options=_options())  # fmt: skip
+    dcp.load({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(folder / "model" / SHARDS))
+    set_state_dict(
+        modules, optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=_options()
+    )
     return folder, loaded
