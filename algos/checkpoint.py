@@ -387,6 +387,7 @@ def resume_latest(
     *,
     restore_rng_states: bool = True,
     warn: Callable[[str], None] = print,
+    fatal: tuple[type[BaseException], ...] = (),
 ) -> tuple[Path, dict[str, Any]] | None:
     """Load the newest checkpoint of ``run_dir`` that verifies, reads and applies; None if none.
 
@@ -395,6 +396,8 @@ def resume_latest(
     when the checkpoint does not fit). A checkpoint that fails is reported through ``warn`` (one
     line, no traceback) and the previous one is tried; its RNG states are restored only once a
     checkpoint has applied. When every checkpoint fails, :class:`CheckpointError` lists why.
+    Exceptions of the ``fatal`` types (``apply`` saying the checkpoint belongs to another run,
+    say) are not damage: they propagate at once.
 
     Returns:
         ``(folder, loaded)`` of the checkpoint resumed from, or None when the run has none.
@@ -406,6 +409,8 @@ def resume_latest(
         try:
             loaded = load_checkpoint(folder, restore_rng_states=False)
             apply(loaded)
+        except fatal:
+            raise
         except (CheckpointError, KeyError, ValueError, RuntimeError, TypeError) as e:
             reason = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
             failures.append(f"{folder.name}: {reason[:400]}")

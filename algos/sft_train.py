@@ -231,35 +231,49 @@ def _check_settings(path: Path, saved: dict[str, Any] | None, s: SFTSettings) ->
         )
 
 
+class ResumeMismatchError(ValueError):
+    """The checkpoint belongs to another SFT run (other data or settings): not damage, no fallback."""
+
+
 def _resume(run_dir: Path, policy: Any, optimizer: Any, scheduler: Any, fingerprint: str,
             settings: SFTSettings) -> dict[str, Any]:  # fmt: skip
-    """Load the newest complete checkpoint into policy/optimizer/scheduler; its trainer state."""
-    from veriloop.algos.checkpoint import latest_checkpoint, load_checkpoint
+    """Load the newest checkpoint that verifies into policy/optimizer/scheduler; its trainer state.
+    A damaged newest checkpoint is reported and the previous one used (``checkpoint.resume_latest``)."""
+    import sys
 
-    path = latest_checkpoint(run_dir)
-    if path is None:
-        return {}
-    ckpt = load_checkpoint(path)
-    state = ckpt["trainer_state"]
-    if state.get("data_fingerprint") != fingerprint:
-        raise ValueError(
-            f"{path} was trained on different SFT data (fingerprint {state.get('data_fingerprint')} vs "
-            f"{fingerprint} now); resume with the same examples and max_len, or use a new run_dir"
-        )
-    _check_settings(path, state.get("settings"), settings)
+    from veriloop.algos.checkpoint import resume_latest
+
+    def apply(ckpt: dict[str, Any]) -> None:
+        path, state = ckpt["model_dir"].parent, ckpt["trainer_state"]
+        if state.get("data_fingerprint") != fingerprint:
+            raise ResumeMismatchError(
+                f"{path} was trained on different SFT data (fingerprint {state.get('data_fingerprint')} vs "
+                f"{fingerprint} now); resume with the same examples and max_len, or use a new run_dir"
+            )
+        try:
+            _check_settings(path, state.get("settings"), settings)
+        except ValueError as e:
+            raise ResumeMismatchError(str(e)) from None
+        _load_weights(ckpt, policy)
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+
+    found = resume_latest(run_dir, apply, warn=lambda m: print(f"veriloop: {m}", file=sys.stderr),
+                          fatal=(ResumeMismatchError,))  # fmt: skip
+    return dict(found[1]["trainer_state"]) if found else {}
+
+
+def _load_weights(ckpt: dict[str, Any], policy: Any) -> None:
     weights = torch.load(ckpt["model_dir"] / TRAINABLE_FILE, map_location="cpu", weights_only=True)
     params = dict(policy.model.named_parameters())
     missing = [n for n in weights if n not in params]
     if missing:
         raise ValueError(
-            f"{path}: checkpoint has weights the policy lacks (e.g. {missing[0]}); load the same model"
+            f"{ckpt['model_dir'].parent}: checkpoint has weights the policy lacks (e.g. {missing[0]}); load the same model"
         )
     with torch.no_grad():
         for name, value in weights.items():
             params[name].copy_(value.to(params[name].device))
-    optimizer.load_state_dict(ckpt["optimizer"])
-    scheduler.load_state_dict(ckpt["scheduler"])
-    return dict(state)
 
 
 def _save(sft: _SFTRun, guard: NonFiniteGuard, run: Path, step: int, fingerprint: str) -> None:

@@ -132,3 +132,30 @@ def test_train_resume_skips_a_flipped_newest_checkpoint(tmp_path: Path, capsys) 
     assert "resumed from" in out.out and "step-000001 at step 1" in out.out
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]  # steps 2 and 3 trained again / anew
     verify_checkpoint(run / "checkpoints" / "step-000002")  # re-saved whole
+
+
+def test_sft_resume_skips_a_damaged_newest_checkpoint(tmp_path: Path, capsys) -> None:
+    """The SFT warm-up resumes the same way: past a damaged newest checkpoint, with a message."""
+    from veriloop.agents.testing import tiny_policy
+    from veriloop.algos.sft_data import SFTExample
+    from veriloop.algos.sft_train import TRAINABLE_FILE, train_sft
+
+    examples = [
+        SFTExample(({"role": "user", "content": f"Add {i} and 3."}, {"role": "assistant", "content": f"{i + 3}"}),
+                   (True,), {"seed": i})
+        for i in range(6)
+    ]  # fmt: skip
+    kw = {
+        "lr": 1e-2,
+        "batch_size": 2,
+        "log_every": 1,
+        "tensorboard": False,
+        "checkpoint_every": 1,
+        "keep_last": 3,
+    }
+    train_sft(tiny_policy(lora=True, seed=2), examples, steps=2, run_dir=tmp_path, **kw)
+    _flip_byte(tmp_path / "checkpoints" / "step-000002" / "model" / TRAINABLE_FILE)
+    capsys.readouterr()
+    out = train_sft(tiny_policy(lora=True, seed=2), examples, steps=3, run_dir=tmp_path, **kw)
+    err = capsys.readouterr().err
+    assert out["start_step"] == 1 and "step-000002 cannot be resumed" in err and "is damaged" in err
