@@ -5,7 +5,10 @@ line is ``# NAME.py`` / ``# NAME.yaml`` is saved into the page's working folder;
 blocks run there as scripts, with ``load_policy("default")`` pointed at a tiny saved model; ``bash``
 lines run one by one, ``veriloop`` commands that take a config with the README's tiny overrides
 appended (except the keys the command sets itself); ``VAR=value`` in front of a command sets its
-environment. The Hub cache (``HF_HUB_CACHE``) is a folder in the Hub layout holding a tiny model under
+environment; ``make T`` runs as ``make -n T``, ``veriloop serve-vllm`` with ``--print``, and a
+``torchrun`` / ``accelerate`` launch of veriloop is checked as the README's vLLM commands are where
+vLLM is absent (the launcher exists; the config with its overrides loads and validates). Untagged and ``text`` blocks (figures, sample output) are not run, and may hold no
+line that looks like a command or code. The Hub cache (``HF_HUB_CACHE``) is a folder in the Hub layout holding a tiny model under
 SmolLM2's id, so a page's Hub-id command runs offline. There is no way to skip a block: a page whose
 block cannot run here must change the block.
 """
@@ -27,6 +30,8 @@ PAGES = sorted((ROOT / "docs").glob("*.md"))
 _spec = importlib.util.spec_from_file_location("readme_runner", ROOT / "tests" / "test_readme.py")
 readme = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
 _spec.loader.exec_module(readme)  # type: ignore[union-attr]
+#: A line of an untagged or ``text`` block that would be a command or code (such a block must be tagged).
+COMMAND_LIKE = re.compile(r"\s*(\$ |veriloop |python |make |pip |import |from \w+ import )")
 STAND_IN = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the Hub id a page may name; a tiny model here
 
 
@@ -72,8 +77,13 @@ def test_every_block_of_the_page_runs(page: Path, tmp_path: Path, hub_cache: Pat
                                timeout=600)  # fmt: skip
             assert r.returncode == 0, f"{page.name} python block failed:\n{code}\n{r.stderr[-3000:]}"
         elif lang == "bash":
-            for cmd in readme._commands(body):
+            for cmd in readme._commands(body.replace("\\\n", " ")):  # a line ending in \ continues
                 _run_command(page, cmd, tmp_path, env)
+        elif lang in ("", "text"):  # a figure or a sample of output: never a command
+            bad = [ln for ln in body.splitlines() if COMMAND_LIKE.match(ln)]
+            assert not bad, (
+                f"{page.name}: lines of an untagged/text block look like commands: {bad}; tag it bash"
+            )
         else:
             pytest.fail(
                 f"{page.name}: a {lang or 'plain'} block that is not a file (# NAME.yaml): {body[:80]!r}"
@@ -86,15 +96,42 @@ def _run_command(page: Path, cmd: str, cwd: Path, env: dict[str, str]) -> None:
     while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
         key, _, value = words.pop(0).partition("=")
         extra[key] = value
+    if words and words[0] == "make":  # as the README's: the target exists (running it would run this suite)
+        r = subprocess.run(["make", "-n", *words[1:]], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, f"{page.name}: {cmd}: {r.stderr[-1000:]}"
+        return
+    if words and words[0] in LAUNCHERS:
+        _launcher_command(page, cmd, words)
+        return
     if not words or words[0] != "veriloop":
         pytest.fail(f"{page.name}: a bash line this test cannot run: {cmd!r}; teach tests/test_docs.py")
     args = words[1:]
+    if args and args[0] == "serve-vllm" and "--print" not in args:
+        args.append("--print")  # a server runs until stopped: its command and environment are printed
     if args and args[0] in readme.CONFIG_COMMANDS and "--help" not in args:
         given = {a.split("=", 1)[0] for a in args if "=" in a}
         args += [t for t in readme.TINY if t.split("=", 1)[0] not in given]
     r = subprocess.run([sys.executable, "-m", "veriloop.cli", *args], cwd=cwd, env={**env, **extra},
                        capture_output=True, text=True, timeout=600)  # fmt: skip
     assert r.returncode == 0, f"{page.name} command failed: {cmd}\n{r.stderr[-3000:]}"
+
+
+#: Commands that start veriloop in several processes (one or many machines).
+LAUNCHERS = ("torchrun", "accelerate")
+
+
+def _launcher_command(page: Path, cmd: str, words: list[str]) -> None:
+    """``torchrun ... -m veriloop.cli SUB CONFIG KEY=VALUE...``: as the README's vLLM commands are
+    checked where vLLM's venv is absent, the launcher must exist and the config with its overrides must
+    load and validate; the processes themselves are tested by the suite (tests/algos/test_fsdp.py)."""
+    from veriloop.configs.loader import load_config
+
+    launcher = Path(sys.executable).with_name(words[0])
+    assert launcher.is_file(), f"{page.name}: {cmd}: {launcher} is missing"
+    assert "veriloop.cli" in words, f"{page.name}: {cmd}: the launcher does not run veriloop.cli"
+    args = words[words.index("veriloop.cli") + 1 :]
+    assert args and args[0] in readme.CONFIG_COMMANDS, f"{page.name}: {cmd}: no veriloop config command"
+    load_config(args[1], [a for a in args[2:] if "=" in a and not a.startswith("-")]).validate()
 
 
 def test_inline_commands_of_the_pages_exist() -> None:
