@@ -9,7 +9,10 @@ live in :meth:`ExperimentConfig.validate`. The algorithm section is
 
 Seeds. Training problems use env seeds ``rollout.seed + i`` (``i`` counts problems drawn, SFT
 examples included); evaluation problem ``j`` uses seed ``eval.seed_offset + j``. The two ranges
-are checked to be disjoint, so no evaluation problem is ever trained on.
+are checked to be disjoint, so no generated evaluation problem is ever trained on. Seeds alone do not
+keep a dataset's rows apart (two seeds may draw the same row), so a dataset-backed env is split by
+rows instead: training reads ``part: train``, the ``id`` evaluation ``part: heldout``
+(:attr:`EnvConfig.resolved_eval_splits`, :mod:`veriloop.envs.datasets`).
 """
 
 from __future__ import annotations
