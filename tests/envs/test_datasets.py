@@ -314,3 +314,19 @@ def test_an_empty_training_part_fails_when_the_config_is_resolved(tmp_path: Path
         EnvConfig(kwargs={"data": str(path), "level": 1}).resolve()  # the training part has none
     with pytest.raises(ValueError, match=r"no problem of the train part has a level in \(1,\)"):
         gymnasium.make("veriloop/MathVerify-v0", data=str(path), level=1)
+
+
+def test_split_source_names_the_rows_and_says_when_they_repeat(tmp_path: Path) -> None:
+    from veriloop.envs.datasets import split_source
+
+    path = write_parquet(
+        tmp_path / "q.parquet", [{"question": f"Q{i}?", "answer": str(i)} for i in range(20)]
+    )
+    kwargs = {"data": str(path), "part": "heldout"}
+    assert split_source("veriloop/MathVerify-v0", kwargs, range(3)) == (
+        f"4 held-out rows of 20 in {path} (heldout_fraction 0.2, split by question hash), drawn by env seeds 0..2"
+    )
+    assert split_source("veriloop/MathVerify-v0", kwargs, range(10)).endswith(
+        "10 problems from 4 rows, so some rows repeat"
+    )
+    assert split_source("veriloop/MathVerify-v0", {}, range(5, 8)) == "generator, env seeds 5..7"
