@@ -51,6 +51,16 @@ from veriloop.algos.distributed import DistContext
 BLOCK_LISTS = ("layers", "layer", "h", "blocks")
 
 
+def is_sharded(model: Any) -> bool:
+    """Whether ``model`` was sharded by :func:`shard`. Its forward passes must then each be
+    followed by their own backward: running a group's shared prompt once and the rows from its
+    KV cache (``token_logprobs(shared_prefix=...)``) would free the gathered weights the prompt's
+    backward still needs, so the update does not share prefixes of a sharded model."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
 def decoder_blocks(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks of ``model`` (every entry of an ``nn.ModuleList`` named in
     :data:`BLOCK_LISTS`, e.g. ``model.layers`` of a Llama and, in a VLM, the vision tower's

@@ -519,7 +519,8 @@ def _train_claimed(
     """``train`` once the run folder is this process's: build, restore, warm up, loop, save."""
     run = _build_run(cfg, run_dir, dist, quiet=quiet or not dist.is_main)
     ckpt = _restore(run, resume)
-    run.backend = _rollout_backend(cfg, run.policy, dist)  # holds the (restored) weights from here on
+    with _whole_weights(run):  # sharded: the engine is handed the whole (restored) weights
+        run.backend = _rollout_backend(cfg, run.policy, dist)  # holds the (restored) weights from here on
     if cfg.sft.steps > 0 and not run.state.sft_done:
         _sft_warmup(run)
         if dist.is_main and cfg.run.checkpoint_every > 0:

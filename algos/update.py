@@ -34,6 +34,7 @@ from veriloop.algos.algorithm import Algorithm, ObjectiveExtras, RewardInputs, r
 from veriloop.algos.batch import TokenBatch, collate, minibatches, with_advantages
 from veriloop.algos.correction import rollout_correction
 from veriloop.algos.critic import ValueModel, values
+from veriloop.algos.fsdp import is_sharded
 from veriloop.algos.losses import aggregate, entropy_bonus, kl_penalty, sequence_count, value_loss
 from veriloop.algos.mismatch import MismatchStats, mismatch_stats
 from veriloop.algos.sampling import verifier_failed
@@ -299,8 +300,8 @@ def policy_loss(
     """
     algo, mask = resolve(cfg), batch.loss_mask  # mask: [B, T]
     first = first_loss_position(mask)
-    # rows of one group share their prompt: run it once (same numbers and gradients, less compute)
-    prefix = shared_prefix_length(batch.input_ids, batch.attention_mask, limit=first)
+    # a group's rows share their prompt: run it once (same numbers, less compute; never sharded: fsdp.is_sharded)
+    prefix = 0 if is_sharded(model) else shared_prefix_length(batch.input_ids, batch.attention_mask, limit=first)  # fmt: skip
     logp, ent = token_logprobs(model, batch.input_ids, batch.attention_mask, with_entropy=True,
                                temperature=temperature, first_position=first,
                                shared_prefix=prefix if prefix >= MIN_SHARED_PREFIX else 0, **batch.extras)  # fmt: skip

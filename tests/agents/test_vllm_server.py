@@ -206,10 +206,13 @@ def test_a_sync_serves_the_updated_policy(server, route):
     assert stale > 10 * ATOL
 
 
-def test_two_trainer_ranks_train_two_steps_on_one_server(server, tmp_path):
+@pytest.mark.parametrize("parallel", ["data", "fsdp"])
+def test_two_trainer_ranks_train_two_steps_on_one_server(server, tmp_path, parallel):
+    """Both layouts of docs/scaling.md on CPU: two trainer ranks (whole copies, or FSDP2 shards
+    gathered for each sync) and one server, weights sent without a file (gloo)."""
     port = str(_free_port())
     args = [*TRAIN, f"rollout.server.urls=[{server['url']}]", "train.steps=2", f"run.out_dir={tmp_path}",
-            "run.name=two", "run.checkpoint_every=0"]  # fmt: skip
+            "run.name=two", "run.checkpoint_every=0", f"train.parallel={parallel}"]  # fmt: skip
     common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-m", "veriloop.cli", "train", *args],
                               env={**os.environ, **common, "RANK": str(r), "LOCAL_RANK": str(r)},
@@ -224,6 +227,11 @@ def test_two_trainer_ranks_train_two_steps_on_one_server(server, tmp_path):
     # the trainer's own log-probs of the server's samples: the same policy, to float rounding
     assert all(r["mismatch/tokens"] > 0 and r["mismatch/abs_log_ratio"] < 1e-3 for r in steps)
     assert (tmp_path / "two" / "final").is_dir()
+    print(
+        f"{parallel}: weight sync per step "
+        + ", ".join(f"{r['time/weight_sync_s']:.2f}" for r in steps)
+        + " s"
+    )
 
 
 class _Proxy:

@@ -131,8 +131,10 @@ def _report(name: str, numbers: dict[str, object]) -> None:
 @pytest.mark.parametrize(
     "extra",
     [
-        ["policy.lora=false"],
-        ["policy.lora=true"],
+        # 6 episodes in mini-batches of 3: rank 0 trains 2 rows, rank 1 one and a padding micro-batch
+        ["policy.lora=false", "rollout.prompts_per_step=3", "train.mini_batch_size=3"],
+        # a group's two rows in one micro-batch (a shared prompt, which the sharded update runs per row)
+        ["policy.lora=true", "train.micro_batch_size=2"],
         pytest.param(["policy.lora=false", *CRITIC], marks=pytest.mark.slow),  # ~1 min more
     ],
     ids=["full", "lora", "full-value_head"],
@@ -142,7 +144,8 @@ def test_sharded_update_matches_single_process_and_halves_memory(tmp_path: Path,
     _wait(_two_ranks(UPDATE, args))
     _wait([_start(UPDATE, [str(tmp_path), "single", *TINY, *extra], {})])
     r0, r1, one = (torch.load(tmp_path / f"{n}.pt", weights_only=False) for n in ("0", "1", "single"))
-    assert r0["seeds"] == r1["seeds"] == [0, 0, 1, 1]  # rank 0 played seed 0, rank 1 seed 1; both hold all
+    # rank 0 played seeds 0, 2, ..., rank 1 seeds 1, 3, ...; both hold every group, in seed order
+    assert r0["seeds"] == r1["seeds"] == [s for s in range(len(r0["seeds"]) // 2) for _ in range(2)]
     assert one["grad_norm"] == pytest.approx(r0["grad_norm"], rel=1e-4) and r0["grad_norm"] == r1["grad_norm"]
     assert set(one["after"]) <= set(r0["after"])
     moved = [k for k in one["after"] if not torch.equal(one["after"][k], one["start"][k])]
