@@ -131,6 +131,19 @@ SUITES: dict[str, dict] = {
                 "quickstart",
                 ["rollout.prompts_per_step=16", "eval.num_problems=1024", "train.steps=16", "eval.every=8"],
             ),
+            # grpo_p16_v2 in bf16 mixed precision (policy.precision=bf16: the warm-up and the updates
+            # run in bf16 with fp32 adapters, the sampler is bf16 as in every arm here): does learning change?
+            (
+                "grpo_p16_v2_bf16",
+                "quickstart",
+                [
+                    "rollout.prompts_per_step=16",
+                    "eval.num_problems=1024",
+                    "train.steps=16",
+                    "eval.every=8",
+                    "policy.precision=bf16",
+                ],
+            ),
         ],
         "common": [*VLLM_BF16, *BIG_EVAL, "run.checkpoint_every=5"],
     },

