@@ -93,14 +93,16 @@ def _frozen_to_bf16(model: torch.nn.Module) -> None:
 
 def _autocast_forward(model: torch.nn.Module, device_type: str) -> None:
     """Run ``model``'s forward under bf16 autocast, by giving it a subclass (survives ``deepcopy``)."""
-    cls = type(model)
+    cls: Any = type(model)
     if getattr(cls, "_veriloop_autocast", False):
         return
     model.__class__ = _autocast_class(cls, device_type)
 
 
 @functools.cache
-def _autocast_class(cls: type, device_type: str) -> type:
+def _autocast_class(cls: Any, device_type: str) -> type:
+    """``cls`` with its forward under bf16 autocast (one subclass per class and device type)."""
+
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         with torch.autocast(device_type, dtype=torch.bfloat16):
             return cls.forward(self, *args, **kwargs)
