@@ -50,6 +50,29 @@ def test_quickstart_defaults_to_vllm_and_evaluates_with_it(
 
 
 @requires_vllm
+def test_dppo_takes_its_ratio_against_the_log_probs_vllm_recorded(tmp_path: Path) -> None:
+    """DPPO with the vLLM sampler: mu is what vLLM recorded (processed log-probs), kept by
+    prepare_batch as ``sampler_logprobs``; the step trains and the mismatch is measured against it."""
+    import veriloop.algos.train as T
+    from veriloop.configs.loader import load_config
+
+    over = [
+        *SHORT,
+        "sft.steps=0",
+        "eval.every=0",
+        "eval.at_start=false",
+        "algo.preset=dppo",
+        "algo.epochs=2",
+        "rollout.backend=vllm",
+    ]
+    run = T.train(load_config("quickstart", [*over, f"run.out_dir={tmp_path}", "run.name=d"]), quiet=True)
+    row = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert row["updates"] == 2 and row["skipped"] == 0 and row["mismatch/tokens"] > 0
+    assert row["mismatch/k3_kl"] < 1e-3  # fp32 vLLM-CPU vs the trainer, same weights
+    assert 0.0 <= row["clip_frac_high"] <= 1.0 and 0.0 <= row["clip_frac_low"] <= 1.0
+
+
+@requires_vllm
 def test_veriloop_eval_samples_with_the_configs_vllm_engine_and_closes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
