@@ -555,6 +555,10 @@ def run_eval_cli(
             f"--checkpoints: {', '.join(missing)} not found; give saved policy folders (RUN/final, "
             "RUN/sft/final, RUN/checkpoints/step-N) or 'base'"
         )
+    if any(c in ("base", "default") for c in checkpoints or ["base"]):
+        from veriloop.algos.train import check_model
+
+        check_model(cfg.policy.model)  # the base model exists (before any folder is made)
     out = Path(out_dir) if out_dir is not None else _default_eval_dir(cfg, checkpoints)
     out.mkdir(parents=True, exist_ok=True)  # an unwritable folder fails now, before any model loads
     reports: dict[str, dict] = {}

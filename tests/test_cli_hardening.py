@@ -149,3 +149,11 @@ def test_eval_writes_into_the_evaluated_checkpoints_run_folder(tmp_path: Path) -
         == run.resolve() / "eval-cli"
     )
     assert _default_eval_dir(cfg, ["base"]) == tmp_path / "r" / "eval-cli"
+
+
+def test_eval_of_a_missing_base_model_fails_before_making_any_folder(tmp_path: Path) -> None:
+    from veriloop.algos.evaluate import run_eval_cli
+
+    with pytest.raises(ConfigError, match="policy.model"):
+        run_eval_cli("quickstart", ["base"], ["policy.model=/no/such/model", f"run.out_dir={tmp_path}"])
+    assert not any(tmp_path.iterdir())
