@@ -199,10 +199,8 @@ def _locate_run(raw: dict[str, Any], file: Path, ctx: _Context) -> None:
     folder = file.resolve().parent
     if file.name != "config.yaml" or not any((folder / m).exists() for m in _RUN_MARKS):
         return
-    if not re.fullmatch(
-        r"[A-Za-z0-9_.=-]{1,200}", folder.name
-    ):  # not a possible run.name: keep the saved one
-        return
+    if not re.fullmatch(r"[A-Za-z0-9_.=-]{1,200}", folder.name):
+        return  # the folder's name is not a possible run.name: keep the saved one
     run = raw.get("run")
     if run is None or isinstance(run, dict):
         raw["run"] = {**(run or {}), "out_dir": str(folder.parent), "name": folder.name}
