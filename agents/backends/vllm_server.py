@@ -318,11 +318,19 @@ class GlooWeightSender:
         info = {"names": [n for n, _ in weights], "dtype_names": [str(t.dtype).removeprefix("torch.") for t in tensors],
                 "shapes": [list(t.shape) for t in tensors]}  # fmt: skip
         self.server.post("/start_weight_update")
-        with ThreadPoolExecutor(max_workers=1) as pool:  # the workers receive while this process sends
-            received = pool.submit(self.server.post, "/update_weights", {"update_info": info})
+        pool = ThreadPoolExecutor(max_workers=1)  # the workers receive while this process sends
+        received = pool.submit(self.server.post, "/update_weights", {"update_info": info})
+        try:
             for idx in buckets([t.dtype for t in tensors], [t.numel() for t in tensors]):
                 broadcast(self.group, torch.cat([tensors[i].reshape(-1) for i in idx]))
             received.result()
+        except ServerError:
+            raise
+        except RuntimeError as e:  # gloo: the server's workers went away mid-transfer
+            url = self.server.url
+            raise ServerError(url, f"weight transfer to vLLM server {url} failed: {str(e)[:300]}") from e
+        finally:
+            pool.shutdown(wait=False)  # after a failure the request may still be pending: no waiting
         self.server.post("/finish_weight_update")
 
 

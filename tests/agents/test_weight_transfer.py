@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from veriloop.agents.backends import vllm_worker
-from veriloop.agents.backends.http_client import RetryPolicy, ServerClient
+from veriloop.agents.backends.http_client import RetryPolicy, ServerClient, ServerError
 from veriloop.agents.backends.vllm_server import GlooWeightSender
 from veriloop.agents.backends.vllm_worker import buckets, open_gloo_group, receive_weights
 
@@ -32,11 +33,16 @@ class _StandIn(BaseHTTPRequestHandler):
     calls: list[str] = []
     received: dict[str, torch.Tensor] = {}
     group: Any = None
+    refuse = False  # answer /update_weights with an error, as a failing server would
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
         cls = type(self)
         cls.calls.append(self.path)
+        if self.path == "/update_weights" and cls.refuse:
+            self.send_response(500)
+            self.end_headers()
+            return
         if self.path == "/init_weight_transfer_engine":
             info = body["init_info"]
             cls.group = open_gloo_group(info["master_address"], info["master_port"], info["rank_offset"],
@@ -57,7 +63,7 @@ class _StandIn(BaseHTTPRequestHandler):
 
 def test_sender_delivers_every_weight_through_the_four_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_worker, "BUCKET_BYTES", 64)  # several buckets even for these tensors
-    _StandIn.calls, _StandIn.received = [], {}
+    _StandIn.calls, _StandIn.received, _StandIn.refuse = [], {}, False
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
@@ -75,5 +81,21 @@ def test_sender_delivers_every_weight_through_the_four_calls(monkeypatch: pytest
         assert _StandIn.calls == ["/init_weight_transfer_engine"] + [
             "/start_weight_update", "/update_weights", "/finish_weight_update"
         ] * 2  # fmt: skip
+    finally:
+        httpd.shutdown()
+
+
+def test_a_refused_update_is_a_server_error_not_a_hang() -> None:
+    _StandIn.calls, _StandIn.received, _StandIn.refuse = [], {}, True
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        client = ServerClient(f"http://127.0.0.1:{httpd.server_port}", RetryPolicy(0, 0.1, 60))
+        sender = GlooWeightSender(client, host="127.0.0.1", workers=1, timeout_s=5)
+        t0 = time.perf_counter()
+        with pytest.raises(ServerError, match=str(httpd.server_port)):  # at the latest after timeout_s
+            sender.send([("w", torch.ones(3))])
+        assert time.perf_counter() - t0 < 30
+        assert "/finish_weight_update" not in _StandIn.calls
     finally:
         httpd.shutdown()
