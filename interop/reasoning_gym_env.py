@@ -10,7 +10,8 @@ answer with that dataset's own ``score_answer``::
 
 * **Which item.** The dataset is built once with ``config`` (reasoning-gym's own options for that
   dataset, e.g. ``size``, ``min_terms``); its ``seed`` defaults to 0 so the item list is fixed, and
-  an episode draws an index in ``[0, size)`` from ``self.np_random`` (reasoning-gym's default size is
+  an episode draws an index from ``self.np_random`` within its ``part``: ``train`` (default) the first
+  80% of ``[0, size)``, ``heldout`` (the ``id`` evaluation's) the rest (reasoning-gym's default size is
   usually 500; pass ``config={"size": N}`` for more variety).
 * **Answer format.** The model's final answer is read with veriloop's hardened extractor
   (:func:`veriloop.envs.verifiers.extract_answer`): the last ``<answer>...</answer>`` or ``\\boxed{...}``
