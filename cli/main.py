@@ -309,33 +309,39 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    from veriloop.configs.schema import ConfigError
-    from veriloop.envs.plugins import UnknownEnvError, working_dir_importable
+    from veriloop.envs.plugins import working_dir_importable
 
     working_dir_importable()  # as with `python -m`: a user's module beside their config imports
     args = parse_args(argv)
     handler: Handler = args.handler
     try:
         return handler(args)
-    except (ConfigError, UnknownEnvError) as e:  # bad input: the message says what and how to fix it
-        print(f"veriloop {args.command}: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:  # a damaged checkpoint (checkpoint.CheckpointError) is a message too
-        checkpoint = sys.modules.get(
-            "veriloop.algos.checkpoint"
-        )  # loaded if it raised (no torch import here)
-        if checkpoint is None or not isinstance(e, checkpoint.CheckpointError):
-            raise
-        print(f"veriloop {args.command}: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"veriloop {args.command}: interrupted. {_kept(args.command)}", file=sys.stderr)
         return 130
-    except (OSError, RuntimeError) as e:
-        if not _refused_write(e):
+    except Exception as e:
+        message, code = _explain(e, args.command)
+        if message is None:
             raise
-        print(f"veriloop {args.command}: {_disk_message(e)} {_kept(args.command)}", file=sys.stderr)
-        return 1
+        print(f"veriloop {args.command}: {message}", file=sys.stderr)
+        return code
+
+
+def _explain(e: Exception, command: str) -> tuple[str | None, int]:
+    """The one-line message and exit code for a failure an operator can fix, or ``(None, 0)``:
+    bad input (config, env id, a checkpoint that cannot be resumed) exits 2, a write the file
+    system refused (full disk, read-only folder) exits 1."""
+    from veriloop.configs.schema import ConfigError
+    from veriloop.envs.plugins import UnknownEnvError
+
+    checkpoint = sys.modules.get("veriloop.algos.checkpoint")  # loaded if it raised (no torch import here)
+    if isinstance(e, ConfigError | UnknownEnvError) or (
+        checkpoint and isinstance(e, checkpoint.CheckpointError)
+    ):
+        return str(e), 2
+    if _refused_write(e):
+        return f"{_disk_message(e)} {_kept(command)}", 1
+    return None, 0
 
 
 #: What survives an interrupted or failed write (checkpoints are committed atomically).
@@ -347,7 +353,7 @@ _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPE
 
 
 #: How writers that are not Python's own file objects (torch.save, safetensors) say the disk is full.
-_FULL_DISK_TEXTS = ("No space left on device", "file write failed", "iostream error")
+_FULL_DISK_TEXTS = ("No space left on device", "os error 28", "file write failed", "iostream error")
 
 
 def _refused_write(e: BaseException) -> bool:
@@ -356,7 +362,7 @@ def _refused_write(e: BaseException) -> bool:
     return any(text in str(e) for text in _FULL_DISK_TEXTS)
 
 
-def _disk_message(e: OSError | RuntimeError) -> str:
+def _disk_message(e: BaseException) -> str:
     """One line for a write the file system refused: what, where, and what to do."""
     if not isinstance(e, OSError):
         e = OSError(errno.ENOSPC, f"a write failed ({str(e)[:200]}), most likely a full disk")
@@ -364,8 +370,8 @@ def _disk_message(e: OSError | RuntimeError) -> str:
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         fix = "Free some space (or lower run.keep_last) or choose another run.out_dir"
     else:
-        fix = "Choose a writable run.out_dir (or --out) or fix the folder's permissions"
-    return f"cannot write{where}: {e.strerror or os.strerror(e.errno or 0)}. {fix}."
+        fix = "Choose a writable run.out_dir (or --out) or fix the permissions"
+    return f"the file system refused{where}: {e.strerror or os.strerror(e.errno or 0)}. {fix}."
 
 
 def _kept(command: str) -> str:

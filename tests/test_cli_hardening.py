@@ -157,3 +157,21 @@ def test_eval_of_a_missing_base_model_fails_before_making_any_folder(tmp_path: P
     with pytest.raises(ConfigError, match="policy.model"):
         run_eval_cli("quickstart", ["base"], ["policy.model=/no/such/model", f"run.out_dir={tmp_path}"])
     assert not any(tmp_path.iterdir())
+
+
+def test_a_full_disk_reported_by_a_foreign_writer_is_one_message_too(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """safetensors (final/) reports ENOSPC as its own exception type, with the OS text in it."""
+
+    class SafetensorError(Exception):
+        pass
+
+    def refuse(path: Path, text: str) -> None:
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr("veriloop.algos.train.write_text_atomic", refuse)
+    rc = cli_run(["train", "quickstart", *TINY, f"run.out_dir={tmp_path}", "run.name=r"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "most likely a full disk" in err and "Free some space" in err and "--resume" in err
+    assert len(err.strip().splitlines()) == 1
