@@ -89,7 +89,7 @@ class SessionServer:
     async def _serve(self, websocket: Any, env: Any, executor: ThreadPoolExecutor) -> None:
         while True:
             try:
-                raw = await asyncio.wait_for(websocket.receive_text(), self.idle_timeout_s)
+                message = await asyncio.wait_for(websocket.receive(), self.idle_timeout_s)
             except asyncio.TimeoutError:
                 why = (
                     f"session idle for {self.idle_timeout_s:g} s: closed to free its slot; "
@@ -97,6 +97,12 @@ class SessionServer:
                 )
                 await _close(websocket, why, "IDLE_TIMEOUT", CLOSE_IDLE)
                 return
+            if message["type"] == "websocket.disconnect":
+                return
+            raw = message.get("text")
+            if raw is None:  # a binary frame
+                await websocket.send_text(_error("send JSON text frames", _types.WSErrorCode.INVALID_JSON))
+                continue
             reply = await self._reply(raw, env, executor)
             if reply is None:  # the client said close
                 await websocket.close()

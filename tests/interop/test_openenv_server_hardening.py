@@ -110,3 +110,14 @@ def test_server_cli_refuses_bad_ids_and_kwargs_in_one_line(argv: list[str], expe
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_malformed_frames_are_answered_and_the_session_goes_on() -> None:
+    with serve(ENV) as url, connect(_ws(url)) as ws:
+        ws.send(b"\x00\x01binary")
+        assert json.loads(ws.recv(timeout=30))["data"]["code"] == "INVALID_JSON"
+        ws.send("{not json")
+        assert json.loads(ws.recv(timeout=30))["data"]["code"] == "INVALID_JSON"
+        assert _ask(ws, "dance")["data"]["code"] == "UNKNOWN_TYPE"
+        assert _ask(ws, "step", {"no_response": 1})["type"] == "error"
+        assert _ask(ws, "reset", {"seed": 2})["type"] == "observation"
