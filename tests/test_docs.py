@@ -7,7 +7,10 @@ lines run one by one, ``veriloop`` commands that take a config with the README's
 appended (except the keys the command sets itself); ``VAR=value`` in front of a command sets its
 environment; ``make T`` runs as ``make -n T``, ``veriloop serve-vllm`` with ``--print``, and a
 ``torchrun`` / ``accelerate`` launch of veriloop is checked as the README's vLLM commands are where
-vLLM is absent (the launcher exists; the config with its overrides loads and validates). Untagged and ``text`` blocks (figures, sample output) are not run, and may hold no
+vLLM is absent (the launcher exists; the config with its overrides loads and validates); a ``yaml``
+block without a file name is a fragment of a config, which must load over the defaults and validate;
+``python benchmarks/S.py ARGS`` is checked as the README's inline benchmark commands are.
+Untagged and ``text`` blocks (figures, sample output) are not run, and may hold no
 line that looks like a command or code. The Hub cache (``HF_HUB_CACHE``) is a folder in the Hub layout holding a tiny model under
 SmolLM2's id, so a page's Hub-id command runs offline. There is no way to skip a block: a page whose
 block cannot run here must change the block.
@@ -79,6 +82,11 @@ def test_every_block_of_the_page_runs(page: Path, tmp_path: Path, hub_cache: Pat
         elif lang == "bash":
             for cmd in readme._commands(body.replace("\\\n", " ")):  # a line ending in \ continues
                 _run_command(page, cmd, tmp_path, env)
+        elif lang == "yaml":  # a fragment of a config: over the defaults it must load and validate
+            (tmp_path / "_fragment.yaml").write_text(body)
+            from veriloop.configs.loader import load_config
+
+            load_config(tmp_path / "_fragment.yaml").validate()
         elif lang in ("", "text"):  # a figure or a sample of output: never a command
             bad = [ln for ln in body.splitlines() if COMMAND_LIKE.match(ln)]
             assert not bad, (
@@ -99,6 +107,9 @@ def _run_command(page: Path, cmd: str, cwd: Path, env: dict[str, str]) -> None:
     if words and words[0] == "make":  # as the README's: the target exists (running it would run this suite)
         r = subprocess.run(["make", "-n", *words[1:]], cwd=ROOT, capture_output=True, text=True)
         assert r.returncode == 0, f"{page.name}: {cmd}: {r.stderr[-1000:]}"
+        return
+    if len(words) > 1 and words[0].endswith("python") and words[1].startswith("benchmarks/"):
+        _benchmark_command(page, cmd, words[1:])
         return
     if words and words[0] in LAUNCHERS:
         _launcher_command(page, cmd, words)
@@ -132,6 +143,21 @@ def _launcher_command(page: Path, cmd: str, words: list[str]) -> None:
     args = words[words.index("veriloop.cli") + 1 :]
     assert args and args[0] in readme.CONFIG_COMMANDS, f"{page.name}: {cmd}: no veriloop config command"
     load_config(args[1], [a for a in args[2:] if "=" in a and not a.startswith("-")]).validate()
+
+
+def _benchmark_command(page: Path, cmd: str, args: list[str]) -> None:
+    """As the README's inline benchmark commands: the script exists and its ``--help`` names every
+    flag given (a benchmark takes minutes; its own tests run its parts)."""
+    script = ROOT / args[0]
+    assert script.is_file(), f"{page.name}: {cmd}: {script} is missing"
+    r = subprocess.run(
+        [sys.executable, str(script), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and "usage" in r.stdout.lower(), (
+        f"{page.name}: {script} --help: {r.stderr[-1000:]}"
+    )
+    for flag in (a.split("=")[0] for a in args[1:] if a.startswith("--")):
+        assert flag in r.stdout, f"{page.name}: {cmd}: {flag} is not in {script.name} --help"
 
 
 def test_inline_commands_of_the_pages_exist() -> None:
