@@ -103,6 +103,7 @@ def _autocast_forward(model: torch.nn.Module, device_type: str) -> None:
 def _autocast_class(cls: Any, device_type: str) -> type:
     """``cls`` with its forward under bf16 autocast (one subclass per class and device type)."""
 
+    @functools.wraps(cls.forward)  # the signature too: generate() checks its kwargs against it
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         with torch.autocast(device_type, dtype=torch.bfloat16):
             return cls.forward(self, *args, **kwargs)

@@ -105,6 +105,35 @@ def test_bf16_step_agrees_with_fp32(lora: bool):
     assert rel > 0  # bf16 really ran: not the fp32 numbers under another name
 
 
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_bf16_vision_policy_scores_and_generates(lora: bool):
+    """A VLM in bf16: image inputs reach the bf16 (or autocast) tower, log-probs stay near fp32's,
+    gradients are fp32, and generate() still accepts pixel_values (it checks the forward's signature)."""
+    import numpy as np
+    from PIL import Image
+
+    from veriloop.agents.vision import encode_vision_messages, user_content, vision_inputs
+
+    torch.manual_seed(0)
+    fp32 = tiny_policy(vision=True, lora=lora)
+    bf16 = apply_precision(copy.deepcopy(fp32), "bf16")
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, size=(40, 50, 3), dtype=np.uint8))
+    enc = encode_vision_messages(
+        fp32.processor, [{"role": "user", "content": user_content("What now?", image)}]
+    )
+    logps = []
+    for policy in (fp32, bf16):
+        logp, _ = token_logprobs(policy.model, enc["input_ids"], enc["attention_mask"], **vision_inputs(enc))
+        logp[:, 1:].sum().backward()
+        grads = [p.grad for p in policy.model.parameters() if p.requires_grad and p.grad is not None]
+        assert grads and all(g.dtype == torch.float32 for g in grads)  # (unused layers have none)
+        logps.append(logp.detach())
+    assert 0 < (logps[0] - logps[1]).abs().max().item() <= 0.05
+    with torch.no_grad():
+        out = bf16.model.generate(**enc, max_new_tokens=3, do_sample=False)
+    assert out.shape[1] <= enc["input_ids"].shape[1] + 3
+
+
 def test_fp32_precision_changes_nothing():
     torch.manual_seed(0)
     policy = tiny_policy(lora=True)
