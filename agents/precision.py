@@ -55,13 +55,17 @@ def check_precision(precision: str) -> None:
 def apply_precision(policy: Policy, precision: str) -> Policy:
     """Set ``policy`` up for ``precision`` in place (see the module docstring) and return it.
 
-    ``fp32`` requires float32 weights and changes nothing; ``bf16`` expects float32 weights (the
-    default ``policy.dtype``) and converts the frozen ones. Applying ``bf16`` twice is harmless.
+    ``fp32`` changes nothing (the weights keep the dtype they were loaded in: ``policy.dtype``);
+    ``bf16`` expects float32 trained weights (the default ``policy.dtype``) and converts the frozen
+    ones. Applying ``bf16`` twice is harmless; going back to ``fp32`` is refused.
     """
     check_precision(precision)
     dtypes = {p.dtype for p in policy.model.parameters() if p.is_floating_point() and p.requires_grad}
     if precision == "fp32":
-        policy.precision = "fp32"
+        if policy.precision != "fp32":
+            raise ValueError(
+                f"this policy is set up for {policy.precision} (its frozen weights were converted): load it again for fp32"
+            )
         return policy
     if dtypes - {torch.float32}:
         raise ValueError(

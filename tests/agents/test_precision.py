@@ -151,6 +151,10 @@ def test_bad_precision_and_half_trained_weights_are_refused():
     policy.model.to(torch.bfloat16)
     with pytest.raises(ValueError, match="load the model in float32"):
         apply_precision(policy, "bf16")
+    converted = apply_precision(tiny_policy(lora=True), "bf16")
+    assert apply_precision(converted, "bf16") is converted  # twice: harmless
+    with pytest.raises(ValueError, match="load it again for fp32"):
+        apply_precision(converted, "fp32")
 
 
 def test_config_refuses_bf16_precision_over_bf16_weights():
