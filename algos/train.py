@@ -112,7 +112,9 @@ def build_policy(cfg: ExperimentConfig) -> Policy:
     if p.model == "tiny":  # a tiny random model with the real tokenizer: for tests and smoke runs
         from veriloop.agents.testing import tiny_policy
 
-        tiny = tiny_policy(lora=p.lora, seed=cfg.rollout.seed, keep_reference=cfg.keep_reference and not p.lora)
+        tiny = tiny_policy(
+            lora=p.lora, seed=cfg.rollout.seed, keep_reference=cfg.keep_reference and not p.lora
+        )
         return apply_precision(tiny, p.precision)
     lora = LoraSettings(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
                         target_modules=_modules(p.target_modules)) if p.lora else None  # fmt: skip
