@@ -1,6 +1,6 @@
 """bf16 mixed precision (agents/precision.py): what is stored in which dtype, and how far the numbers move.
 
-Stated tolerances (bf16 has an 8-bit mantissa: a relative rounding of 2^-9 per value):
+Stated tolerances (bf16 keeps 8 significant bits: a relative rounding of up to 2^-8 = 0.4% per value):
 
 * tiny random Llama, one policy-gradient step: gradient cosine to fp32 >= 0.999, relative error
   ||g_bf16 - g_fp32|| / ||g_fp32|| <= 0.05, per-token log-prob error <= 0.05 nats.
