@@ -134,6 +134,25 @@ def test_bf16_vision_policy_scores_and_generates(lora: bool):
     assert out.shape[1] <= enc["input_ids"].shape[1] + 3
 
 
+def test_bf16_shared_prompt_pass_matches_the_plain_one():
+    """A group's shared prompt run once (its KV cache expanded to every row) in bf16: the same
+    log-probs and gradients as one pass per row, within bf16 rounding."""
+    _, policy = _pair(lora=True)
+    ids = torch.randint(0, 1000, (3, 20), generator=torch.Generator().manual_seed(3))
+    ids[1:, :8] = ids[0, :8]  # an 8-token prompt shared by the group
+    mask = torch.ones_like(ids)
+    results = []
+    for prefix in (0, 8):
+        policy.model.zero_grad(set_to_none=True)
+        logp, _ = token_logprobs(policy.model, ids, mask, first_position=8, shared_prefix=prefix)
+        logp[:, 8:].sum().backward()
+        grad = torch.cat([p.grad.flatten() for p in policy.trainable_parameters()])
+        results.append((logp.detach(), grad))
+    assert (results[0][0] - results[1][0]).abs().max().item() <= 0.05
+    cos, rel = _agreement(results[0][1], results[1][1])
+    assert cos >= 0.999 and rel <= 0.05, (cos, rel)
+
+
 def test_fp32_precision_changes_nothing():
     torch.manual_seed(0)
     policy = tiny_policy(lora=True)
