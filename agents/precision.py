@@ -38,13 +38,12 @@ from veriloop.agents.policy import Policy
 
 Precision = Literal["fp32", "bf16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
-#: The dtype matmuls run in, per precision.
-COMPUTE_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
 #: transformers attention implementation registered by :func:`_fp32_attention_name`.
 FP32_ATTENTION = "veriloop_sdpa_fp32"
 
 
 def check_precision(precision: str) -> None:
+    """Refuse an unknown precision name, saying what each known one does."""
     if precision not in PRECISIONS:
         raise ValueError(
             f"precision must be one of {list(PRECISIONS)}, got {precision!r}: fp32 computes everything in "
