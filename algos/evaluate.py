@@ -54,7 +54,7 @@ from veriloop.algos.eval_metrics import (
     standard_error,
     summarize_split,
 )
-from veriloop.envs.datasets import split_source
+from veriloop.envs.base import split_source
 
 REFERENCE_SPLIT = "id"
 #: Non-rate metrics shown in the task table of the Markdown report (when a split has them).

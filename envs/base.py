@@ -416,3 +416,28 @@ class VerifierEnv(gymnasium.Env, Generic[TaskT]):
             return text
         marker = "\n[... cut ...]"
         return text[: self.max_text_chars - len(marker)] + marker
+
+
+def split_source(env_id: str, kwargs: Mapping[str, Any], seeds: Sequence[int]) -> str:
+    """What an evaluation split's problems are drawn from, in words (for reports)."""
+    env = gymnasium.make(env_id, **dict(kwargs))
+    try:
+        rows = getattr(env.unwrapped, "part_source", None)
+        size = _part_size(env.unwrapped)
+    finally:
+        env.close()
+    where = f"env seeds {seeds[0]}..{seeds[-1]}" if seeds else "no seeds"
+    if not rows:
+        return f"generator, {where}"
+    repeats = (
+        f"; {len(seeds)} problems from {size} rows, so some rows repeat" if size and size < len(seeds) else ""
+    )
+    return f"{rows}, drawn by {where}{repeats}"
+
+
+def _part_size(env: Any) -> int | None:
+    """How many rows (or items) an env's part holds, when it says."""
+    pool = getattr(getattr(env, "inner", env), "problems", None) or getattr(env, "tasks", None)
+    if pool is None:
+        pool = getattr(env, "_indices", None)
+    return None if pool is None else len(pool)

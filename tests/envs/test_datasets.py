@@ -317,7 +317,7 @@ def test_an_empty_training_part_fails_when_the_config_is_resolved(tmp_path: Path
 
 
 def test_split_source_names_the_rows_and_says_when_they_repeat(tmp_path: Path) -> None:
-    from veriloop.envs.datasets import split_source
+    from veriloop.envs.base import split_source
 
     path = write_parquet(
         tmp_path / "q.parquet", [{"question": f"Q{i}?", "answer": str(i)} for i in range(20)]
