@@ -554,7 +554,14 @@ def _train_claimed(
         if dist.sharded:  # all ranks gather the weights; rank 0 saves them in the ordinary format
             from veriloop.algos.fsdp import save_final
 
-            save_final(run.policy, run.critic, run_dir / "final", dist=dist, card=card, rebuild=partial(build_policy, cfg))
+            save_final(
+                run.policy,
+                run.critic,
+                run_dir / "final",
+                dist=dist,
+                card=card,
+                rebuild=partial(build_policy, cfg),
+            )
         elif dist.is_main:
             save_policy(run.policy, run_dir / "final", card=card)
     finally:
