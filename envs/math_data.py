@@ -18,7 +18,6 @@ word        shopping (sum) / speed·time / sharing a remainder (fractions)
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from veriloop.envs.datasets import FieldMap, _json_value, load_rows
+from veriloop.envs.datasets import FieldMap, _json_value, _jsonl_rows, load_rows
 from veriloop.envs.verifiers.extract import malformed_latex
 
 Kind = Literal["integer", "fraction", "linear", "word"]
@@ -175,23 +174,7 @@ def load_jsonl(path: str | Path) -> list[MathProblem]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"math data file not found: {path} (expected a .jsonl file)")
-    problems = []
-    with path.open("rb") as handle:
-        for lineno, raw in enumerate(handle, start=1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise ValueError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            except RecursionError:
-                raise ValueError(f"{where}: invalid JSON (nested too deeply)") from None
-            problems.append(parse_row(row, where=where))
+    problems = [parse_row(row, where=where) for where, row in _jsonl_rows(path)]
     if not problems:
         raise ValueError(f"{path}: no problems found (file is empty)")
     return problems
