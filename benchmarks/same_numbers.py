@@ -1,7 +1,7 @@
 """Do two runs give the same numbers? Compares every metric two run folders logged, step by step.
 
 Timings (``time/*``, ``*_s``, ``*per_s``) are left out; metrics only one run logs are listed, not
-compared. Used to check that a refactor keeps a seed's numbers to the last digit (issue 14):
+compared. Used to check that a refactor keeps a seed's numbers to the last digit:
 
   python benchmarks/same_numbers.py RUN_A RUN_B --out benchmarks/results/quickstart_same_numbers.json
 """

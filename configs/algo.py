@@ -2,7 +2,7 @@
 
 An algorithm is a combination of parts chosen here (advantage estimator, loss clipping, loss
 aggregation, KL, shaping, sampling); presets in ``configs/algos/*.yaml`` fill these fields the
-way each paper describes. See ``../shared/docs/papers.md``-style references in each part's
+way each paper describes. See the paper references in each part's
 docstring.
 """
 

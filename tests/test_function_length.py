@@ -1,4 +1,4 @@
-"""No function or method over 60 lines outside benchmarks/ (issue 14, point 7).
+"""No function or method over 60 lines outside benchmarks/.
 
 Counted from the ``def`` line to the last line of its body (docstring included), over every
 ``.py`` file of the repository. Left out: ``tests/`` and ``benchmarks/`` (and build outputs).

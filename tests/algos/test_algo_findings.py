@@ -1,4 +1,4 @@
-"""The six "results our combinations get wrong" of issue 15, each pinned by a test that failed on
+"""The six "results our combinations get wrong" of the first algorithm audit, each pinned by a test that failed on
 the code before its fix (checked by running this file against that commit).
 
 1. S2R outcome reward when the rollout cuts the episode.

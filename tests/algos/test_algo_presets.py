@@ -22,7 +22,7 @@ def test_all_presets_ship_load_and_start_with_a_paper_comment():
         assert load_preset(name).name == name
 
 
-# Each preset's settings as ../shared/docs/papers.md gives them (section numbers there).
+# Each preset's settings as the papers give them.
 PAPER_SETTINGS = {
     # 1. PPO: GAE, critic, clip 0.2, value loss (clipped), KL to the reference in the reward
     "ppo": dict(advantage="gae", critic="value_head", clip_low=0.2, clip_high=0.2, kl_mode="reward",

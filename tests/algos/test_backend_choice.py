@@ -1,4 +1,4 @@
-"""Which engine samples: ``rollout.backend: auto`` and ``eval.backend`` (issue 17 item 6).
+"""Which engine samples: ``rollout.backend: auto`` and ``eval.backend``.
 
 ``auto`` picks vLLM only where it is importable and the policy is a text model in a folder; the
 trainer builds the chosen engine once, pushes the SFT warm-up's weights into it, evaluates with it

@@ -78,7 +78,7 @@ def _wait(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 #: With a critic (PPO's value head on the policy): the value loss is a token mean while the policy
-#: loss may be a sequence mean; each rank's share must be right for both (issue 15, finding 2).
+#: loss may be a sequence mean; each rank's share must be right for both.
 CRITIC = ("algo.advantage=gae", "algo.critic=value_head", "algo.loss_agg_constant=8")
 
 

@@ -103,7 +103,7 @@ def test_summarize_split_counts_verifier_errors_as_unsolved() -> None:
 
 
 def test_verifier_timeouts_never_lift_a_score() -> None:
-    """Issue 13 item 2: bombs in place of the 5 unsolved answers of 10 problems must not lift avg@n."""
+    """Bombs in place of the 5 unsolved answers of 10 problems must not lift avg@n."""
     solved = [[Sample(True, "1")] for _ in range(5)]
     unsolved = [[Sample(False, "2")] for _ in range(5)]
     bombs = [[Sample(False, "\\Gamma(10^{7})", error="timeout")] for _ in range(5)]

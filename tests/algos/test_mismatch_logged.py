@@ -1,4 +1,4 @@
-"""Sampler-vs-trainer mismatch is logged every step (issue 17 item 4), from the first update's forward."""
+"""Sampler-vs-trainer mismatch is logged every step, from the first update's forward."""
 
 from __future__ import annotations
 

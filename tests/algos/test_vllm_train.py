@@ -1,4 +1,4 @@
-"""Training through vLLM where it is installed (issue 17 items 3 and 6): ``rollout.backend: auto``
+"""Training through vLLM where it is installed: ``rollout.backend: auto``
 resolves to the in-process vLLM engine for the default model, the SFT warm-up's weights are pushed
 into it, and evaluation samples with it (``eval.backend: rollout``). Runs under ``make test-vllm``;
 skipped elsewhere unless ``VERILOOP_REQUIRE_VLLM=1`` makes a missing vLLM a failure."""

@@ -1,4 +1,4 @@
-"""Issue 13, verifier items: each test here failed on the code before the fix it names.
+"""Verifier hardening: each test here failed on the code before the fix it names.
 
 Items: 3 (size cap on the extracted answer), 5 (FIFO slots, cold start), 6 (Math-Verify's thousands
 separators), 7 (Points24 ``==``), 8 (contradictory equations), 9 (malformed gold at load time),
