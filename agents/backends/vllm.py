@@ -72,6 +72,7 @@ from typing import Any, Literal
 import torch
 
 from veriloop.agents.backends import FinishReason, GenRequest, GenResult, eos_token_ids
+from veriloop.agents.backends.vllm_worker import repack_tied_head
 from veriloop.agents.policy import Policy
 from veriloop.agents.sampling_params import SamplingParams
 
@@ -172,16 +173,7 @@ def _reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) ->
         worker.reload_weights(weights_iterator=weights)
     else:
         model.load_weights(weights=weights)
-    head: Any = getattr(model, "lm_head", None)
-    inner = getattr(model, "model", None)
-    embed = (
-        model.get_input_embeddings()
-        if hasattr(model, "get_input_embeddings")
-        else getattr(inner, "embed_tokens", None)
-    )
-    weight = getattr(head, "weight", None)
-    if weight is not None and embed is not None and weight.data_ptr() == embed.weight.data_ptr():
-        head.quant_method.process_weights_after_loading(head)
+    repack_tied_head(model)
 
 
 class VLLMBackend:
