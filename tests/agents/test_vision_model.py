@@ -267,3 +267,6 @@ def test_the_shipped_vision_config_trains_one_step_with_a_built_vlm(built, tmp_p
         f"run.out_dir={tmp_path}", "run.name=vis", "run.tensorboard=false",
     ]  # fmt: skip
     train(load_config("configs/experiments/points24_vision_grpo.yaml", overrides), quiet=True)
+    rows = [json.loads(line) for line in (tmp_path / "vis" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]  # the base evaluation, then the one training step
+    assert (tmp_path / "vis" / "final").is_dir()
