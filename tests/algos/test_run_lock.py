@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_cli_hardening import TINY  # the one tiny-run override list of the hardening tests
 from veriloop.algos.run_lock import LOCK_FILE, RunBusyError, acquire, release, run_lock
 from veriloop.algos.train import claim_run_dir, train
 from veriloop.configs.loader import load_config
@@ -49,15 +50,6 @@ def test_a_busy_run_is_refused_and_a_killed_holder_releases_it(tmp_path: Path) -
     release(fd)
     with run_lock(run):  # released: free to take again
         pass
-
-
-TINY = [
-    "policy.model=tiny", "policy.lora=false", "env.kwargs={level: 1}", "rollout.prompts_per_step=2",
-    "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_context=256", "train.steps=1",
-    "train.micro_batch_size=2", "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]",
-    "eval.greedy=false", "eval.every=0", "eval.at_start=false", "run.tensorboard=false",
-    "run.checkpoint_every=1", "sft.steps=0",
-]  # fmt: skip
 
 
 def test_train_and_resume_on_a_busy_run_exit_2_and_change_nothing(tmp_path: Path) -> None:
