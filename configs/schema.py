@@ -400,6 +400,12 @@ class TrainConfig:
         parallel: With several processes (``torchrun`` / ``accelerate launch``): ``data`` = every
             rank holds the whole model and optimizer state; ``fsdp`` = they are sharded over the
             ranks with PyTorch FSDP2 (each holds 1/N; see docs/scaling.md). One process: no effect.
+        max_staleness: K, how many optimizer steps older than the trainer a trained sample's
+            policy may be (docs/async.md). 0 = the synchronous loop (generate, then update). K > 0
+            generates beside the update: a new group starts only while accepted + running groups
+            < (K + v + 1) x prompts_per_step at version v, and needs a correction for the gap
+            (algo.rollout_is / rollout_seq_mask: decoupled PPO against the trainer's own pi_prox;
+            or policy_loss=dppo). One process only.
     """
 
     steps: int = 100
@@ -414,9 +420,15 @@ class TrainConfig:
     max_consecutive_nonfinite: int = 3
     log_every: int = 1
     parallel: Parallel = "data"
+    max_staleness: int = 0
 
     def validate(self) -> None:
         _positive("train", self, "micro_batch_size", "max_consecutive_nonfinite", "log_every")
+        if self.max_staleness < 0:
+            raise ConfigError(
+                f"train.max_staleness must be >= 0 (0 = synchronous, K > 0 = at most K steps stale), "
+                f"got {self.max_staleness}"
+            )
         if self.micro_batch_tokens < 0:
             raise ConfigError(
                 f"train.micro_batch_tokens must be >= 0 (0 = no cap), got {self.micro_batch_tokens}"
@@ -618,6 +630,7 @@ class ExperimentConfig:
         used = self.train.steps * self.rollout.prompts_per_step * rounds + (
             self.sft.examples if self.sft.steps else 0
         )
+        used += self.train.max_staleness * self.rollout.prompts_per_step  # admitted ahead, never trained
         return range(self.rollout.seed, self.rollout.seed + used)
 
     @property
@@ -671,6 +684,13 @@ class ExperimentConfig:
                 f"{rollout.top_p} / rollout.top_k={rollout.top_k} make them log-probs of the filtered "
                 "distribution: pi_old / mu would be the nucleus mass even for identical engines. Sample with "
                 "rollout.top_p=1.0 rollout.top_k=0, or switch the correction off"
+            )
+        if train.max_staleness > 0 and not algo.needs_sampler_logprobs:
+            raise ConfigError(
+                f"train.max_staleness={train.max_staleness} trains on samples from policies up to that many "
+                "steps old, but nothing corrects the gap: set algo.rollout_is=truncate (decoupled PPO: clip "
+                "against the trainer's pi_prox, weigh by min(pi_prox / mu, C)) or mask, or "
+                "algo.policy_loss=dppo (ratio against mu inside its trust region), or train.max_staleness=0"
             )
         if algo.dynamic_sampling and rollout.group_size < 2:
             raise ConfigError(
