@@ -70,6 +70,12 @@ class Trajectory:
         task: The environment's task metadata from ``reset`` (``info["task"]``), e.g. cards, level.
         extras: Backend-specific inputs needed to re-run the forward pass (e.g. pixel values
             for vision models), keyed by name.
+        sample_starts: Where each training sample begins in ``token_ids`` (ascending, first 0).
+            One sample, ``(0,)``, while every turn's context extends the previous one; a new
+            sample starts where it does not (a chat template that rewrites earlier turns, a
+            compaction). Sample ``k`` is ``token_ids[sample_starts[k]:sample_starts[k + 1]]``: a
+            whole context of its own, fed to the model as one sequence (see docs/multi-turn.md).
+        split_reason: Why the episode has more than one sample ("template", "compaction"), or None.
     """
 
     env_id: str
@@ -87,6 +93,33 @@ class Trajectory:
     messages: list[dict[str, Any]] = field(default_factory=list)
     task: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+    sample_starts: tuple[int, ...] = (0,)
+    split_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        s = self.sample_starts
+        if (
+            not s
+            or s[0] != 0
+            or any(b <= a for a, b in zip(s, s[1:]))
+            or s[-1] > max(len(self.token_ids) - 1, 0)
+        ):
+            raise ValueError(
+                f"sample_starts must ascend from 0 inside the {len(self.token_ids)} tokens, got {s}"
+            )
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.sample_starts)
+
+    def sample_start(self, position: int) -> int:
+        """Where the sample holding token ``position`` begins (its context starts there)."""
+        return max(s for s in self.sample_starts if s <= position)
+
+    def samples(self) -> list[tuple[int, int]]:
+        """Half-open ``[start, end)`` spans of the samples in ``token_ids``."""
+        ends = [*self.sample_starts[1:], len(self.token_ids)]
+        return list(zip(self.sample_starts, ends))
 
     @property
     def total_reward(self) -> float:

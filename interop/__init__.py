@@ -14,7 +14,9 @@ In (other environments as veriloop / Gymnasium envs):
 Out (veriloop environments elsewhere):
 
 * :mod:`.openenv_server` -- serve any ``veriloop/*`` id as an OpenEnv environment (``[openenv]``).
-* :mod:`.trl_env` -- a veriloop env behind TRL's ``GRPOTrainer(environment_factory=...)`` (``[trl]``).
+* :mod:`.openenv_trace` -- an episode as an OpenEnv 0.10 ``TrainingTrace`` (``[openenv]``).
+* :mod:`.trl_env` -- veriloop envs behind TRL's ``GRPOTrainer(environment_factory=...)``, one or a
+  dict of several (``[trl]``).
 * verifiers 0.4 (``[verifiers]``): no adapter module is needed -- its own OpenEnv taskset
   (``verifiers.v1.tasksets.openenv``, ``base_url=...``) consumes :mod:`.openenv_server`.
 

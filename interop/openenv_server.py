@@ -1,6 +1,6 @@
 """Serve any registered veriloop environment as an OpenEnv environment (``pip install 'veriloop[openenv]'``).
 
-OpenEnv (openenv-core 0.3) runs an environment behind a FastAPI app; clients hold one WebSocket
+OpenEnv (the ``openenv`` package, 0.10) runs an environment behind a FastAPI app; clients hold one WebSocket
 session per episode stream (``/ws``: reset, step, state). This module maps a veriloop id onto it::
 
     from veriloop.interop.openenv_server import create_app, serve
@@ -199,7 +199,7 @@ def create_app(
 ) -> Any:
     """OpenEnv's FastAPI app (``openenv.core.env_server.http_server.create_app``) serving ``env_id``,
     with our session endpoints (:mod:`veriloop.interop.openenv_sessions`) in place of its ``/ws``
-    and ``POST /step``.
+    and ``POST /step`` (its ``/mcp`` routes dropped).
 
     Each WebSocket session gets its own env; at most ``max_concurrent_envs`` at once, each closed
     after ``idle_timeout_s`` seconds without a message. The id and ``env_kwargs`` are checked now,

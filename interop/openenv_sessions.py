@@ -1,6 +1,8 @@
 """The OpenEnv server's session endpoints, with the limits a public server needs.
 
-``openenv_server.create_app`` mounts these in place of openenv-core's own ``/ws`` and ``/step``:
+``openenv_server.create_app`` mounts these in place of OpenEnv's own ``/ws`` and ``/step`` (and
+drops its ``/mcp`` routes: a veriloop env has no MCP tools, and OpenEnv's ``/mcp`` WebSocket would
+hold an environment per connection with neither our session limit nor the idle timeout):
 
 * ``/ws`` speaks OpenEnv's WebSocket protocol (``reset`` / ``step`` / ``state`` / ``close``
   messages, OpenEnv's response types, so ``EnvClient`` works unchanged), with at most
@@ -148,8 +150,9 @@ async def http_step_refused() -> Any:
 
 
 def mount(app: Any, sessions: SessionServer) -> Any:
-    """Replace openenv-core's ``/ws`` and ``POST /step`` routes of ``app`` with ours."""
-    app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) not in ("/ws", "/step")]
+    """Replace OpenEnv's ``/ws`` and ``POST /step`` routes of ``app`` with ours; drop its ``/mcp``."""
+    dropped = ("/ws", "/step", "/mcp")
+    app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) not in dropped]
 
     async def ws(websocket: fastapi.WebSocket) -> None:  # FastAPI injects by this annotation
         await sessions.endpoint(websocket)

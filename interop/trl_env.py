@@ -32,11 +32,23 @@ Mapping, and where it loses information:
   excludes from the reward for that sample instead of scoring it 0.
 * **Images** (vision envs): ``reset`` returns ``[image, text]`` content blocks; the feedback images of
   later turns are not sent (the tool returns text). Untested here: no tiny VLM with a tool template.
+
+Several environments in one run (TRL 1.16 accepts a dict ``environment_factory``; each row's
+``environment`` column picks one, and a GRPO group stays in one environment)::
+
+    trainer = GRPOTrainer(
+        ...,
+        train_dataset=mixed_seed_dataset({"points24": 128, "math": 128}),
+        environment_factory=environment_factories(
+            {"points24": "veriloop/Points24-text-v0", "math": ("veriloop/MathVerifyRetry-v0", {})}
+        ),
+        reward_funcs=veriloop_reward,
+    )
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium
@@ -164,4 +176,37 @@ def seed_dataset(num_tasks: int, *, start_seed: int = 0, instruction: str = "") 
     prompt = [{"role": "user", "content": instruction}]
     return datasets.Dataset.from_dict(
         {"prompt": [prompt] * num_tasks, "seed": list(range(start_seed, start_seed + num_tasks))}
+    )
+
+
+def environment_factories(
+    envs: Mapping[str, str | tuple[str, dict[str, Any]]],
+) -> dict[str, Callable[[], VeriloopToolEnv]]:
+    """TRL's dict ``environment_factory``: ``{name: env_id or (env_id, env_kwargs)}`` -> factories.
+
+    Each id (and kwargs) is checked now by building one env, so a typo fails before TRL starts.
+    """
+    if not envs:
+        raise ValueError("environment_factories needs at least one {name: env_id} entry")
+    out: dict[str, Callable[[], VeriloopToolEnv]] = {}
+    for name, spec in envs.items():
+        env_id, kwargs = (spec, {}) if isinstance(spec, str) else spec
+        try:
+            gymnasium.make(env_id, **kwargs).close()
+        except Exception as e:  # noqa: BLE001  (gymnasium's "did you mean", or the env's own complaint)
+            raise ValueError(f"environment {name!r}: cannot make {env_id!r} with {kwargs}: {e}") from None
+        out[name] = lambda env_id=env_id, kwargs=dict(kwargs): VeriloopToolEnv(env_id, kwargs)
+    return out
+
+
+def mixed_seed_dataset(tasks: Mapping[str, int], *, start_seed: int = 0, instruction: str = "") -> Any:
+    """Rows ``{"prompt", "seed", "environment"}`` for a dict ``environment_factory``:
+    ``tasks[name]`` rows per environment (seeds from ``start_seed``), interleaved name by name."""
+    datasets = require("datasets", "trl", "veriloop.interop.trl_env.mixed_seed_dataset")
+    if not tasks or any(n < 1 for n in tasks.values()):
+        raise ValueError(f"mixed_seed_dataset needs {{name: rows >= 1}}, got {dict(tasks)}")
+    rows = [(name, start_seed + i) for i in range(max(tasks.values())) for name, n in tasks.items() if i < n]
+    prompt = [{"role": "user", "content": instruction}]
+    return datasets.Dataset.from_dict(
+        {"prompt": [prompt] * len(rows), "seed": [s for _, s in rows], "environment": [n for n, _ in rows]}
     )

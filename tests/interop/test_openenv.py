@@ -1,4 +1,4 @@
-"""OpenEnv both ways: veriloop envs served by openenv-core's app, driven by OpenEnv's own client;
+"""OpenEnv both ways: veriloop envs served by OpenEnv's (openenv 0.10) app, driven by OpenEnv's own client;
 and an OpenEnv client wrapped as a gymnasium.Env (check_env) against those local servers."""
 
 from __future__ import annotations

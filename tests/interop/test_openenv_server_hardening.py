@@ -121,3 +121,17 @@ def test_malformed_frames_are_answered_and_the_session_goes_on() -> None:
         assert _ask(ws, "dance")["data"]["code"] == "UNKNOWN_TYPE"
         assert _ask(ws, "step", {"no_response": 1})["type"] == "error"
         assert _ask(ws, "reset", {"seed": 2})["type"] == "observation"
+
+
+def test_openenv_mcp_routes_are_not_served() -> None:
+    """OpenEnv 0.10's /mcp would hold an env per connection outside the session limit and idle timeout;
+    a veriloop env has no MCP tools, so the server drops the routes."""
+    with serve(ENV) as url:
+        request = urllib.request.Request(url + "/mcp", data=b'{"jsonrpc": "2.0", "method": "tools/list", "id": 1}',
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code in (404, 405)
+        with pytest.raises(Exception), connect(url.replace("http://", "ws://") + "/mcp") as ws:  # noqa: B017
+            ws.send("{}")
+            ws.recv(timeout=10)
