@@ -11,6 +11,8 @@ import httpx
 import pytest
 from openenv.core import GenericEnvClient
 
+from veriloop.interop.openenv_server import serve
+
 # verifiers 0.4 pins mcp==2.0.0, openenv 0.10 needs mcp<2: they do not install together, and `make
 # setup` installs openenv 0.10 (the `interop` extra); these tests run where verifiers imports.
 _taskset = pytest.importorskip(
@@ -18,8 +20,6 @@ _taskset = pytest.importorskip(
     reason="verifiers 0.4 does not import here (it needs mcp==2.0.0; openenv 0.10 needs mcp<2)",
 )
 OpenEnvConfig, parse_action = _taskset.OpenEnvConfig, _taskset.parse_action
-
-from veriloop.interop.openenv_server import serve
 
 
 def test_verifiers_openenv_taskset_drives_a_served_env():
