@@ -28,7 +28,11 @@ answer with that dataset's own ``score_answer``::
   timeout / crash / memory error is a ``Verdict.error`` (episode truncated, reward 0, excluded by
   trainers), never a wrong answer.
 * **Reward** = the score (partial credit kept: reason ``"partial"`` for ``0 < score < 1``);
-  ``correct`` means a score of 1. ``info["reward_components"] == {"score": score}``.
+  ``correct`` means a score of 1. ``info["reward_components"] == {"score": score}``. Except a
+  hedge: reasoning-gym's *default* scorer (datasets that do not write their own) gives
+  ``len(gold) / len(answer)`` to any answer that merely *contains* the gold, so ``"95530 or 1"``
+  scores 0.5 and a list of candidates scores above a wrong answer. Where that default rule is the
+  scorer, a partial score is 0 (reason ``"hedged"``) unless ``substring_credit=True``.
 * **Multi-turn.** ``max_attempts > 1`` gives retries with "Incorrect" feedback (the gold is never
   shown), as every :class:`~veriloop.envs.VerifierEnv`.
 
@@ -138,6 +142,8 @@ class ReasoningGymEnv(VerifierEnv[dict]):
             ``1 - heldout_fraction`` of ``[0, size)``, ``heldout`` (the ``id`` evaluation) from the
             rest, ``all`` from every index (:func:`veriloop.envs.datasets.index_range`).
         max_attempts: Answers allowed per episode (1 = single turn).
+        substring_credit: Keep reasoning-gym's default scorer's credit for an answer that contains
+            the gold among other text (a hedge; off by default, see the module docstring).
         timeout_s: Wall-clock deadline of one scoring call in the worker.
         max_text_chars: See :class:`~veriloop.envs.VerifierEnv`.
         render_mode: ``None`` or ``"ansi"``.
@@ -156,6 +162,7 @@ class ReasoningGymEnv(VerifierEnv[dict]):
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_text_chars: int = MAX_TEXT_CHARS,
         render_mode: str | None = None,
+        substring_credit: bool = False,
     ) -> None:
         super().__init__(max_attempts=max_attempts, max_text_chars=max_text_chars, render_mode=render_mode)
         rg = require("reasoning_gym", "reasoning-gym", ENV_ID)
@@ -179,6 +186,9 @@ class ReasoningGymEnv(VerifierEnv[dict]):
         self.dataset = dataset
         self.timeout_s = float(timeout_s)
         self._data = _build(dataset, self.config_json)
+        # reasoning-gym's default scorer: its only partial credit is "the gold is inside the answer"
+        self._hedge_credit = type(self._data).score_answer is rg.dataset.ProceduralDataset.score_answer
+        self.substring_credit = bool(substring_credit)
         if len(self._data) < 1:
             raise ValueError(f"reasoning-gym dataset {dataset!r} with config {config} has no items")
         if dataset not in SAFE_SCORERS:  # the scorer workers import reasoning-gym while the model loads
@@ -220,6 +230,9 @@ class ReasoningGymEnv(VerifierEnv[dict]):
                 details={"message": str(value)[:300]},
             )
         score = float(value)
+        if 0 < score < 1 and self._hedge_credit and not self.substring_credit:
+            return Verdict(correct=False, parsed=answer, reason="hedged", details={"score": 0.0},
+                           feedback="Incorrect: give exactly one answer, nothing around it.")  # fmt: skip
         correct = score >= 1.0
         reason = "correct" if correct else ("partial" if score > 0 else "wrong_value")
         feedback = "Correct." if correct else ("Partly correct." if score > 0 else "Incorrect.")
