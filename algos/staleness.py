@@ -148,13 +148,20 @@ class Scheduler:
         return group
 
     def finish(
-        self, gid: int, *, keep: bool = True, reason: str | None = None, payload: object = None
+        self,
+        gid: int,
+        *,
+        keep: bool = True,
+        reason: str | None = None,
+        payload: object = None,
+        v_end: int | None = None,
     ) -> Group:
-        """Its last token was sampled now (``v_end`` = current version): kept, or dropped with ``reason``."""
+        """Its last token was sampled now: kept, or dropped with ``reason``. ``v_end``: the version
+        that sampled it (an engine may lag the scheduler by a sync); default the current one."""
         group = self.groups[gid]
         if group.v_end is not None:
             raise ValueError(f"group {gid} finished twice")
-        group.v_end, group.payload = self.version, payload
+        group.v_end, group.payload = self.version if v_end is None else v_end, payload
         if keep:
             group.kept = True
             self.accepted += 1
