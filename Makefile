@@ -9,7 +9,7 @@ TORCH   ?= torch==2.13.0
 # process's main thread to the first core, so the test runner's two worker processes would share it.
 PIN     := OMP_PROC_BIND=true OMP_PLACES=cores
 
-.PHONY: setup quickstart demo test test-all lint bench clean
+.PHONY: setup quickstart demo test test-all lint docs bench clean
 
 setup: $(STAMP)
 
@@ -48,6 +48,11 @@ lint: setup
 	mkdir -p build/mypy/veriloop
 	for d in envs agents algos configs cli interop; do ln -sfn ../../../$$d build/mypy/veriloop/$$d; done
 	MYPYPATH=build/mypy $(BIN)/mypy -p veriloop
+
+# the docs site (MkDocs + Material, the API reference from docstrings) into build/site; --strict fails
+# on a broken link or a page missing from mkdocs.yml's nav (tests/test_docs_site.py builds it too)
+docs: setup
+	$(BIN)/python -m mkdocs build --strict --site-dir build/site
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,4 +1,4 @@
-"""Every command and code block of every ``docs/*.md`` page runs here, in page order, as the README's do.
+"""Every command and code block of every ``docs/**/*.md`` page runs here, in page order, as the README's do.
 
 The same runner rules as ``tests/test_readme.py`` (whose helpers this file reuses): a block whose first
 line is ``# NAME.py`` / ``# NAME.yaml`` is saved into the page's working folder; other ``python``
@@ -9,7 +9,10 @@ environment; ``make T`` runs as ``make -n T``, ``veriloop serve-vllm`` with ``--
 ``torchrun`` / ``accelerate`` launch of veriloop is checked as the README's vLLM commands are where
 vLLM is absent (the launcher exists; the config with its overrides loads and validates); a ``yaml``
 block without a file name is a fragment of a config, which must load over the defaults and validate;
-``python benchmarks/S.py ARGS`` is checked as the README's inline benchmark commands are.
+``python benchmarks/S.py ARGS`` is checked as the README's inline benchmark commands are; a line
+ending in ``&`` (a server left running) must come up, and ``.venv-vllm/bin/veriloop`` runs as the
+README's vLLM commands do. Inline `veriloop X`, `make T` and benchmark commands in a page's text (and
+in ``CHANGELOG.md``) are checked as the README's are.
 Untagged and ``text`` blocks (figures, sample output) are not run, and may hold no
 line that looks like a command or code. The Hub cache (``HF_HUB_CACHE``) is a folder in the Hub layout holding a tiny model under
 SmolLM2's id, so a page's Hub-id command runs offline. There is no way to skip a block: a page whose
@@ -29,7 +32,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = sorted((ROOT / "docs").glob("*.md"))
+PAGES = sorted((ROOT / "docs").rglob("*.md"))  # the guides, docs/results/ and docs/reference/
+IDS = [p.relative_to(ROOT / "docs").as_posix() for p in PAGES]
 _spec = importlib.util.spec_from_file_location("readme_runner", ROOT / "tests" / "test_readme.py")
 readme = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
 _spec.loader.exec_module(readme)  # type: ignore[union-attr]
@@ -56,14 +60,34 @@ def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_docs_pages_exist_and_the_readme_links_them() -> None:
-    names = {p.name for p in PAGES}
-    assert {"data.md", "models.md"} <= names
+    guides = {p.name for p in PAGES if p.parent == ROOT / "docs"}
+    assert {"data.md", "models.md", "environments.md", "algorithms.md", "training.md"} <= guides
     text = (ROOT / "README.md").read_text()
-    for page in ("docs/data.md", "docs/models.md"):
-        assert f"({page})" in text, f"the README does not link {page}"
+    for page in sorted(guides | {"results/index.md"}):
+        if page in ("index.md", "hooks.md"):
+            continue
+        assert f"(docs/{page})" in text, f"the README does not link docs/{page}"
+    for report in (ROOT / "docs" / "results").glob("*.md"):
+        if report.name != "index.md":
+            assert f"(docs/results/{report.name})" in text, (
+                f"'Results at a glance' does not link {report.name}"
+            )
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_the_readmes_algorithm_table_is_the_docs_one() -> None:
+    """The README keeps the paper -> setting -> preset table; docs/algorithms.md holds it too, row for row."""
+
+    def rows(text: str) -> list[str]:
+        lines = text[text.index("| paper technique |") :].splitlines()
+        table = lines[: next(i for i, ln in enumerate(lines) if not ln.startswith("|"))]
+        return table[2:]
+
+    readme_rows = rows((ROOT / "README.md").read_text())
+    assert len(readme_rows) > 20
+    assert readme_rows == rows((ROOT / "docs" / "algorithms.md").read_text())
+
+
+@pytest.mark.parametrize("page", PAGES, ids=IDS)
 def test_every_block_of_the_page_runs(page: Path, tmp_path: Path, hub_cache: Path) -> None:
     from veriloop.agents.loading import save_policy
     from veriloop.agents.testing import tiny_policy
@@ -104,6 +128,12 @@ def _run_command(page: Path, cmd: str, cwd: Path, env: dict[str, str]) -> None:
     while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
         key, _, value = words.pop(0).partition("=")
         extra[key] = value
+    if cmd.endswith("&"):  # a server the reader leaves running: as the README's, it must come up
+        readme._background(cmd[:-1].strip(), cwd)
+        return
+    if words and words[0] == ".venv-vllm/bin/veriloop":  # vLLM's venv: as the README's vLLM commands
+        readme._vllm_command(cmd, cwd)
+        return
     if words and words[0] == "make":  # as the README's: the target exists (running it would run this suite)
         r = subprocess.run(["make", "-n", *words[1:]], cwd=ROOT, capture_output=True, text=True)
         assert r.returncode == 0, f"{page.name}: {cmd}: {r.stderr[-1000:]}"
@@ -161,11 +191,7 @@ def _benchmark_command(page: Path, cmd: str, args: list[str]) -> None:
 
 
 def test_inline_commands_of_the_pages_exist() -> None:
-    sub = subprocess.run(
-        [sys.executable, "-m", "veriloop.cli", "--help"], capture_output=True, text=True
-    ).stdout
-    for page in PAGES:
-        for m in readme.INLINE.finditer(page.read_text()):
-            words = [w for w in shlex.split(m.group(1)) if not re.fullmatch(r"[A-Z_]+=\S+", w)]
-            if len(words) >= 2 and words[0] == "veriloop":
-                assert words[1] in sub, f"{page.name}: `{m.group(1)}`: no subcommand {words[1]!r}"
+    """As the README's: `veriloop X`, `make T` and `python benchmarks/S.py ARGS` in a page's text."""
+    for page, name in zip(PAGES, IDS):
+        readme.check_inline_commands(page.read_text(), name)
+    readme.check_inline_commands((ROOT / "CHANGELOG.md").read_text(), "CHANGELOG.md")

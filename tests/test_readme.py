@@ -177,24 +177,34 @@ INLINE = re.compile(r"`((?:[A-Z_]+=\S+ )*(?:veriloop|make|python benchmarks/)[^`
 
 
 def test_inline_commands_exist() -> None:
+    check_inline_commands(README, "README")
+
+
+def check_inline_commands(text: str, where: str) -> None:
+    """Every inline `veriloop X` is a subcommand, `make T` a target, `python benchmarks/S.py ARGS` a
+    script whose ``--help`` names every flag and positional suite of ARGS (tests/test_docs.py uses it too)."""
     sub = run([sys.executable, "-m", "veriloop.cli", "--help"], ROOT).stdout
     helps: dict[str, str] = {}
-    for m in INLINE.finditer(README):
+    for m in INLINE.finditer(text):
         words = [w for w in shlex.split(m.group(1)) if not re.fullmatch(r"[A-Z_]+=\S+", w)]
         if len(words) < 2:
             continue  # a bare word such as `veriloop` or `make` names, it does not command
         if words[0] == "veriloop":
-            assert words[1] in sub, f"`{m.group(1)}`: no subcommand {words[1]!r}"
+            assert words[1] in sub, f"{where}: `{m.group(1)}`: no subcommand {words[1]!r}"
         elif words[0] == "make":
-            assert run(["make", "-n", words[1]], ROOT).returncode == 0, f"`{m.group(1)}`: no make target"
-        else:
+            assert run(["make", "-n", words[1]], ROOT).returncode == 0, (
+                f"{where}: `{m.group(1)}`: no make target"
+            )
+        elif words[0] == "python" and words[1].startswith("benchmarks/"):
             script = ROOT / words[1]
-            assert script.is_file(), f"`{m.group(1)}`: {script} is missing"
-            if script not in helps:
+            assert script.is_file(), f"{where}: `{m.group(1)}`: {script} is missing"
+            if str(script) not in helps:
                 r = run([sys.executable, str(script), "--help"], ROOT, timeout=120)
                 assert r.returncode == 0, f"{script} --help: {r.stderr[-1500:]}"
                 assert "usage" in r.stdout.lower(), f"{script} has no --help (it may have run instead)"
                 helps[str(script)] = r.stdout
             suite = [words[2]] if len(words) > 2 and re.fullmatch(r"[a-z][a-z_0-9]*", words[2]) else []
             for name in suite + [w.split("=")[0] for w in words[2:] if w.startswith("--")]:
-                assert name in helps[str(script)], f"`{m.group(1)}`: {name!r} not in {script.name} --help"
+                assert name in helps[str(script)], (
+                    f"{where}: `{m.group(1)}`: {name!r} not in {script.name} --help"
+                )
