@@ -130,6 +130,19 @@ class ChatFormat:
             ids = ids[:-1]
         return self.decode(ids)
 
+    def extends(self, conversation: Sequence[dict[str, Any]], new_message: dict[str, Any]) -> bool:
+        """Whether the template only appends when ``new_message`` is added: the text of
+        ``conversation`` (its last assistant turn closed) is a prefix of the text of
+        ``conversation + [new_message]`` with the generation prompt.
+
+        False for templates that rewrite history, e.g. reasoning templates (Qwen3, DeepSeek-R1)
+        that drop the ``<think>`` part of earlier assistant turns once a new user message follows;
+        the rollout then starts a new training sample (see docs/multi-turn.md).
+        """
+        before = self.render(conversation, add_generation_prompt=False)
+        after = self.render([*conversation, new_message], add_generation_prompt=True)
+        return after.startswith(before)
+
     def delta_ids(
         self, conversation: Sequence[dict[str, Any]], new_message: dict[str, Any], ended_with_eos: bool
     ) -> list[int]:
@@ -154,7 +167,8 @@ class ChatFormat:
         if not after.startswith(before):
             raise ValueError(
                 "the chat template re-renders earlier turns when a message is added (not prefix-stable), "
-                "so token-in/token-out deltas are undefined for it; use a template that only appends"
+                "so token-in/token-out deltas are undefined for it; check ChatFormat.extends first and "
+                "start a new sample where it is False (the rollout does)"
             )
         close = self.assistant_close
         if ended_with_eos and self.eos_text and close.startswith(self.eos_text):

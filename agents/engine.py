@@ -10,11 +10,17 @@ only the environment's new messages are tokenized, as chat-template deltas (see
 :mod:`veriloop.agents.chat`), with ``loss_mask = 0`` and log-prob 0. Limits are never silent: a
 sample cut at ``max_new_tokens`` sets ``TurnRecord.hit_token_limit``; an episode cut by
 ``max_turns`` or ``max_context`` gets ``truncated=True`` and ``stop_reason`` naming the limit.
+
+Samples: one per episode while every turn's context extends the previous one. Where it does not,
+a new training sample starts (``Trajectory.sample_starts``, ``split_reasons``): a chat template
+that rewrites earlier turns (``"template"``, e.g. one that drops past ``<think>`` blocks), or a
+compactor that shortened the history (``"compaction"``, :mod:`veriloop.agents.compaction`). Each
+sample is a whole context: the next turn is generated from the current sample's tokens only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +31,7 @@ import torch
 import veriloop.envs  # noqa: F401  (registers the environments that specs name)
 from veriloop.agents.backends import Backend, GenRequest, GenResult, eos_token_ids
 from veriloop.agents.chat import ChatFormat, observation_message
+from veriloop.agents.compaction import Compactor, Messages
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory, TurnRecord
 from veriloop.envs.base import SIGNAL_KEY, signal_of
@@ -102,8 +109,15 @@ def as_verdict(value: Any) -> Verdict | None:
 class _Episode:
     """Mutable state of one running episode (becomes a frozen :class:`Trajectory`)."""
 
-    def __init__(self, key: int, spec: EpisodeSpec, fmt: ChatFormat) -> None:
-        self.key, self.spec, self.fmt = key, spec, fmt
+    def __init__(
+        self,
+        key: int,
+        spec: EpisodeSpec,
+        fmt: ChatFormat,
+        compact: Callable[[Messages], Messages] | None = None,
+        reserve: int = 1,
+    ) -> None:
+        self.key, self.spec, self.fmt, self.compact, self.reserve = key, spec, fmt, compact, reserve
         self.env = gym.make(spec.env_id, **spec.env_kwargs)
         obs, info = self.env.reset(seed=spec.seed)
         self.obs, self.task = obs, jsonable(info.get("task", {}))
@@ -115,6 +129,9 @@ class _Episode:
         self.turn_index: list[int] = []
         self.vision: dict[str, torch.Tensor] = {}
         self.turns: list[TurnRecord] = []
+        self.context: list[dict[str, Any]] = list(self.messages)  # what the current sample renders
+        self.sample_starts: list[int] = [0]
+        self.split_reasons: list[str] = []
         self.done = self.terminated = self.truncated = False
         self.stop_reason: str | None = None
         if fmt.processor is not None:
@@ -138,8 +155,15 @@ class _Episode:
         for name, tensor in inputs.items():
             self.vision[name] = torch.cat([self.vision[name], tensor]) if name in self.vision else tensor
 
+    @property
+    def context_len(self) -> int:
+        """Tokens of the current sample: what the next turn is generated from."""
+        return len(self.ids) - self.sample_starts[-1]
+
     def request(self, turn: int, budget: int) -> GenRequest:
-        return GenRequest(self.key, self.ids, budget, turn, self.obs, self.task, dict(self.vision))
+        start = self.sample_starts[-1]
+        ids = self.ids if start == 0 else self.ids[start:]
+        return GenRequest(self.key, ids, budget, turn, self.obs, self.task, dict(self.vision))
 
     def stop(self, reason: str) -> None:
         self.done, self.truncated, self.stop_reason = True, True, reason
@@ -150,6 +174,7 @@ class _Episode:
         self._extend(res.token_ids, turn, res.logprobs)
         text = self.fmt.action_text(res.token_ids, eos)
         self.messages.append({"role": "assistant", "content": text})
+        self.context.append(self.messages[-1])
         obs, reward, terminated, truncated, info = self.env.step(text)
         info = dict(info)
         signal = signal_of(info)  # the learner contract (built from the verdict if the env sends none)
@@ -169,18 +194,44 @@ class _Episode:
         self._append_observation(obs, turn, res, limits)
 
     def _append_observation(self, obs: Any, turn: int, res: GenResult, limits: RolloutLimits) -> None:
+        """Append the environment's reply as a delta of the current sample; start a new sample
+        where the template rewrites history, or (with a compactor) where fewer than
+        ``self.reserve`` tokens (a full turn) would be left."""
         message, image = observation_message(obs)
+        if not self.fmt.extends(self.context, message):
+            return self._new_sample([*self.context, message], obs, turn, limits, "template")
         ended = bool(res.token_ids) and res.token_ids[-1] == self.fmt.tokenizer.eos_token_id
-        text = self.fmt.delta_text(self.messages, message, ended)
+        text = self.fmt.delta_text(self.context, message, ended)
         if self.fmt.processor is not None:
             ids, inputs = self.fmt.encode_multimodal(text, [image] if image is not None else [])
         else:
             ids, inputs = self.fmt.encode(text), {}
-        if len(self.ids) + len(ids) >= limits.max_context:
+        if self.compact is not None and self.context_len + len(ids) + self.reserve > limits.max_context:
+            return self._new_sample(self.compact([*self.context, message]), obs, turn, limits, "compaction")
+        if self.context_len + len(ids) >= limits.max_context:
             return self.stop("max_context")  # the reply would leave no room for one more token
         self._extend(ids, turn)
         self._add_vision(inputs)
         self.messages.append(message)
+        self.context.append(message)
+        self.obs = obs
+
+    def _new_sample(self, context: Messages, obs: Any, turn: int, limits: RolloutLimits, reason: str) -> None:
+        """Start a new training sample whose prompt is ``context`` (ending with the observation
+        ``obs``) rendered afresh (loss 0)."""
+        if self.fmt.processor is not None:
+            raise ValueError(
+                f"{self.spec.env_id}: a new sample ({reason}) would re-encode every image of the episode, "
+                "which vision policies do not support; use a chat template that only appends and no compactor"
+            )
+        ids = self.fmt.prompt_ids(context)
+        if len(ids) >= limits.max_context:
+            return self.stop("max_context")  # even the rewritten context leaves no room to generate
+        self.sample_starts.append(len(self.ids))
+        self.split_reasons.append(reason)
+        self._extend(ids, turn)
+        self.messages.append(context[-1])
+        self.context = list(context)
         self.obs = obs
 
     def trajectory(self) -> Trajectory:
@@ -202,6 +253,8 @@ class _Episode:
             messages=without_images(self.messages),
             task=self.task,
             extras=dict(self.vision),
+            sample_starts=tuple(self.sample_starts),
+            split_reasons=tuple(self.split_reasons),
         )
 
 
@@ -223,6 +276,7 @@ def rollout(
     backend: Backend | None = None,
     system_prompt: str | None = None,
     log_path: str | Path | None = None,
+    compactor: Compactor | None = None,
 ) -> list[Trajectory]:
     """Play every episode to its end, batching all running episodes into one generation per turn.
 
@@ -234,6 +288,9 @@ def rollout(
         backend: Generation backend (default: the HF backend over ``policy.model``).
         system_prompt: Optional system message before each first observation.
         log_path: Append one JSON line per episode there (see :mod:`veriloop.agents.episode_log`).
+        compactor: Rewrites an episode's history when its next turn would not have
+            ``max_new_tokens`` left under ``max_context`` (:mod:`veriloop.agents.compaction`);
+            a new training sample starts there. None (default): the episode is truncated.
 
     Returns:
         One :class:`Trajectory` per spec, in the order given.
@@ -244,18 +301,37 @@ def rollout(
     eos = eos_token_ids(policy.tokenizer, getattr(policy, "model", None))
     per_turn = min(sampling.max_new_tokens, limits.max_new_tokens or sampling.max_new_tokens)
     generator = torch.Generator().manual_seed(sampling.seed)
-    eps = [_Episode(i, spec, fmt) for i, spec in enumerate(episodes)]
+    if compactor is not None and fmt.processor is not None:
+        raise ValueError(
+            "compaction re-renders the history, which vision policies do not support: compactor=None"
+        )
+
+    def compact_for(key: int) -> Callable[[Messages], Messages] | None:
+        if compactor is None:
+            return None
+
+        def generate(messages: Messages) -> str:  # one reply of the policy, never trained
+            req = GenRequest(
+                ("compaction", key), fmt.prompt_ids(messages), per_turn, observation=messages[-1]
+            )
+            (res,) = backend.generate([req], sampling, generator)
+            backend.release(req.key)
+            return fmt.action_text(res.token_ids, eos)
+
+        return lambda messages: compactor(messages, generate)
+
+    eps = [_Episode(i, spec, fmt, compact_for(i), per_turn) for i, spec in enumerate(episodes)]
     try:
         for turn in range(limits.max_turns):
             live = []
             for ep in eps:
-                if not ep.done and len(ep.ids) >= limits.max_context:
+                if not ep.done and ep.context_len >= limits.max_context:
                     ep.stop("max_context")
                 elif not ep.done:
                     live.append(ep)
             if not live:
                 break
-            budgets = [min(per_turn, limits.max_context - len(ep.ids)) for ep in live]
+            budgets = [min(per_turn, limits.max_context - ep.context_len) for ep in live]
             results = backend.generate(
                 [ep.request(turn, b) for ep, b in zip(live, budgets)], sampling, generator
             )

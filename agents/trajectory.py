@@ -75,7 +75,8 @@ class Trajectory:
             sample starts where it does not (a chat template that rewrites earlier turns, a
             compaction). Sample ``k`` is ``token_ids[sample_starts[k]:sample_starts[k + 1]]``: a
             whole context of its own, fed to the model as one sequence (see docs/multi-turn.md).
-        split_reason: Why the episode has more than one sample ("template", "compaction"), or None.
+        split_reasons: Why each sample after the first starts: ``"template"`` (the chat template
+            rewrote earlier turns) or ``"compaction"`` (a compactor shortened the history).
     """
 
     env_id: str
@@ -94,7 +95,7 @@ class Trajectory:
     task: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
     sample_starts: tuple[int, ...] = (0,)
-    split_reason: str | None = None
+    split_reasons: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         s = self.sample_starts
@@ -107,6 +108,8 @@ class Trajectory:
             raise ValueError(
                 f"sample_starts must ascend from 0 inside the {len(self.token_ids)} tokens, got {s}"
             )
+        if len(self.split_reasons) != len(s) - 1:
+            raise ValueError(f"{len(s)} samples need {len(s) - 1} split_reasons, got {self.split_reasons}")
 
     @property
     def num_samples(self) -> int:

@@ -270,6 +270,85 @@ def collate(
     )
 
 
+@dataclass(frozen=True)
+class SampleRows:
+    """The training rows of a rollout batch: one per *sample* of each episode.
+
+    An episode whose every turn extended the previous context is one sample, one row: then the
+    rows are the episodes and every method below returns its input unchanged. An episode split
+    where its chat template rewrote history or a compactor shortened it (``Trajectory.sample_starts``)
+    gives one row per sample, each a whole context the model is run on. Advantages stay an
+    *episode* matter: they are computed on the episode view ``[N, T_ep]`` (the samples' tokens
+    one after another, so per-turn credit follows ``turn_index`` as before) and moved to the rows.
+
+    Attributes:
+        episode: [R] the trajectory each row comes from.
+        start: [R] where the row begins in its trajectory's ``token_ids``.
+        length: [R] the row's number of tokens.
+    """
+
+    episode: tuple[int, ...]
+    start: tuple[int, ...]
+    length: tuple[int, ...]
+
+    @classmethod
+    def of(cls, trajectories: Sequence[Trajectory]) -> SampleRows:
+        spans = [(i, a, b - a) for i, t in enumerate(trajectories) for a, b in t.samples()]
+        return cls(*(tuple(x) for x in zip(*spans))) if spans else cls((), (), ())
+
+    @property
+    def identity(self) -> bool:
+        """One row per episode (nothing was split)."""
+        return self.episode == tuple(range(len(self.episode)))
+
+    def pieces(self, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+        """One trajectory per row: the sample's per-token lists (its turns are the episode's)."""
+        if self.identity:
+            return list(trajectories)
+        out = []
+        for i, a, n in zip(self.episode, self.start, self.length):
+            t = trajectories[i]
+            if t.extras:
+                raise ValueError(
+                    "a split episode cannot carry extras (images): vision episodes are one sample"
+                )
+            out.append(dataclasses.replace(
+                t, token_ids=t.token_ids[a : a + n], loss_mask=t.loss_mask[a : a + n],
+                logprobs=t.logprobs[a : a + n], turn_index=t.turn_index[a : a + n],
+                sample_starts=(0,), split_reasons=(), turns=(),
+            ))  # fmt: skip
+        return out
+
+    def to_rows(self, x: torch.Tensor | None, width: int) -> torch.Tensor | None:
+        """Episode view ``[N, T_ep]`` -> rows ``[R, width]`` (each row its sample's columns)."""
+        if x is None or self.identity:
+            return x
+        out = x.new_zeros((len(self.episode), width))  # [R, width]
+        for r, (i, a, n) in enumerate(zip(self.episode, self.start, self.length)):
+            out[r, :n] = x[i, a : a + n]
+        return out
+
+    def to_episodes(self, x: torch.Tensor | None, shape: tuple[int, int]) -> torch.Tensor | None:
+        """Rows ``[R, T]`` -> episode view ``shape = (N, T_ep)``: the inverse of :meth:`to_rows`."""
+        if x is None or self.identity:
+            return x
+        out = x.new_zeros(shape)  # [N, T_ep]
+        for r, (i, a, n) in enumerate(zip(self.episode, self.start, self.length)):
+            out[i, a : a + n] = x[r, :n]
+        return out
+
+    def episode_view(
+        self, rows: TokenBatch, trajectories: Sequence[Trajectory], pad_id: int = 0
+    ) -> TokenBatch:
+        """The ``[N, T_ep]`` batch advantages are computed on, with the rows' ``old_logprobs``
+        (recorded or recomputed) moved into it; ``rows`` itself when nothing was split."""
+        if self.identity:
+            return rows
+        view = collate(trajectories, [[0.0] * len(t.token_ids) for t in trajectories], pad_id=pad_id)
+        old = self.to_episodes(rows.old_logprobs, tuple(view.loss_mask.shape))
+        return dataclasses.replace(view, old_logprobs=old)
+
+
 def with_advantages(base: TokenBatch, advantages: torch.Tensor, sample_mask: torch.Tensor) -> TokenBatch:
     """``base`` (collated with zero advantages) with its advantages and sample mask attached: the
     same batch ``collate(trajectories, advantages, sample_mask=...)`` builds, without collating again.

@@ -294,7 +294,9 @@ def rollout_metrics(trajs: Sequence[Trajectory], tokenizer: Any) -> dict[str, fl
     lengths = torch.tensor([t.num_generated_tokens for t in trajs], dtype=torch.float64)
     final = [final_sample(t) for t in trajs]  # the last judged response (verify turns have none)
     errors = [{tr.verdict.error if tr.verdict is not None else None for tr in t.turns} for t in trajs]
-    drift_sample = trajs[: min(8, len(trajs))]
+    # drift re-renders the whole transcript: defined for one-sample episodes only (a split one was
+    # re-rendered on purpose, where its template rewrote history or a compactor shortened it)
+    drift_sample = [t for t in trajs if t.num_samples == 1][:8]
     return {
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if len(trajs) > 1 else 0.0,
@@ -306,6 +308,8 @@ def rollout_metrics(trajs: Sequence[Trajectory], tokenizer: Any) -> dict[str, fl
         "verifier/errors": float(sum(verifier_failed(t) for t in trajs)),
         "verifier/timeouts": float(sum("timeout" in e for e in errors)),
         "drift_rate": sum(drift_rate(tokenizer, t) for t in drift_sample) / max(len(drift_sample), 1),
+        "samples/split_rate": sum(t.num_samples > 1 for t in trajs) / len(trajs),
+        "samples/per_episode": sum(t.num_samples for t in trajs) / len(trajs),
     }
 
 

@@ -31,7 +31,7 @@ from veriloop.agents.forward import first_loss_position, shared_prefix_length, t
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos import advantages as A
 from veriloop.algos.algorithm import Algorithm, ObjectiveExtras, RewardInputs, resolve
-from veriloop.algos.batch import TokenBatch, collate, minibatches, with_advantages
+from veriloop.algos.batch import SampleRows, TokenBatch, collate, minibatches, with_advantages
 from veriloop.algos.correction import rollout_correction
 from veriloop.algos.critic import ValueModel, values
 from veriloop.algos.fsdp import is_sharded
@@ -542,8 +542,12 @@ def prepare_batch(
     """
     algo = resolve(cfg)
     c = algo.cfg
-    base = collate(trajectories, [[0.0] * len(t.token_ids) for t in trajectories], pad_id=pad_id)  # [N, T]
-    sampler_lp = base.old_logprobs  # mu: what the sampler recorded, [N, T]
+    # one row per sample (= per episode unless a template rewrite or a compaction split one):
+    # the model runs on the contexts that were sampled; advantages are computed per episode
+    rows = SampleRows.of(trajectories)
+    pieces = rows.pieces(trajectories)
+    base = collate(pieces, [[0.0] * len(t.token_ids) for t in pieces], pad_id=pad_id)  # [R, T]
+    sampler_lp = base.old_logprobs  # mu: what the sampler recorded, [R, T]
     _refuse_filtered_mu(recompute_old_logprobs, c)
     if recompute_old_logprobs or c.needs_old_recompute:
         base = _recompute_old_logprobs(model, base, temperature)
@@ -556,10 +560,14 @@ def prepare_batch(
                 "advantage='gae' needs a critic: pass critic=ValueModel(policy) or ValueModel.separate(...)"
             )
         with torch.no_grad():
-            old_v = values(critic, base).detach()  # [N, T]
-    adv = compute_advantages(trajectories, algo, values=old_v, ref_logprobs=ref, tokens=base)
-    batch = replace(with_advantages(base, adv.advantages, adv.sample_mask),
-                    returns=adv.returns, old_values=old_v, ref_logprobs=ref)  # fmt: skip
+            old_v = values(critic, base).detach()  # [R, T]
+    episodes = rows.episode_view(base, trajectories, pad_id)  # [N, T_ep]
+    shape, width = tuple(episodes.loss_mask.shape), base.loss_mask.shape[1]
+    adv = compute_advantages(trajectories, algo, values=rows.to_episodes(old_v, shape),
+                             ref_logprobs=rows.to_episodes(ref, shape), tokens=episodes)  # fmt: skip
+    keep = adv.sample_mask[list(rows.episode)]  # [R]: a row is kept with its episode
+    batch = replace(with_advantages(base, rows.to_rows(adv.advantages, width), keep),  # type: ignore[arg-type]
+                    returns=rows.to_rows(adv.returns, width), old_values=old_v, ref_logprobs=ref)  # fmt: skip
     if c.needs_sampler_logprobs and not c.needs_old_recompute:  # DPPO: mu as recorded
         return replace(batch, sampler_logprobs=sampler_lp * batch.loss_mask), adv.metrics
     if not c.needs_old_recompute:

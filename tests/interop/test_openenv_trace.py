@@ -45,3 +45,26 @@ def test_a_three_turn_episode_becomes_three_validated_turns() -> None:
     assert [[getattr(t, f) for f in fields] for t in again.turns] == [
         [getattr(t, f) for f in fields] for t in trace.turns
     ]
+
+
+@needs_tokenizer
+def test_a_split_episode_exports_each_turn_with_its_own_samples_context() -> None:
+    """Under a template that rewrites history each turn's prompt is its sample's context, not the
+    concatenation of the samples before it."""
+    from veriloop.agents.testing import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    # ChatML that drops every assistant turn but the newest: a history rewrite on every turn
+    tokenizer.chat_template = (
+        "{%- for m in messages -%}{%- if m['role'] != 'assistant' or loop.last -%}"
+        "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}{%- endif -%}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+    )
+    policy = ScriptedPolicy(lambda turn, obs, task: wrong_answer(task), tokenizer)
+    (traj,) = rollout(policy, [EpisodeSpec("veriloop/Points24-text-v0", seed=3)],
+                      sampling=SamplingParams(max_new_tokens=64), limits=RolloutLimits(max_turns=3))  # fmt: skip
+    assert traj.num_samples == 3
+    trace = to_training_trace(traj)
+    for rec, t, (a, _) in zip(traj.turns, trace.turns, traj.samples()):
+        assert t.prompt_token_ids == traj.token_ids[a : rec.start]
+        assert t.loss_mask == [0] * (rec.start - a) + [1] * (rec.end - rec.start)

