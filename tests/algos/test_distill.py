@@ -1,0 +1,47 @@
+"""On-policy distillation's reverse-KL loss: hand-computed values, gradient and mask."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from veriloop.algos.maths.distill import reverse_kl_distill_loss
+
+
+def test_reverse_kl_loss_by_hand():
+    # two sampled tokens and one padding position; the student is still the sampler (ratio 1)
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    teacher = torch.log(torch.tensor([[0.25, 0.4, 1e-30]]))
+    lp = old.clone().requires_grad_(True)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, stats = reverse_kl_distill_loss(lp, old, teacher, mask)
+    # k_t = log pi_old - log pi_T = log 2, log 0.5; loss_t = -A_t = k_t at ratio 1
+    assert loss[0, 0].item() == pytest.approx(math.log(2))
+    assert loss[0, 1].item() == pytest.approx(math.log(0.5))
+    assert loss[0, 2].item() == 0.0
+    assert stats["reverse_kl"].item() == pytest.approx((math.log(2) + math.log(0.5)) / 2, abs=1e-6)
+    assert stats["teacher_better_frac"].item() == pytest.approx(0.5)
+    loss.sum().backward()
+    # d loss_t / d log pi_theta = -A_t * ratio = k_t: the token the teacher dislikes goes down
+    assert lp.grad[0].tolist() == pytest.approx([math.log(2), math.log(0.5), 0.0])
+
+
+def test_ratio_weights_the_advantage_and_teacher_gets_no_gradient():
+    old = torch.log(torch.tensor([[0.5]]))
+    teacher = torch.log(torch.tensor([[0.25]])).requires_grad_(True)
+    lp = torch.log(torch.tensor([[0.75]])).requires_grad_(True)  # ratio 1.5
+    loss, _ = reverse_kl_distill_loss(lp, old, teacher, torch.ones(1, 1))
+    assert loss.item() == pytest.approx(-1.5 * (math.log(0.25) - math.log(0.5)))
+    loss.sum().backward()
+    assert teacher.grad is None or float(teacher.grad.abs().sum()) == 0.0
+    assert lp.grad.item() == pytest.approx(1.5 * math.log(2))
+
+
+def test_identical_teacher_gives_zero_loss_and_shapes_are_checked():
+    x = torch.log(torch.rand(2, 5).clamp(min=1e-3))
+    loss, stats = reverse_kl_distill_loss(x.clone().requires_grad_(True), x, x, torch.ones(2, 5))
+    assert float(loss.detach().abs().sum()) == 0.0 and stats["reverse_kl"].item() == 0.0
+    with pytest.raises(ValueError, match="teacher_logprobs"):
+        reverse_kl_distill_loss(x, x, x[:, :3], torch.ones(2, 5))

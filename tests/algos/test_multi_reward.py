@@ -1,0 +1,54 @@
+"""GDPO per-component normalisation: hand-computed numbers and the invariants."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from veriloop.algos.maths.advantages import group_normalized
+from veriloop.algos.maths.multi_reward import component_normalized
+
+# one group of four: accuracy (1 / 0) and a 0.1 format bonus
+COMP = torch.tensor([[1.0, 0.1], [1.0, 0.0], [0.0, 0.1], [0.0, 0.0]])
+GROUP = torch.zeros(4, dtype=torch.long)
+
+
+def test_by_hand_without_batch_normalisation():
+    # each component: deviations +-0.5 (+-0.05), sample std sqrt(4 * 0.25 / 3) (sqrt(4 * 0.0025 / 3))
+    # -> +-sqrt(3) / 2 per component, whatever its scale
+    a = component_normalized(COMP, GROUP, batch_normalize=False)
+    h = math.sqrt(3) / 2
+    assert a.tolist() == pytest.approx([2 * h, 0.0, 0.0, -2 * h], abs=1e-4)  # eps = 1e-6 on a std of 0.058
+    # GRPO on the sum lets accuracy decide: right-without-format far above wrong-with-format
+    grpo = group_normalized(COMP.sum(1), GROUP)
+    assert grpo[1] - grpo[2] > 1.5 and float(a[1] - a[2]) == pytest.approx(0.0, abs=1e-4)
+
+
+def test_by_hand_with_batch_normalisation_and_weights():
+    # [sqrt 3, 0, 0, -sqrt 3]: mean 0, sample std sqrt(6 / 3) = sqrt 2
+    a = component_normalized(COMP, GROUP)
+    assert a.tolist() == pytest.approx([math.sqrt(1.5), 0.0, 0.0, -math.sqrt(1.5)], abs=1e-4)
+    w = component_normalized(COMP, GROUP, weights=torch.tensor([1.0, 0.0]), batch_normalize=False)
+    assert w.tolist() == pytest.approx([math.sqrt(3) / 2] * 2 + [-math.sqrt(3) / 2] * 2, abs=1e-5)
+
+
+def test_one_component_is_grpo_and_invalid_episodes_are_left_out():
+    r = torch.tensor([1.0, 0.0, 0.5, 2.0, 2.0, 1.0])
+    g = torch.tensor([0, 0, 0, 1, 1, 1])
+    valid = torch.tensor([True, True, False, True, True, True])
+    one = component_normalized(r[:, None], g, batch_normalize=False, valid=valid)
+    assert torch.allclose(one, group_normalized(r, g, valid=valid), atol=1e-6)
+    assert one[2] == 0.0
+    # a component constant in its group adds nothing; the group's sums are 0 before batch whitening
+    both = component_normalized(torch.stack([r, torch.full_like(r, 7.0)], 1), g, batch_normalize=False)
+    assert torch.allclose(both, group_normalized(r, g), atol=1e-6)
+    assert float(both[:3].sum()) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_shapes_are_checked():
+    with pytest.raises(ValueError, match=r"\[N, C\]"):
+        component_normalized(torch.zeros(4), GROUP)
+    with pytest.raises(ValueError, match="one entry per component"):
+        component_normalized(COMP, GROUP, weights=torch.ones(3))
