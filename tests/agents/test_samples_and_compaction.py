@@ -195,3 +195,43 @@ def test_split_rate_metrics() -> None:
     (single,), _ = _episodes(_tokenizer(None), solve_on=2)
     m = rollout_metrics([split, single, single, single], tokenizer)
     assert m["samples/split_rate"] == 0.25 and m["samples/per_episode"] == (3 + 1 + 1 + 1) / 4
+
+
+#: ChatML that drops every assistant turn but the newest: a history rewrite on every turn, whatever
+#: a random tiny model samples (it never writes </think>).
+DROPPING_TEMPLATE = (
+    "{%- for m in messages -%}{%- if m['role'] != 'assistant' or loop.last -%}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def test_a_real_model_is_trained_on_what_it_sampled_in_each_split_context(tiny_text_policy: Any) -> None:
+    """The tiny model samples 3 turns through the HF backend under a rewriting template; the trainer's
+    log-probs on the batch rows equal the sampler's (same contexts), while the samples laid end to
+    end as one sequence (what training without splits would run) give different numbers."""
+    from veriloop.agents.forward import token_logprobs
+
+    policy = tiny_text_policy
+    policy.tokenizer.chat_template = DROPPING_TEMPLATE
+    specs = [EpisodeSpec("veriloop/Points24-text-v0", seed=s) for s in (0, 1)]
+    trajs = rollout(policy, specs, sampling=SamplingParams(max_new_tokens=6, seed=0),
+                    limits=RolloutLimits(max_turns=3))  # fmt: skip
+    assert [t.num_samples for t in trajs] == [t.num_turns for t in trajs] == [3, 3]
+    batch, _ = prepare_batch(trajs, AlgoConfig(), model=policy.model, recompute_old_logprobs=True)
+    recorded = collate(*_pieces(trajs)).old_logprobs  # [R, T], the sampler's numbers
+    mask = batch.loss_mask.bool()
+    assert mask.sum() == sum(t.num_generated_tokens for t in trajs)
+    assert torch.allclose(batch.old_logprobs[mask], recorded[mask], atol=1e-4)
+    flat = collate(trajs, [[0.0] * len(t.token_ids) for t in trajs])  # [N, T_ep], no splits
+    with torch.no_grad():
+        naive, _ = token_logprobs(policy.model, flat.input_ids, flat.attention_mask)
+    naive_mask = flat.loss_mask.bool()
+    assert (naive[naive_mask] - flat.old_logprobs[naive_mask]).abs().max() > 1e-2
+
+
+def _pieces(trajs: list[Trajectory]) -> tuple[list[Trajectory], list[list[float]]]:
+    from veriloop.algos.batch import SampleRows
+
+    pieces = SampleRows.of(trajs).pieces(trajs)
+    return pieces, [[0.0] * len(t.token_ids) for t in pieces]
