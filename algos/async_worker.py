@@ -308,7 +308,7 @@ class GenerationWorker:
     def _play(self, eps: list[_Episode], version: int) -> None:
         live, lim = [], self.limits
         for ep in eps:
-            if len(ep.ids) >= lim.max_context:
+            if ep.context_len >= lim.max_context:  # the current training sample's length
                 ep.stop("max_context")
             else:
                 live.append(ep)
@@ -317,7 +317,7 @@ class GenerationWorker:
         per_turn = min(self.sampling.max_new_tokens, lim.max_new_tokens or self.sampling.max_new_tokens)
         requests: list[GenRequest] = []
         for ep in live:
-            req = ep.request(len(ep.turns), min(per_turn, lim.max_context - len(ep.ids)))
+            req = ep.request(len(ep.turns), min(per_turn, lim.max_context - ep.context_len))
             requests.append(replace(req, key=_cache_key(ep.key, version)))  # caches keyed by version
         results = self.weights.backend.generate(requests, self.sampling, self._generator)
         for ep, res in zip(live, results):
