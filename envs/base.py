@@ -296,6 +296,14 @@ class VerifierEnv(gymnasium.Env, Generic[TaskT]):
     #: The ``sft.source`` that :meth:`demonstration` / :meth:`demonstration_episode` serve (when overridden).
     demonstration_source: ClassVar[DemonstrationSource] = "solver"
 
+    def privileged_context(self, task: TaskT) -> str | None:
+        """Text that only a *teacher* may read about ``task`` (the gold answer, a verified solution),
+        for on-policy self-distillation: the policy, given this text beside the prompt, scores the
+        tokens the student sampled without it. None (the default): the environment has none. The
+        trainer builds the teacher's context from it; it never enters a student prompt, an
+        observation or an evaluation."""
+        return None
+
     def wrong_demonstration(self, task: TaskT, rng: Any, used: set[str]) -> str | None:
         """A plausible wrong response to ``task`` not in ``used`` (added to it), drawn from ``rng``
         (a ``numpy.random.Generator``), for correction traces; None when the env cannot make one."""

@@ -197,6 +197,12 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
             return str(task.solution)
         return f"<think>\n{task.solution}\n</think>\n<answer>\\boxed{{{task.answer}}}</answer>"
 
+    def privileged_context(self, task: MathProblem) -> str:
+        """For a self-distillation teacher only: the gold answer (and the worked solution when the
+        problem has one). Never shown to the policy being trained or evaluated."""
+        text = f"The correct final answer is \\boxed{{{task.answer}}}."
+        return f"{text}\nA worked solution:\n{task.solution}" if task.solution else text
+
     def demonstrations_missing(self) -> str | None:
         """Why some tasks cannot be demonstrated (rows without a ``solution``), or None."""
         if self.problems is None:

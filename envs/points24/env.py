@@ -316,6 +316,14 @@ class Points24Env(VerifierEnv[Points24Task]):
             return None
         return json.dumps({"cards": [RANK_NAMES[c.rank - 1] for c in task.cards], "formula": formula})
 
+    def privileged_context(self, task: Points24Task) -> str | None:
+        """For a self-distillation teacher only: the exact solver's formula, or that the hand has no
+        solution. Never shown to the policy being trained or evaluated."""
+        formula = solve(list(task.values), task.target)
+        if formula is None:
+            return f"These cards cannot make {task.target}."
+        return f"A formula that makes {task.target} with these cards: {formula}"
+
     def wrong_demonstration(self, task: Points24Task, rng: Any, used: set[str]) -> str | None:
         """The right cards in a formula of the wrong value, written as the solver writes its answers
         (:func:`~veriloop.envs.points24.solver.random_formula`) and of a whole-number value, so that
