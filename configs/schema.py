@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from veriloop.configs.algo import AlgoConfig
+from veriloop.configs.curriculum import CurriculumConfig
 from veriloop.envs.base import DemonstrationSource
 
 DType = Literal["float32", "bfloat16", "float16"]
@@ -591,6 +592,7 @@ class ExperimentConfig:
         policy: The model and its adapters.
         rollout: Sampling of training episodes.
         algo: The RL algorithm (advantage, loss, KL, shaping); usually from a preset.
+        curriculum: Difficulty-aware problem sampling and the refilling group gate.
         train: Optimisation loop.
         eval: Held-out evaluation.
         sft: Supervised warm-up before RL.
@@ -601,6 +603,7 @@ class ExperimentConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -626,7 +629,8 @@ class ExperimentConfig:
     @property
     def train_seed_range(self) -> range:
         """Env seeds training may use: SFT examples, then every RL problem (all sampling rounds)."""
-        rounds = self.algo.max_sampling_rounds if self.algo.dynamic_sampling else 1
+        rounds = self.algo.max_sampling_rounds if self.algo.dynamic_sampling else self.curriculum.rounds
+        rounds *= self.curriculum.seeds_per_problem  # a difficulty draw may skip seeds
         used = self.train.steps * self.rollout.prompts_per_step * rounds + (
             self.sft.examples if self.sft.steps else 0
         )
@@ -655,6 +659,24 @@ class ExperimentConfig:
             raise ConfigError(f"algo: {e}") from e
         self._validate_cross()
 
+    def _check_curriculum(self) -> None:
+        cur = self.curriculum
+        try:
+            cur.validate()
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        if cur.gate and self.algo.dynamic_sampling:
+            raise ConfigError(
+                "curriculum.gate refills groups as algo.dynamic_sampling does, with a range: set one of them"
+            )
+        if cur.gate and self.rollout.group_size < 2:
+            raise ConfigError("curriculum.gate compares the samples of a group: set rollout.group_size >= 2")
+        if cur.enabled and self.train.max_staleness > 0:
+            raise ConfigError(
+                "curriculum sampling runs in the synchronous loop: set train.max_staleness=0 or turn "
+                "curriculum.pools_enabled and curriculum.gate off"
+            )
+
     def _check_parallel(self) -> None:
         if self.train.parallel == "fsdp" and self.sft.steps > 0:
             raise ConfigError(
@@ -670,6 +692,7 @@ class ExperimentConfig:
                 "`veriloop sft` per env first and train the mixture from its policy (policy.model=RUN/sft/final)"
             )
         self._check_parallel()
+        self._check_curriculum()
         if algo.advantage in GROUP_ADVANTAGES and rollout.group_size < 2:
             raise ConfigError(
                 f"algo.advantage={algo.advantage} compares samples of the same prompt: set "
