@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -319,6 +319,11 @@ class SampleRows:
             ))  # fmt: skip
         return out
 
+    @overload
+    def to_rows(self, x: torch.Tensor, width: int) -> torch.Tensor: ...
+    @overload
+    def to_rows(self, x: None, width: int) -> None: ...
+
     def to_rows(self, x: torch.Tensor | None, width: int) -> torch.Tensor | None:
         """Episode view ``[N, T_ep]`` -> rows ``[R, width]`` (each row its sample's columns)."""
         if x is None or self.identity:
@@ -327,6 +332,11 @@ class SampleRows:
         for r, (i, a, n) in enumerate(zip(self.episode, self.start, self.length)):
             out[r, :n] = x[i, a : a + n]
         return out
+
+    @overload
+    def to_episodes(self, x: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor: ...
+    @overload
+    def to_episodes(self, x: None, shape: tuple[int, int]) -> None: ...
 
     def to_episodes(self, x: torch.Tensor | None, shape: tuple[int, int]) -> torch.Tensor | None:
         """Rows ``[R, T]`` -> episode view ``shape = (N, T_ep)``: the inverse of :meth:`to_rows`."""
@@ -345,7 +355,8 @@ class SampleRows:
         if self.identity:
             return rows
         view = collate(trajectories, [[0.0] * len(t.token_ids) for t in trajectories], pad_id=pad_id)
-        old = self.to_episodes(rows.old_logprobs, tuple(view.loss_mask.shape))
+        n, t_ep = view.loss_mask.shape
+        old = self.to_episodes(rows.old_logprobs, (int(n), int(t_ep)))
         return dataclasses.replace(view, old_logprobs=old)
 
 

@@ -566,7 +566,7 @@ def prepare_batch(
     adv = compute_advantages(trajectories, algo, values=rows.to_episodes(old_v, shape),
                              ref_logprobs=rows.to_episodes(ref, shape), tokens=episodes)  # fmt: skip
     keep = adv.sample_mask[list(rows.episode)]  # [R]: a row is kept with its episode
-    batch = replace(with_advantages(base, rows.to_rows(adv.advantages, width), keep),  # type: ignore[arg-type]
+    batch = replace(with_advantages(base, rows.to_rows(adv.advantages, width), keep),
                     returns=rows.to_rows(adv.returns, width), old_values=old_v, ref_logprobs=ref)  # fmt: skip
     if c.needs_sampler_logprobs and not c.needs_old_recompute:  # DPPO: mu as recorded
         return replace(batch, sampler_logprobs=sampler_lp * batch.loss_mask), adv.metrics

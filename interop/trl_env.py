@@ -48,6 +48,7 @@ Several environments in one run (TRL 1.16 accepts a dict ``environment_factory``
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -195,7 +196,7 @@ def environment_factories(
             gymnasium.make(env_id, **kwargs).close()
         except Exception as e:  # noqa: BLE001  (gymnasium's "did you mean", or the env's own complaint)
             raise ValueError(f"environment {name!r}: cannot make {env_id!r} with {kwargs}: {e}") from None
-        out[name] = lambda env_id=env_id, kwargs=dict(kwargs): VeriloopToolEnv(env_id, kwargs)
+        out[name] = functools.partial(VeriloopToolEnv, env_id, dict(kwargs))
     return out
 
 
