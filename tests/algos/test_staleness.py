@@ -204,3 +204,15 @@ def test_config_counts_the_problems_admitted_ahead() -> None:
     sync = _config("train.max_staleness=0").train_seed_range
     ahead = _config("train.max_staleness=2", "algo.rollout_is=truncate").train_seed_range
     assert len(ahead) == len(sync) + 2 * 2
+
+
+def test_async_refuses_several_processes() -> None:
+    from types import SimpleNamespace
+
+    from veriloop.algos.async_loop import check_async
+    from veriloop.configs.schema import ConfigError
+
+    cfg = _config("train.max_staleness=1", "algo.rollout_is=truncate")
+    check_async(cfg, SimpleNamespace(enabled=False))
+    with pytest.raises(ConfigError, match="one process"):
+        check_async(cfg, SimpleNamespace(enabled=True))
