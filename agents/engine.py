@@ -258,6 +258,40 @@ class _Episode:
         )
 
 
+def _compaction(
+    compactor: Compactor | None, backend: Backend, fmt: ChatFormat, sampling: SamplingParams,
+    generator: torch.Generator, eos: Sequence[int], budget: int,
+) -> Callable[[int], Callable[[Messages], Messages] | None]:  # fmt: skip
+    """Episode key -> its compaction function (``compactor`` bound to a ``generate`` that asks the
+    policy for one reply, never trained), or None without a compactor."""
+    if compactor is not None and fmt.processor is not None:
+        raise ValueError(
+            "compaction re-renders the history, which vision policies do not support: compactor=None"
+        )
+
+    def compact_for(key: int) -> Callable[[Messages], Messages] | None:
+        if compactor is None:
+            return None
+
+        def generate(messages: Messages) -> str:
+            req = GenRequest(("compaction", key), fmt.prompt_ids(messages), budget, observation=messages[-1])
+            (res,) = backend.generate([req], sampling, generator)
+            backend.release(req.key)
+            return fmt.action_text(res.token_ids, eos)
+
+        return lambda messages: compactor(messages, generate)
+
+    return compact_for
+
+
+def _live(eps: Sequence[_Episode], limits: RolloutLimits) -> list[_Episode]:
+    """The episodes still running; one whose context is full is stopped first (``max_context``)."""
+    for ep in eps:
+        if not ep.done and ep.context_len >= limits.max_context:
+            ep.stop("max_context")
+    return [ep for ep in eps if not ep.done]
+
+
 def default_backend(policy: Any) -> Backend:
     """The policy itself when it can generate (scripted policies), else the HF backend."""
     if hasattr(policy, "generate") and hasattr(policy, "release"):
@@ -301,34 +335,11 @@ def rollout(
     eos = eos_token_ids(policy.tokenizer, getattr(policy, "model", None))
     per_turn = min(sampling.max_new_tokens, limits.max_new_tokens or sampling.max_new_tokens)
     generator = torch.Generator().manual_seed(sampling.seed)
-    if compactor is not None and fmt.processor is not None:
-        raise ValueError(
-            "compaction re-renders the history, which vision policies do not support: compactor=None"
-        )
-
-    def compact_for(key: int) -> Callable[[Messages], Messages] | None:
-        if compactor is None:
-            return None
-
-        def generate(messages: Messages) -> str:  # one reply of the policy, never trained
-            req = GenRequest(
-                ("compaction", key), fmt.prompt_ids(messages), per_turn, observation=messages[-1]
-            )
-            (res,) = backend.generate([req], sampling, generator)
-            backend.release(req.key)
-            return fmt.action_text(res.token_ids, eos)
-
-        return lambda messages: compactor(messages, generate)
-
+    compact_for = _compaction(compactor, backend, fmt, sampling, generator, eos, per_turn)
     eps = [_Episode(i, spec, fmt, compact_for(i), per_turn) for i, spec in enumerate(episodes)]
     try:
         for turn in range(limits.max_turns):
-            live = []
-            for ep in eps:
-                if not ep.done and ep.context_len >= limits.max_context:
-                    ep.stop("max_context")
-                elif not ep.done:
-                    live.append(ep)
+            live = _live(eps, limits)
             if not live:
                 break
             budgets = [min(per_turn, limits.max_context - ep.context_len) for ep in live]

@@ -561,13 +561,7 @@ def prepare_batch(
             )
         with torch.no_grad():
             old_v = values(critic, base).detach()  # [R, T]
-    episodes = rows.episode_view(base, trajectories, pad_id)  # [N, T_ep]
-    shape, width = tuple(episodes.loss_mask.shape), base.loss_mask.shape[1]
-    adv = compute_advantages(trajectories, algo, values=rows.to_episodes(old_v, shape),
-                             ref_logprobs=rows.to_episodes(ref, shape), tokens=episodes)  # fmt: skip
-    keep = adv.sample_mask[list(rows.episode)]  # [R]: a row is kept with its episode
-    batch = replace(with_advantages(base, rows.to_rows(adv.advantages, width), keep),
-                    returns=rows.to_rows(adv.returns, width), old_values=old_v, ref_logprobs=ref)  # fmt: skip
+    batch, adv = _row_advantages(rows, base, trajectories, algo, old_v, ref, pad_id)
     if c.needs_sampler_logprobs and not c.needs_old_recompute:  # DPPO: mu as recorded
         return replace(batch, sampler_logprobs=sampler_lp * batch.loss_mask), adv.metrics
     if not c.needs_old_recompute:
@@ -575,6 +569,24 @@ def prepare_batch(
     seen = mismatch_stats(batch.old_logprobs, sampler_lp * batch.loss_mask, batch.loss_mask).metrics()
     batch, stats = _correct_rollout(batch, sampler_lp, c)
     return batch, {**adv.metrics, **stats, **seen}
+
+
+def _row_advantages(
+    rows: SampleRows, base: TokenBatch, trajectories: Sequence[Trajectory], algo: Algorithm,
+    old_v: torch.Tensor | None, ref: torch.Tensor | None, pad_id: int,
+) -> tuple[TokenBatch, Advantages]:  # fmt: skip
+    """Advantages computed per episode (on the episode view ``[N, T_ep]``, the samples end to end,
+    so per-turn credit follows ``turn_index``) and moved onto the sample rows ``base`` ``[R, T]``,
+    with the critic values and reference log-probs of the rows. A row is kept with its episode."""
+    episodes = rows.episode_view(base, trajectories, pad_id)  # [N, T_ep]
+    n, t_ep = episodes.loss_mask.shape
+    shape, width = (int(n), int(t_ep)), base.loss_mask.shape[1]
+    adv = compute_advantages(trajectories, algo, values=rows.to_episodes(old_v, shape),
+                             ref_logprobs=rows.to_episodes(ref, shape), tokens=episodes)  # fmt: skip
+    keep = adv.sample_mask[list(rows.episode)]  # [R]
+    batch = replace(with_advantages(base, rows.to_rows(adv.advantages, width), keep),
+                    returns=rows.to_rows(adv.returns, width), old_values=old_v, ref_logprobs=ref)  # fmt: skip
+    return batch, adv
 
 
 def _refuse_filtered_mu(filtered: bool, c: AlgoConfig) -> None:
