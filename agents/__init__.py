@@ -26,7 +26,7 @@ _EXPORTS = {
     "load_policy": "loading",
     "save_policy": "loading",
     "build_policy": "loading",
-    "default_model_path": "default_model",
+    "default_model_path": "models.text",
     "encode_vision_messages": "vision",
     "TurnRecord": "trajectory",
     "Trajectory": "trajectory",

@@ -2,7 +2,7 @@
 
 Used for saved policies (``final/``) and small files such as ``metrics.jsonl`` rewritten on
 resume. A kill or a full disk at any moment leaves either the old content or the new, never a
-truncated mix (the same recipe as checkpoints, see ``veriloop.algos.checkpoint``).
+truncated mix (the same recipe as checkpoints, see ``veriloop.algos.run.checkpoint``).
 """
 
 from __future__ import annotations

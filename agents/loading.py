@@ -151,11 +151,11 @@ def _resolve(model: str | Path, revision: str | None = None) -> ModelRef:
     ``HF_HUB_OFFLINE`` honoured, ``revision`` or ``id@revision``). Cheap: only ``config.json`` (or
     ``adapter_config.json``) is fetched; raises ``FileNotFoundError`` saying what was tried."""
     if str(model) == "default":
-        from veriloop.agents.default_model import default_model_path
+        from veriloop.agents.models.text import default_model_path
 
         return default_model_path()
     if str(model) == "default-vision":  # the card-reading VLM built from the default model
-        from veriloop.agents.vision_build import default_vision_model_path
+        from veriloop.agents.models.vision_build import default_vision_model_path
 
         return default_vision_model_path()
     path = Path(model).expanduser()
@@ -244,7 +244,7 @@ def load_policy(
 
     Args:
         model: ``"default"``, ``"default-vision"`` (the small VLM built from the default model on
-            first use, :mod:`veriloop.agents.vision_build`), a local folder (checkpoint with
+            first use, :mod:`veriloop.agents.models.vision_build`), a local folder (checkpoint with
             ``config.json`` or LoRA adapter with ``adapter_config.json``) or a Hugging Face Hub id
             such as ``Qwen/Qwen2.5-0.5B-Instruct`` (``id@revision`` pins a branch, tag or commit),
             resolved by transformers: its cache first, downloaded when online, ``HF_HUB_OFFLINE=1``
@@ -297,7 +297,7 @@ def _load_weights(ref: ModelRef, is_vision: bool, dtype: str) -> tuple[Any, Any,
     """(model, tokenizer, processor-or-None) from a checkpoint folder or a Hub id."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-    from veriloop.agents.default_model import normalize_tokenizer
+    from veriloop.agents.models.text import normalize_tokenizer
 
     path, extra = _source(ref)
     if is_vision:

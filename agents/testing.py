@@ -38,7 +38,7 @@ VISION_CHAT_TEMPLATE = CHATML_VISION_TEMPLATE
 
 @functools.lru_cache(maxsize=1)
 def _cached_tokenizer() -> Any:
-    from veriloop.agents.default_model import load_default_tokenizer
+    from veriloop.agents.models.text import load_default_tokenizer
 
     return load_default_tokenizer()
 
@@ -51,7 +51,7 @@ def tiny_tokenizer() -> Any:
 def _text_config(tokenizer: Any, vocab_size: int) -> Any:
     from transformers import LlamaConfig
 
-    from veriloop.agents.default_model import end_of_turn_ids
+    from veriloop.agents.models.text import end_of_turn_ids
 
     return LlamaConfig(
         vocab_size=vocab_size,
@@ -69,7 +69,7 @@ def _text_config(tokenizer: Any, vocab_size: int) -> Any:
 
 
 def _set_generation_eos(model: Any, tokenizer: Any) -> None:
-    from veriloop.agents.default_model import end_of_turn_ids
+    from veriloop.agents.models.text import end_of_turn_ids
 
     model.generation_config.eos_token_id = end_of_turn_ids(tokenizer)
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -24,7 +24,7 @@ from typing import Any
 
 #: SmolLM2's ChatML extended to list-of-parts content: text parts are concatenated and each image
 #: part becomes one ``<image>`` placeholder (the processor expands it to the model's image tokens).
-#: The chat template of the built ``default-vision`` model (:mod:`veriloop.agents.vision_model`).
+#: The chat template of the built ``default-vision`` model (:mod:`veriloop.agents.models.vision`).
 CHATML_VISION_TEMPLATE = (
     "{% for message in messages %}"
     "{% if loop.first and messages[0]['role'] != 'system' %}"

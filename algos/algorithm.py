@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from veriloop.agents.trajectory import Trajectory
-from veriloop.algos import advantages as A
-from veriloop.algos import losses as L
-from veriloop.algos.losses import aggregate
+from veriloop.algos.maths import advantages as A
+from veriloop.algos.maths import losses as L
+from veriloop.algos.maths.losses import aggregate
 from veriloop.configs.algo import AlgoConfig
 
 #: A policy objective in its table's one signature:

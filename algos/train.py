@@ -40,7 +40,7 @@ from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.algorithm import Algorithm, resolve
 from veriloop.algos.batch import TokenBatch, minibatches
-from veriloop.algos.checkpoint import (
+from veriloop.algos.run.checkpoint import (
     check_finite,
     complete_checkpoints,
     load_checkpoint,
@@ -48,17 +48,17 @@ from veriloop.algos.checkpoint import (
     save_checkpoint,
 )
 from veriloop.algos.critic import ValueModel
-from veriloop.algos.distributed import DistContext, init_distributed, shutdown_distributed
-from veriloop.algos.evaluate import final_sample, run_summary
-from veriloop.algos.mismatch import NAMES as MISMATCH_NAMES
-from veriloop.algos.mismatch import MismatchStats
+from veriloop.algos.run.distributed import DistContext, init_distributed, shutdown_distributed
+from veriloop.algos.eval.loop import final_sample, run_summary
+from veriloop.algos.maths.mismatch import NAMES as MISMATCH_NAMES
+from veriloop.algos.maths.mismatch import MismatchStats
 from veriloop.algos.mixture import assign_envs, per_env_metrics
-from veriloop.algos.nonfinite import NonFiniteGuard
-from veriloop.algos.progress import say
-from veriloop.algos.run_lock import LOCK_FILE, acquire, release
-from veriloop.algos.run_log import RunLog
+from veriloop.algos.run.nonfinite import NonFiniteGuard
+from veriloop.algos.run.progress import say
+from veriloop.algos.run.lock import LOCK_FILE, acquire, release
+from veriloop.algos.run.log import RunLog
 from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
-from veriloop.algos.steps import StepLoop
+from veriloop.algos.run.steps import StepLoop
 from veriloop.algos.update import METRIC_NAMES, learning_signal, prepare_batch, select_tokens, update_step
 from veriloop.configs.loader import config_to_yaml, dump_config
 from veriloop.configs.schema import ConfigError, ExperimentConfig
@@ -503,7 +503,7 @@ def train(
     loads (see :func:`claim_run_dir`).
 
     Under ``accelerate launch`` / ``torchrun`` with several processes this is data-parallel (see
-    :mod:`veriloop.algos.distributed`); only rank 0 writes anything.
+    :mod:`veriloop.algos.run.distributed`); only rank 0 writes anything.
     """
     _check_before_loading(cfg)
     dist = init_distributed()
@@ -556,7 +556,7 @@ def _train_claimed(
             (run_dir / "summary.md").write_text(run_summary(run_dir / "eval"))
         card = _model_card(cfg, run_dir, run.state) if dist.is_main else ""
         if dist.sharded:  # all ranks gather the weights; rank 0 saves them in the ordinary format
-            from veriloop.algos.fsdp import save_final
+            from veriloop.algos.run.fsdp import save_final
 
             save_final(
                 run.policy,
@@ -586,7 +586,7 @@ def _check_before_loading(cfg: ExperimentConfig) -> None:
     if cfg.rollout.backend == "vllm_server":  # an unreachable server fails now, not after loading
         _check_servers(cfg)
     if cfg.sft.steps > 0:
-        from veriloop.algos.sft_data import check_source
+        from veriloop.algos.sft.data import check_source
 
         check_source(cfg.sft.source, cfg.env.id, cfg.env.kwargs)
 
@@ -611,7 +611,7 @@ def _build_run(cfg: ExperimentConfig, run_dir: Path, dist: DistContext, *, quiet
     critic = build_critic(cfg, policy)
     sharded = None
     if dist.sharded:  # every rank starts from rank 0's weights, then keeps its rows (before the optimizer)
-        from veriloop.algos.fsdp import shard
+        from veriloop.algos.run.fsdp import shard
 
         dist.broadcast_params(list(_trainable_state(policy, critic).values()))
         sharded = shard(policy, critic)
@@ -663,8 +663,8 @@ def _apply_loop_state(run: RunParts, loaded: dict[str, Any]) -> None:
 def _restore_sharded(run: RunParts, resume: bool) -> Path | None:
     """``_restore`` of a sharded run: every rank reads its rows of the newest checkpoint that
     verifies (``sharded_checkpoint.load_sharded``)."""
-    from veriloop.algos.fsdp import state_modules
-    from veriloop.algos.sharded_checkpoint import load_sharded
+    from veriloop.algos.run.fsdp import state_modules
+    from veriloop.algos.run.sharded_checkpoint import load_sharded
 
     found = None
     if resume:
@@ -686,7 +686,7 @@ def _whole_weights(run: RunParts, needed: bool = True) -> contextlib.AbstractCon
 
 def _sft_warmup(run: RunParts) -> None:
     """The SFT warm-up (``cfg.sft``) before RL, once per run (a resumed run does not redo it)."""
-    from veriloop.algos.sft_train import warmup_from_config
+    from veriloop.algos.sft.train import warmup_from_config
 
     cfg, state, main = run.cfg, run.state, run.dist.is_main
     if main and cfg.eval.before_sft:  # the base model, logged with step 0 as eval_base/...
@@ -842,13 +842,13 @@ SAVE_DELAY_ENV = "VERILOOP_TEST_SAVE_DELAY"
 
 
 def _checkpoint(run: RunParts) -> None:
-    """Atomic save (see ``algos/checkpoint.py``); refuses non-finite weights, keeps the last K."""
+    """Atomic save (see ``algos/run/checkpoint.py``); refuses non-finite weights, keeps the last K."""
     state = run.state
     trainer_state = {"state": dict(state.__dict__), "generator": run.generator.get_state().tolist()}
     delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
     if run.sharded is not None:  # every rank: its shards, then rank 0 commits (sharded_checkpoint.py)
-        from veriloop.algos.fsdp import state_modules
-        from veriloop.algos.sharded_checkpoint import save_sharded
+        from veriloop.algos.run.fsdp import state_modules
+        from veriloop.algos.run.sharded_checkpoint import save_sharded
 
         save_sharded(run.run_dir, state.step, dist=run.dist, modules=state_modules(run.policy, run.critic),
                      optimizer=run.optimizer, scheduler=run.scheduler, trainer_state=trainer_state,
@@ -868,7 +868,7 @@ def _checkpoint(run: RunParts) -> None:
 
 def _evaluate(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool, *, tag: str | None = None,
               prefix: str = "eval", backend: Backend | None = None) -> dict[str, float]:  # fmt: skip
-    from veriloop.algos.evaluate import evaluate_config, write_report
+    from veriloop.algos.eval.loop import evaluate_config, write_report
 
     splits = cfg.env.resolved_eval_splits
     _say(quiet, f"evaluating {_checkpoint_label(cfg, step, tag)}: {len(splits)} split(s) ({', '.join(splits)}) x "

@@ -29,16 +29,16 @@ import torch
 
 from veriloop.agents.forward import first_loss_position, shared_prefix_length, token_logprobs
 from veriloop.agents.trajectory import Trajectory
-from veriloop.algos import advantages as A
+from veriloop.algos.maths import advantages as A
 from veriloop.algos.algorithm import Algorithm, ObjectiveExtras, RewardInputs, resolve
 from veriloop.algos.batch import SampleRows, TokenBatch, collate, minibatches, with_advantages
-from veriloop.algos.correction import rollout_correction
+from veriloop.algos.maths.correction import rollout_correction
 from veriloop.algos.critic import ValueModel, values
-from veriloop.algos.fsdp import is_sharded
-from veriloop.algos.losses import aggregate, entropy_bonus, kl_penalty, sequence_count, value_loss
-from veriloop.algos.mismatch import MismatchStats, mismatch_stats
+from veriloop.algos.run.fsdp import is_sharded
+from veriloop.algos.maths.losses import aggregate, entropy_bonus, kl_penalty, sequence_count, value_loss
+from veriloop.algos.maths.mismatch import MismatchStats, mismatch_stats
 from veriloop.algos.sampling import verifier_failed
-from veriloop.algos.shaping import format_reward, kl_reward_penalty, overlong_filter_mask, overlong_penalty
+from veriloop.algos.maths.shaping import format_reward, kl_reward_penalty, overlong_filter_mask, overlong_penalty
 from veriloop.configs.algo import AlgoConfig
 
 METRIC_NAMES = (

@@ -31,7 +31,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from veriloop.agents.backends.vllm import VLLMBackend
-    from veriloop.algos.evaluate import evaluate_config, load_checkpoint_policy
+    from veriloop.algos.eval.loop import evaluate_config, load_checkpoint_policy
     from veriloop.configs.loader import load_config
 
     rows = []

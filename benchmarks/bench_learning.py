@@ -54,7 +54,7 @@ from pathlib import Path
 
 from learning_report import setting, sft_only, summarize_all, write_plots
 
-from veriloop.algos.eval_metrics import paired_difference, standard_error
+from veriloop.algos.eval.metrics import paired_difference, standard_error
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -351,7 +351,7 @@ SUITES: dict[str, dict] = {
     },
     # Points24-vision with the built default-vision model (GP-VL: does RL improve recognition, and does
     # it carry to red suits?). Both arms start from the same 30-step vision SFT warm-up on the solver's
-    # answers (image + text, algos/sft_vision.py); sft_only then keeps doing SFT on as many solver
+    # answers (image + text, algos/sft/vision.py); sft_only then keeps doing SFT on as many solver
     # examples as the RL arm's warm-up plus its RL episodes (30 x 8 + 10 x 24 = 480). Evaluation covers
     # the in-distribution split, visual OOD (red suits) and rule OOD (J/Q/K = 11/12/13).
     "vision": {

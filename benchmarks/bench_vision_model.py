@@ -2,7 +2,7 @@
 
     python benchmarks/bench_vision_model.py [--seed 0] [--out benchmarks/results/vision_model.json]
 
-The build itself measures recognition (``veriloop.agents.vision_build``): greedy captions of held-out
+The build itself measures recognition (``veriloop.agents.models.vision_build``): greedy captions of held-out
 black-suit deals (the training distribution, hands never shown in training) and of red-suit deals
 (visual OOD: hearts and diamonds never seen). This script copies that report, with the machine's
 load and the cache folder, into the results file and prints a table. A first run builds the model
@@ -25,8 +25,8 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/vision_model.json", help="results file")
     args = parser.parse_args()
 
-    from veriloop.agents.vision_build import default_vision_model_path
-    from veriloop.agents.vision_model import REPORT_FILE, VisionBuildSettings
+    from veriloop.agents.models.vision_build import default_vision_model_path
+    from veriloop.agents.models.vision import REPORT_FILE, VisionBuildSettings
 
     started = time.time()
     path = default_vision_model_path(VisionBuildSettings(seed=args.seed))

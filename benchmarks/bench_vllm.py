@@ -6,7 +6,7 @@ turn, T = 1) with the default model, through ``veriloop.agents.engine.rollout`` 
     hf          the HF backend (KV reuse across turns), fp32, every core as torch threads
     vllm_fp32   VLLMBackend, fp32 (compiled, in-process engine, cores bound)
     vllm_bf16   VLLMBackend sampling in bf16; the trainer's fp32 log-probs of its tokens give the
-                sampler-vs-trainer mismatch (``veriloop.algos.mismatch``)
+                sampler-vs-trainer mismatch (``veriloop.algos.maths.mismatch``)
 
 HF and vLLM runs alternate (hf, vllm, hf, vllm, ...) so a change in the machine's load hits both;
 each arm reports every repetition and the best. With ``--lora`` it also times the two LoRA sync
@@ -36,7 +36,7 @@ from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.forward import token_logprobs
 from veriloop.agents.loading import LoraSettings
 from veriloop.agents.sampling_params import SamplingParams
-from veriloop.algos.mismatch import MismatchStats, mismatch_stats
+from veriloop.algos.maths.mismatch import MismatchStats, mismatch_stats
 
 ENV = "veriloop/Points24-text-v0"
 OUT = Path(__file__).parent / "results" / "vllm_rollout.json"

@@ -200,7 +200,7 @@ def run_trl(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from veriloop.agents.default_model import default_model_path
+    from veriloop.agents.models.text import default_model_path
     from veriloop.envs.verifiers import check_math
 
     path = default_model_path()
@@ -351,7 +351,7 @@ def _shared_argv(args: argparse.Namespace) -> list[str]:
 
 def prompt_token_counts(args: argparse.Namespace) -> list[int]:
     """Chat-templated prompt length (tokens) of every problem, in the order both frameworks use them."""
-    from veriloop.agents.default_model import load_default_tokenizer
+    from veriloop.agents.models.text import load_default_tokenizer
 
     tok = load_default_tokenizer()
     rows = problems(args.seed, args.prompts * args.steps)
@@ -363,7 +363,7 @@ def base_param_count() -> int:
     """N: parameters of the default model (tied embedding counted once = the output head's GEMM)."""
     import json as _json
 
-    from veriloop.agents.default_model import default_model_path
+    from veriloop.agents.models.text import default_model_path
 
     c = _json.loads((default_model_path() / "config.json").read_text())
     d, f, v, layers = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]

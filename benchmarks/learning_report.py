@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from veriloop.algos.eval_metrics import paired_difference
+from veriloop.algos.eval.metrics import paired_difference
 
 #: The ablation's rows, in order: each adds one of DAPO's parts to the row above.
 ABLATION = ["grpo", "clip_higher", "token_level", "overlong", "dapo"]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench_learning import per_problem_reports
 
-from veriloop.algos.eval_metrics import paired_difference
+from veriloop.algos.eval.metrics import paired_difference
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -109,7 +109,7 @@ def _token_counts(texts: list[str]) -> list[int]:
     try:
         from transformers import AutoTokenizer
 
-        from veriloop.agents.default_model import default_model_path
+        from veriloop.agents.models.text import default_model_path
 
         tok = AutoTokenizer.from_pretrained(str(default_model_path()))
     except Exception as exc:  # noqa: BLE001 - optional: the report still has every other number

@@ -109,8 +109,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from veriloop.algos.run_lock import run_lock
-    from veriloop.algos.sft_data import check_source
+    from veriloop.algos.run.lock import run_lock
+    from veriloop.algos.sft.data import check_source
     from veriloop.algos.train import check_model, remove_stale_temporaries
     from veriloop.configs.schema import ConfigError
 
@@ -131,7 +131,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 def _sft_in(cfg: ExperimentConfig, sft_dir: Path, args: argparse.Namespace) -> int:
     """``veriloop sft`` once the run folder is locked: refuse, replace or resume, then train."""
     from veriloop.agents.loading import save_policy
-    from veriloop.algos.sft_train import warmup_from_config
+    from veriloop.algos.sft.train import warmup_from_config
     from veriloop.algos.train import build_policy
     from veriloop.configs.schema import ConfigError
 
@@ -153,20 +153,20 @@ def _sft_in(cfg: ExperimentConfig, sft_dir: Path, args: argparse.Namespace) -> i
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from veriloop.algos.evaluate import cli_eval
+    from veriloop.algos.eval.loop import cli_eval
 
     return int(cli_eval(args) or 0)
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from veriloop.algos.plots import cli_plot
+    from veriloop.algos.run.plots import cli_plot
 
     return int(cli_plot(args) or 0)
 
 
 def _cmd_quickstart(args: argparse.Namespace) -> int:
     """Train the default model briefly on generated math, evaluate before/after, draw the curves."""
-    from veriloop.algos.plots import plot_run
+    from veriloop.algos.run.plots import plot_run
     from veriloop.algos.train import train
 
     cfg = _load(args, "quickstart")
@@ -334,7 +334,7 @@ def _explain(e: Exception, command: str) -> tuple[str | None, int]:
     from veriloop.configs.schema import ConfigError
     from veriloop.envs.plugins import UnknownEnvError
 
-    checkpoint = sys.modules.get("veriloop.algos.checkpoint")  # loaded if it raised (no torch import here)
+    checkpoint = sys.modules.get("veriloop.algos.run.checkpoint")  # loaded if it raised (no torch import here)
     if isinstance(e, ConfigError | UnknownEnvError) or (
         checkpoint and isinstance(e, checkpoint.CheckpointError)
     ):

@@ -40,7 +40,7 @@ def cmd_serve_vllm(args: argparse.Namespace) -> int:
 
     model = args.model
     if model == "default":
-        from veriloop.agents import default_model
+        from veriloop.agents.models import text as default_model
 
         model = str(default_model.default_model_path())
     argv, env = serve_command(model, port=args.port, host=args.host, dtype=args.dtype, lora_rank=args.lora_rank,

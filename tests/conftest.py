@@ -19,7 +19,7 @@ except ImportError:  # the environments alone install and test without torch
 
 
 def _smollm2_tokenizer_available() -> bool:
-    from veriloop.agents.default_model import cache_root, is_complete
+    from veriloop.agents.models.text import cache_root, is_complete
 
     if is_complete(cache_root() / "tokenizers" / "SmolLM2"):
         return True

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from veriloop.algos import checkpoint as ck
-from veriloop.algos.evaluate import _default_eval_dir, run_folder_of
+from veriloop.algos.run import checkpoint as ck
+from veriloop.algos.eval.loop import _default_eval_dir, run_folder_of
 from veriloop.algos.train import claim_run_dir, train
 from veriloop.cli.main import run as cli_run
 from veriloop.configs.loader import load_config
@@ -152,7 +152,7 @@ def test_eval_writes_into_the_evaluated_checkpoints_run_folder(tmp_path: Path) -
 
 
 def test_eval_of_a_missing_base_model_fails_before_making_any_folder(tmp_path: Path) -> None:
-    from veriloop.algos.evaluate import run_eval_cli
+    from veriloop.algos.eval.loop import run_eval_cli
 
     with pytest.raises(ConfigError, match="policy.model"):
         run_eval_cli("quickstart", ["base"], ["policy.model=/no/such/model", f"run.out_dir={tmp_path}"])

@@ -183,7 +183,7 @@ def test_metrics_rewrite_on_resume_survives_a_failed_write(tmp_path: Path, monke
     import builtins
     import io
 
-    from veriloop.algos.run_log import RunLog
+    from veriloop.algos.run.log import RunLog
 
     rows = "".join(json.dumps({"step": s, "x": "y" * 100}) + "\n" for s in range(1, 6))
     (tmp_path / "metrics.jsonl").write_text(rows)

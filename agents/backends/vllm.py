@@ -37,7 +37,7 @@ What it relies on (public vLLM API):
 * ``dtype``: the trainer's unless ``dtype`` is given (``Policy.sampler_dtype``: ``bfloat16`` under
   ``policy.precision: bf16``, else the weights' own; ``"auto"`` would sample an fp32 model in bf16
   on CPU). The mismatch between sampler and trainer is measured every step
-  (:mod:`veriloop.algos.mismatch`).
+  (:mod:`veriloop.algos.maths.mismatch`).
 * CPU defaults, each only where not already set: all the process's cores for vLLM's OpenMP threads
   (``VLLM_CPU_OMP_THREADS_BIND``; vLLM would otherwise reserve one and run a single thread); 1 GiB
   of KV cache (``kv_cache_memory_bytes``; ``gpu_memory_utilization`` is a share of the machine's
@@ -112,7 +112,7 @@ def vllm_model_path(policy: Policy, model_path: str | None) -> str:
     """Folder vLLM loads the base weights and tokenizer from (``"default"`` resolved to the cache)."""
     path = model_path or policy.meta.get("base_model") or policy.name
     if path == "default":
-        from veriloop.agents import default_model
+        from veriloop.agents.models import text as default_model
 
         return str(default_model.default_model_path())
     return str(path)

@@ -107,7 +107,7 @@ def _default_model_tokenizer():
     conversion's tokenizer-only cache entry (CI machines may not have converted the weights)."""
     from transformers import AutoTokenizer
 
-    from veriloop.agents.default_model import (
+    from veriloop.agents.models.text import (
         DEFAULT_MODEL_NAME,
         cache_root,
         is_complete,

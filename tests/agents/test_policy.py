@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from veriloop.agents import default_model
-from veriloop.agents.default_model import build_cached, is_complete
+from veriloop.agents.models import text as default_model
+from veriloop.agents.models.text import build_cached, is_complete
 from veriloop.agents.loading import LoraSettings, load_policy, save_policy
 from veriloop.agents.testing import tiny_policy
 

@@ -250,7 +250,7 @@ def quiet_run(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(T, "_evaluate", lambda cfg, policy, step, quiet, **kw: {})
 
     def run(tmp_path: Path, precision: str, *extra: str) -> tuple[Path, list[dict]]:
-        from veriloop.algos.run_log import read_metrics
+        from veriloop.algos.run.log import read_metrics
         from veriloop.configs.loader import load_config
 
         cfg = load_config(None, [*FAST, f"policy.precision={precision}", f"run.out_dir={tmp_path}",

@@ -14,14 +14,14 @@ import pytest
 import torch
 
 import veriloop.envs  # noqa: F401  (registers veriloop/...)
-from veriloop.agents.card_reading import (
+from veriloop.agents.models.card_reading import (
     caption,
     heldout_deals,
     read_ranks,
     recognition_scores,
     training_deals,
 )
-from veriloop.agents.vision_model import (
+from veriloop.agents.models.vision import (
     IMAGE_TOKEN,
     REPORT_FILE,
     TINY_BUILD,
@@ -53,7 +53,7 @@ def text_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def built(text_model, tmp_path_factory):
-    from veriloop.agents.vision_build import build_vision_model
+    from veriloop.agents.models.vision_build import build_vision_model
 
     out = tmp_path_factory.mktemp("vlm")
     lines: list[str] = []
@@ -142,7 +142,7 @@ def test_build_writes_a_llava_with_the_text_models_weights(built, text_model):
 def test_build_is_deterministic_from_the_seed(built, text_model, tmp_path):
     from safetensors.torch import load_file
 
-    from veriloop.agents.vision_build import build_vision_model
+    from veriloop.agents.models.vision_build import build_vision_model
 
     build_vision_model(tmp_path, TINY_BUILD, text_model=text_model, say=lambda _: None)
     first, again = load_file(built[0] / "model.safetensors"), load_file(tmp_path / "model.safetensors")
@@ -153,7 +153,7 @@ def test_build_is_deterministic_from_the_seed(built, text_model, tmp_path):
 def test_a_killed_build_resumes_to_the_same_model(built, text_model, tmp_path):
     from safetensors.torch import load_file
 
-    from veriloop.agents.vision_build import build_vision_model
+    from veriloop.agents.models.vision_build import build_vision_model
 
     class Killed(Exception):
         pass

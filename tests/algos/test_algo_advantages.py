@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from veriloop.algos import advantages as A
+from veriloop.algos.maths import advantages as A
 
 S = 1 / math.sqrt(2)
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from veriloop.algos import losses as L
+from veriloop.algos.maths import losses as L
 
 
 def _pg(ratios, adv, mask=None, **kw):

@@ -80,7 +80,7 @@ def test_presets_follow_the_papers(name):
 
 
 def test_dapo_soft_punishment_starts_at_the_expected_length():
-    from veriloop.algos.shaping import overlong_penalty
+    from veriloop.algos.maths.shaping import overlong_penalty
 
     dapo = load_preset("dapo")
     lengths = torch.tensor([16384, 18432, 20480, 20481])  # expected max, mid-cache, L_max, beyond
@@ -114,7 +114,7 @@ def test_new_presets_train_two_steps(tmp_path, preset, monkeypatch) -> None:
     """As tests/algos/test_train.py does for the older presets (a deterministic coin as the
     verifier so that advantages are non-zero); two epochs so that ratios move off 1."""
     import veriloop.algos.train as T
-    from veriloop.algos.run_log import read_metrics
+    from veriloop.algos.run.log import read_metrics
     from veriloop.configs.loader import load_config
     from veriloop.envs.math_env import MathVerifyEnv
     from veriloop.envs.verifiers import Verdict

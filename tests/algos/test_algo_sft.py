@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from veriloop.algos.sft import build_sft_example, mask_turns, sft_loss
+from veriloop.algos.sft.loss import build_sft_example, mask_turns, sft_loss
 from veriloop.envs.solve_verify import s2r_trainable_actions
 
 
@@ -54,7 +54,7 @@ def test_build_sft_example_masks_assistant_turns():
 
 
 def test_build_sft_example_with_real_chatml_tokenizer():
-    from veriloop.agents.default_model import cache_root, is_complete
+    from veriloop.agents.models.text import cache_root, is_complete
 
     if not is_complete(cache_root() / "tokenizers" / "SmolLM2"):
         pytest.skip("SmolLM2 tokenizer not cached")

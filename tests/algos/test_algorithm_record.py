@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 from veriloop.algos import algorithm as U
-from veriloop.algos.losses import aggregate
+from veriloop.algos.maths.losses import aggregate
 from veriloop.configs.algo import AlgoConfig
 
 

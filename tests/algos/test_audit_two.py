@@ -13,17 +13,17 @@ import pytest
 import torch
 
 from veriloop.agents.forward import token_logprobs
-from veriloop.algos import advantages as A
-from veriloop.algos import losses as L
+from veriloop.algos.maths import advantages as A
+from veriloop.algos.maths import losses as L
 from veriloop.algos.algorithm import ObjectiveExtras, resolve
 from veriloop.algos.batch import TokenBatch, collate
-from veriloop.algos.mismatch import mismatch_stats
+from veriloop.algos.maths.mismatch import mismatch_stats
 from veriloop.algos.update import compute_advantages, policy_loss, prepare_batch, update_step
 from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.loader import load_config
 from veriloop.configs.schema import ConfigError
 
-PACKAGE = Path(L.__file__).resolve().parent.parent  # the repository root: envs/ agents/ algos/ ...
+PACKAGE = Path(__file__).resolve().parents[2]  # the repository root: envs/ agents/ algos/ ...
 
 
 def _recorded(model, make_traj, with_logprobs, shift=lambda i, lp: lp):
@@ -44,7 +44,7 @@ def _recorded(model, make_traj, with_logprobs, shift=lambda i, lp: lp):
 def test_mismatch_and_correction_keys_are_written_in_one_module_each():
     """Each logged ``mismatch/*`` key is spelled (computed) in one module, and so is each
     ``rollout_corr/*`` key: no second formula can overwrite the first."""
-    from veriloop.algos.mismatch import NAMES
+    from veriloop.algos.maths.mismatch import NAMES
 
     sources = [
         p

@@ -1,4 +1,4 @@
-"""Tests for veriloop.algos.checkpoint: atomic saves, crash recovery, bitwise-exact resume."""
+"""Tests for veriloop.algos.run.checkpoint: atomic saves, crash recovery, bitwise-exact resume."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from veriloop.algos.checkpoint import (
+from veriloop.algos.run.checkpoint import (
     CheckpointError,
     NonFiniteParametersError,
     capture_rng,
@@ -34,7 +34,7 @@ TRAIN_SERVER = r"""
 import json, os, random, sys, time, traceback
 from pathlib import Path
 import numpy as np, torch
-from veriloop.algos import checkpoint as ck
+from veriloop.algos.run import checkpoint as ck
 
 torch.set_num_threads(1)
 torch.optim.AdamW(torch.nn.Linear(1, 1).parameters())  # warm up lazy imports once, before forking

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from veriloop.algos.checkpoint import (
+from veriloop.algos.run.checkpoint import (
     MARKER,
     CheckpointError,
     load_checkpoint,
@@ -117,7 +117,7 @@ TINY = [
 def test_train_resume_skips_a_flipped_newest_checkpoint(tmp_path: Path, capsys) -> None:
     """The repro end to end: a same-size byte flip in the newest checkpoint's model.pt. Resume says
     so in one line and continues from the previous checkpoint (before: silently other weights)."""
-    from veriloop.algos.run_log import read_metrics
+    from veriloop.algos.run.log import read_metrics
     from veriloop.algos.train import train
     from veriloop.configs.loader import load_config
 
@@ -137,8 +137,8 @@ def test_train_resume_skips_a_flipped_newest_checkpoint(tmp_path: Path, capsys) 
 def test_sft_resume_skips_a_damaged_newest_checkpoint(tmp_path: Path, capsys) -> None:
     """The SFT warm-up resumes the same way: past a damaged newest checkpoint, with a message."""
     from veriloop.agents.testing import tiny_policy
-    from veriloop.algos.sft_data import SFTExample
-    from veriloop.algos.sft_train import TRAINABLE_FILE, train_sft
+    from veriloop.algos.sft.data import SFTExample
+    from veriloop.algos.sft.train import TRAINABLE_FILE, train_sft
 
     examples = [
         SFTExample(({"role": "user", "content": f"Add {i} and 3."}, {"role": "assistant", "content": f"{i + 3}"}),

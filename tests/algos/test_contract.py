@@ -92,7 +92,7 @@ def violations(source: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", sorted(ALGOS.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(ALGOS.rglob("*.py")), ids=lambda p: str(p.relative_to(ALGOS)))
 def test_algos_read_only_the_contract(path):
     bad = violations(path.read_text())
     assert not bad, f"{path.name} knows an environment:\n" + "\n".join(bad)

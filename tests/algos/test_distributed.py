@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from veriloop.algos.distributed import DistContext
+from veriloop.algos.run.distributed import DistContext
 
 WORKER = r"""
 import dataclasses, os, sys, torch
 import veriloop.algos.train as T
-from veriloop.algos.distributed import init_distributed, check_params_equal, shutdown_distributed
+from veriloop.algos.run.distributed import init_distributed, check_params_equal, shutdown_distributed
 from veriloop.configs.loader import load_config
 from veriloop.envs.math_env import MathVerifyEnv
 from veriloop.envs.verifiers import Verdict

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from veriloop.algos import losses as L
+from veriloop.algos.maths import losses as L
 from veriloop.algos.algorithm import ObjectiveExtras, resolve
 from veriloop.algos.batch import collate
 from veriloop.algos.update import prepare_batch

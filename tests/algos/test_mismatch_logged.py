@@ -32,7 +32,7 @@ def test_policy_loss_reports_a_known_mismatch() -> None:
     from veriloop.agents.forward import token_logprobs
     from veriloop.agents.testing import tiny_policy
     from veriloop.algos.batch import TokenBatch
-    from veriloop.algos.mismatch import MismatchStats
+    from veriloop.algos.maths.mismatch import MismatchStats
     from veriloop.algos.update import policy_loss
     from veriloop.configs.algo import AlgoConfig
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from veriloop.algos.nonfinite import NonFiniteGuard
+from veriloop.algos.run.nonfinite import NonFiniteGuard
 from veriloop.algos.train import MAX_RANKS, ROUNDS_PER_STEP, sampling_stream
 
 
@@ -34,7 +34,7 @@ def test_rl_step_loop_takes_its_guard_from_the_config_and_the_resumed_state():
 
     import pytest
 
-    from veriloop.algos.nonfinite import NonFiniteTrainingError
+    from veriloop.algos.run.nonfinite import NonFiniteTrainingError
     from veriloop.algos.train import TrainerState, _guard_nonfinite, _step_loop
     from veriloop.configs.loader import load_config
 

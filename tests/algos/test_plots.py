@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from veriloop.algos.plots import cli_plot, eval_keys, pass_at_k_curves, plot_pass_at_k, plot_run
+from veriloop.algos.run.plots import cli_plot, eval_keys, pass_at_k_curves, plot_pass_at_k, plot_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -86,7 +86,7 @@ def test_plot_pass_at_k_two_checkpoints(tmp_path):
 
 
 def test_empty_panels_say_why_and_eval_shows_the_base_model():
-    from veriloop.algos.plots import _draw_eval, _pyplot, panel_note
+    from veriloop.algos.run.plots import _draw_eval, _pyplot, panel_note
 
     rows = [{"step": s, "clip_frac_low": 0.0, "clip_frac_high": 0.0, "approx_kl": 1e-9 * (-1) ** s,
              "updates": 1.0, "eval/id/avg@n": 0.1 * s, "eval/id/pass@1": 0.1 * s} for s in range(1, 4)]  # fmt: skip
@@ -102,7 +102,7 @@ def test_empty_panels_say_why_and_eval_shows_the_base_model():
 
 
 def test_eval_curves_carry_their_standard_error_band():
-    from veriloop.algos.plots import _draw_eval, _pyplot
+    from veriloop.algos.run.plots import _draw_eval, _pyplot
 
     rows = [
         {"step": s, "eval/id/avg@n": 0.1 * s, "eval/id/se/avg@n": 0.05, "eval/id/pass@4": 0.2 * s}
@@ -119,7 +119,7 @@ def test_eval_curves_carry_their_standard_error_band():
 
 
 def test_kl_note_sits_above_the_axes_not_on_the_curve():
-    from veriloop.algos.plots import _draw_group, _pyplot
+    from veriloop.algos.run.plots import _draw_group, _pyplot
 
     rows = [{"step": s, "approx_kl": 1e-9, "updates": 1.0} for s in range(1, 4)]
     fig, ax = _pyplot().subplots()

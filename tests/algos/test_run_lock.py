@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from tests.test_cli_hardening import TINY  # the one tiny-run override list of the hardening tests
-from veriloop.algos.run_lock import LOCK_FILE, RunBusyError, acquire, release, run_lock
+from veriloop.algos.run.lock import LOCK_FILE, RunBusyError, acquire, release, run_lock
 from veriloop.algos.train import claim_run_dir, train
 from veriloop.configs.loader import load_config
 
 HOLDER = (
-    "import sys, time; from pathlib import Path; from veriloop.algos.run_lock import acquire; "
+    "import sys, time; from pathlib import Path; from veriloop.algos.run.lock import acquire; "
     "acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)"
 )
 

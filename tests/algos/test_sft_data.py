@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from veriloop.algos.sft_data import (
+from veriloop.algos.sft.data import (
     SFTDataError,
     SFTExample,
     demonstration_examples,
@@ -85,7 +85,7 @@ def test_s2r_traces_replay_and_flags(task):
 
 
 def test_s2r_loss_mask_covers_exactly_the_wrong_solves(tiny_text_policy):
-    from veriloop.algos.sft import build_sft_example
+    from veriloop.algos.sft.loss import build_sft_example
 
     tok = tiny_text_policy.tokenizer
     traces = s2r_traces("math", range(8), rng=np.random.default_rng(1), p_wrong_first=1.0)

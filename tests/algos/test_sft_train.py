@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from veriloop.algos.sft_data import SFTExample, demonstration_examples
-from veriloop.algos.sft_train import (
+from veriloop.algos.sft.data import SFTExample, demonstration_examples
+from veriloop.algos.sft.train import (
     SFTSettings,
     batch_indices,
     tokenise,
@@ -90,7 +90,7 @@ def test_micro_batches_give_the_same_token_mean_loss_and_gradient():
 
 def test_each_sft_batch_is_collated_once(monkeypatch):
     """One ``collate_tokens`` per step (RL's padding); micro-batches are row slices of it."""
-    import veriloop.algos.sft_train as sft_train
+    import veriloop.algos.sft.train as sft_train
     from veriloop.agents.testing import tiny_policy
 
     calls = []
@@ -152,9 +152,9 @@ def _poison_from(policy, first_call: int):  # type: ignore[no-untyped-def]
 def test_sft_stops_after_max_consecutive_nonfinite_steps_like_rl(tmp_path):
     """The RL loop's guard and limit: the 2nd bad step in a row stops SFT, nothing non-finite is saved."""
     from veriloop.agents.testing import tiny_policy
-    from veriloop.algos.checkpoint import latest_checkpoint
-    from veriloop.algos.nonfinite import NonFiniteTrainingError
-    from veriloop.algos.run_log import read_metrics
+    from veriloop.algos.run.checkpoint import latest_checkpoint
+    from veriloop.algos.run.nonfinite import NonFiniteTrainingError
+    from veriloop.algos.run.log import read_metrics
 
     policy = tiny_policy(seed=1)
     handle = _poison_from(policy, first_call=2)  # step 0 is finite, steps 1.. are NaN (one forward each)
@@ -176,7 +176,7 @@ def test_sft_stops_after_max_consecutive_nonfinite_steps_like_rl(tmp_path):
 def test_sft_limit_is_train_max_consecutive_nonfinite(tmp_path):
     """``warmup_from_config`` takes the limit from ``train.max_consecutive_nonfinite`` (one setting)."""
     from veriloop.agents.testing import tiny_policy
-    from veriloop.algos.nonfinite import NonFiniteTrainingError
+    from veriloop.algos.run.nonfinite import NonFiniteTrainingError
     from veriloop.configs.schema import EnvConfig, ExperimentConfig, RunConfig, SFTConfig, TrainConfig
 
     assert SFTSettings(steps=1).max_consecutive_nonfinite == TrainConfig().max_consecutive_nonfinite
@@ -196,7 +196,7 @@ def test_sft_limit_is_train_max_consecutive_nonfinite(tmp_path):
 def test_resumed_sft_keeps_the_guard_counts(tmp_path):
     """A checkpoint holds the skipped-step counts; the resumed run continues them, as RL's does."""
     from veriloop.agents.testing import tiny_policy
-    from veriloop.algos.nonfinite import NonFiniteTrainingError
+    from veriloop.algos.run.nonfinite import NonFiniteTrainingError
 
     kw = {
         "lr": 1e-2,
@@ -220,8 +220,8 @@ def test_resumed_sft_keeps_the_guard_counts(tmp_path):
 
 def test_checkpoint_resume_matches_an_uninterrupted_run(tmp_path):
     from veriloop.agents.testing import tiny_policy
-    from veriloop.algos.checkpoint import latest_checkpoint
-    from veriloop.algos.run_log import read_metrics
+    from veriloop.algos.run.checkpoint import latest_checkpoint
+    from veriloop.algos.run.log import read_metrics
 
     kw = {
         "lr": 1e-2,
@@ -281,7 +281,7 @@ def test_warmup_from_config_trains_on_the_configured_source(tmp_path):
 
 
 def test_build_examples_errors_point_to_the_right_source():
-    from veriloop.algos.sft_data import build_examples
+    from veriloop.algos.sft.data import build_examples
 
     with pytest.raises(ValueError, match="did you mean 'solver'"):
         build_examples("solvr", "veriloop/Points24-text-v0", {}, [0])
@@ -296,7 +296,7 @@ def test_build_examples_errors_point_to_the_right_source():
 def test_sft_steps_run_as_asked_unless_an_epochs_cap_is_set_and_said(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from veriloop.algos.sft_train import sft_total_steps
+    from veriloop.algos.sft.train import sft_total_steps
     from veriloop.configs.schema import ConfigError, SFTConfig
 
     assert SFTConfig().epochs is None  # sft.steps alone decides by default

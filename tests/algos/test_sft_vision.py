@@ -11,8 +11,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from veriloop.agents.testing import IMAGE_TOKEN, tiny_policy
 from veriloop.algos.batch import collate_tokens, minibatches, with_row_extras
-from veriloop.algos.sft_data import SFTDataError, SFTExample, build_examples, demonstration_examples
-from veriloop.algos.sft_train import tokenise, train_sft
+from veriloop.algos.sft.data import SFTDataError, SFTExample, build_examples, demonstration_examples
+from veriloop.algos.sft.train import tokenise, train_sft
 
 torch.set_num_threads(1)
 ENV = "veriloop/Points24-vision-v0"
@@ -159,7 +159,7 @@ def test_vision_micro_batches_give_the_full_batch_loss_and_gradient():
 
 
 def test_the_vision_config_warms_up_a_vlm_on_image_examples(vlm, tmp_path):
-    from veriloop.algos.sft_train import warmup_from_config
+    from veriloop.algos.sft.train import warmup_from_config
     from veriloop.configs.loader import load_config
 
     cfg = load_config(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from veriloop.algos.nonfinite import NonFiniteGuard, NonFiniteTrainingError
-from veriloop.algos.run_log import RunLog, read_metrics
-from veriloop.algos.steps import StepLoop
+from veriloop.algos.run.nonfinite import NonFiniteGuard, NonFiniteTrainingError
+from veriloop.algos.run.log import RunLog, read_metrics
+from veriloop.algos.run.steps import StepLoop
 
 
 def _loop(total: int = 5, limit: int = 2, **kw) -> StepLoop:  # type: ignore[no-untyped-def]

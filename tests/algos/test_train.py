@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import veriloop.algos.train as T
-from veriloop.algos.nonfinite import NonFiniteTrainingError
-from veriloop.algos.run_log import read_metrics
+from veriloop.algos.run.nonfinite import NonFiniteTrainingError
+from veriloop.algos.run.log import read_metrics
 from veriloop.configs.loader import load_config
 from veriloop.envs.math_env import MathVerifyEnv
 from veriloop.envs.verifiers import Verdict
@@ -201,7 +201,7 @@ def test_nonfinite_loss_skips_then_stops(tmp_path, monkeypatch, varied_rewards, 
 
 def test_rl_seeds_start_after_sft_examples(tmp_path, monkeypatch, no_eval) -> None:
     """SFT demonstrations use seeds 0..examples-1; the first RL problem is seed ``examples``."""
-    import veriloop.algos.sft_train as sft
+    import veriloop.algos.sft.train as sft
 
     warmups: list[Path] = []
     monkeypatch.setattr(sft, "warmup_from_config", lambda cfg, policy, run_dir: warmups.append(run_dir) or {},

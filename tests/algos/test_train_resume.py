@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from veriloop.algos.run_log import read_metrics
+from veriloop.algos.run.log import read_metrics
 from veriloop.algos.train import SAVE_DELAY_ENV
 
 STEPS = 3

@@ -1,6 +1,6 @@
 """FSDP2 over NCCL on one GPU and on every visible GPU (``make test-gpu``; skipped without CUDA).
 
-The sharding code of ``train.parallel: fsdp`` (:mod:`veriloop.algos.fsdp`) on CUDA tensors: the
+The sharding code of ``train.parallel: fsdp`` (:mod:`veriloop.algos.run.fsdp`) on CUDA tensors: the
 tiny model's policy is sharded over N GPUs (``torchrun --nproc_per_node N``), three AdamW steps on
 a fixed batch are taken, and the gathered weights must equal those of one GPU without FSDP; each
 rank must hold about 1/N of the parameters + AdamW state. (The training loop itself keeps its
@@ -22,7 +22,7 @@ WORKER = r"""
 import json, os, sys, torch
 import torch.distributed as dist
 from veriloop.agents.testing import tiny_policy
-from veriloop.algos import fsdp
+from veriloop.algos.run import fsdp
 
 out, sharded = sys.argv[1], sys.argv[2] == "fsdp"
 rank = int(os.environ.get("RANK", "0"))

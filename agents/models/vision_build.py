@@ -1,8 +1,8 @@
-"""Build ``"default-vision"`` (see :mod:`veriloop.agents.vision_model` for what it is) and cache it.
+"""Build ``"default-vision"`` (see :mod:`veriloop.agents.models.vision` for what it is) and cache it.
 
     default_vision_model_path()      the cached folder; builds it on first use (~20-30 min, 2 cores)
     build_vision_model(out, ...)     build into ``out`` (any settings; tests use ``TINY_BUILD``)
-    python -m veriloop.agents.vision_build [--seed N]      build the cache entry now, with progress
+    python -m veriloop.agents.models.vision_build [--seed N]      build the cache entry now, with progress
 
 The loop is two plain stages (align, then caption), each ``steps`` optimizer steps over fresh
 seeded deals. Progress lines go to stderr at most every ``PROGRESS_EVERY_S`` seconds (one line
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from veriloop.agents.card_reading import heldout_deals, training_deals
-from veriloop.agents.vision_model import (
+from veriloop.agents.models.card_reading import heldout_deals, training_deals
+from veriloop.agents.models.vision import (
     DEFAULT_BUILD,
     DEFAULT_VISION_NAME,
     REPORT_FILE,
@@ -119,7 +119,7 @@ def build_vision_model(
     """
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from veriloop.agents.default_model import default_model_path, normalize_tokenizer
+    from veriloop.agents.models.text import default_model_path, normalize_tokenizer
 
     t_start = time.monotonic()
     source = Path(text_model) if text_model is not None else default_model_path()
@@ -250,7 +250,7 @@ def _save_resume(
 
 def default_vision_model_path(settings: VisionBuildSettings = DEFAULT_BUILD) -> Path:
     """Folder of the cached ``default-vision`` model; built on first use (see the module docstring)."""
-    from veriloop.agents.default_model import build_cached, cache_root
+    from veriloop.agents.models.text import build_cached, cache_root
 
     name = VISION_MODEL_DIR if settings.seed == 0 else f"{VISION_MODEL_DIR}-seed{settings.seed}"
     target = cache_root() / "models" / name
@@ -260,7 +260,7 @@ def default_vision_model_path(settings: VisionBuildSettings = DEFAULT_BUILD) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m veriloop.agents.vision_build",
+        prog="python -m veriloop.agents.models.vision_build",
         description="Build (or find) the cached default-vision model and print its recognition report.",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the weight init and all deals")

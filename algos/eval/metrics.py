@@ -20,7 +20,7 @@ maj@k (it stays in every denominator), and the failures are reported on their ow
 ``verifier_errors`` (a count) and ``error_rate`` (their share of the samples). Dropping them instead
 would let a policy lift its score by answering what it cannot solve with something the verifier
 chokes on. (Training is different: there such episodes are left out of the baselines and get
-advantage 0, see :mod:`veriloop.algos.advantages`, since they carry no reward signal either way.)
+advantage 0, see :mod:`veriloop.algos.maths.advantages`, since they carry no reward signal either way.)
 
 Pure Python; no torch. Results are plain dicts of floats/ints, ready for logs and JSON.
 """

@@ -15,7 +15,7 @@
     overview.png    the above in one grid
 
 The training loop logs ``eval/<split>/<metric>`` for every metric of
-:func:`veriloop.algos.evaluate.evaluate_policy`'s split dict. A metric missing from the log is
+:func:`veriloop.algos.eval.loop.evaluate_policy`'s split dict. A metric missing from the log is
 skipped, never an error; a group with nothing to draw produces no file.
 
 :func:`plot_pass_at_k` draws Yue et al. (2025)'s comparison: pass@k against k (log scale), one line
@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from veriloop.algos.run_log import read_metrics
+from veriloop.algos.run.log import read_metrics
 
 #: Group -> (title, curves on the left axis, curves on a right axis).
 GROUPS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
@@ -284,7 +284,7 @@ def plot_pass_at_k(reports: Mapping[str, Mapping[str, Any]], out_path: str | Pat
     """pass@k vs k (log2 x-axis), one panel per split, one line per checkpoint label.
 
     Args:
-        reports: ``{label: report}`` as returned by :func:`~veriloop.algos.evaluate.evaluate_policy`.
+        reports: ``{label: report}`` as returned by :func:`~veriloop.algos.eval.loop.evaluate_policy`.
         out_path: The PNG to write.
     """
     if not reports:

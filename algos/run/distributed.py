@@ -1,7 +1,7 @@
 """Data parallelism for the training loop: several processes, one model copy each, same weights.
 
 (``train.parallel: fsdp`` runs the same split with the weights sharded instead of copied:
-:mod:`veriloop.algos.fsdp`.)
+:mod:`veriloop.algos.run.fsdp`.)
 
 Launch with ``accelerate launch --num_processes N -m veriloop.cli.main train ...`` or ``torchrun``;
 both set ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` / ``MASTER_PORT``, which is all we read. A
@@ -43,7 +43,7 @@ class DistContext:
         rank: This process's index, 0 .. world_size - 1.
         world_size: Number of processes (1 = not distributed).
         sharded: ``train.parallel: fsdp``: the weights, gradients and optimizer state are sharded
-            over the ranks (:mod:`veriloop.algos.fsdp`) instead of copied on each.
+            over the ranks (:mod:`veriloop.algos.run.fsdp`) instead of copied on each.
     """
 
     rank: int = 0
@@ -107,7 +107,7 @@ class DistContext:
         from veriloop.algos.update import loss_normalisers
 
         if self.sharded:
-            from veriloop.algos.fsdp import agree_finite, lockstep
+            from veriloop.algos.run.fsdp import agree_finite, lockstep
 
             sync = {"on_before_step": agree_finite(self.world_size),
                     "pad_micro_batches": lockstep(self.world_size, mini_batch)}  # fmt: skip

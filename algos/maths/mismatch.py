@@ -12,7 +12,7 @@ With d_t = log pi(y_t) - log mu(y_t) and r_t = exp(d_t) = pi / mu, over the toke
     outside_frac = share of tokens with r_t outside [0.5, 2]
     abs_log_ratio = mean_t |d_t|
 
-The rollout corrections (TIS / MIS / sequence mask, ``veriloop.algos.correction``) act on the same
+The rollout corrections (TIS / MIS / sequence mask, ``veriloop.algos.maths.correction``) act on the same
 r_t. :class:`MismatchStats` holds sums, so micro-batches combine exactly (``a + b``); the metrics
 are read at the end (:meth:`MismatchStats.metrics`).
 """

@@ -22,7 +22,7 @@ and stage 1 stays at chance for hundreds of steps):
    ``"1"`` and ``"0"``), with a cross-entropy over the 13 rank embeddings plus a squared error to
    the right one. Afterwards the image tokens already *are* rank words to the language model.
 2. **caption** (``caption_steps``): the LLaVA objective. The chat is ``<image> + CAPTION_PROMPT``
-   and the reply the four ranks, ``"A, 8, 5, 10"`` (:mod:`veriloop.agents.card_reading`); the loss
+   and the reply the four ranks, ``"A, 8, 5, 10"`` (:mod:`veriloop.agents.models.card_reading`); the loss
    is the language model's cross-entropy on the reply tokens only, back-propagated through the
    frozen language model into the connector and the encoder.
 
@@ -33,7 +33,7 @@ Then it is scored on held-out black-suit deals and on red-suit deals (never seen
 
 Building takes ~20-30 min on 2 CPU cores; it prints a progress line every ~30 s (log-file
 friendly) and saves a resume checkpoint next to the cache entry every few minutes, so a killed
-build continues where it stopped. ``python -m veriloop.agents.vision_model`` builds it.
+build continues where it stopped. ``python -m veriloop.agents.models.vision`` builds it.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from veriloop.agents.card_reading import (
+from veriloop.agents.models.card_reading import (
     CAPTION_PROMPT,
     Deal,
     batches,
@@ -144,7 +144,7 @@ def assemble(text_model: Any, tokenizer: Any, settings: VisionBuildSettings) -> 
     embedding row for ``<image>``) and whose ViT and connector are freshly initialised from the seed."""
     from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
 
-    from veriloop.agents.default_model import end_of_turn_ids
+    from veriloop.agents.models.text import end_of_turn_ids
 
     old_rows = text_model.get_input_embeddings().weight.shape[0]
     text_model.resize_token_embeddings(len(tokenizer), mean_resizing=False)

@@ -45,7 +45,7 @@ import veriloop.envs  # noqa: F401  (registers the environments the splits name)
 from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory
-from veriloop.algos.eval_metrics import (
+from veriloop.algos.eval.metrics import (
     Sample,
     avg_at_k,
     generalization_gap,
@@ -166,7 +166,7 @@ def _play(
     **kw: Any,
 ) -> list[Trajectory]:
     """Roll out ``specs`` in batches of ``batch`` episodes; batch ``b`` samples with seed ``seed + b``."""
-    from veriloop.algos.progress import Progress
+    from veriloop.algos.run.progress import Progress
 
     out: list[Trajectory] = []
     bar = Progress(len(specs), desc, "episodes")  # a bar at a terminal, timed lines in a log file
@@ -219,7 +219,7 @@ def evaluate_policy(
 
     The report's ``per_problem[split]`` holds each problem's accuracy over its samples (``avg@n``)
     and, with ``greedy``, its greedy result, in problem order: two evaluations of the same problems
-    compare pairwise (:func:`~veriloop.algos.eval_metrics.paired_difference`).
+    compare pairwise (:func:`~veriloop.algos.eval.metrics.paired_difference`).
 
     Args:
         policy: A :class:`~veriloop.agents.policy.Policy` or a scripted policy.
@@ -542,7 +542,7 @@ def run_eval_cli(
 
     The config, the environments (``imports`` are imported first) and every checkpoint path are
     checked before any model loads."""
-    from veriloop.algos.plots import plot_pass_at_k
+    from veriloop.algos.run.plots import plot_pass_at_k
     from veriloop.configs.loader import load_config
     from veriloop.configs.schema import ConfigError
 

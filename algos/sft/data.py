@@ -26,7 +26,7 @@ JSONL, one example per line (:func:`save_examples`, :func:`load_examples`).
 Vision envs (observations ``{"text", "image"}``): with ``images=True`` the builders keep each
 observation's image on the example (``images``, and ``image_messages``: the user message each one
 belongs to, shown before its text as the rollout engine does). Such examples live in memory only
-(rebuilt from env seeds, never written to JSONL); :mod:`veriloop.algos.sft_vision` tokenises them.
+(rebuilt from env seeds, never written to JSONL); :mod:`veriloop.algos.sft.vision` tokenises them.
 """
 
 from __future__ import annotations

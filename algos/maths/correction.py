@@ -18,7 +18,7 @@ correction module (geometric sequence mask).
 Conventions a user porting settings should know: every bound here is on pi_old / mu (verl's are on
 mu / pi_old, so verl's [a, b] is [1/b, 1/a] here; the two agree only for bounds symmetric in log
 space, such as [0.5, 2]). The sampler-vs-trainer mismatch itself (``mismatch/*``) is measured in
-one place, ``veriloop.algos.mismatch``. Not with top-p / top-k sampling: mu is then the filtered
+one place, ``veriloop.algos.maths.mismatch``. Not with top-p / top-k sampling: mu is then the filtered
 distribution's and pi_old / mu the nucleus mass (the config check refuses the combination).
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from veriloop.algos.losses import _check_same, _masked_mean, sequence_mean
+from veriloop.algos.maths.losses import _check_same, _masked_mean, sequence_mean
 from veriloop.configs.algo import RolloutIS
 
 
@@ -116,7 +116,7 @@ def rollout_correction(
     ``rollout_corr/token_frac`` tokens whose weight was capped or that were dropped,
     ``rollout_corr/seq_frac`` sequences with at least one such token or rejected whole,
     ``rollout_corr/seq_masked_frac`` sequences rejected by the geometric mask. (The mismatch
-    itself, ``mismatch/*``, is ``veriloop.algos.mismatch``'s.)
+    itself, ``mismatch/*``, is ``veriloop.algos.maths.mismatch``'s.)
     """
     m = mask.bool()
     weights = torch.ones_like(old_logprobs)

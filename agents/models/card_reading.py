@@ -1,6 +1,6 @@
 """Reading Points24 cards from images: the captioning data and the recognition metric.
 
-The default vision model (:mod:`veriloop.agents.vision_model`) learns to read cards from one
+The default vision model (:mod:`veriloop.agents.models.vision`) learns to read cards from one
 captioning task, rendered by the Points24 environment's own renderer::
 
     user:      <image> + CAPTION_PROMPT

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from veriloop.algos.losses import kl_penalty
+from veriloop.algos.maths.losses import kl_penalty
 from veriloop.configs.algo import KLEstimator
 from veriloop.envs.verifiers import r1_format_ok
 

@@ -14,7 +14,7 @@
 The loss is the token mean over the whole batch, L = -Σ m·log p / Σ m, whatever the micro-batch
 split (each micro-batch's mean is re-weighted by its share of the loss tokens). Vision examples
 (images on the example, a policy with a processor) are tokenised through the processor
-(:mod:`veriloop.algos.sft_vision`); their image inputs ride with their rows (``TokenBatch.extras``
+(:mod:`veriloop.algos.sft.vision`); their image inputs ride with their rows (``TokenBatch.extras``
 with per-row counts), so a micro-batch takes its rows' images and the model's forward gets them.
 Nothing is silent:
 examples cut at ``max_len`` are counted (``truncated``), and those left with no trainable token are
@@ -37,11 +37,11 @@ import numpy as np
 import torch
 
 from veriloop.algos.batch import collate_tokens, minibatches, with_row_extras
-from veriloop.algos.nonfinite import NonFiniteGuard
-from veriloop.algos.run_log import RunLog
-from veriloop.algos.sft import build_sft_example, sft_loss
-from veriloop.algos.sft_data import SFTExample
-from veriloop.algos.steps import StepLoop
+from veriloop.algos.run.nonfinite import NonFiniteGuard
+from veriloop.algos.run.log import RunLog
+from veriloop.algos.sft.loss import build_sft_example, sft_loss
+from veriloop.algos.sft.data import SFTExample
+from veriloop.algos.run.steps import StepLoop
 from veriloop.configs.schema import TrainConfig
 
 TRAINABLE_FILE = "trainable.pt"
@@ -147,7 +147,7 @@ def _encode(
     if not ex.images:
         ids, mask = build_sft_example(tokenizer, list(ex.messages), list(ex.trainable))
         return ids, mask, {}
-    from veriloop.algos.sft_vision import build_vision_sft_example, image_token_count
+    from veriloop.algos.sft.vision import build_vision_sft_example, image_token_count
 
     if processor is None:
         raise ValueError(
@@ -241,7 +241,7 @@ def _resume(run_dir: Path, policy: Any, optimizer: Any, scheduler: Any, fingerpr
     A damaged newest checkpoint is reported and the previous one used (``checkpoint.resume_latest``)."""
     import sys
 
-    from veriloop.algos.checkpoint import resume_latest
+    from veriloop.algos.run.checkpoint import resume_latest
 
     def apply(ckpt: dict[str, Any]) -> None:
         path, state = ckpt["model_dir"].parent, ckpt["trainer_state"]
@@ -279,7 +279,7 @@ def _load_weights(ckpt: dict[str, Any], policy: Any) -> None:
 def _save(sft: _SFTRun, guard: NonFiniteGuard, run: Path, step: int, fingerprint: str) -> None:
     """A resumable checkpoint after ``step`` steps: the trained weights, optimizer, schedule, and
     the guard's counts (a resumed run keeps them, as RL's does)."""
-    from veriloop.algos.checkpoint import save_checkpoint
+    from veriloop.algos.run.checkpoint import save_checkpoint
 
     state = {"step": step, "skipped_nonfinite": guard.total, "consecutive_nonfinite": guard.in_a_row,
              "data_fingerprint": fingerprint, "settings": asdict(sft.settings)}  # fmt: skip
@@ -529,7 +529,7 @@ def warmup_from_config(cfg: Any, policy: Any, *, run_dir: str | Path | None = No
     the non-finite limit, logging and checkpointing follow ``train`` and ``run``. Returns
     :func:`run_sft`'s summary without the per-step losses (they are in ``run_dir/metrics.jsonl``).
     """
-    from veriloop.algos.sft_data import build_examples
+    from veriloop.algos.sft.data import build_examples
 
     sft, r = cfg.sft, cfg.rollout
     seeds = range(r.seed, r.seed + sft.examples)

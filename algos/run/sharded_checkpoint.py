@@ -1,6 +1,6 @@
 """Checkpoints of sharded training (``train.parallel: fsdp``): every rank writes its own shards.
 
-The folder is an ordinary crash-safe checkpoint of :mod:`veriloop.algos.checkpoint` (atomic
+The folder is an ordinary crash-safe checkpoint of :mod:`veriloop.algos.run.checkpoint` (atomic
 rename, ``COMPLETE`` manifest with every file's size and SHA-256, the newest ``keep_last`` kept);
 only its ``model/`` differs::
 
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from veriloop.algos.checkpoint import (
+from veriloop.algos.run.checkpoint import (
     CHECKPOINTS,
     CheckpointError,
     NonFiniteParametersError,
@@ -42,7 +42,7 @@ from veriloop.algos.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from veriloop.algos.distributed import DistContext
+from veriloop.algos.run.distributed import DistContext
 
 SHARDS = "shards"
 INFO = "sharded.json"

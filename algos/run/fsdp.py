@@ -1,6 +1,6 @@
 """Fully sharded data parallelism (``train.parallel: fsdp``): PyTorch FSDP2's ``fully_shard``.
 
-Data parallelism (:mod:`veriloop.algos.distributed`) keeps a whole copy of the model, its
+Data parallelism (:mod:`veriloop.algos.run.distributed`) keeps a whole copy of the model, its
 gradients and AdamW's two moments on every rank. Here each of W ranks keeps 1/W of them::
 
     rank r holds           rows r/W of every parameter (a DTensor sharded on dim 0), of its
@@ -26,7 +26,7 @@ Two rules that sharding adds, both kept here:
   sends weights to vLLM, and frees them after. With ``rollout.backend: vllm_server`` the trainer
   never generates, which is the layout for models that do not fit one device (docs/scaling.md).
 
-Checkpoints are sharded too (:mod:`veriloop.algos.sharded_checkpoint`); the final model is
+Checkpoints are sharded too (:mod:`veriloop.algos.run.sharded_checkpoint`); the final model is
 gathered to rank 0 and saved in the ordinary ``save_policy`` format.
 """
 
@@ -45,7 +45,7 @@ from torch import nn
 from veriloop.agents.policy import Policy
 from veriloop.algos.batch import TokenBatch
 from veriloop.algos.critic import ValueModel
-from veriloop.algos.distributed import DistContext
+from veriloop.algos.run.distributed import DistContext
 
 #: Names of the module lists that hold a model's repeated blocks (HF decoders, ViTs, GPT-2's ``h``).
 BLOCK_LISTS = ("layers", "layer", "h", "blocks")

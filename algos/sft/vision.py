@@ -1,7 +1,7 @@
 """Vision SFT examples: an env's image observations and a demonstration, as the VLM sees them.
 
-An :class:`~veriloop.algos.sft_data.SFTExample` with images (built with ``images=True``) is
-tokenised by the same incremental routine as a text example (:func:`~veriloop.algos.sft.build_sft_example`:
+An :class:`~veriloop.algos.sft.data.SFTExample` with images (built with ``images=True``) is
+tokenised by the same incremental routine as a text example (:func:`~veriloop.algos.sft.loss.build_sft_example`:
 the chat template rendered one message at a time, each new piece encoded on its own, loss only on
 the trainable assistant turns), through the policy's *processor* instead of its tokenizer:
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from veriloop.algos.sft import build_sft_example
+from veriloop.algos.sft.loss import build_sft_example
 
 
 class _ProcessorAsTokenizer:
@@ -73,7 +73,7 @@ def build_vision_sft_example(
     ``images`` (one each, before the text).
 
     Returns:
-        (input_ids, loss_mask, vision): as :func:`~veriloop.algos.sft.build_sft_example`, plus the
+        (input_ids, loss_mask, vision): as :func:`~veriloop.algos.sft.loss.build_sft_example`, plus the
         processor's per-image inputs stacked in image order (``pixel_values`` [N_images, C, H, W],
         and e.g. ``image_sizes`` for models that make them); ``{}`` without images.
     """
