@@ -26,16 +26,20 @@ by pool; DAPO's dynamic sampling drops zero-advantage groups after paying for th
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from veriloop.agents.engine import jsonable
 from veriloop.agents.trajectory import Trajectory
-from veriloop.configs.curriculum import Pool, check_pools
-
-__all__ = ["Pool", "check_pools"]  # the pool record and its check live with the settings
+from veriloop.algos.mixture import assign_envs
+from veriloop.algos.sampling import dynamic_sampling, verifier_failed
+from veriloop.configs.curriculum import Pool, check_pools  # noqa: F401  (re-exported: they live with the settings)
+from veriloop.configs.schema import ExperimentConfig
 
 #: Salt of the acceptance draw, so it never coincides with the mixture draw of the same seed.
 _SALT = 0x637572
@@ -232,3 +236,108 @@ def paid_metrics(
         "curriculum/paid_tokens": float(sum(t.num_generated_tokens for t in sampled)),
         "curriculum/wasted_episodes": float(len(sampled) - kept),
     }
+
+
+# ------------------------------------------------------------------------------ one training step
+
+
+@functools.lru_cache(maxsize=16)
+def _bucket_env(env_id: str, kwargs_json: str) -> Any:
+    """One environment per (id, kwargs), kept: a bucket lookup is a reset, not a rebuild."""
+    import gymnasium as gym
+
+    return gym.make(env_id, **json.loads(kwargs_json))
+
+
+class Buckets:
+    """A problem's bucket from its seed (before playing it) or from its episode (after).
+
+    Both give ``<mixture entry>/<task field>`` (``bucket_name``); the seed's comes from the same
+    mixture draw and the same reset as the rollout's, so they agree.
+    """
+
+    def __init__(self, cfg: ExperimentConfig) -> None:
+        self.cfg, self.keys = cfg, list(cfg.curriculum.bucket_keys)
+        self.envs = {n: (str(e.id or cfg.env.id), dict(e.kwargs)) for n, e in cfg.env.training_envs.items()}
+        self.names = {(i, _canonical(k)): n for n, (i, k) in self.envs.items()}
+
+    def of_seed(self, seed: int) -> str:
+        (name,) = assign_envs(self.cfg.env.mixture_weights, [seed], self.cfg.rollout.seed)
+        env_id, kwargs = self.envs[name]
+        _, info = _bucket_env(env_id, _canonical(kwargs)).reset(seed=seed)
+        return bucket_name(name, jsonable(info.get("task", {})), self.keys)
+
+    def of_traj(self, traj: Trajectory) -> str:
+        name = self.names.get((traj.env_id, _canonical(traj.env_kwargs)), traj.env_id)
+        return bucket_name(name, traj.task, self.keys)
+
+
+def _canonical(kwargs: Mapping[str, Any]) -> str:
+    return json.dumps(dict(kwargs), sort_keys=True, default=str)
+
+
+def merge_draws(draws: Sequence[Draw], pools: Sequence[Pool]) -> Draw:
+    """The draws of one step's rounds as one (seeds joined, counts summed)."""
+    if not draws:
+        return Draw((), 0, 0, 0, {p.name: 0 for p in pools})
+    counts = {p.name: sum(d.pools[p.name] for d in draws) for p in pools}
+    seeds = tuple(s for d in draws for s in d.seeds)
+    return Draw(
+        seeds, draws[-1].next_seed, sum(d.skipped for d in draws), sum(d.forced for d in draws), counts
+    )
+
+
+def curriculum_step(
+    cfg: ExperimentConfig,
+    sampler: Any,
+    history: dict[str, Any],
+    signal_fn: Callable[[Trajectory], Any],
+) -> tuple[list[list[Trajectory]], dict[str, float]]:
+    """One step's groups under ``cfg.curriculum``: pool draws and / or the refilling gate.
+
+    Args:
+        cfg: The experiment (its ``curriculum``, ``env`` and ``rollout`` sections are read).
+        sampler: ``n -> groups`` (``train.GroupSampler``); under pools its ``choose`` is set to the
+            difficulty draw. Every rank gets every rank's groups from it, so the statistics
+            below are the same on every rank.
+        history: ``TrainerState.history``: the running rates live in ``history["curriculum"]``
+            (saved with the checkpoint, so a resumed run draws as an uninterrupted one).
+        signal_fn: The learning signal of an episode (``update.learning_signal``).
+
+    Returns:
+        The groups to train on and the ``sampling/*`` and ``curriculum/*`` metrics.
+    """
+    cur, n = cfg.curriculum, cfg.rollout.prompts_per_step
+    stats = SuccessStats.from_state(history.get("curriculum"), alpha=cur.alpha, prior=cur.prior)
+    buckets, pools, draws = Buckets(cfg), cur.pool_list(), []
+    if cur.pools_enabled:
+
+        def choose(first: int, k: int) -> tuple[tuple[int, ...], int]:
+            d = draw_problems(first, k, bucket_of=buckets.of_seed, stats=stats, pools=pools,
+                              run_seed=cfg.rollout.seed, max_scan=cur.max_scan)  # fmt: skip
+            draws.append(d)
+            return d.seeds, d.next_seed
+
+        sampler.choose = choose
+    played: list[list[Trajectory]] = []
+
+    def sample(k: int) -> list[list[Trajectory]]:
+        groups = sampler(k)
+        played.extend(groups)
+        return groups
+
+    def accept(group: list[Trajectory]) -> bool:
+        return gate_accepts([signal_fn(t) for t in group], [episode_success(t) for t in group],
+                            low=cur.gate_low, high=cur.gate_high)  # fmt: skip
+
+    groups, gs = dynamic_sampling(sample, num_groups=n, max_rounds=cur.rounds, reward_fn=signal_fn,
+                                  accept=accept if cur.gate else lambda g: True)  # fmt: skip
+    # every played group is an observation of its bucket (rejected ones too); failed verifications are not
+    record_groups(stats, [[t for t in g if not verifier_failed(t)] for g in played], buckets.of_traj)
+    history["curriculum"] = stats.state()
+    kept = sum(len(g) for g in groups)
+    sampled = [t for g in played for t in g]
+    metrics = {"sampling/rounds": gs["rounds"], "sampling/kept_fraction": gs["kept_fraction"],
+               "sampling/informative_fraction": gs["informative_fraction"], "sampling/short_batch": gs["short_batch"],
+               **pool_metrics(stats, pools, merge_draws(draws, pools)), **paid_metrics(sampled, kept, gs)}  # fmt: skip
+    return groups, metrics

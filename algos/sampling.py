@@ -36,6 +36,7 @@ def dynamic_sampling(
     num_groups: int,
     max_rounds: int,
     reward_fn: Callable[[T], Any],
+    accept: Callable[[list[T]], bool] | None = None,
 ) -> tuple[list[list[T]], dict[str, float]]:
     """Sample groups until ``num_groups`` informative ones are kept or ``max_rounds`` have run.
 
@@ -51,6 +52,8 @@ def dynamic_sampling(
         num_groups: informative groups wanted; max_rounds: cap on calls to ``sample_groups``.
         reward_fn: the reward of one episode that decides informativeness: the signal the
             estimator learns from (``update.learning_signal``: a tuple, compared as a whole).
+        accept: ``group -> keep?`` over the group's judged episodes, instead of
+            ``is_informative`` of their rewards (the curriculum's gate: ``curriculum.gate_accepts``).
 
     Returns:
         kept groups (at most ``num_groups``), and stats: ``rounds``, ``sampled_groups``,
@@ -71,7 +74,7 @@ def dynamic_sampling(
             sampled += 1
             good = [t for t in group if not verifier_failed(t)]
             failed += len(group) - len(good)
-            if is_informative([reward_fn(t) for t in good]):
+            if accept(good) if accept is not None else is_informative([reward_fn(t) for t in good]):
                 informative += 1
                 kept.append(good)
             else:
