@@ -88,7 +88,17 @@ def cases() -> dict[str, tuple[int, float, str]]:
 def test_hostile_answers_score_no_more_than_a_non_answer(env_id: str, cases: dict) -> None:
     seed, neutral_reward, gold = cases[env_id]
     env = gymnasium.make(env_id)
+    modes = env.metadata.get("render_modes", [])
+    shown = {mode: gymnasium.make(env_id, render_mode=mode) for mode in modes}  # what a renderer shows
     for action in HOSTILE:
+        for mode, viewer in shown.items():
+            first_view = (viewer.reset(seed=seed), viewer.render())[1]
+            viewer.step(action)
+            view = viewer.render()
+            if mode == "rgb_array":  # the image is the deal, whatever the answer said
+                assert np.array_equal(view, first_view), f"{env_id}: {action[:60]!r}"
+            else:  # the transcript: the task, the answer, the feedback; never the gold
+                assert not _leaks(gold, str(view)), f"{env_id}: {action[:60]!r} rendered the gold"
         first, info0 = env.reset(seed=seed)
         obs, reward, _, _, info = env.step(action)
         verdict, signal = info.get("verdict"), info["signal"]
@@ -97,9 +107,8 @@ def test_hostile_answers_score_no_more_than_a_non_answer(env_id: str, cases: dic
         assert verdict is None or not verdict.correct, why
         assert not signal.solved, why
         assert not _leaks(gold, _text(obs)), f"{why} showed the gold {gold!r}: {_text(obs)[:200]!r}"
-        if isinstance(obs, dict):  # the image is the deal, whatever the answer said
+        if isinstance(obs, dict):  # the observed image is the deal, whatever the answer said
             assert np.array_equal(obs["image"], first["image"]), why
-            assert not _leaks(gold, str(env.render() or "")), why
 
 
 @pytest.mark.parametrize("env_id", ENV_IDS)
