@@ -658,6 +658,7 @@ class ExperimentConfig:
         except ValueError as e:
             raise ConfigError(f"algo: {e}") from e
         self._validate_cross()
+        self._check_staleness()
 
     def _check_curriculum(self) -> None:
         cur = self.curriculum
@@ -675,6 +676,17 @@ class ExperimentConfig:
             raise ConfigError(
                 "curriculum sampling runs in the synchronous loop: set train.max_staleness=0 or turn "
                 "curriculum.pools_enabled and curriculum.gate off"
+            )
+
+    def _check_staleness(self) -> None:
+        """Asynchronous training needs a correction for the gap between the sampler and the trainer."""
+        k = self.train.max_staleness
+        if k > 0 and not self.algo.needs_sampler_logprobs:
+            raise ConfigError(
+                f"train.max_staleness={k} trains on samples from policies up to that many steps old, but "
+                "nothing corrects the gap: set algo.rollout_is=truncate (decoupled PPO: clip against the "
+                "trainer's pi_prox, weigh by min(pi_prox / mu, C)) or mask, or algo.policy_loss=dppo (ratio "
+                "against mu inside its trust region), or train.max_staleness=0"
             )
 
     def _check_parallel(self) -> None:
@@ -707,13 +719,6 @@ class ExperimentConfig:
                 f"{rollout.top_p} / rollout.top_k={rollout.top_k} make them log-probs of the filtered "
                 "distribution: pi_old / mu would be the nucleus mass even for identical engines. Sample with "
                 "rollout.top_p=1.0 rollout.top_k=0, or switch the correction off"
-            )
-        if train.max_staleness > 0 and not algo.needs_sampler_logprobs:
-            raise ConfigError(
-                f"train.max_staleness={train.max_staleness} trains on samples from policies up to that many "
-                "steps old, but nothing corrects the gap: set algo.rollout_is=truncate (decoupled PPO: clip "
-                "against the trainer's pi_prox, weigh by min(pi_prox / mu, C)) or mask, or "
-                "algo.policy_loss=dppo (ratio against mu inside its trust region), or train.max_staleness=0"
             )
         if algo.dynamic_sampling and rollout.group_size < 2:
             raise ConfigError(
