@@ -701,6 +701,10 @@ def _sft_warmup(run: RunParts) -> None:
 
 def _loop(run: RunParts) -> None:
     """RL steps ``state.step .. train.steps - 1``: collect -> update -> metrics -> eval / log / save."""
+    if run.cfg.train.max_staleness > 0:  # generation beside the update, at most K steps stale
+        from veriloop.algos.async_loop import async_loop
+
+        return async_loop(run)
     cfg, state, backend = run.cfg, run.state, run.backend
     loop = _step_loop(run)
     _say(run.quiet, f"RL: {cfg.train.steps - state.step} steps of {cfg.rollout.batch_size} episodes "
