@@ -46,6 +46,16 @@ GROUPS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "clip": ("clip fraction", ("clip_frac_low", "clip_frac_high"), ()),
     "kl": ("KL to old / reference policy", ("approx_kl", "kl_ref", "loss/kl"), ()),
     "sft": ("SFT warm-up: loss per step (token mean)", ("loss/sft",), ("sft/lr",)),
+    "staleness": (
+        "staleness of the trained groups (optimizer steps)",
+        ("async/staleness_mean", "async/staleness_max"),
+        ("async/span_max",),
+    ),
+    "idle": (
+        "idle share of a step (async)",
+        ("async/trainer_wait_fraction", "async/generator_wait_fraction"),
+        (),
+    ),
 }
 #: Line styles, so that curves with equal values (clip_frac_low under _high) stay visible.
 STYLES = (

@@ -105,6 +105,11 @@ def test_no_trained_group_is_staler_than_k(tmp_path: Path, k: int) -> None:
     _check_accounting(run, k, cfg.rollout.seed, cursor)
     assert sum(r["event"] == "trained" for r in ledger) == 5 * 2
     assert {r["reason"] for r in ledger if r["event"] == "dropped"} <= {"run_end"}
+    if k == 1:  # `veriloop plot` draws the staleness and idle shares
+        from veriloop.algos.run.plots import plot_run
+
+        names = {p.name for p in plot_run(run)}
+        assert {"staleness.png", "idle.png"} <= names
 
 
 def test_lora_episodes_keep_their_adapter_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
