@@ -64,19 +64,23 @@ def simulated(args: argparse.Namespace) -> dict[str, Any]:
     return {"settings": settings, "arms": arms}
 
 
-def real_arm(backend: str, k: int, seed: int, out_dir: Path) -> dict[str, Any]:
-    """One ``veriloop train quickstart`` run in its own process; its per-step numbers and final eval."""
+def real_arm(backend: str, k: int, seed: int, out_dir: Path, extra: list[str]) -> dict[str, Any]:
+    """One ``veriloop train quickstart`` run in its own process (``--resume``: a killed arm continues);
+    its per-step numbers and final evaluation."""
     name = f"async-{backend}-k{k}-s{seed}"
     over = [f"train.max_staleness={k}", "algo.rollout_is=truncate", f"rollout.backend={backend}",
-            f"rollout.seed={seed * 10_000}", f"run.out_dir={out_dir}", f"run.name={name}"]  # fmt: skip
+            f"rollout.seed={seed * 10_000}", *extra, f"run.out_dir={out_dir}", f"run.name={name}"]  # fmt: skip
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "veriloop.cli", "train", "quickstart", *over, "--resume"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        return {"error": proc.stderr[-2000:]}
+        return {"error": (proc.stderr or proc.stdout)[-2000:]}
     rows = [json.loads(line) for line in (out_dir / name / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "time/train_s" in r]
     evals = [r for r in rows if "eval/id/avg@n" in r]
+    # wall time of a step: between two consecutive step rows, neither of which evaluated
+    walls = [b["time"] - a["time"] for a, b in zip(steps, steps[1:])
+             if b["step"] == a["step"] + 1 and "eval/id/avg@n" not in a and "eval/id/avg@n" not in b]  # fmt: skip
 
     def mean(key: str) -> float | None:
         vals = [r[key] for r in steps if r.get(key) is not None]
@@ -85,11 +89,14 @@ def real_arm(backend: str, k: int, seed: int, out_dir: Path) -> dict[str, Any]:
     return {
         "wall_s": time.perf_counter() - t0,
         "steps": len(steps),
-        "step_s": mean("time/rollout_s") and (mean("time/rollout_s") or 0) + (mean("time/train_s") or 0),
+        "step_wall_s_median": statistics.median(walls) if walls else None,
         "trainer_wait_fraction": mean("async/trainer_wait_fraction"),
         "generator_wait_fraction": mean("async/generator_wait_fraction"),
         "staleness_mean": mean("async/staleness_mean"),
+        "rollout_s_mean": mean("time/rollout_s"),
+        "train_s_mean": mean("time/train_s"),
         "final_eval_avg@n": evals[-1]["eval/id/avg@n"] if evals else None,
+        "final_eval_step": evals[-1]["step"] if evals else None,
     }
 
 
@@ -109,6 +116,7 @@ def main() -> None:
     p.add_argument("--ks", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--real-seeds", nargs="+", type=int, default=[0])
     p.add_argument("--runs-dir", type=Path, default=Path("runs/bench_async"))
+    p.add_argument("--override", nargs="*", default=[], help="more config overrides for every real run")
     p.add_argument("--fresh", action="store_true", help="ignore results already in the JSON")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args()
@@ -130,7 +138,7 @@ def main() -> None:
                 key = f"{backend}/k{k}/seed{seed}"
                 if key in real and "error" not in real[key]:
                     continue  # done in an earlier (killed) invocation
-                real[key] = real_arm(backend, k, seed, args.runs_dir)
+                real[key] = real_arm(backend, k, seed, args.runs_dir, args.override)
                 print(key, real[key])
                 args.out.write_text(json.dumps(result, indent=1) + "\n")
 
