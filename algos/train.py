@@ -19,7 +19,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -52,6 +52,7 @@ from veriloop.algos.run.distributed import DistContext, init_distributed, shutdo
 from veriloop.algos.eval.loop import final_sample, run_summary
 from veriloop.algos.maths.mismatch import NAMES as MISMATCH_NAMES
 from veriloop.algos.maths.mismatch import MismatchStats
+from veriloop.algos.curriculum import curriculum_step
 from veriloop.algos.mixture import assign_envs, per_env_metrics
 from veriloop.algos.run.nonfinite import NonFiniteGuard
 from veriloop.algos.run.progress import say
@@ -219,6 +220,8 @@ class GroupSampler:
     Attributes:
         rounds: calls so far this step (the round number of ``sampling_stream``).
         sampled: every episode played this step, for metrics (dropped groups included).
+        choose: ``(first seed, n) -> (seeds, next seed)``, the curriculum's draw by difficulty
+            (``curriculum.curriculum_step``); None = the next ``n`` seeds.
     """
 
     cfg: ExperimentConfig
@@ -228,11 +231,13 @@ class GroupSampler:
     backend: Backend | None
     rounds: int = 0
     sampled: list[Trajectory] = field(default_factory=list)
+    choose: Callable[[int, int], tuple[Sequence[int], int]] | None = None
 
     def __call__(self, n: int) -> list[list[Trajectory]]:
-        cfg, g = self.cfg, self.cfg.rollout.group_size
-        seeds = self.dist.shard(range(self.state.next_seed, self.state.next_seed + n))  # this rank's problems
-        self.state.next_seed += n  # seeds only move forward: training never repeats a problem
+        cfg, g, first = self.cfg, self.cfg.rollout.group_size, self.state.next_seed
+        chosen, nxt = self.choose(first, n) if self.choose else (range(first, first + n), first + n)
+        seeds = self.dist.shard(chosen)  # this rank's problems
+        self.state.next_seed = nxt  # seeds only move forward: training never repeats a problem
         # each problem from one environment (a mixture draws it by weight, from the seed alone)
         names = assign_envs(cfg.env.mixture_weights, seeds, cfg.rollout.seed)
         envs = cfg.env.training_envs
@@ -269,7 +274,9 @@ def collect(
     """
     sampler = GroupSampler(cfg, policy, state, dist, backend)
     n = cfg.rollout.prompts_per_step
-    if cfg.algo.dynamic_sampling:
+    if cfg.curriculum.enabled:  # problems drawn by difficulty pool, groups gated and refilled
+        groups, metrics = curriculum_step(cfg, sampler, state.history, partial(learning_signal, cfg=cfg.algo))
+    elif cfg.algo.dynamic_sampling:
         groups, stats = dynamic_sampling(sampler, num_groups=n, max_rounds=cfg.algo.max_sampling_rounds,
                                          reward_fn=partial(learning_signal, cfg=cfg.algo))  # fmt: skip
         metrics = {"sampling/rounds": stats["rounds"], "sampling/kept_fraction": stats["kept_fraction"],
