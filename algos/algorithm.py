@@ -26,6 +26,7 @@ from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.maths import advantages as A
 from veriloop.algos.maths import losses as L
 from veriloop.algos.maths.losses import aggregate
+from veriloop.algos.maths.multi_reward import component_normalized
 from veriloop.configs.algo import AlgoConfig
 
 #: A policy objective in its table's one signature:
@@ -309,12 +310,41 @@ def _action_kinds(trajs: Sequence[Trajectory], k: int) -> torch.Tensor:
     return kinds
 
 
+def episode_components(trajs: Sequence[Trajectory], rewards: torch.Tensor, level: str) -> torch.Tensor:
+    """[N, C] reward components per episode: each name in ``info["reward_components"]`` (summed
+    over the turns for ``level="sum"``, the last turn's for ``outcome``; 0 where absent), in name
+    order, plus one column for whatever else the learning reward ``rewards`` [N] holds (the
+    trainer's format bonus or overlong penalty), so that the components add up to it."""
+    per = []
+    for t in trajs:
+        turns = t.turns[-1:] if level == "outcome" else t.turns
+        parts: dict[str, float] = {}
+        for turn in turns:
+            for name, value in (turn.info.get("reward_components") or {}).items():
+                parts[name] = parts.get(name, 0.0) + float(value)
+        per.append(parts)
+    names = sorted({n for parts in per for n in parts})
+    comp = torch.tensor([[parts.get(n, 0.0) for n in names] for parts in per], dtype=torch.float64)
+    comp = comp.reshape(len(trajs), len(names))
+    rest = rewards.double() - comp.sum(1)
+    return torch.cat([comp, rest[:, None]], 1) if bool((rest.abs() > 1e-6).any()) or not names else comp
+
+
+def _component_estimate(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """GDPO: each reward component normalised in its group, summed, whitened over the batch."""
+    r = A.episode_rewards(x.turn_rewards, x.turn_mask, cfg.reward_level)  # type: ignore[arg-type]
+    comp = episode_components(x.trajectories, r, cfg.reward_level)
+    per = component_normalized(comp, x.groups, valid=x.valid)
+    return A.broadcast_to_tokens(per, x.turn_index, x.loss_mask).double() + _kl_to_go(x), None
+
+
 #: ``cfg.advantage`` -> its estimator, all of one signature (``Estimator``).
 ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
     **dict.fromkeys(EPISODE_ESTIMATORS, _critic_free),
     **dict.fromkeys(TOKEN_WHITENED, _token_whitened),
     "gae": _gae_estimate,
     "process": _process_estimate,
+    "gdpo": _component_estimate,
 }
 
 

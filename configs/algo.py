@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 Advantage = Literal[
-    "group_norm", "group_mean", "rloo", "batch_norm", "group_mean_batch_norm", "gae", "process"
+    "group_norm", "group_mean", "rloo", "batch_norm", "group_mean_batch_norm", "gae", "process", "gdpo"
 ]
+#: The on-policy distillation teacher: the policy given the env's privileged context, or another model.
+DistillTeacher = Literal["privileged", "model"]
 PolicyLoss = Literal["ppo_clip", "gspo", "gspo_token", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "dppo"]
 #: Policy objectives whose loss is one number per sequence: they take the per-sequence mean only.
 SEQUENCE_LEVEL_LOSSES = ("gspo", "gspo_token", "gmpo")
@@ -42,7 +44,9 @@ class AlgoConfig:
             ``batch_norm`` = REINFORCE++ (return whitened over the batch's tokens);
             ``group_mean_batch_norm`` = REINFORCE++-baseline (reward minus the group mean, then
             whitened over the batch's tokens); ``gae`` = PPO with a critic; ``process`` = S2R
-            process-level (per-action rewards, per-action baselines).
+            process-level (per-action rewards, per-action baselines); ``gdpo`` = GDPO: each
+            reward component (``info["reward_components"]``, plus the trainer's own shaping as
+            one more) normalised within its group, summed, then whitened over the batch.
         reward_level: How per-turn rewards become the learning signal. ``outcome``: the last
             turn's reward for the whole episode (its ``info["outcome_reward"]`` when the
             environment reports one, as S2R's does); ``sum``: the sum of turn rewards for the
@@ -124,6 +128,14 @@ class AlgoConfig:
             batch holds the requested number of groups (DAPO).
         max_sampling_rounds: Cap on rollout rounds per step under dynamic sampling.
         epochs: Passes over each rollout batch (PPO-style reuse); mini-batching is a train setting.
+        distill_coef: Weight of the on-policy distillation term: the per-token reverse KL to a
+            teacher on the student's own samples (``maths.distill``); 0 = off.
+        distill_teacher: ``privileged`` = the policy itself, reading the environment's
+            ``privileged_context`` (the gold answer, a solver's formula) in its prompt, which the
+            student never sees; ``model`` = another model (``distill_teacher_model``), reading the
+            student's own context.
+        distill_teacher_model: The teacher for ``distill_teacher=model`` (a saved policy folder).
+        rl_coef: Weight of the RL objective beside the distillation term (0 = distillation only).
     """
 
     name: str = "grpo"
@@ -173,6 +185,10 @@ class AlgoConfig:
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4
     epochs: int = 1
+    distill_coef: float = 0.0
+    distill_teacher: DistillTeacher = "privileged"
+    distill_teacher_model: str | None = None
+    rl_coef: float = 1.0
 
     @property
     def needs_reference(self) -> bool:
@@ -242,6 +258,18 @@ class AlgoConfig:
             )
         if self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        self._validate_distill()
+
+    def _validate_distill(self) -> None:
+        """The distillation term's weights and teacher; GDPO's reward level."""
+        if self.advantage == "gdpo" and self.reward_level == "turn":
+            raise ValueError("advantage=gdpo normalises episode rewards: use reward_level=sum or outcome")
+        if self.distill_coef < 0 or self.rl_coef < 0 or self.distill_coef + self.rl_coef == 0:
+            raise ValueError(
+                f"need distill_coef >= 0 and rl_coef >= 0, not both 0, got {self.distill_coef}, {self.rl_coef}"
+            )
+        if self.distill_coef > 0 and self.distill_teacher == "model" and not self.distill_teacher_model:
+            raise ValueError("distill_teacher=model needs distill_teacher_model (a saved policy folder)")
 
     def _validate_objective(self) -> None:
         """Choices that only some objectives accept."""

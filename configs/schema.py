@@ -36,7 +36,7 @@ SFTSource = Literal[DemonstrationSource, "rejection"]
 #: Largest learning rate accepted: far above any useful value, and keeps AdamW's arithmetic finite.
 MAX_LR = 1.0
 #: Advantage estimators whose baseline comes from the other samples of the same prompt.
-GROUP_ADVANTAGES = ("group_norm", "group_mean", "rloo", "group_mean_batch_norm", "process")
+GROUP_ADVANTAGES = ("group_norm", "group_mean", "rloo", "group_mean_batch_norm", "process", "gdpo")
 
 
 class ConfigError(ValueError):
