@@ -16,6 +16,7 @@ refused with the reason.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -134,3 +135,40 @@ def teacher_logprobs(
                 mine[pos] = float(lp[row, pos + shift])
         out.append(mine)
     return out
+
+
+@functools.lru_cache(maxsize=2)
+def _loaded_teacher(path: str) -> Any:
+    """A separate teacher model, loaded once per run (frozen, evaluation mode)."""
+    from veriloop.agents.loading import load_policy
+
+    teacher = load_policy(path)
+    teacher.model.eval()
+    return teacher
+
+
+def score_with_teacher(
+    policy: Any, trajs: Sequence[Trajectory], *, teacher: str, teacher_model: str | None, temperature: float
+) -> list[list[float]]:
+    """:func:`teacher_logprobs` with a run's teacher (``algo.distill_teacher``).
+
+    Args:
+        policy: The student (its tokenizer formats the teacher's context).
+        teacher: ``privileged`` = ``policy.model`` itself with the environment's privileged context;
+            ``model`` = ``teacher_model`` (a saved policy folder) on the student's context; its
+            vocabulary must be the student's.
+        temperature: The rollout's sampling temperature.
+    """
+    if teacher == "privileged":
+        model, privileged = policy.model, True
+    else:
+        loaded = _loaded_teacher(str(teacher_model))
+        if len(loaded.tokenizer) != len(policy.tokenizer):
+            raise ValueError(
+                f"the teacher {teacher_model} has a vocabulary of {len(loaded.tokenizer)} tokens, the student "
+                f"{len(policy.tokenizer)}: on-policy distillation scores the student's token ids, so they must share one"
+            )
+        model, privileged = loaded.model, False
+    pad = policy.tokenizer.pad_token_id or 0
+    fmt = ChatFormat(policy.tokenizer, processor=getattr(policy, "processor", None))
+    return teacher_logprobs(model, trajs, fmt, privileged=privileged, temperature=temperature, pad_id=pad)

@@ -40,6 +40,8 @@ class TokenBatch:
             ``algos.correction``) multiplying the policy loss; None = no correction.
         cov_select: [B, T] bool, the tokens Clip-Cov / KL-Cov act on, chosen once for the whole
             mini-batch before it is cut into micro-batches (``update.select_tokens``); else None.
+        teacher_logprobs: [B, T] float, an on-policy distillation teacher's log-probs of the
+            sampled tokens (``agents.teacher``; 0 off the loss mask), or None.
         extras: extra model inputs (e.g. ``pixel_values``); tensors whose first dim is B are
             sliced with the batch.
         extra_counts: For an extra stacked per item rather than per row (a multi-turn VLM
@@ -59,6 +61,7 @@ class TokenBatch:
     sampler_logprobs: torch.Tensor | None = None
     is_weights: torch.Tensor | None = None
     cov_select: torch.Tensor | None = None
+    teacher_logprobs: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     extra_counts: dict[str, torch.Tensor] = field(default_factory=dict)
 
@@ -70,7 +73,9 @@ class TokenBatch:
             got = tuple(getattr(self, f).shape)
             if got != shape:
                 raise ValueError(f"TokenBatch.{f} has shape {got}, expected input_ids' {shape}")
-        for f in ("returns", "old_values", "ref_logprobs", "sampler_logprobs", "is_weights", "cov_select"):
+        optional = ("returns", "old_values", "ref_logprobs", "sampler_logprobs", "is_weights", "cov_select",
+                    "teacher_logprobs")  # fmt: skip
+        for f in optional:
             x = getattr(self, f)
             if x is not None and tuple(x.shape) != shape:
                 raise ValueError(f"TokenBatch.{f} has shape {tuple(x.shape)}, expected {shape}")
@@ -431,3 +436,22 @@ def minibatches(
 def _rows(batch: TokenBatch, rows: list[int], trim: bool) -> TokenBatch:
     part = batch.select(torch.tensor(rows, dtype=torch.long))
     return part.trimmed() if trim else part
+
+
+def with_teacher(batch: TokenBatch, teacher: Sequence[Sequence[float]]) -> TokenBatch:
+    """``batch`` with a distillation teacher's log-probs attached (``TokenBatch.teacher_logprobs``).
+
+    Args:
+        teacher: One list per row, as long as the row's tokens (``agents.teacher.teacher_logprobs``:
+            the episodes' own positions; one row per episode).
+    """
+    if len(teacher) != batch.size:
+        raise ValueError(
+            f"{len(teacher)} teacher rows for a batch of {batch.size} (one row per one-sample episode)"
+        )
+    width = batch.input_ids.shape[1]
+    if any(len(row) > width for row in teacher):
+        raise ValueError(f"a teacher row is longer than the batch's {width} columns")
+    return dataclasses.replace(
+        batch, teacher_logprobs=_pad(teacher, 0.0, torch.float32, width) * batch.loss_mask
+    )

@@ -37,9 +37,10 @@ from veriloop.agents.loading import LoraSettings, load_policy, save_policy
 from veriloop.agents.policy import Policy
 from veriloop.agents.precision import apply_precision
 from veriloop.agents.sampling_params import SamplingParams
+from veriloop.agents.teacher import score_with_teacher
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.algorithm import Algorithm, resolve
-from veriloop.algos.batch import TokenBatch, minibatches
+from veriloop.algos.batch import TokenBatch, minibatches, with_teacher
 from veriloop.algos.run.checkpoint import (
     check_finite,
     complete_checkpoints,
@@ -355,6 +356,9 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
     batch, adv_metrics = prepare_batch(trajs, algo, model=policy.model, critic=critic, pad_id=pad,
                                        ref_model_ctx=ref_ctx, temperature=r.temperature,
                                        recompute_old_logprobs=truncated)  # fmt: skip
+    if cfg.algo.distill_coef > 0:  # on-policy distillation: a teacher scores the student's own tokens
+        batch = with_teacher(batch, score_with_teacher(policy, trajs, teacher=cfg.algo.distill_teacher,
+                             teacher_model=cfg.algo.distill_teacher_model, temperature=r.temperature))  # fmt: skip
     policy.model.train()
     sums: dict[str, float] = {}
     updates = 0

@@ -33,6 +33,7 @@ from veriloop.algos.maths import advantages as A
 from veriloop.algos.algorithm import Algorithm, ObjectiveExtras, RewardInputs, resolve
 from veriloop.algos.batch import SampleRows, TokenBatch, collate, minibatches, with_advantages
 from veriloop.algos.maths.correction import rollout_correction
+from veriloop.algos.maths.distill import reverse_kl_distill_loss
 from veriloop.algos.critic import ValueModel, values
 from veriloop.algos.run.fsdp import is_sharded
 from veriloop.algos.maths.losses import aggregate, entropy_bonus, kl_penalty, sequence_count, value_loss
@@ -313,7 +314,7 @@ def policy_loss(
                   total_tokens=total_tokens, total_seqs=total_seqs, segments=segments)  # fmt: skip
     extras = ObjectiveExtras(batch.is_weights, batch.sampler_logprobs, batch.cov_select)
     pg, stats = algo.objective(logp, batch.old_logprobs, batch.advantages, mask, segments, extras)  # [B, T]
-    loss_pg = agg(pg)
+    loss_pg, stats = _with_distillation(pg, stats, logp, batch, algo, agg)
     zero = loss_pg.new_zeros(())
     loss_kl = (
         _kl_loss(model, batch, algo, logp, agg, ref_model_ctx, temperature) if algo.kl_loss_coef else zero
@@ -322,6 +323,23 @@ def policy_loss(
     loss_v = _value_loss(batch, algo.cfg, critic, total_tokens) if critic is not None else zero
     loss = loss_pg + loss_kl + loss_ent + loss_v
     return loss, _loss_metrics(loss_pg, loss_kl, loss_ent, loss_v, stats, logp, ent, mask)
+
+
+def _with_distillation(
+    pg: torch.Tensor, stats: dict[str, Any], logp: torch.Tensor, batch: TokenBatch, algo: Algorithm, agg: Any
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The aggregated policy term: ``rl_coef`` x the RL objective + ``distill_coef`` x the per-token
+    reverse KL to the teacher (``maths.distill``, on ``batch.teacher_logprobs``); without
+    distillation, the RL objective alone."""
+    c = algo.cfg
+    if c.distill_coef == 0:
+        return agg(pg), stats
+    if batch.teacher_logprobs is None:
+        raise ValueError(
+            "algo.distill_coef > 0 needs the teacher's log-probs: attach them with batch.with_teacher"
+        )
+    kd, kd_stats = reverse_kl_distill_loss(logp, batch.old_logprobs, batch.teacher_logprobs, batch.loss_mask)
+    return c.rl_coef * agg(pg) + c.distill_coef * agg(kd), {**stats, **kd_stats}
 
 
 def _mismatch(batch: TokenBatch, logp: torch.Tensor) -> MismatchStats:
@@ -387,6 +405,9 @@ def _loss_metrics(
     }
     if "cov_frac" in stats:
         metrics["cov_frac"] = float(stats["cov_frac"])
+    if "reverse_kl" in stats:  # on-policy distillation: the student's KL to the teacher, per token
+        metrics["distill/reverse_kl"] = float(stats["reverse_kl"])
+        metrics["distill/teacher_better_frac"] = float(stats["teacher_better_frac"])
     return metrics
 
 
