@@ -159,12 +159,14 @@ def test_reasoning_gym_default_scorer_gives_no_credit_for_a_hedge() -> None:
     """reasoning-gym's default scorer pays len(gold)/len(answer) to an answer containing the gold:
     a hedge ("<gold> or 1") scored 0.5 where a wrong answer scores 0. It scores 0 here ("hedged"),
     unless substring_credit=True asks for reasoning-gym's own rule."""
-    env = gymnasium.make("veriloop/ReasoningGym-v0", dataset="basic_arithmetic")
+    env = gymnasium.make("veriloop/ReasoningGym-v0", dataset="basic_arithmetic", timeout_s=60)  # a busy CI
     _, info = env.reset(seed=1)
     gold = info["task"]["answer"]
     _, reward, _, _, info = env.step(f"<answer>{gold} or 1</answer>")
     assert (reward, info["verdict"].reason) == (0.0, "hedged")
-    upstream = gymnasium.make("veriloop/ReasoningGym-v0", dataset="basic_arithmetic", substring_credit=True)
+    upstream = gymnasium.make(
+        "veriloop/ReasoningGym-v0", dataset="basic_arithmetic", substring_credit=True, timeout_s=60
+    )
     upstream.reset(seed=1)
     assert upstream.step(f"<answer>{gold} or 1</answer>")[1] == pytest.approx(len(gold) / len(gold + " or 1"))
     env.reset(seed=1)
