@@ -366,8 +366,9 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
     # (pi_old recomputed for the rollout correction) or it cannot be measured (top-k / top-p)
     measure = not truncated and not cfg.algo.needs_old_recompute
     mismatch: list[MismatchStats] = []
+    per_mb = -(-cfg.mini_batch_size * batch.size // len(trajs))  # rows: a split episode is several
     for _ in range(cfg.algo.epochs):
-        for mb in minibatches(batch, cfg.mini_batch_size, shuffle=generator):
+        for mb in minibatches(batch, per_mb, shuffle=generator):
             mb = select_tokens(mb, algo)  # Clip-Cov / KL-Cov: chosen over the mini-batch, all ranks alike
             part = mb.select(torch.arange(dist.rank, mb.size, dist.world_size)) if dist.enabled else mb
             # every rank's loss is normalised by the whole mini-batch's counts: gradients just add up
