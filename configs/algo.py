@@ -43,10 +43,10 @@ class AlgoConfig:
             ``group_mean`` = Dr. GRPO (R - mean); ``rloo`` = leave-one-out baseline;
             ``batch_norm`` = REINFORCE++ (return whitened over the batch's tokens);
             ``group_mean_batch_norm`` = REINFORCE++-baseline (reward minus the group mean, then
-            whitened over the batch's tokens); ``gae`` = PPO with a critic; ``process`` = S2R
-            process-level (per-action rewards, per-action baselines); ``gdpo`` = GDPO: each
+            whitened over the batch's tokens); ``gae`` = PPO with a critic; ``gdpo`` = GDPO: each
             reward component (``info["reward_components"]``, plus the trainer's own shaping as
-            one more) normalised within its group, summed, then whitened over the batch.
+            one more) normalised within its group, summed, then whitened over the batch;
+            ``process`` = S2R process-level (per-action rewards, per-action baselines).
         reward_level: How per-turn rewards become the learning signal. ``outcome``: the last
             turn's reward for the whole episode (its ``info["outcome_reward"]`` when the
             environment reports one, as S2R's does); ``sum``: the sum of turn rewards for the
