@@ -42,7 +42,7 @@ def privileged_text(traj: Trajectory) -> str:
     env = gym.make(traj.env_id, **traj.env_kwargs)
     try:
         _, info = env.reset(seed=traj.seed)
-        base = env.unwrapped
+        base: Any = env.unwrapped  # a VerifierEnv (its task and privileged_context), or another env
         if jsonable(info.get("task", {})) != traj.task:
             raise ValueError(f"{traj.env_id} seed {traj.seed} resets to another task than the episode's")
         hint = getattr(base, "privileged_context", lambda task: None)(base.task)
