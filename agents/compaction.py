@@ -84,3 +84,15 @@ class PolicySummary:
         summary = generate([*messages, {"role": "user", "content": self.request}]).strip()
         note = {"role": "assistant", "content": f"Summary of my earlier attempts: {summary}"}
         return [*messages[:head], note, messages[-1]]
+
+
+def make_compactor(kind: str, keep: int = 1) -> Compactor | None:
+    """The compactor a config names (``rollout.compaction``): ``"none"`` -> None (truncate),
+    ``"keep_last"`` -> :class:`KeepLastTurns` (``keep``), ``"summary"`` -> :class:`PolicySummary`."""
+    if kind == "none":
+        return None
+    if kind == "keep_last":
+        return KeepLastTurns(keep)
+    if kind == "summary":
+        return PolicySummary()
+    raise ValueError(f"unknown compaction {kind!r}: choose none, keep_last or summary")

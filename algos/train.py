@@ -31,6 +31,7 @@ import yaml
 import veriloop.envs  # noqa: F401  (registers the environments)
 from veriloop.agents.atomic import write_text_atomic
 from veriloop.agents.backends import Backend, make_backend, resolve_backend
+from veriloop.agents.compaction import make_compactor
 from veriloop.agents.drift import drift_rate
 from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.loading import LoraSettings, load_policy, save_policy
@@ -246,7 +247,8 @@ class GroupSampler:
                  for s, e in zip(seeds, names) for _ in range(g)]  # fmt: skip
         stream = sampling_stream(self.state.step, self.rounds, self.dist.rank)
         mine = rollout(self.policy, specs, sampling=_sampling(cfg, stream), limits=_limits(cfg), backend=self.backend,
-                       system_prompt=cfg.env.system_prompt) if specs else []  # fmt: skip
+                       system_prompt=cfg.env.system_prompt,
+                       compactor=make_compactor(cfg.rollout.compaction, cfg.rollout.compaction_keep)) if specs else []  # fmt: skip
         self.rounds += 1
         groups = self.dist.gather_shards(
             [mine[i : i + g] for i in range(0, len(mine), g)]

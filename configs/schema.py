@@ -328,6 +328,12 @@ class RolloutConfig:
         max_context: Token budget of a whole episode (prompt + all turns); reaching it truncates.
         max_turns: Model turns per episode (1 = single turn; > 1 lets the verifier's feedback
             prompt another attempt).
+        compaction: What a training episode does when its next turn would not have
+            ``max_new_tokens`` left under ``max_context``: ``none`` (truncate it, the default),
+            ``keep_last`` (keep the system prompt, the task and the last ``compaction_keep``
+            exchanges) or ``summary`` (the policy summarises the turns so far); both start a new
+            training sample there (docs/multi-turn.md). Text policies only.
+        compaction_keep: Exchanges ``keep_last`` keeps (>= 0).
         seed: First environment seed of training problems (also seeds sampling).
         backend: Generation backend for training rollouts: ``auto`` (the default: ``vllm`` where
             vLLM is installed and the policy is a text model in a folder, else ``hf``), ``hf``
@@ -348,6 +354,8 @@ class RolloutConfig:
     max_new_tokens: int = 256
     max_context: int = 2048
     max_turns: int = 1
+    compaction: Literal["none", "keep_last", "summary"] = "none"
+    compaction_keep: int = 1
     seed: int = 0
     backend: Literal["auto", "hf", "vllm", "vllm_server"] = "auto"
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -368,6 +376,8 @@ class RolloutConfig:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ConfigError(f"rollout.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.compaction_keep < 0:
+            raise ConfigError(f"rollout.compaction_keep must be >= 0 exchanges, got {self.compaction_keep}")
         if not 0 <= self.seed < 2**31:  # env seeds and sampler seeds derive from it
             raise ConfigError(f"rollout.seed must be in 0 .. 2**31-1, got {self.seed}")
         if self.backend == "vllm_server":
