@@ -171,3 +171,26 @@ def test_reasoning_gym_default_scorer_gives_no_credit_for_a_hedge() -> None:
     assert upstream.step(f"<answer>{gold} or 1</answer>")[1] == pytest.approx(len(gold) / len(gold + " or 1"))
     env.reset(seed=1)
     assert env.step(f"<answer>{gold}</answer>")[1] == 1.0  # the plain right answer is untouched
+
+
+def test_a_served_step_cannot_carry_state_changes() -> None:
+    """An OpenEnv step message with fields besides `response` (a task, a reward, a seed) is refused
+    as a whole: nothing is stepped, the episode is unchanged, the next plain step is attempt 1."""
+    pytest.importorskip("openenv")
+    from websockets.sync.client import connect
+
+    from veriloop.interop.openenv_server import serve
+
+    with serve("veriloop/MathVerifyRetry-v0") as url, connect(url.replace("http://", "ws://") + "/ws") as ws:
+
+        def ask(kind: str, data: dict) -> dict:
+            ws.send(json.dumps({"type": kind, "data": data}))
+            return json.loads(ws.recv(timeout=30))
+
+        ask("reset", {"seed": 0})
+        forged = {"response": "\\boxed{1}", "task": {"answer": "1", "question": "1"}, "reward": 10, "seed": 3}
+        reply = ask("step", forged)
+        assert reply["type"] == "error" and "Extra inputs are not permitted" in reply["data"]["message"]
+        assert ask("state", {})["data"]["step_count"] == 0
+        step = ask("step", {"response": "\\boxed{1}"})["data"]
+        assert step["observation"]["attempt"] == 1 and step["reward"] == -1.0
