@@ -162,14 +162,24 @@ class ChatFormat:
         Returns:
             ``missing closing text + new user message + generation prompt``.
         """
-        before = self.render(conversation, add_generation_prompt=False)
-        after = self.render([*conversation, new_message], add_generation_prompt=True)
-        if not after.startswith(before):
+        text = self.delta_text_or_none(conversation, new_message, ended_with_eos)
+        if text is None:
             raise ValueError(
                 "the chat template re-renders earlier turns when a message is added (not prefix-stable), "
                 "so token-in/token-out deltas are undefined for it; check ChatFormat.extends first and "
                 "start a new sample where it is False (the rollout does)"
             )
+        return text
+
+    def delta_text_or_none(
+        self, conversation: Sequence[dict[str, Any]], new_message: dict[str, Any], ended_with_eos: bool
+    ) -> str | None:
+        """:meth:`delta_text`, or None where the template rewrites history (:meth:`extends` is
+        False); one rendering of each side, for the rollout's every turn."""
+        before = self.render(conversation, add_generation_prompt=False)
+        after = self.render([*conversation, new_message], add_generation_prompt=True)
+        if not after.startswith(before):
+            return None
         close = self.assistant_close
         if ended_with_eos and self.eos_text and close.startswith(self.eos_text):
             close = close[len(self.eos_text) :]

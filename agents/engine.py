@@ -35,6 +35,7 @@ from veriloop.agents.compaction import Compactor, Messages
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory, TurnRecord
 from veriloop.envs.base import SIGNAL_KEY, signal_of
+from veriloop.envs.json_safe import jsonable
 from veriloop.envs.verifiers import Verdict
 
 
@@ -81,19 +82,6 @@ class RolloutLimits:
             raise ValueError(
                 f"need max_turns >= 1 and max_context >= 2, got {self.max_turns}, {self.max_context}"
             )
-
-
-def jsonable(value: Any) -> Any:
-    """A JSON-ready copy: numpy scalars/arrays become Python numbers/lists, dataclasses dicts."""
-    if hasattr(value, "to_dict"):
-        return jsonable(value.to_dict())
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if hasattr(value, "tolist"):  # numpy / torch
-        return value.tolist()
-    return value
 
 
 def as_verdict(value: Any) -> Verdict | None:
@@ -198,10 +186,10 @@ class _Episode:
         where the template rewrites history, or (with a compactor) where fewer than
         ``self.reserve`` tokens (a full turn) would be left."""
         message, image = observation_message(obs)
-        if not self.fmt.extends(self.context, message):
-            return self._new_sample([*self.context, message], obs, turn, limits, "template")
         ended = bool(res.token_ids) and res.token_ids[-1] == self.fmt.tokenizer.eos_token_id
-        text = self.fmt.delta_text(self.context, message, ended)
+        text = self.fmt.delta_text_or_none(self.context, message, ended)
+        if text is None:  # the template rewrote an earlier turn
+            return self._new_sample([*self.context, message], obs, turn, limits, "template")
         if self.fmt.processor is not None:
             ids, inputs = self.fmt.encode_multimodal(text, [image] if image is not None else [])
         else:
