@@ -22,7 +22,9 @@ def test_training_seeds_count_skipped_seeds_and_refills():
                             "curriculum.max_rounds=2", "eval.seed_offset=10000000"])  # fmt: skip
     assert len(on.train_seed_range) == len(base) * 3 * 2
     with pytest.raises(ConfigError, match="overlap training seeds"):
-        load_config(None, ["curriculum.pools_enabled=true", "curriculum.max_scan=64", "eval.seed_offset=20000"])
+        load_config(
+            None, ["curriculum.pools_enabled=true", "curriculum.max_scan=64", "eval.seed_offset=20000"]
+        )
 
 
 @pytest.mark.parametrize(
@@ -35,7 +37,10 @@ def test_training_seeds_count_skipped_seeds_and_refills():
         (["curriculum.pools={a: {low: 0, high: 1, weight: 0}}"], "weight 0"),
         (["curriculum.gate=true", "algo.dynamic_sampling=true"], "one of them"),
         (["curriculum.gate=true", "rollout.group_size=1", "algo.advantage=batch_norm"], "group_size"),
-        (["curriculum.pools_enabled=true", "train.max_staleness=1", "algo.rollout_is=truncate"], "max_staleness"),
+        (
+            ["curriculum.pools_enabled=true", "train.max_staleness=1", "algo.rollout_is=truncate"],
+            "max_staleness",
+        ),
     ],
 )
 def test_bad_settings_are_refused_with_the_fix(overrides, match):
