@@ -87,3 +87,22 @@ def test_an_env_without_privileged_context_is_refused(tokenizer):
     (tr,) = _episodes(tokenizer, "veriloop/ReasoningGym-v0", {}, seeds=(0,))
     with pytest.raises(ValueError, match="privileged_context"):
         privileged_text(tr)
+
+
+def test_a_separate_teacher_model_scores_the_student_context(tiny_text_policy, tmp_path):
+    from veriloop.agents.loading import save_policy
+    from veriloop.agents.teacher import score_with_teacher
+    from veriloop.agents.testing import tiny_policy
+
+    teacher = tiny_policy(seed=1)  # other weights, the same vocabulary
+    save_policy(teacher, tmp_path / "teacher")
+    trajs = _episodes(tiny_text_policy.tokenizer)
+    got = score_with_teacher(tiny_text_policy, trajs, teacher="model", teacher_model=str(tmp_path / "teacher"),
+                             temperature=1.0)  # fmt: skip
+    want = teacher_logprobs(teacher.model, trajs, ChatFormat(teacher.tokenizer), privileged=False)
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w, abs=1e-5)
+    own = score_with_teacher(
+        tiny_text_policy, trajs, teacher="privileged", teacher_model=None, temperature=1.0
+    )
+    assert own != got  # the policy with privileged context is another teacher
