@@ -37,7 +37,7 @@ import numpy as np
 from veriloop.agents.engine import jsonable
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.mixture import assign_envs
-from veriloop.algos.sampling import dynamic_sampling, verifier_failed
+from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
 from veriloop.configs.curriculum import Pool, check_pools  # noqa: F401  (re-exported: they live with the settings)
 from veriloop.configs.schema import ExperimentConfig
 
@@ -337,7 +337,9 @@ def curriculum_step(
     history["curriculum"] = stats.state()
     kept = sum(len(g) for g in groups)
     sampled = [t for g in played for t in g]
+    # the plain loop's formula: groups whose judged episodes' signals differ, over the groups played
+    useful = [is_informative([signal_fn(t) for t in g if not verifier_failed(t)]) for g in played]
     metrics = {"sampling/rounds": gs["rounds"], "sampling/kept_fraction": gs["kept_fraction"],
-               "sampling/informative_fraction": gs["informative_fraction"], "sampling/short_batch": gs["short_batch"],
+               "sampling/informative_fraction": sum(useful) / max(len(useful), 1), "sampling/short_batch": gs["short_batch"],
                **pool_metrics(stats, pools, merge_draws(draws, pools)), **paid_metrics(sampled, kept, gs)}  # fmt: skip
     return groups, metrics

@@ -63,6 +63,8 @@ def test_mixture_run_with_pools_and_gate_logs_its_costs_and_resumes_exactly(tmp_
         assert r["curriculum/rejected_groups"] == pytest.approx(groups * (1 - r["sampling/kept_fraction"]))
         assert r["curriculum/wasted_episodes"] == r["curriculum/rejected_groups"] * 2
         assert groups >= 4 and (r["sampling/rounds"] == 1) == (groups == 4)
+        # the gate's range is [0, 1]: it keeps exactly the informative groups (none left over)
+        assert r["sampling/informative_fraction"] == pytest.approx(r["sampling/kept_fraction"])
     assert sum(r["updates"] for r in rows) >= 1  # the gate kept something to learn from
     buckets = rows[-1]["curriculum/buckets"]
     assert buckets >= 2  # math/1 and at least one Points24 target bucket (p24/24)
