@@ -69,6 +69,19 @@ def check_async(cfg: ExperimentConfig, dist: Any) -> None:
         )
 
 
+def check_adapter_slots(slots: int | None, max_staleness: int) -> None:
+    """LoRA adapters on vLLM servers: running episodes use up to K + 2 versions at once, which one
+    batch can mix only with ``--max-loras`` >= K + 2 (``slots``; None = the servers do not say)."""
+    need = max_staleness + 2
+    if slots is not None and slots < need:
+        raise ConfigError(
+            f"train.max_staleness={max_staleness} with LoRA adapters on vLLM servers keeps up to {need} adapter "
+            f"versions in use, but a server batches at most {slots} (--max-loras): start the servers with "
+            f"`veriloop serve-vllm --lora-rank R -- --max-loras {need}`, or set rollout.server.lora_sync=merge, "
+            "or lower train.max_staleness"
+        )
+
+
 def _budget(cfg: ExperimentConfig, cursor: int, pending: list[int]) -> int:
     """Admissions left: the run's problems ((steps x rounds + K) x n, as ``train_seed_range`` counts
     them) minus those already taken from the cursor, plus the pending ones played again."""
@@ -112,7 +125,12 @@ def build_worker(run: Any, ledger: Ledger) -> GenerationWorker:
     sched = Scheduler(cfg.train.max_staleness, cfg.rollout.prompts_per_step,
                       budget=_budget(cfg, state.next_seed, pending), version=state.step)  # fmt: skip
     sched.accepted = state.step * cfg.rollout.prompts_per_step  # the groups trained before a resume
-    weights = HFWeights(policy, state.step) if run.backend is None else LiveWeights(run.backend, state.step)
+    k = cfg.train.max_staleness
+    weights = (
+        HFWeights(policy, state.step) if run.backend is None else LiveWeights(run.backend, state.step, k)
+    )
+    if isinstance(weights, LiveWeights) and weights.lora:
+        check_adapter_slots(run.backend.adapter_slots(), k)
     fmt = ChatFormat(policy.tokenizer, cfg.env.system_prompt, processor=policy.processor)
     worker = GenerationWorker(sched=sched, cond=threading.Condition(), weights=weights, specs=_specs(cfg),
                               drop=_drop_rule(cfg), fmt=fmt, eos=eos_token_ids(policy.tokenizer, policy.model),
@@ -154,9 +172,8 @@ def _async_step(run: Any, loop: Any, worker: GenerationWorker, ledger: Ledger, s
     cfg, state, t0 = run.cfg, run.state, time.perf_counter()
     batch, waited = worker.wait_batch(step)
     with worker.cond:
-        sampled, worker.sampled = worker.sampled, []
-        finished = [g for g in batch]
-    trajs = [t for g in finished for t in g.payload]  # type: ignore[union-attr]
+        sampled, worker.sampled = worker.sampled, []  # every episode finished since the last step
+    trajs = [t for g in batch for t in g.payload]  # type: ignore[union-attr]
     metrics: dict[str, Any] = _sampling_metrics(cfg, batch, sampled)
     shown = sampled or trajs
     if shown:
@@ -196,6 +213,9 @@ def _hand_over_weights(run: Any, worker: GenerationWorker, version: int) -> floa
     w = worker.weights
     if isinstance(w, HFWeights):
         w.publish(version, run.policy)  # the worker loads it between two turns
+    elif w.lora:  # adapters on servers: a new adapter beside the ones in use, no pause
+        run.backend.sync()
+        w.served(version)
     else:
         worker.pause()  # the worker holds between two turns
         try:
@@ -222,11 +242,7 @@ def _sampling_metrics(
     groups = [sampled[i : i + g] for i in range(0, len(sampled), g)]
     useful = [is_informative([learning_signal(t, cfg.algo) for t in grp]) for grp in groups]
     n = cfg.rollout.prompts_per_step
-    kept = sum(
-        1
-        for grp in groups
-        if not cfg.algo.dynamic_sampling or is_informative([learning_signal(t, cfg.algo) for t in grp])
-    )
+    kept = sum(useful) if cfg.algo.dynamic_sampling else len(groups)  # dynamic sampling drops the rest
     return {
         "sampling/rounds": len(groups) / n,
         "sampling/kept_fraction": kept / max(len(groups), 1),

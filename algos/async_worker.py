@@ -103,14 +103,37 @@ class HFWeights:
 
 
 class LiveWeights:
-    """An engine that holds one weight version (vLLM in-process or servers): the trainer pauses the
-    worker and calls ``backend.sync()``; the worker only samples."""
+    """An engine with its own weights (vLLM in-process or servers).
 
-    def __init__(self, backend: Any, version: int = 0) -> None:
+    Full weights (and LoRA merged into them, or vLLM in-process): the engine holds one version;
+    the trainer pauses the worker and calls ``backend.sync()``. LoRA served as adapters by vLLM
+    servers (``lora``): every sync loads a new adapter and the servers keep the last K + 2; each
+    request names its episode's version (``backend.pin``), so nothing pauses and episodes never
+    mix adapter versions.
+    """
+
+    def __init__(self, backend: Any, version: int = 0, max_staleness: int = 0) -> None:
         self.backend = backend
         self.loaded = version
-        self.lora = False  # one version at a time: episodes continue across a sync
+        self.lora = bool(getattr(backend, "serves_adapter", False)) and hasattr(backend, "pin")
+        self.keep = max_staleness + 2
+        self.names: dict[int, str] = {version: backend.model_name} if self.lora else {}
+        if self.lora:
+            backend.keep_adapters = self.keep
         self.most_held = 1
+
+    def load(self, version: int) -> None:
+        """Nothing to load: each request names its adapter version (``backend.pin``)."""
+
+    def served(self, version: int) -> None:
+        """Trainer thread, after ``backend.sync()``: the adapter just loaded is ``version``."""
+        self.names[version] = self.backend.model_name
+        for old in [v for v in self.names if v <= version - self.keep]:
+            del self.names[old]  # unloaded by the servers
+        self.most_held = max(self.most_held, len(self.names))
+
+    def keep_only(self, versions: set[int]) -> None:
+        """The servers unload old adapters themselves (``keep_adapters``)."""
 
 
 @dataclass
@@ -297,12 +320,12 @@ class GenerationWorker:
             group.last_version = version
             by_version.setdefault(version, []).extend(ep for ep in group.episodes if not ep.done)
         for version, eps in sorted(by_version.items()):
-            if isinstance(w, HFWeights) and w.lora:
-                w.load(version)  # the adapter this group started with
+            if w.lora:
+                w.load(version)  # the adapter this group started with (servers: named per request)
             self._play(eps, version)
         self.clock.turns += 1
         self._hand_over()
-        if isinstance(w, HFWeights) and w.lora:
+        if w.lora:
             w.keep_only({g.version for g in self._running.values()})
 
     def _play(self, eps: list[_Episode], version: int) -> None:
@@ -319,6 +342,8 @@ class GenerationWorker:
         for ep in live:
             req = ep.request(len(ep.turns), min(per_turn, lim.max_context - ep.context_len))
             requests.append(replace(req, key=_cache_key(ep.key, version)))  # caches keyed by version
+            if isinstance(self.weights, LiveWeights) and self.weights.lora:
+                self.weights.backend.pin(requests[-1].key, self.weights.names[version])
         results = self.weights.backend.generate(requests, self.sampling, self._generator)
         for ep, res in zip(live, results):
             ep.apply(len(ep.turns), res, self.eos, lim)

@@ -140,6 +140,8 @@ class VLLMServerBackend:
         self.model_name = self.base_model
         self._versions = itertools.count(1)
         self._route: dict[Hashable, int] = {}
+        self.keep_adapters = 1  # adapter versions kept loaded (asynchronous training keeps K + 2)
+        self._pinned: dict[Hashable, str] = {}  # request key -> the adapter version it samples with
         self._next_server = self.dist.rank
         self._dir = self._make_sync_dir(sync_dir) if self.dist.is_main else None
         if self.serves_adapter and all(info is not None for info in infos):
@@ -154,6 +156,17 @@ class VLLMServerBackend:
     def release(self, key: Hashable) -> None:
         """The episode ended: its next request may go to any server."""
         self._route.pop(key, None)
+        self._pinned.pop(key, None)
+
+    def pin(self, key: Hashable, adapter: str) -> None:
+        """Requests with ``key`` sample with the adapter named ``adapter`` (one :meth:`sync` served,
+        still loaded), not the newest: an episode keeps the adapter version it started with."""
+        self._pinned[key] = adapter
+
+    def adapter_slots(self) -> int | None:
+        """The fewest LoRA adapters one batch may hold on any server (``--max-loras``); None if unknown."""
+        slots = [int(i["lora_config"].get("max_loras", 1)) for i in self._infos if i and i.get("lora_config")]
+        return min(slots) if slots else None
 
     def generate(
         self, requests: Sequence[GenRequest], sampling: SamplingParams, generator: torch.Generator
@@ -178,7 +191,7 @@ class VLLMServerBackend:
 
     def _body(self, request: GenRequest, sampling: SamplingParams, seed: int) -> dict[str, Any]:
         return {
-            "model": self.model_name,
+            "model": self._pinned.get(request.key, self.model_name),
             "prompt": list(request.context_ids),
             "max_tokens": request.max_new_tokens,
             "temperature": sampling.temperature,
@@ -237,10 +250,11 @@ class VLLMServerBackend:
         name = self._adapter_name(version)
         for server in self.servers:
             server.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
-        if version > 1:  # the previous version is never requested again
+        old = version - self.keep_adapters
+        if old >= 1:  # never requested again (the previous version; K + 2 back under asynchronous training)
             for server in self.servers:
-                server.post("/v1/unload_lora_adapter", {"lora_name": self._adapter_name(version - 1)})
-            shutil.rmtree(self._dir / f"v{version - 1}", ignore_errors=True)
+                server.post("/v1/unload_lora_adapter", {"lora_name": self._adapter_name(old)})
+            shutil.rmtree(self._dir / f"v{old}", ignore_errors=True)
 
     def _push_full(self, version: int) -> None:
         model = self.policy.model

@@ -5,9 +5,16 @@ pushed (and the prefix cache reset) between two turns."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,43 +57,38 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@requires_vllm
-def test_quickstart_trains_asynchronously_against_a_vllm_server(tmp_path: Path) -> None:
-    """One ``veriloop serve-vllm`` process beside the trainer: the worker sends each turn over HTTP;
-    between two turns the trainer pushes its (LoRA merged) weights to the server and resumes it."""
-    import signal
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-
-    from veriloop.algos.async_loop import read_ledger
-    from veriloop.algos.train import train
-    from veriloop.configs.loader import load_config
-
-    port = _free_port()
+@contextlib.contextmanager
+def _server(tmp_path: Path, *extra: str) -> Iterator[str]:
+    """``veriloop serve-vllm`` on a free port (its own session, stopped at the end); yields its URL."""
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    port = _free_port()
     log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "veriloop.cli", "serve-vllm", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "veriloop.cli", "serve-vllm", "--port", str(port), *extra],
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         t0 = time.monotonic()
-        while True:
+        while not _healthy(url):
             assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            assert time.monotonic() - t0 < 400, "the server never answered /health"
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(1)
-        over = [*SHORT[:-3], "rollout.backend=vllm_server", f"rollout.server.urls=[{url}]",
-                "rollout.server.lora_sync=merge", "train.max_staleness=1", "algo.rollout_is=truncate"]  # fmt: skip
-        run = train(load_config("quickstart", [*over, f"run.out_dir={tmp_path}", "run.name=s"]), quiet=True)
+            assert time.monotonic() - t0 < 600, "the server never answered /health"
+            time.sleep(1)
+        yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _check_run(run: Path) -> None:
+    from veriloop.algos.async_loop import read_ledger
+
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "async/staleness_max" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
@@ -95,3 +97,53 @@ def test_quickstart_trains_asynchronously_against_a_vllm_server(tmp_path: Path) 
     )
     trained = [r["seed"] for r in read_ledger(run) if r["event"] == "trained"]
     assert len(trained) == len(set(trained)) == 3 * 2
+
+
+@requires_vllm
+def test_quickstart_trains_asynchronously_against_a_vllm_server(tmp_path: Path) -> None:
+    """One ``veriloop serve-vllm`` process beside the trainer: the worker sends each turn over HTTP;
+    between two turns the trainer pushes its (LoRA merged) weights to the server and resumes it."""
+    from veriloop.algos.train import train
+    from veriloop.configs.loader import load_config
+
+    with _server(tmp_path) as url:
+        over = [*SHORT[:-3], "rollout.backend=vllm_server", f"rollout.server.urls=[{url}]",
+                "rollout.server.lora_sync=merge", "train.max_staleness=1", "algo.rollout_is=truncate"]  # fmt: skip
+        run = train(load_config("quickstart", [*over, f"run.out_dir={tmp_path}", "run.name=s"]), quiet=True)
+    _check_run(run)
+
+
+@requires_vllm
+def test_lora_adapters_on_a_server_keep_each_episodes_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LoRA served as adapters (``--lora-rank 16 -- --max-loras 3``), K = 1, multi-turn episodes: every
+    request names its episode's adapter version, an older one while a newer exists, and no episode
+    mixes versions; the servers keep K + 2 adapters loaded; nothing pauses for a sync."""
+    import veriloop.algos.async_worker as W
+    from veriloop.algos.train import train
+    from veriloop.configs.loader import load_config
+
+    named: dict[object, set[str]] = {}
+    older: list[bool] = []
+    play = W.GenerationWorker._play
+
+    def spy(self: W.GenerationWorker, eps: list[object], version: int) -> None:
+        names = self.weights.names  # type: ignore[union-attr]
+        older.append(version < max(names))
+        for ep in eps:
+            named.setdefault(ep.key, set()).add(names[version])  # type: ignore[attr-defined]
+        play(self, eps, version)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(W.GenerationWorker, "_play", spy)
+    pauses: list[int] = []
+    monkeypatch.setattr(W.GenerationWorker, "pause", lambda self: pauses.append(1))
+    with _server(tmp_path, "--lora-rank", "16", "--", "--max-loras", "3") as url:
+        over = [*SHORT[:-3], "rollout.backend=vllm_server", f"rollout.server.urls=[{url}]", "rollout.max_turns=3",
+                "env.kwargs={level: 1, max_attempts: 3}", "rollout.server.lora_sync=adapter", "train.max_staleness=1",
+                "algo.rollout_is=truncate"]  # fmt: skip
+        run = train(load_config("quickstart", [*over, f"run.out_dir={tmp_path}", "run.name=l"]), quiet=True)
+    _check_run(run)
+    assert named and all(len(v) == 1 for v in named.values()), "an episode mixed adapter versions"
+    assert any(older), "no request used an older adapter: the test did not exercise version keeping"
+    assert not pauses

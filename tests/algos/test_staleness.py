@@ -216,3 +216,13 @@ def test_async_refuses_several_processes() -> None:
     check_async(cfg, SimpleNamespace(enabled=False))
     with pytest.raises(ConfigError, match="one process"):
         check_async(cfg, SimpleNamespace(enabled=True))
+
+
+def test_adapter_slots_must_hold_k_plus_two_versions() -> None:
+    from veriloop.algos.async_loop import check_adapter_slots
+    from veriloop.configs.schema import ConfigError
+
+    check_adapter_slots(3, 1)  # K + 2 = 3 slots: enough
+    check_adapter_slots(None, 4)  # the servers do not say: nothing to check
+    with pytest.raises(ConfigError, match="--max-loras 4"):
+        check_adapter_slots(3, 2)
