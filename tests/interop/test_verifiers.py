@@ -14,7 +14,8 @@ from openenv.core import GenericEnvClient
 from veriloop.interop.openenv_server import serve
 
 # verifiers 0.4 pins mcp==2.0.0, openenv 0.10 needs mcp<2: they do not install together, and `make
-# setup` installs openenv 0.10 (the `interop` extra); these tests run where verifiers imports.
+# setup` installs openenv 0.10 (the `interop` extra); these tests run in `make test-vllm`, whose venv
+# holds verifiers 0.4 beside openenv 0.4.1.
 _taskset = pytest.importorskip(
     "verifiers.v1.tasksets.openenv.taskset",
     reason="verifiers 0.4 does not import here (it needs mcp==2.0.0; openenv 0.10 needs mcp<2)",
