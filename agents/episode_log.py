@@ -71,7 +71,7 @@ def replay(log_line: str | dict[str, Any]) -> list[dict[str, Any]]:
     """
     import gymnasium as gym
 
-    from veriloop.agents.engine import jsonable
+    from veriloop.envs.json_safe import jsonable
 
     record = json.loads(log_line) if isinstance(log_line, str) else log_line
     env = gym.make(record["env_id"], **record["env_kwargs"])

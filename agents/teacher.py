@@ -25,9 +25,9 @@ import gymnasium as gym
 import torch
 
 from veriloop.agents.chat import ChatFormat
-from veriloop.agents.engine import jsonable
 from veriloop.agents.forward import first_loss_position, token_logprobs
 from veriloop.agents.trajectory import Trajectory
+from veriloop.envs.json_safe import jsonable
 
 #: How the privileged text is put after the task in the teacher's first user message.
 PRIVILEGED_HEADER = "\n\nReference for you only (a correct answer to the task above):\n"

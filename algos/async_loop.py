@@ -118,7 +118,7 @@ def _drop_rule(cfg: ExperimentConfig) -> Any:
 
 def build_worker(run: Any, ledger: Ledger) -> GenerationWorker:
     """The scheduler (at the restored version, with the restored pending problems) and its worker."""
-    from veriloop.algos import train as T
+    from veriloop.algos import step as T
 
     cfg, state, policy = run.cfg, run.state, run.policy
     pending = list(state.history.get("async", {}).get("pending", []))
@@ -142,7 +142,7 @@ def build_worker(run: Any, ledger: Ledger) -> GenerationWorker:
 
 def async_loop(run: Any) -> None:
     """RL steps ``state.step .. train.steps - 1`` with generation beside the update (module docstring)."""
-    from veriloop.algos import train as T
+    from veriloop.algos import step as T
 
     cfg, state = run.cfg, run.state
     check_async(cfg, run.dist)
@@ -167,7 +167,7 @@ def async_loop(run: Any) -> None:
 
 def _async_step(run: Any, loop: Any, worker: GenerationWorker, ledger: Ledger, step: int) -> None:
     """One step: wait for its groups, train, hand the weights over, then metrics / eval / log / save."""
-    from veriloop.algos import train as T
+    from veriloop.algos import step as T
 
     cfg, state, t0 = run.cfg, run.state, time.perf_counter()
     batch, waited = worker.wait_batch(step)
@@ -254,7 +254,7 @@ def _sampling_metrics(
 def _evaluate_and_log(run: Any, loop: Any, metrics: dict[str, Any]) -> None:
     """Evaluation beside generation: the trainer evaluates its own weights (version ``state.step``)
     with the HF engine while the worker keeps generating; the update waits. Tagged with the version."""
-    from veriloop.algos import train as T
+    from veriloop.algos import step as T
 
     cfg, step = run.cfg, run.state.step
     due = bool(cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.train.steps

@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from veriloop.agents.engine import jsonable
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.mixture import assign_envs
 from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
 from veriloop.configs.curriculum import Pool, check_pools  # noqa: F401  (re-exported: they live with the settings)
 from veriloop.configs.schema import ExperimentConfig
+from veriloop.envs.json_safe import jsonable
 
 #: Salt of the acceptance draw, so it never coincides with the mixture draw of the same seed.
 _SALT = 0x637572

@@ -31,7 +31,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from veriloop.agents.backends.vllm import VLLMBackend
-    from veriloop.algos.eval.loop import evaluate_config, load_checkpoint_policy
+    from veriloop.algos.eval.loop import evaluate_config
+    from veriloop.algos.run.setup import load_checkpoint_policy
     from veriloop.configs.loader import load_config
 
     rows = []

@@ -25,8 +25,8 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/vision_model.json", help="results file")
     args = parser.parse_args()
 
-    from veriloop.agents.models.vision_build import default_vision_model_path
     from veriloop.agents.models.vision import REPORT_FILE, VisionBuildSettings
+    from veriloop.agents.models.vision_build import default_vision_model_path
 
     started = time.time()
     path = default_vision_model_path(VisionBuildSettings(seed=args.seed))

@@ -110,8 +110,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_sft(args: argparse.Namespace) -> int:
     from veriloop.algos.run.lock import run_lock
+    from veriloop.algos.run.setup import check_model, remove_stale_temporaries
     from veriloop.algos.sft.data import check_source
-    from veriloop.algos.train import check_model, remove_stale_temporaries
     from veriloop.configs.schema import ConfigError
 
     cfg = _load(args)
@@ -131,8 +131,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 def _sft_in(cfg: ExperimentConfig, sft_dir: Path, args: argparse.Namespace) -> int:
     """``veriloop sft`` once the run folder is locked: refuse, replace or resume, then train."""
     from veriloop.agents.loading import save_policy
+    from veriloop.algos.run.setup import build_policy
     from veriloop.algos.sft.train import warmup_from_config
-    from veriloop.algos.train import build_policy
     from veriloop.configs.schema import ConfigError
 
     if args.resume and (sft_dir / "final").is_dir():
@@ -153,13 +153,13 @@ def _sft_in(cfg: ExperimentConfig, sft_dir: Path, args: argparse.Namespace) -> i
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from veriloop.algos.eval.loop import cli_eval
+    from veriloop.cli.eval import cli_eval
 
     return int(cli_eval(args) or 0)
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from veriloop.algos.run.plots import cli_plot
+    from veriloop.cli.plot import cli_plot
 
     return int(cli_plot(args) or 0)
 
@@ -334,7 +334,7 @@ def _explain(e: Exception, command: str) -> tuple[str | None, int]:
     from veriloop.configs.schema import ConfigError
     from veriloop.envs.plugins import UnknownEnvError
 
-    checkpoint = sys.modules.get("veriloop.algos.run.checkpoint")  # loaded if it raised (no torch import here)
+    checkpoint = sys.modules.get("veriloop.algos.run.checkpoint")  # loaded if it raised (no torch here)
     if isinstance(e, ConfigError | UnknownEnvError) or (
         checkpoint and isinstance(e, checkpoint.CheckpointError)
     ):

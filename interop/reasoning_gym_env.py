@@ -59,6 +59,9 @@ from veriloop.interop.reasoning_gym_scorers import SAFE_SCORERS, safe_score
 ENV_ID = "veriloop/ReasoningGym-v0"
 DEFAULT_TIMEOUT_S = 10.0
 SCORER_GRACE_S = 2.0  # the scorer worker kills a late jail itself; the pool kills the worker after this
+#: The scorer worker's task: this module's :func:`score_in_worker`, named as an entry point (the worker,
+#: in ``veriloop.envs``, imports it on first use and names no upper package itself).
+SCORER_TASK = "veriloop.interop.reasoning_gym_env:score_in_worker"
 FORMAT_LINE = "Put your final answer alone inside <answer></answer> tags at the end of your reply."
 NO_ANSWER_FEEDBACK = "No final answer found: put it inside <answer></answer> tags."
 _ERRORS: dict[str, verifier_stats.StatName] = {
@@ -66,12 +69,6 @@ _ERRORS: dict[str, verifier_stats.StatName] = {
     "memory": "memory_errors",
     "crash": "crashes",
 }
-
-
-def dataset_names() -> list[str]:
-    """Every dataset name reasoning-gym registers (needs the ``[reasoning-gym]`` extra)."""
-    rg = require("reasoning_gym", "reasoning-gym", ENV_ID)
-    return sorted(rg.factory.DATASETS)
 
 
 def _json_safe(value: Any) -> Any:
@@ -247,7 +244,7 @@ class ReasoningGymEnv(VerifierEnv[dict]):
         if ours is not None:
             return "ok", ours
         args = (self.dataset, self.config_json, task["index"], task["question"], answer, self.timeout_s)
-        status, value = get_scorer_pool().run("reasoning_gym", args, self.timeout_s + SCORER_GRACE_S)
+        status, value = get_scorer_pool().run(SCORER_TASK, args, self.timeout_s + SCORER_GRACE_S)
         if status == "ok":  # the worker ran: the jail's own outcome
             status, value = value
         return status, value

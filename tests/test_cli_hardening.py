@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from veriloop.algos.run import checkpoint as ck
-from veriloop.algos.eval.loop import _default_eval_dir, run_folder_of
-from veriloop.algos.train import claim_run_dir, train
+from veriloop.algos.run.setup import claim_run_dir
+from veriloop.algos.train import train
+from veriloop.cli.eval import _default_eval_dir, run_folder_of
 from veriloop.cli.main import run as cli_run
 from veriloop.configs.loader import load_config
 from veriloop.configs.schema import ConfigError
@@ -64,7 +65,7 @@ def test_a_refused_write_is_one_message(
     def refuse(path: Path, text: str) -> None:
         raise OSError(code, os.strerror(code), str(path))
 
-    monkeypatch.setattr("veriloop.algos.train.write_text_atomic", refuse)
+    monkeypatch.setattr("veriloop.algos.run.setup.write_text_atomic", refuse)
     rc = cli_run(["train", "quickstart", *TINY, f"run.out_dir={tmp_path}", "run.name=r"])
     err = capsys.readouterr().err
     assert rc == 1 and expected in err and "config.yaml" in err and "Traceback" not in err
@@ -152,7 +153,7 @@ def test_eval_writes_into_the_evaluated_checkpoints_run_folder(tmp_path: Path) -
 
 
 def test_eval_of_a_missing_base_model_fails_before_making_any_folder(tmp_path: Path) -> None:
-    from veriloop.algos.eval.loop import run_eval_cli
+    from veriloop.cli.eval import run_eval_cli
 
     with pytest.raises(ConfigError, match="policy.model"):
         run_eval_cli("quickstart", ["base"], ["policy.model=/no/such/model", f"run.out_dir={tmp_path}"])
@@ -170,7 +171,7 @@ def test_a_full_disk_reported_by_a_foreign_writer_is_one_message_too(
     def refuse(path: Path, text: str) -> None:
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr("veriloop.algos.train.write_text_atomic", refuse)
+    monkeypatch.setattr("veriloop.algos.run.setup.write_text_atomic", refuse)
     rc = cli_run(["train", "quickstart", *TINY, f"run.out_dir={tmp_path}", "run.name=r"])
     err = capsys.readouterr().err
     assert rc == 1 and "most likely a full disk" in err and "Free some space" in err and "--resume" in err

@@ -161,7 +161,7 @@ def test_reusing_a_run_name_never_touches_the_old_run(tmp_path: Path) -> None:
 
 
 def test_resume_refuses_a_different_config(tmp_path: Path) -> None:
-    from veriloop.algos.train import claim_run_dir
+    from veriloop.algos.run.setup import claim_run_dir
 
     cfg = load_config("quickstart", ["policy.model=tiny", f"run.out_dir={tmp_path}", "run.name=v"])
     claim_run_dir(tmp_path / "v", cfg, resume=False, overwrite=False)

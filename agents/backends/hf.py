@@ -35,7 +35,7 @@ from typing import Any, cast
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from veriloop.agents.backends import GenRequest, GenResult, eos_token_ids, hit_stop
+from veriloop.agents.backends.base import GenRequest, GenResult, eos_token_ids, hit_stop
 from veriloop.agents.forward import CACHE_ARG
 from veriloop.agents.policy import Policy
 from veriloop.agents.sampling_params import SamplingParams, sample_next

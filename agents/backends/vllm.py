@@ -71,8 +71,8 @@ from typing import Any, Literal
 
 import torch
 
-from veriloop.agents.backends import FinishReason, GenRequest, GenResult, eos_token_ids
-from veriloop.agents.backends.vllm_worker import repack_tied_head
+from veriloop.agents.backends.base import FinishReason, GenRequest, GenResult, eos_token_ids
+from veriloop.agents.backends.vllm_worker import reload_weights
 from veriloop.agents.policy import Policy
 from veriloop.agents.sampling_params import SamplingParams
 
@@ -160,22 +160,6 @@ def merged_lora_weights(peft_model: Any) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, p.detach()
 
 
-def _reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-    """Runs on each vLLM worker (``collective_rpc``): load HF-named weights in place.
-
-    ``worker.reload_weights`` (vLLM >= 0.12) re-runs each layer's weight processing (the CPU
-    build's prepacking included); older vLLM only has ``model.load_weights``. A tied output head
-    (SmolLM2's) receives no weights of its own, so its processed copy is rebuilt from the
-    (shared, now updated) embedding; on GPUs that processing is a no-op.
-    """
-    model = worker.model_runner.model
-    if hasattr(worker, "reload_weights"):
-        worker.reload_weights(weights_iterator=weights)
-    else:
-        model.load_weights(weights=weights)
-    repack_tied_head(model)
-
-
 class VLLMBackend:
     """Backend that samples with ``vllm.LLM``.
 
@@ -235,11 +219,30 @@ class VLLMBackend:
         self.llm = llm
         self._lora_ids = itertools.count(1)
         self._lora_request: Any = None
+        self.keep_adapters = 1  # adapter versions kept (asynchronous training keeps K + 2)
+        self._adapters: dict[str, Any] = {}  # served adapter name -> its LoRARequest, oldest first
+        self._pinned: dict[Hashable, str] = {}  # request key -> the adapter version it samples with
+        self._max_loras = int(kwargs.get("max_loras", 1))
         self._tmp = tempfile.TemporaryDirectory(prefix="veriloop-lora-")
         self.sync()
 
     def release(self, key: Hashable) -> None:
-        """Nothing to free: vLLM manages its own (prefix) cache."""
+        """Forget the episode's adapter pin; vLLM manages its own (prefix) cache."""
+        self._pinned.pop(key, None)
+
+    @property
+    def model_name(self) -> str:
+        """The adapter version :meth:`sync` served last (``"base"`` for full weights)."""
+        return self._lora_request.lora_name if self._lora_request is not None else "base"
+
+    def pin(self, key: Hashable, adapter: str) -> None:
+        """Requests with ``key`` sample with the adapter named ``adapter`` (one :meth:`sync` served,
+        still kept), not the newest: an episode keeps the adapter version it started with."""
+        self._pinned[key] = adapter
+
+    def adapter_slots(self) -> int:
+        """How many adapters one batch may mix (``max_loras``)."""
+        return self._max_loras
 
     def sync(self) -> None:
         """Push the policy's current weights to vLLM (call after every optimizer step)."""
@@ -249,16 +252,17 @@ class VLLMBackend:
             version = next(self._lora_ids)
             path = Path(self._tmp.name) / f"v{version}"
             self.policy.model.save_pretrained(path)
-            if self._lora_request is not None:  # served already; never requested again
-                shutil.rmtree(self._lora_request.lora_path, ignore_errors=True)
             self._lora_request = LoRARequest(f"veriloop-v{version}", version, str(path))
+            self._adapters[self._lora_request.lora_name] = self._lora_request
+            while len(self._adapters) > self.keep_adapters:  # the oldest is never requested again
+                shutil.rmtree(self._adapters.pop(next(iter(self._adapters))).lora_path, ignore_errors=True)
             return
         model = self.policy.model
         self.push_weights(merged_lora_weights(model) if self.policy.is_lora else full_weights(model))
 
     def push_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named full weights into the engine in place, then drop the prefix cache."""
-        self.llm.collective_rpc(_reload_weights, args=(weights,))
+        self.llm.collective_rpc(reload_weights, args=(weights,))
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
@@ -301,7 +305,10 @@ class VLLMBackend:
         seeds = torch.randint(0, 2**31 - 1, (len(requests),), generator=generator).tolist()
         prompts = [TokensPrompt(prompt_token_ids=list(r.context_ids)) for r in requests]
         params = [self._params(sampling, r.max_new_tokens, s) for r, s in zip(requests, seeds)]
-        outputs = self.llm.generate(prompts, params, lora_request=self._lora_request, use_tqdm=False)
+        lora = self._lora_request
+        if self._pinned:  # each request's own adapter version (asynchronous training)
+            lora = [self._adapters.get(self._pinned.get(r.key, ""), self._lora_request) for r in requests]
+        outputs = self.llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
         return [self._result(out.outputs[0]) for out in outputs]
 
     @staticmethod

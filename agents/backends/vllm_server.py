@@ -59,7 +59,7 @@ from typing import Any, Protocol
 
 import torch
 
-from veriloop.agents.backends import FinishReason, GenRequest, GenResult, eos_token_ids
+from veriloop.agents.backends.base import FinishReason, GenRequest, GenResult, eos_token_ids
 from veriloop.agents.backends.http_client import RetryPolicy, ServerClient, ServerError
 from veriloop.agents.backends.vllm import full_weights, merged_lora_weights
 from veriloop.agents.backends.vllm_worker import GLOO_BACKEND, broadcast, buckets

@@ -8,7 +8,7 @@ with ``VLLM_SERVER_DEV_MODE=1`` the server's ``POST /collective_rpc`` can call i
 
 The trainer's rank 0 writes the file (HF-named full weights, LoRA merged in; see
 :mod:`veriloop.agents.backends.vllm_server`); every worker reads it and loads it in place with
-the same routine as the in-process backend (:func:`~veriloop.agents.backends.vllm._reload_weights`:
+the same routine as the in-process backend (:func:`reload_weights`:
 ``reload_weights`` re-runs vLLM's weight processing, then a tied output head is repacked). The
 file is read one tensor at a time (``safe_open``), so loading holds one copy of the model at most.
 Only string arguments cross ``/collective_rpc`` (vLLM's rule), hence a path rather than tensors.
@@ -34,14 +34,28 @@ def safetensors_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, f.get_tensor(name)
 
 
+def reload_weights(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Runs on each vLLM worker (``collective_rpc``): load HF-named weights in place.
+
+    ``worker.reload_weights`` (vLLM >= 0.12) re-runs each layer's weight processing (the CPU
+    build's prepacking included); older vLLM only has ``model.load_weights``. A tied output head
+    (SmolLM2's) receives no weights of its own, so its processed copy is rebuilt from the
+    (shared, now updated) embedding; on GPUs that processing is a no-op.
+    """
+    model = worker.model_runner.model
+    if hasattr(worker, "reload_weights"):
+        worker.reload_weights(weights_iterator=weights)
+    else:
+        model.load_weights(weights=weights)
+    repack_tied_head(model)
+
+
 class WeightLoader:
     """Methods vLLM adds to each worker (``--worker-extension-cls``); ``self`` is the worker."""
 
     def veriloop_load_weights(self, path: str) -> str:
         """Load the HF-named weights in the safetensors file ``path`` into the served model."""
-        from veriloop.agents.backends.vllm import _reload_weights
-
-        _reload_weights(self, safetensors_weights(path))
+        reload_weights(self, safetensors_weights(path))
         return path
 
 

@@ -32,13 +32,10 @@ Rates with no data are ``nan``. The report is plain data: ``{"splits": {name: me
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import veriloop.envs  # noqa: F401  (registers the environments the splits name)
@@ -49,29 +46,14 @@ from veriloop.algos.eval.metrics import (
     Sample,
     avg_at_k,
     generalization_gap,
-    markdown_table,
     reference_of,
     standard_error,
     summarize_split,
 )
+from veriloop.configs.schema import ExperimentConfig
 from veriloop.envs.base import split_source
 
 REFERENCE_SPLIT = "id"
-#: Non-rate metrics shown in the task table of the Markdown report (when a split has them).
-#: The environments' own metrics (``LearnerSignal``) go between ``greedy_acc`` and the rest.
-TASK_METRICS = (
-    "greedy_acc", "attempts/mean", "turns/mean", "response_length/mean", "truncation_rate", "limit_stop_rate",
-)  # fmt: skip
-#: Metrics every split has (not the environment's own): these names, and the prefixes below.
-_GENERIC = {
-    *TASK_METRICS,
-    "num_problems",
-    "num_samples",
-    "verifier_errors",
-    "error_rate",
-    "response_length/max",
-}
-_GENERIC_PREFIXES = ("pass@", "avg@", "maj@", "reason/", "attempts/", "se/")
 
 
 # ------------------------------------------------------------------------------- per episode
@@ -316,7 +298,9 @@ def report_gap(results: Mapping[str, Mapping[str, float]], reference_split: str 
     return gap
 
 
-def evaluate_config(cfg: Any, policy: Any, *, step: int | None = None, backend: Any = None) -> dict[str, Any]:
+def evaluate_config(
+    cfg: ExperimentConfig, policy: Any, *, step: int | None = None, backend: Any = None
+) -> dict[str, Any]:
     """:func:`evaluate_policy` as ``cfg`` (an ``ExperimentConfig``) describes it; ``step`` goes into meta."""
     r, e = cfg.rollout, cfg.eval
     report = evaluate_policy(
@@ -328,266 +312,3 @@ def evaluate_config(cfg: Any, policy: Any, *, step: int | None = None, backend: 
     )  # fmt: skip
     report["meta"]["step"] = step
     return report
-
-
-# ------------------------------------------------------------------------------------ reports
-
-
-def _json_safe(value: Any) -> Any:
-    """Plain JSON: ``nan``/``inf`` become ``None`` (strict JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
-
-
-def task_table(splits: Mapping[str, Mapping[str, Any]]) -> str:
-    """Markdown table of the :data:`TASK_METRICS` and environment metrics any split has (empty
-    string when none)."""
-    env = [m for s in splits.values() for m in s if m not in _GENERIC and not m.startswith(_GENERIC_PREFIXES)]
-    shown = (TASK_METRICS[0], *dict.fromkeys(env), *TASK_METRICS[1:])
-    names = [m for m in shown if any(m in s for s in splits.values())]
-    names += sorted({m for s in splits.values() for m in s if m.startswith("attempts/level_")})
-    if not names:
-        return ""
-    order = sorted(splits, key=lambda s: (s != REFERENCE_SPLIT, s))
-    lines = ["| split | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
-    for split in order:
-        cells = [_cell(splits[split].get(m)) for m in names]
-        lines.append(f"| {split} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def report_markdown(report: Mapping[str, Any], title: str = "Evaluation") -> str:
-    """Rates with the gap rows (:func:`markdown_table`), then the task metrics."""
-    meta = report.get("meta", {})
-    head = f"## {title}\n\n" + (f"step {meta['step']}, " if meta.get("step") is not None else "")
-    head += f"{meta.get('num_problems', '?')} problems x {meta.get('n_samples', '?')} samples, "
-    head += f"T = {meta.get('temperature', '?')}, policy {meta.get('policy', '?')}"
-    head += f", checkpoint {meta['checkpoint']}\n\n" if meta.get("checkpoint") else "\n\n"
-    return (
-        head
-        + markdown_table(report["splits"], meta.get("reference_split", REFERENCE_SPLIT))
-        + "\n"
-        + task_table(report["splits"])
-        + sources_markdown(meta)
-    )
-
-
-def sources_markdown(meta: Mapping[str, Any]) -> str:
-    """A list of what each split's problems were drawn from (empty for reports without it)."""
-    lines = [f"- {name}: {s['source']}" for name, s in meta.get("splits", {}).items() if s.get("source")]
-    return "\nProblems per split:\n\n" + "\n".join(lines) + "\n" if lines else ""
-
-
-def write_report(report: Mapping[str, Any], out_dir: str | Path, name: str) -> dict[str, Path]:
-    """Save ``<out_dir>/<name>.json`` (``nan`` as ``null``) and ``<name>.md``; returns both paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / f"{name}.json", "markdown": out / f"{name}.md"}
-    paths["json"].write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
-    paths["markdown"].write_text(report_markdown(report, title=name))
-    return paths
-
-
-def run_summary(eval_dir: str | Path) -> str:
-    """One table for a run: every evaluated checkpoint (base model, start after SFT, each step) x
-    split, from the ``<eval_dir>/*.json`` reports the training loop writes, in step order."""
-    reports = []
-    for path in Path(eval_dir).glob("*.json"):
-        report = read_report(path)
-        meta = report.get("meta", {})
-        order = (-1 if path.stem == "base" else int(meta.get("step") or 0), path.stem)
-        reports.append((order, meta.get("checkpoint") or path.stem, report))
-    if not reports:
-        raise FileNotFoundError(f"no evaluation reports (*.json) in {eval_dir}")
-    reports.sort(key=lambda r: r[0])
-    rates = list(dict.fromkeys(k for _, _, r in reports for m in r["splits"].values() for k in m
-                               if k.startswith(("avg@", "pass@", "maj@", "greedy_acc", "se/"))
-                               and k != "pass@1"))  # fmt: skip
-    header = ["checkpoint", "split", *rates, "error rate"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for _, label, report in reports:
-        for split, m in report["splits"].items():
-            cells = [_cell(m.get(k)) for k in [*rates, "error_rate"]]
-            lines.append("| " + " | ".join([label, split, *cells]) + " |")
-    note = "avg@n is the unbiased pass@1; n/a = not measurable (e.g. maj@k without extracted answers)."
-    return "\n".join(lines) + "\n\n" + note + "\n" + sources_markdown(reports[-1][2].get("meta", {}))
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    return "n/a" if isinstance(value, float) and math.isnan(value) else f"{float(value):.3f}"
-
-
-def read_report(path: str | Path) -> dict[str, Any]:
-    """Load a report written by :func:`write_report` (``null`` metrics come back as ``nan``)."""
-    report = json.loads(Path(path).read_text())
-    report["splits"] = {
-        s: {k: math.nan if v is None else v for k, v in m.items()} for s, m in report["splits"].items()
-    }
-    return report
-
-
-# ---------------------------------------------------------------------------------------- CLI
-
-
-def load_checkpoint_policy(cfg: Any, checkpoint: str) -> Any:
-    """The policy of ``checkpoint``: ``base``/``default`` = ``cfg.policy.model`` (``tiny`` included), a
-    folder saved by ``save_policy`` (full weights or a LoRA adapter), or a training checkpoint
-    ``run/checkpoints/step-N`` (its ``model/model.pt`` trainable weights on top of ``cfg``'s policy)."""
-    from veriloop.agents.loading import load_policy
-
-    if checkpoint in ("base", "default"):
-        if cfg.policy.model == "tiny":
-            from veriloop.agents.testing import tiny_policy
-
-            return tiny_policy(seed=cfg.rollout.seed)
-        return load_policy(cfg.policy.model, dtype=cfg.policy.dtype)
-    path = Path(checkpoint)
-    state_file = path / "model" / "model.pt"
-    if state_file.is_file():
-        return _policy_from_training_checkpoint(cfg, state_file)
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"checkpoint {checkpoint!r} is not a folder: pass 'base', a folder written by save_policy (e.g. "
-            "runs/<name>/final) or a training checkpoint runs/<name>/checkpoints/step-NNNNNN"
-        )
-    if cfg.policy.model == "tiny" and (path / "adapter_config.json").is_file():
-        return _tiny_with_adapter(cfg, path)  # the tiny test model has no folder to name as a base
-    return load_policy(path, dtype=cfg.policy.dtype)
-
-
-def _tiny_with_adapter(cfg: Any, path: Path) -> Any:
-    from peft import PeftModel
-
-    from veriloop.agents.testing import tiny_policy
-
-    policy = tiny_policy(seed=cfg.rollout.seed)
-    policy.model = PeftModel.from_pretrained(policy.model, path)
-    return policy
-
-
-def _policy_from_training_checkpoint(cfg: Any, state_file: Path) -> Any:
-    import torch
-
-    from veriloop.algos.train import build_policy
-
-    policy = build_policy(cfg)
-    state = torch.load(state_file, map_location="cpu", weights_only=True)
-    params = dict(policy.model.named_parameters())
-    with torch.no_grad():
-        for key, value in state.items():
-            scope, name = key.split(".", 1)
-            if scope != "policy":
-                continue  # critic weights play no part in evaluation
-            if name not in params:
-                raise KeyError(f"{state_file} holds {key!r}, which the policy built from the config lacks: "
-                               "evaluate with the config the run was trained with")  # fmt: skip
-            params[name].copy_(value)
-    return policy
-
-
-def _label(checkpoint: str) -> str:
-    path = Path(checkpoint)
-    if checkpoint in ("base", "default"):
-        return "base"
-    return path.name if path.parent.name != "checkpoints" else f"{path.parent.parent.name}-{path.name}"
-
-
-def run_folder_of(checkpoint: str | Path) -> Path | None:
-    """The run folder a saved policy belongs to (``RUN/final``, ``RUN/sft/final``,
-    ``RUN/checkpoints/step-N``...): its nearest ancestor holding a ``config.yaml``; None if none."""
-    for folder in Path(checkpoint).resolve().parents:
-        if (folder / "config.yaml").is_file():
-            return folder
-    return None
-
-
-def _default_eval_dir(cfg: Any, checkpoints: Sequence[str]) -> Path:
-    """``RUN/eval-cli`` of the run the evaluated checkpoints come from (all from one run); the
-    config's run folder when only the base model is evaluated or they come from several runs."""
-    runs = {run_folder_of(c) for c in checkpoints if c not in ("base", "default")}
-    if len(runs) == 1 and None not in runs:
-        return next(iter(runs)) / "eval-cli"  # type: ignore[operator]
-    return Path(cfg.run.out_dir) / cfg.run_name / "eval-cli"
-
-
-def _cli_backend(cfg: Any, policy: Any) -> Any:
-    """The engine ``veriloop eval`` samples with: the config's vLLM engine (one per checkpoint) when its
-    evaluations use the rollouts' backend (``eval.backend: rollout``) and that resolves to ``vllm``,
-    as in training; otherwise None, the HF engine (a ``vllm_server`` is not started by ``eval``)."""
-    from veriloop.agents.backends import make_backend, resolve_backend
-
-    if cfg.eval.backend != "rollout" or resolve_backend(cfg.rollout.backend, policy) != "vllm":
-        return None
-    return make_backend("vllm", policy, **cfg.rollout.vllm_kwargs)
-
-
-def run_eval_cli(
-    config_path: str | None,
-    checkpoints: Sequence[str],
-    overrides: Sequence[str],
-    out_dir: str | Path | None = None,
-    imports: Sequence[str] = (),
-) -> dict[str, dict]:
-    """Evaluate each checkpoint as the config says; write per-checkpoint and combined reports and the
-    pass@k-vs-k plot (``pass_at_k.png``) to ``out_dir`` (default: ``RUN_DIR/eval-cli``, where
-    RUN_DIR is the run folder the checkpoints were saved in, or the config's run folder for the
-    base model). Returns ``{label: report}``.
-
-    The config, the environments (``imports`` are imported first) and every checkpoint path are
-    checked before any model loads."""
-    from veriloop.algos.run.plots import plot_pass_at_k
-    from veriloop.configs.loader import load_config
-    from veriloop.configs.schema import ConfigError
-
-    cfg = load_config(config_path, overrides)
-    cfg.env.imports = [*cfg.env.imports, *imports]
-    cfg.env.resolve()
-    missing = [c for c in checkpoints if c not in ("base", "default") and not Path(c).exists()]
-    if missing:
-        raise ConfigError(
-            f"--checkpoints: {', '.join(missing)} not found; give saved policy folders (RUN/final, "
-            "RUN/sft/final, RUN/checkpoints/step-N) or 'base'"
-        )
-    if any(c in ("base", "default") for c in checkpoints or ["base"]):
-        from veriloop.algos.train import check_model
-
-        check_model(cfg.policy.model)  # the base model exists (before any folder is made)
-    out = Path(out_dir) if out_dir is not None else _default_eval_dir(cfg, checkpoints)
-    out.mkdir(parents=True, exist_ok=True)  # an unwritable folder fails now, before any model loads
-    reports: dict[str, dict] = {}
-    for checkpoint in checkpoints or ["base"]:
-        label = _label(checkpoint)
-        while label in reports:
-            label += "+"
-        policy = load_checkpoint_policy(cfg, checkpoint)
-        backend = _cli_backend(cfg, policy)
-        try:
-            report = evaluate_config(cfg, policy, backend=backend)
-        finally:
-            if backend is not None:
-                backend.close()
-        report["meta"]["checkpoint"] = checkpoint
-        paths = write_report(report, out, label)
-        print(f"{label}: {paths['markdown']}")
-        reports[label] = report
-    combined = "\n".join(report_markdown(r, title=label) for label, r in reports.items())
-    (out / "summary.md").write_text(combined)
-    plot_pass_at_k(reports, out / "pass_at_k.png")
-    print(combined)
-    print(f"\nevaluation written to {out} (summary.md, pass_at_k.png)")
-    return reports
-
-
-def cli_eval(args: argparse.Namespace) -> int:
-    """``veriloop eval``: ``args.config`` (path or shipped name), ``args.checkpoints`` (list),
-    ``args.out`` (folder or None), ``args.overrides`` (``dotted.key=value``), ``args.imports``."""
-    run_eval_cli(args.config, list(args.checkpoints or []), list(args.overrides or []), args.out,
-                 imports=list(getattr(args, "imports", None) or []))  # fmt: skip
-    return 0

@@ -94,18 +94,16 @@ class DistContext:
             for p in params:
                 torch.distributed.broadcast(p.data, src=0)
 
-    def update_kwargs(self, mini_batch: Any, algo: Any = None) -> dict[str, Any]:
-        """``update_step`` arguments for this rank's part of ``mini_batch`` (a ``TokenBatch``;
-        ``algo``: the run's ``Algorithm``, which says what one sequence of the loss is).
+    def update_kwargs(self, mini_batch: Any) -> dict[str, Any]:
+        """``update_step`` arguments for this rank's part of ``mini_batch`` (a ``TokenBatch``).
 
-        One process: none. Several: the whole mini-batch's loss normalisers, so the ranks'
-        gradients just add up, and the summing: an all-reduce of the gradients (data parallel) or,
-        sharded, the backward's own reduce-scatter plus micro-batches in lockstep (``fsdp``).
+        One process: none. Several: the summing of the ranks' gradients, an all-reduce (data
+        parallel) or, sharded, the backward's own reduce-scatter plus micro-batches in lockstep
+        (``fsdp``). The caller adds the whole mini-batch's loss normalisers
+        (``update.loss_normalisers``), so the ranks' gradients just add up.
         """
         if not self.enabled:
             return {}
-        from veriloop.algos.update import loss_normalisers
-
         if self.sharded:
             from veriloop.algos.run.fsdp import agree_finite, lockstep
 
@@ -113,7 +111,7 @@ class DistContext:
                     "pad_micro_batches": lockstep(self.world_size, mini_batch)}  # fmt: skip
         else:
             sync = {"on_before_step": self.grad_sync(1.0)}
-        return {**sync, **loss_normalisers(mini_batch, algo)}
+        return sync
 
     def grad_sync(self, weight: float) -> Callable[[list[torch.nn.Parameter], bool], bool]:
         """A ``update_step(on_before_step=...)`` hook: sum ``weight * grad`` over ranks.

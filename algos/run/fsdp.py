@@ -37,7 +37,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -45,7 +45,9 @@ from torch import nn
 from veriloop.agents.policy import Policy
 from veriloop.algos.batch import TokenBatch
 from veriloop.algos.critic import ValueModel
-from veriloop.algos.run.distributed import DistContext
+
+if TYPE_CHECKING:  # a type only: distributed.py imports this module when a run is sharded
+    from veriloop.algos.run.distributed import DistContext
 
 #: Names of the module lists that hold a model's repeated blocks (HF decoders, ViTs, GPT-2's ``h``).
 BLOCK_LISTS = ("layers", "layer", "h", "blocks")

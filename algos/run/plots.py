@@ -24,7 +24,6 @@ per checkpoint, one panel per split. Matplotlib runs on the Agg backend (no disp
 
 from __future__ import annotations
 
-import argparse
 import math
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -318,22 +317,3 @@ def plot_pass_at_k(reports: Mapping[str, Mapping[str, Any]], out_path: str | Pat
     path = Path(out_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return _save(fig, path)
-
-
-def cli_plot(args: argparse.Namespace) -> int:
-    """``veriloop plot``: ``args.run`` (run folder), ``args.out`` (folder or None = ``<run>/plots``).
-    Exit 2 (one line, no traceback) for a folder that is not a run, 1 when it has nothing to draw."""
-    import sys
-
-    try:
-        paths = plot_run(args.run, args.out)
-    except FileNotFoundError as e:
-        print(f"veriloop plot: {e}", file=sys.stderr)
-        return 2
-    if not paths:
-        print(f"veriloop plot: nothing to draw: {args.run}/metrics.jsonl logs none of the plotted metrics "
-              "(a run that stopped before its first step?)", file=sys.stderr)  # fmt: skip
-        return 1
-    for path in paths:
-        print(path)
-    return 0

@@ -21,9 +21,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from veriloop.algos.run.log import RunLog
 from veriloop.algos.run.nonfinite import NonFiniteGuard, NonFiniteTrainingError
 from veriloop.algos.run.progress import Progress
-from veriloop.algos.run.log import RunLog
 
 
 @dataclass

@@ -37,11 +37,11 @@ import numpy as np
 import torch
 
 from veriloop.algos.batch import collate_tokens, minibatches, with_row_extras
-from veriloop.algos.run.nonfinite import NonFiniteGuard
 from veriloop.algos.run.log import RunLog
-from veriloop.algos.sft.loss import build_sft_example, sft_loss
-from veriloop.algos.sft.data import SFTExample
+from veriloop.algos.run.nonfinite import NonFiniteGuard
 from veriloop.algos.run.steps import StepLoop
+from veriloop.algos.sft.data import SFTExample
+from veriloop.algos.sft.loss import build_sft_example, sft_loss
 from veriloop.configs.schema import TrainConfig
 
 TRAINABLE_FILE = "trainable.pt"

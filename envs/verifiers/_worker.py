@@ -9,7 +9,8 @@ The worker caps its own address space with ``RLIMIT_AS``, warms up for its role,
   id is the one it sent, so a stray line can never answer another request.
 
 Roles (:data:`ROLES`): ``"math"`` (default) imports and warms math-verify and serves ``math``;
-``"scorer"`` serves third-party scorers (``reasoning_gym``), each call in a jail of its own
+``"scorer"`` serves third-party scorers named as ``"package.module:function"`` entry points
+(:func:`entry_point`; e.g. reasoning-gym's), each call in a jail of its own
 (:mod:`.sandbox`): third-party code never shares a process with math-verify or with the reply pipe.
 
 JSON (never pickle) keeps the parent safe even from a compromised worker. Deadlines are NOT enforced
@@ -20,6 +21,7 @@ re-imports the caller's ``__main__`` script.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import resource
@@ -81,19 +83,30 @@ def math_task(answer: str, gold: str) -> tuple[str, str]:
     return ("correct" if ok else "wrong"), str(answer_parsed[-1])[:200]
 
 
-def reasoning_gym_task(*args: Any) -> Any:
-    """reasoning-gym's own scorer (``pip install veriloop[reasoning-gym]``), imported on first use.
+def entry_point(name: str) -> Callable[..., Any]:
+    """The function a ``"package.module:function"`` string names (as Gymnasium's entry points),
+    imported on first use. A scorer task is named this way, so this module names no package of
+    its callers (reasoning-gym's scorer is ``veriloop.interop.reasoning_gym_env:score_in_worker``)."""
+    module, sep, attr = name.partition(":")
+    if not (sep and module and attr):
+        raise ValueError(f"task {name!r} is not a 'package.module:function' entry point")
+    function = getattr(importlib.import_module(module), attr)
+    if not callable(function):
+        raise TypeError(f"task {name!r} names {type(function).__name__}, not a function")
+    return function  # type: ignore[no-any-return]
 
-    See :func:`veriloop.interop.reasoning_gym_env.score_in_worker` for the arguments and the reply.
-    """
-    from veriloop.interop.reasoning_gym_env import score_in_worker
 
-    return score_in_worker(*args)
+class _EntryPoints(dict[str, Callable[..., Any]]):
+    """The scorer role's tasks: any ``"module:function"`` entry point, imported on its first request."""
+
+    def __missing__(self, name: str) -> Callable[..., Any]:
+        self[name] = entry_point(name)
+        return self[name]
 
 
 ROLES: dict[str, dict[str, Callable[..., Any]]] = {
     "math": {"math": math_task},
-    "scorer": {"reasoning_gym": reasoning_gym_task},
+    "scorer": _EntryPoints(),
 }
 TASKS: dict[str, Callable[..., Any]] = ROLES["math"]
 

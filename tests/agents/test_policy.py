@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
+from veriloop.agents.loading import LoraSettings, load_policy, save_policy
 from veriloop.agents.models import text as default_model
 from veriloop.agents.models.text import build_cached, is_complete
-from veriloop.agents.loading import LoraSettings, load_policy, save_policy
 from veriloop.agents.testing import tiny_policy
 
 PROMPT = [{"role": "user", "content": "What is 2 + 3?"}]

@@ -403,8 +403,8 @@ def fake_vllm(monkeypatch):
 
 
 def test_default_model_is_resolved_to_the_cached_checkpoint(fake_vllm, monkeypatch, tmp_path):
-    from veriloop.agents.models import text as default_model
     from veriloop.agents.backends.vllm import VLLMBackend
+    from veriloop.agents.models import text as default_model
     from veriloop.agents.testing import tiny_policy
 
     monkeypatch.setattr(default_model, "default_model_path", lambda: tmp_path / "SmolLM2")

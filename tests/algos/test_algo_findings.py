@@ -17,14 +17,15 @@ import gymnasium
 import pytest
 import torch
 
+import veriloop.algos.run.setup as S
 import veriloop.algos.train as T
 import veriloop.envs  # noqa: F401  (registers the environments)
-from veriloop.agents.engine import jsonable
 from veriloop.agents.trajectory import TurnRecord
 from veriloop.algos.update import compute_advantages
 from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.loader import load_config
 from veriloop.envs.base import SIGNAL_KEY, LearnerSignal
+from veriloop.envs.json_safe import jsonable
 
 WRONG, VERIFY_NO, VERIFY_YES = (
     "The answer is \\boxed{-98765}.",
@@ -110,8 +111,8 @@ def test_4_summed_turn_rewards_do_not_pay_for_extra_attempts(make_traj):
 def test_5_separate_critic_starts_from_the_policys_pretrained_weights(lora):
     cfg = load_config(None, ["policy.model=tiny", f"policy.lora={str(lora).lower()}", "run.algo_preset=ppo",
                              "algo.critic=separate"])  # fmt: skip
-    policy = T.build_policy(cfg)
-    critic = T.build_critic(cfg, policy)
+    policy = S.build_policy(cfg)
+    critic = S.build_critic(cfg, policy)
     assert critic is not None and critic.backbone is not policy.model
     base = policy.model.get_base_model() if lora else policy.model
     want = {k: v for k, v in base.state_dict().items() if "lora_" not in k}

@@ -203,7 +203,9 @@ def test_masked_is_and_geometric_sequence_mask():
     assert stats["rollout_corr/seq_masked_frac"] == 0.5 and stats["rollout_corr/token_frac"] == pytest.approx(
         3 / 6
     )
-    assert not [k for k in stats if k.startswith("mismatch/")]  # measured in one place: algos/maths/mismatch.py
+    assert not [
+        k for k in stats if k.startswith("mismatch/")
+    ]  # measured in one place: algos/maths/mismatch.py
 
 
 def test_prepare_batch_recomputes_pi_old_keeps_mu_and_weights_the_loss(tiny_llama, make_traj):

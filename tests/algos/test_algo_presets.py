@@ -113,6 +113,7 @@ FAST = [
 def test_new_presets_train_two_steps(tmp_path, preset, monkeypatch) -> None:
     """As tests/algos/test_train.py does for the older presets (a deterministic coin as the
     verifier so that advantages are non-zero); two epochs so that ratios move off 1."""
+    import veriloop.algos.run.setup as S
     import veriloop.algos.train as T
     from veriloop.algos.run.log import read_metrics
     from veriloop.configs.loader import load_config
@@ -144,6 +145,6 @@ def test_new_presets_train_two_steps(tmp_path, preset, monkeypatch) -> None:
     step = max((run_dir / "checkpoints").glob("step-*"))
     after = torch.load(step / "model" / "model.pt", weights_only=True)
     torch.manual_seed(cfg.rollout.seed)
-    policy = T.build_policy(cfg)
-    before = T._trainable_state(policy, None)
+    policy = S.build_policy(cfg)
+    before = S.trainable_state(policy, None)
     assert any(not torch.equal(before[k], after[k]) for k in before), preset

@@ -7,7 +7,12 @@ import math
 import pytest
 import torch
 
-from veriloop.algos.maths.shaping import format_reward, kl_reward_penalty, overlong_filter_mask, overlong_penalty
+from veriloop.algos.maths.shaping import (
+    format_reward,
+    kl_reward_penalty,
+    overlong_filter_mask,
+    overlong_penalty,
+)
 
 
 def test_overlong_penalty_piecewise():

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from veriloop.agents.forward import token_logprobs
-from veriloop.algos.maths import advantages as A
-from veriloop.algos.maths import losses as L
 from veriloop.algos.algorithm import ObjectiveExtras, resolve
 from veriloop.algos.batch import TokenBatch, collate
+from veriloop.algos.maths import advantages as A
+from veriloop.algos.maths import losses as L
 from veriloop.algos.maths.mismatch import mismatch_stats
 from veriloop.algos.update import compute_advantages, policy_loss, prepare_batch, update_step
 from veriloop.configs.algo import AlgoConfig
@@ -86,7 +86,7 @@ def test_rollout_correction_logs_the_same_k3_formula_over_every_sampled_token(
 
 
 def test_metric_parts_that_share_a_key_are_an_error():
-    from veriloop.algos.train import merge_metrics
+    from veriloop.algos.step import merge_metrics
 
     assert merge_metrics({"a": 1.0}, {"b": None}) == {"a": 1.0, "b": None}
     with pytest.raises(ValueError, match="mismatch/k3_kl"):

@@ -13,8 +13,14 @@ from pathlib import Path
 import pytest
 
 ALGOS = Path(__file__).resolve().parents[2] / "algos"
-#: What algos may import from envs: the package (registers ids), the contract and the verifiers.
-ALLOWED_ENV_MODULES = ("veriloop.envs", "veriloop.envs.base", "veriloop.envs.verifiers")
+#: What algos may import from envs: the package (registers ids), the contract, the verifiers and
+#: the JSON helper every floor shares (``json_safe``, no environment knowledge).
+ALLOWED_ENV_MODULES = (
+    "veriloop.envs",
+    "veriloop.envs.base",
+    "veriloop.envs.verifiers",
+    "veriloop.envs.json_safe",
+)
 #: Lower-case fragments that name an environment (class, module or id).
 ENV_NAMES = ("points24", "solveverify", "solve_verify", "mathverify", "math_env", "math_data",
              "reasoninggym", "reasoning_gym", "veriloop/")  # fmt: skip

@@ -20,6 +20,7 @@ from veriloop.algos.run.distributed import DistContext
 WORKER = r"""
 import dataclasses, os, sys, torch
 import veriloop.algos.train as T
+import veriloop.algos.run.setup as S
 from veriloop.algos.run.distributed import init_distributed, check_params_equal, shutdown_distributed
 from veriloop.configs.loader import load_config
 from veriloop.envs.math_env import MathVerifyEnv
@@ -31,10 +32,10 @@ out, single = sys.argv[1], sys.argv[2] == "single"
 cfg = load_config(None, sys.argv[3:])
 dist = init_distributed() if not single else T.SINGLE_PROCESS
 torch.manual_seed(0)
-policy = T.build_policy(cfg)
-critic = T.build_critic(cfg, policy)
-opt = T.build_optimizer(cfg, policy, critic)
-start = {k: v.clone() for k, v in T._trainable_state(policy, critic).items()}
+policy = S.build_policy(cfg)
+critic = S.build_critic(cfg, policy)
+opt = S.build_optimizer(cfg, policy, critic)
+start = {k: v.clone() for k, v in S.trainable_state(policy, critic).items()}
 if single:  # the batch both ranks gathered, trained by one process
     trajs = torch.load(os.path.join(out, "batch.pt"), weights_only=False)
 else:
@@ -47,7 +48,7 @@ else:
     if dist.rank == 0:
         torch.save(trajs, os.path.join(out, "batch.pt"))
 m = T.train_on_batch(cfg, policy, critic, opt, trajs, torch.Generator().manual_seed(0), dist)
-after = T._trainable_state(policy, critic)
+after = S.trainable_state(policy, critic)
 same = check_params_equal(dist, list(after.values()))
 torch.save({"start": start, "after": after, "same": same, "grad_norm": m["grad_norm"],
             "seeds": [t.seed for t in trajs]}, os.path.join(out, f"{'single' if single else dist.rank}.pt"))

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from veriloop.algos.maths import losses as L
 from veriloop.algos.algorithm import ObjectiveExtras, resolve
 from veriloop.algos.batch import collate
+from veriloop.algos.maths import losses as L
 from veriloop.algos.update import prepare_batch
 from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.presets import load_preset

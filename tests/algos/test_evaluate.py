@@ -20,14 +20,9 @@ import veriloop.envs  # noqa: F401  (registers the environments)
 from veriloop.agents.engine import RolloutLimits, as_verdict, rollout
 from veriloop.agents.scripted import ScriptedPolicy
 from veriloop.agents.trajectory import Trajectory, TurnRecord
-from veriloop.algos.eval.loop import (
-    cli_eval,
-    evaluate_config,
-    evaluate_policy,
-    final_sample,
-    read_report,
-    write_report,
-)
+from veriloop.algos.eval.loop import evaluate_config, evaluate_policy, final_sample
+from veriloop.algos.eval.report import read_report, write_report
+from veriloop.cli.eval import cli_eval
 from veriloop.configs.loader import load_config
 from veriloop.configs.schema import ConfigError
 

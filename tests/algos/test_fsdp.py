@@ -35,6 +35,7 @@ UPDATE = (
     + r"""
 import dataclasses, json, os, sys, torch
 import veriloop.algos.train as T
+import veriloop.algos.run.setup as S
 from veriloop.algos.run import fsdp
 from veriloop.algos.run.distributed import init_distributed, shutdown_distributed
 from veriloop.configs.loader import load_config
@@ -43,12 +44,12 @@ out, single = sys.argv[1], sys.argv[2] == "single"
 cfg = load_config(None, sys.argv[3:])
 dist = T.SINGLE_PROCESS if single else dataclasses.replace(init_distributed(), sharded=True)
 torch.manual_seed(0)
-policy = T.build_policy(cfg)
-critic = T.build_critic(cfg, policy)
+policy = S.build_policy(cfg)
+critic = S.build_critic(cfg, policy)
 parts = fsdp.state_modules(policy, critic)
 start = {n: p.detach().clone() for n, p in parts.named_parameters() if p.requires_grad}
 sharded = None if single else fsdp.shard(policy, critic)
-opt = T.build_optimizer(cfg, policy, critic)
+opt = S.build_optimizer(cfg, policy, critic)
 if single:  # the batch the two ranks gathered, trained by one process
     trajs = torch.load(os.path.join(out, "batch.pt"), weights_only=False)
 else:

@@ -44,11 +44,12 @@ def test_mixture_config_errors():
 
 
 def test_a_two_env_mixture_trains_and_evaluates_every_env(tmp_path: Path):
+    import veriloop.algos.run.setup as S
     import veriloop.algos.train as T
 
     cfg = load_config("quickstart", [*MIX, *TINY, f"run.out_dir={tmp_path}", "run.name=mix"])
     cfg.env.resolve()
-    policy = T.build_policy(cfg)
+    policy = S.build_policy(cfg)
     trajs, _, _ = T.collect(cfg, policy, T.TrainerState(next_seed=0))
     by_group: dict[int, set[str]] = {}
     for t in trajs:

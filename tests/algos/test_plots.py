@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from veriloop.algos.run.plots import cli_plot, eval_keys, pass_at_k_curves, plot_pass_at_k, plot_run
+from veriloop.algos.run.plots import eval_keys, pass_at_k_curves, plot_pass_at_k, plot_run
+from veriloop.cli.plot import cli_plot
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

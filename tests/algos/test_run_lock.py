@@ -14,7 +14,8 @@ import pytest
 
 from tests.test_cli_hardening import TINY  # the one tiny-run override list of the hardening tests
 from veriloop.algos.run.lock import LOCK_FILE, RunBusyError, acquire, release, run_lock
-from veriloop.algos.train import claim_run_dir, train
+from veriloop.algos.run.setup import claim_run_dir
+from veriloop.algos.train import train
 from veriloop.configs.loader import load_config
 
 HOLDER = (

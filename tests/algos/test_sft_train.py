@@ -153,8 +153,8 @@ def test_sft_stops_after_max_consecutive_nonfinite_steps_like_rl(tmp_path):
     """The RL loop's guard and limit: the 2nd bad step in a row stops SFT, nothing non-finite is saved."""
     from veriloop.agents.testing import tiny_policy
     from veriloop.algos.run.checkpoint import latest_checkpoint
-    from veriloop.algos.run.nonfinite import NonFiniteTrainingError
     from veriloop.algos.run.log import read_metrics
+    from veriloop.algos.run.nonfinite import NonFiniteTrainingError
 
     policy = tiny_policy(seed=1)
     handle = _poison_from(policy, first_call=2)  # step 0 is finite, steps 1.. are NaN (one forward each)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from veriloop.algos.run.nonfinite import NonFiniteGuard, NonFiniteTrainingError
 from veriloop.algos.run.log import RunLog, read_metrics
+from veriloop.algos.run.nonfinite import NonFiniteGuard, NonFiniteTrainingError
 from veriloop.algos.run.steps import StepLoop
 
 

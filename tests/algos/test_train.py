@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import veriloop.algos.run.setup as S
+import veriloop.algos.step as step_module
 import veriloop.algos.train as T
-from veriloop.algos.run.nonfinite import NonFiniteTrainingError
 from veriloop.algos.run.log import read_metrics
+from veriloop.algos.run.nonfinite import NonFiniteTrainingError
 from veriloop.configs.loader import load_config
 from veriloop.envs.math_env import MathVerifyEnv
 from veriloop.envs.verifiers import Verdict
@@ -89,9 +91,9 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 def initial_weights(cfg) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
     torch.manual_seed(cfg.rollout.seed)
-    policy = T.build_policy(cfg)
-    critic = T.build_critic(cfg, policy)
-    return {k: v.clone() for k, v in T._trainable_state(policy, critic).items()}
+    policy = S.build_policy(cfg)
+    critic = S.build_critic(cfg, policy)
+    return {k: v.clone() for k, v in S.trainable_state(policy, critic).items()}
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -172,7 +174,7 @@ def test_verifier_timeouts_are_counted_not_scored(tmp_path, monkeypatch, no_eval
 
 def test_nonfinite_loss_skips_then_stops(tmp_path, monkeypatch, varied_rewards, no_eval) -> None:
     """NaN losses skip the step (weights untouched, counted); too many in a row stop the run."""
-    real = T.update_step
+    real = step_module.update_step
     state = {"calls": 0}
 
     def nan_on_second(model, optimizer, batch, cfg, **kw):  # type: ignore[no-untyped-def]
@@ -182,7 +184,7 @@ def test_nonfinite_loss_skips_then_stops(tmp_path, monkeypatch, varied_rewards, 
                 batch.advantages.fill_(float("nan"))
         return real(model, optimizer, batch, cfg, **kw)
 
-    monkeypatch.setattr(T, "update_step", nan_on_second)
+    monkeypatch.setattr(step_module, "update_step", nan_on_second)
     cfg = config(
         tmp_path, "rloo", "train.steps=5", "train.max_consecutive_nonfinite=2", "run.checkpoint_every=1"
     )

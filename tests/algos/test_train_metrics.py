@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+import veriloop.algos.run.setup as S
+import veriloop.algos.step as step_module
 import veriloop.algos.train as T
 from veriloop.configs.loader import load_config
 
@@ -13,7 +15,7 @@ from veriloop.configs.loader import load_config
 def _factor(schedule: str, steps: int = 10, warmup: int = 2):  # type: ignore[no-untyped-def]
     cfg = load_config(None, ["policy.model=tiny", f"train.steps={steps}", f"train.warmup_steps={warmup}",
                              f"train.schedule={schedule}"])  # fmt: skip
-    return T.lr_lambda(cfg)
+    return S.lr_lambda(cfg)
 
 
 def test_lr_lambda_hand_cases():
@@ -38,7 +40,7 @@ def test_lr_lambda_stays_in_0_1_and_never_rises_after_warmup(schedule):
 
 
 def test_rollout_metrics_hand_case(make_traj, monkeypatch):
-    monkeypatch.setattr(T, "drift_rate", lambda tokenizer, t: float(t.num_turns))
+    monkeypatch.setattr(step_module, "drift_rate", lambda tokenizer, t: float(t.num_turns))
     right = make_traj([([10, 11], [30], 1.0)])
     cut = make_traj([([12], [], -1.0)], hit_limit=[True])
     failed = make_traj([([13], [31], 0.0), ([14], [], 0.0)], error="timeout")
@@ -53,7 +55,7 @@ def test_rollout_metrics_hand_case(make_traj, monkeypatch):
 
 def test_rollout_metrics_single_episode_and_drift_sample(make_traj, monkeypatch):
     seen = []
-    monkeypatch.setattr(T, "drift_rate", lambda tokenizer, t: seen.append(t) or 0.0)
+    monkeypatch.setattr(step_module, "drift_rate", lambda tokenizer, t: seen.append(t) or 0.0)
     trajs = [make_traj([([10], [], 1.0)], group_id=i) for i in range(10)]
     assert T.rollout_metrics(trajs[:1], tokenizer=None)["reward/std"] == 0.0  # one episode: no spread
     seen.clear()

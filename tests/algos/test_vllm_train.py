@@ -76,7 +76,7 @@ def test_dppo_takes_its_ratio_against_the_log_probs_vllm_recorded(tmp_path: Path
 def test_veriloop_eval_samples_with_the_configs_vllm_engine_and_closes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import veriloop.algos.eval.loop as E
+    import veriloop.cli.eval as E
     from veriloop.agents.backends.vllm import VLLMBackend
 
     used: list[Any] = []
@@ -96,7 +96,7 @@ def test_veriloop_eval_samples_with_the_configs_vllm_engine_and_closes_it(
 
 
 def test_veriloop_eval_without_vllm_uses_the_hf_engine(tmp_path: Path) -> None:
-    from veriloop.algos.eval.loop import _cli_backend
+    from veriloop.cli.eval import _cli_backend
     from veriloop.configs.loader import load_config
 
     cfg = load_config("quickstart", ["rollout.backend=hf"])

@@ -63,7 +63,7 @@ def test_vllm_suites_pass_with_cuda_vllm(module: str) -> None:
 )
 def test_training_loop_puts_the_policy_on_the_gpu() -> None:
     """Fails (xfail) until the loop places the policy on CUDA; then this test passes and must be un-marked."""
-    from veriloop.algos.train import build_policy
+    from veriloop.algos.run.setup import build_policy
     from veriloop.configs.loader import load_config
 
     policy = build_policy(load_config("quickstart", ["policy.model=tiny"]))

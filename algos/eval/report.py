@@ -1,0 +1,133 @@
+"""Evaluation reports: one JSON + Markdown pair per evaluated checkpoint (``nan`` saved as
+``null``), read back with ``nan`` restored, and the run's summary table over every checkpoint.
+
+The report itself is plain data, ``{"splits": {name: metrics}, "gap": {...}, "meta": {...}}``, as
+:func:`veriloop.algos.eval.loop.evaluate_policy` returns it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from veriloop.algos.eval.loop import REFERENCE_SPLIT
+from veriloop.algos.eval.metrics import markdown_table
+
+#: Non-rate metrics shown in the task table of the Markdown report (when a split has them).
+#: The environments' own metrics (``LearnerSignal``) go between ``greedy_acc`` and the rest.
+TASK_METRICS = (
+    "greedy_acc", "attempts/mean", "turns/mean", "response_length/mean", "truncation_rate", "limit_stop_rate",
+)  # fmt: skip
+#: Metrics every split has (not the environment's own): these names, and the prefixes below.
+_GENERIC = {
+    *TASK_METRICS,
+    "num_problems",
+    "num_samples",
+    "verifier_errors",
+    "error_rate",
+    "response_length/max",
+}
+_GENERIC_PREFIXES = ("pass@", "avg@", "maj@", "reason/", "attempts/", "se/")
+
+
+def _json_safe(value: Any) -> Any:
+    """Plain JSON: ``nan``/``inf`` become ``None`` (strict JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def task_table(splits: Mapping[str, Mapping[str, Any]]) -> str:
+    """Markdown table of the :data:`TASK_METRICS` and environment metrics any split has (empty
+    string when none)."""
+    env = [m for s in splits.values() for m in s if m not in _GENERIC and not m.startswith(_GENERIC_PREFIXES)]
+    shown = (TASK_METRICS[0], *dict.fromkeys(env), *TASK_METRICS[1:])
+    names = [m for m in shown if any(m in s for s in splits.values())]
+    names += sorted({m for s in splits.values() for m in s if m.startswith("attempts/level_")})
+    if not names:
+        return ""
+    order = sorted(splits, key=lambda s: (s != REFERENCE_SPLIT, s))
+    lines = ["| split | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    for split in order:
+        cells = [_cell(splits[split].get(m)) for m in names]
+        lines.append(f"| {split} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def report_markdown(report: Mapping[str, Any], title: str = "Evaluation") -> str:
+    """Rates with the gap rows (:func:`markdown_table`), then the task metrics."""
+    meta = report.get("meta", {})
+    head = f"## {title}\n\n" + (f"step {meta['step']}, " if meta.get("step") is not None else "")
+    head += f"{meta.get('num_problems', '?')} problems x {meta.get('n_samples', '?')} samples, "
+    head += f"T = {meta.get('temperature', '?')}, policy {meta.get('policy', '?')}"
+    head += f", checkpoint {meta['checkpoint']}\n\n" if meta.get("checkpoint") else "\n\n"
+    return (
+        head
+        + markdown_table(report["splits"], meta.get("reference_split", REFERENCE_SPLIT))
+        + "\n"
+        + task_table(report["splits"])
+        + sources_markdown(meta)
+    )
+
+
+def sources_markdown(meta: Mapping[str, Any]) -> str:
+    """A list of what each split's problems were drawn from (empty for reports without it)."""
+    lines = [f"- {name}: {s['source']}" for name, s in meta.get("splits", {}).items() if s.get("source")]
+    return "\nProblems per split:\n\n" + "\n".join(lines) + "\n" if lines else ""
+
+
+def write_report(report: Mapping[str, Any], out_dir: str | Path, name: str) -> dict[str, Path]:
+    """Save ``<out_dir>/<name>.json`` (``nan`` as ``null``) and ``<name>.md``; returns both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{name}.json", "markdown": out / f"{name}.md"}
+    paths["json"].write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
+    paths["markdown"].write_text(report_markdown(report, title=name))
+    return paths
+
+
+def run_summary(eval_dir: str | Path) -> str:
+    """One table for a run: every evaluated checkpoint (base model, start after SFT, each step) x
+    split, from the ``<eval_dir>/*.json`` reports the training loop writes, in step order."""
+    reports = []
+    for path in Path(eval_dir).glob("*.json"):
+        report = read_report(path)
+        meta = report.get("meta", {})
+        order = (-1 if path.stem == "base" else int(meta.get("step") or 0), path.stem)
+        reports.append((order, meta.get("checkpoint") or path.stem, report))
+    if not reports:
+        raise FileNotFoundError(f"no evaluation reports (*.json) in {eval_dir}")
+    reports.sort(key=lambda r: r[0])
+    rates = list(dict.fromkeys(k for _, _, r in reports for m in r["splits"].values() for k in m
+                               if k.startswith(("avg@", "pass@", "maj@", "greedy_acc", "se/"))
+                               and k != "pass@1"))  # fmt: skip
+    header = ["checkpoint", "split", *rates, "error rate"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for _, label, report in reports:
+        for split, m in report["splits"].items():
+            cells = [_cell(m.get(k)) for k in [*rates, "error_rate"]]
+            lines.append("| " + " | ".join([label, split, *cells]) + " |")
+    note = "avg@n is the unbiased pass@1; n/a = not measurable (e.g. maj@k without extracted answers)."
+    return "\n".join(lines) + "\n\n" + note + "\n" + sources_markdown(reports[-1][2].get("meta", {}))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return "n/a" if isinstance(value, float) and math.isnan(value) else f"{float(value):.3f}"
+
+
+def read_report(path: str | Path) -> dict[str, Any]:
+    """Load a report written by :func:`write_report` (``null`` metrics come back as ``nan``)."""
+    report = json.loads(Path(path).read_text())
+    report["splits"] = {
+        s: {k: math.nan if v is None else v for k, v in m.items()} for s, m in report["splits"].items()
+    }
+    return report

@@ -1,0 +1,273 @@
+"""Setting a run up: the policy, critic, optimizer and learning-rate schedule a config describes,
+the run folder claimed for one run, and the trainable weights saved into and read back from
+checkpoints (training resumes with them, evaluation loads a checkpoint's policy with them).
+
+Reading order: ``build_policy`` -> ``build_critic`` -> ``build_optimizer`` -> ``lr_lambda``;
+``claim_run_dir`` (refuse, resume or replace an existing run folder); ``trainable_state`` /
+``load_trainable_state`` (the one weight loader); ``load_checkpoint_policy`` (any saved policy).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from veriloop.agents.atomic import write_text_atomic
+from veriloop.agents.loading import LoraSettings, load_policy
+from veriloop.agents.policy import Policy
+from veriloop.agents.precision import apply_precision
+from veriloop.algos.critic import ValueModel
+from veriloop.algos.run.checkpoint import complete_checkpoints
+from veriloop.algos.run.lock import LOCK_FILE
+from veriloop.configs.loader import config_to_yaml, dump_config
+from veriloop.configs.schema import ConfigError, ExperimentConfig
+
+# ----------------------------------------------------------------------------------------- build
+
+
+def _modules(names: str | list[str]) -> str | tuple[str, ...]:
+    """``policy.target_modules`` as ``LoraSettings`` stores it (a list from YAML becomes a tuple)."""
+    return names if isinstance(names, str) else tuple(names)
+
+
+def build_policy(cfg: ExperimentConfig) -> Policy:
+    """The policy as ``cfg.policy`` describes it: LoRA or full, reference only if KL needs it."""
+    p = cfg.policy
+    if p.model == "tiny":  # a tiny random model with the real tokenizer: for tests and smoke runs
+        from veriloop.agents.testing import tiny_policy
+
+        tiny = tiny_policy(
+            lora=p.lora, seed=cfg.rollout.seed, keep_reference=cfg.keep_reference and not p.lora
+        )
+        return apply_precision(tiny, p.precision)
+    lora = LoraSettings(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
+                        target_modules=_modules(p.target_modules)) if p.lora else None  # fmt: skip
+    policy = load_policy(p.model, lora=lora, dtype=p.dtype, keep_reference=cfg.keep_reference and not p.lora)
+    return apply_precision(policy, p.precision)  # bf16: frozen weights bf16, trained ones fp32
+
+
+def build_critic(cfg: ExperimentConfig, policy: Policy) -> ValueModel | None:
+    if not cfg.algo.needs_critic:
+        return None
+    if cfg.algo.critic == "separate":  # the policy's pretrained weights + a fresh head, trained in fp32
+        critic = ValueModel.separate(policy.model)
+        return critic.float() if policy.precision == "bf16" else critic  # not the bf16 of a frozen base
+    return ValueModel(policy.model)  # value head on the policy's own backbone
+
+
+def build_optimizer(
+    cfg: ExperimentConfig, policy: Policy, critic: ValueModel | None
+) -> torch.optim.Optimizer:
+    params = {id(p): p for p in policy.trainable_parameters()}
+    if critic is not None:  # the shared backbone's parameters are already in; add the head (or model)
+        params.update({id(p): p for p in critic.parameters() if p.requires_grad})
+    return torch.optim.AdamW(list(params.values()), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+
+
+def lr_lambda(cfg: ExperimentConfig) -> Any:
+    """Linear warm-up, then constant / linear decay / cosine, as a multiplier of ``train.lr``."""
+    warm, total, shape = cfg.train.warmup_steps, max(cfg.train.steps, 1), cfg.train.schedule
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        progress = (step - warm) / max(total - warm, 1)
+        if shape == "linear":
+            return max(0.0, 1.0 - progress)
+        if shape == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+        return 1.0
+
+    return factor
+
+
+# ------------------------------------------------------------------------------------- weights
+
+
+def trainable_state(policy: Policy, critic: ValueModel | None) -> dict[str, torch.Tensor]:
+    """Only what training changes (LoRA adapters, or all weights), plus a critic's head/model."""
+    state = {f"policy.{n}": p.detach() for n, p in policy.model.named_parameters() if p.requires_grad}
+    if critic is not None:
+        state.update({f"critic.{n}": p.detach() for n, p in critic.named_parameters()
+                      if p.requires_grad and not n.startswith("backbone.")})  # fmt: skip
+        if critic.backbone is not policy.model:
+            state.update({f"critic.{n}": p.detach() for n, p in critic.backbone.named_parameters()})
+    return state
+
+
+def load_trainable_state(
+    policy: Policy,
+    critic: ValueModel | None,
+    state: dict[str, torch.Tensor],
+    *,
+    source: str = "checkpoint",
+    policy_only: bool = False,
+) -> None:
+    """Copy :func:`trainable_state`'s output (a checkpoint's ``model/model.pt``) into ``policy`` and
+    ``critic``; ``policy_only`` skips the critic's weights (evaluation needs none).
+
+    Raises ``KeyError`` naming a key this model does not have: the state was trained with another
+    config (``source`` names where it came from)."""
+    targets = dict(policy.model.named_parameters())
+    heads = dict(critic.named_parameters()) if critic is not None else {}
+    with torch.no_grad():
+        for key, value in state.items():
+            scope, name = key.split(".", 1)
+            if scope != "policy" and policy_only:
+                continue
+            table = targets if scope == "policy" else heads
+            if name not in table:
+                raise KeyError(
+                    f"{source} holds {key!r}, which this model does not have: it was trained with another "
+                    "config (resume or evaluate with the run's own config.yaml)"
+                )
+            table[name].copy_(value)
+
+
+# ------------------------------------------------------------------------------------ run folder
+
+#: Settings a resumed run may change from the saved config (how long, how often, how it is measured).
+RESUMABLE_CHANGES = ("train.steps", "eval.", "run.checkpoint_every", "run.keep_last", "run.tensorboard",
+                     "run.wandb", "train.log_every", "rollout.server.")  # fmt: skip
+
+
+def claim_run_dir(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwrite: bool) -> None:
+    """Make ``run_dir`` this run's own, or stop before anything is written or loaded.
+
+    A new or empty folder is used as is. An existing run is continued only with ``resume`` (and
+    a config that matches its ``config.yaml`` but for :data:`RESUMABLE_CHANGES`, and enough
+    ``train.steps`` to reach its newest checkpoint), replaced only with ``overwrite``; otherwise
+    :class:`ConfigError` says so and nothing in it changes. The caller holds the folder's lock
+    (``run_lock``), so leftovers of killed saves found here are stale and are removed.
+    """
+    existing = run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
+    if existing and resume and overwrite:
+        raise ConfigError("--resume continues a run and --overwrite deletes it: give only one")
+    if existing and not resume and not overwrite:
+        raise ConfigError(
+            f"run folder {run_dir} already holds a run; nothing was changed. Continue it with --resume, "
+            f"replace it with --overwrite, or choose another name (run.name=...)"
+        )
+    if existing and resume:
+        _check_resume_config(run_dir, cfg)
+        _check_resume_steps(run_dir, cfg)
+    if existing and overwrite:
+        for child in run_dir.iterdir():  # all but the lock, which this process holds
+            if child.name != LOCK_FILE:
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(run_dir)
+    write_text_atomic(run_dir / "config.yaml", config_to_yaml(cfg))
+
+
+def remove_stale_temporaries(run_dir: Path) -> list[Path]:
+    """Delete the ``.tmp-*`` / ``.old-*`` leftovers of folder and file replacements (``final/``,
+    ``config.yaml``...) that a killed process left in ``run_dir`` and ``run_dir/sft``. Call it only
+    while holding the run's lock: then no live process is writing them. Returns what was removed."""
+    removed = []
+    for folder in (run_dir, run_dir / "sft"):
+        for p in folder.glob(".*") if folder.is_dir() else []:
+            if p.name.startswith((".tmp-", ".old-")):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                removed.append(p)
+    return removed
+
+
+def _check_resume_steps(run_dir: Path, cfg: ExperimentConfig) -> None:
+    """A resumed run may train longer, never shorter than its newest checkpoint."""
+    done = [int(p.name.split("-")[1]) for p in complete_checkpoints(run_dir)]
+    if done and max(done) > cfg.train.steps:
+        raise ConfigError(
+            f"--resume: {run_dir} already has a checkpoint at step {max(done)}, past train.steps="
+            f"{cfg.train.steps}; nothing was changed. Resume with train.steps >= {max(done)} (its final/ "
+            "policy is the one to evaluate if the run is finished)"
+        )
+
+
+def _check_resume_config(run_dir: Path, cfg: ExperimentConfig) -> None:
+    saved_file = run_dir / "config.yaml"
+    if not saved_file.is_file():
+        return
+    saved = _flatten(yaml.safe_load(saved_file.read_text()) or {})
+    now = _flatten(dump_config(cfg))
+    # run.out_dir / run.name only say where the folder is: a moved or copied run resumes where it is now
+    changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k)
+                     and not k.startswith(RESUMABLE_CHANGES) and k not in ("run.out_dir", "run.name"))  # fmt: skip
+    if changed:
+        diff = "; ".join(f"{k}: {_short(saved.get(k))} -> {_short(now.get(k))}" for k in changed[:6])
+        raise ConfigError(
+            f"--resume: the config differs from the one {run_dir} was trained with ({diff}); resume with "
+            f"the saved config (`veriloop train {run_dir / 'config.yaml'} --resume`), or start a new run.name"
+        )
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flatten(sub, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): tree}
+
+
+def check_model(model: str) -> None:
+    """``policy.model`` names a loadable model: 'tiny', 'default', 'default-vision' or a folder with
+    config.json / adapter_config.json (nothing is loaded here)."""
+    if model in ("tiny", "default", "default-vision"):
+        return
+    from veriloop.agents.loading import _resolve
+
+    try:
+        _resolve(model)
+    except FileNotFoundError as e:
+        raise ConfigError(f"policy.model: {e}") from None
+
+
+def load_checkpoint_policy(cfg: ExperimentConfig, checkpoint: str) -> Policy:
+    """The policy of ``checkpoint``: ``base``/``default`` = ``cfg.policy.model`` (``tiny`` included), a
+    folder saved by ``save_policy`` (full weights or a LoRA adapter), or a training checkpoint
+    ``run/checkpoints/step-N`` (its ``model/model.pt`` trainable weights on top of ``cfg``'s policy)."""
+    from veriloop.agents.loading import load_policy
+
+    if checkpoint in ("base", "default"):
+        if cfg.policy.model == "tiny":
+            from veriloop.agents.testing import tiny_policy
+
+            return tiny_policy(seed=cfg.rollout.seed)
+        return load_policy(cfg.policy.model, dtype=cfg.policy.dtype)
+    path = Path(checkpoint)
+    state_file = path / "model" / "model.pt"
+    if state_file.is_file():
+        return _policy_from_training_checkpoint(cfg, state_file)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"checkpoint {checkpoint!r} is not a folder: pass 'base', a folder written by save_policy (e.g. "
+            "runs/<name>/final) or a training checkpoint runs/<name>/checkpoints/step-NNNNNN"
+        )
+    if cfg.policy.model == "tiny" and (path / "adapter_config.json").is_file():
+        return _tiny_with_adapter(cfg, path)  # the tiny test model has no folder to name as a base
+    return load_policy(path, dtype=cfg.policy.dtype)
+
+
+def _tiny_with_adapter(cfg: ExperimentConfig, path: Path) -> Policy:
+    from peft import PeftModel
+
+    from veriloop.agents.testing import tiny_policy
+
+    policy = tiny_policy(seed=cfg.rollout.seed)
+    policy.model = PeftModel.from_pretrained(policy.model, path)
+    return policy
+
+
+def _policy_from_training_checkpoint(cfg: ExperimentConfig, state_file: Path) -> Policy:
+    policy = build_policy(cfg)
+    state = torch.load(state_file, map_location="cpu", weights_only=True)
+    load_trainable_state(policy, None, state, source=str(state_file), policy_only=True)
+    return policy

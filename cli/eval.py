@@ -1,0 +1,113 @@
+"""``veriloop eval``: evaluate saved policies (``base``, ``RUN/final``, ``RUN/checkpoints/step-N``)
+as a config says, writing one report per checkpoint, a combined summary and the pass@k plot."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from veriloop.algos.eval.loop import evaluate_config
+from veriloop.algos.eval.report import report_markdown, write_report
+from veriloop.algos.run.setup import check_model, load_checkpoint_policy
+from veriloop.configs.schema import ExperimentConfig
+
+
+def _label(checkpoint: str) -> str:
+    path = Path(checkpoint)
+    if checkpoint in ("base", "default"):
+        return "base"
+    return path.name if path.parent.name != "checkpoints" else f"{path.parent.parent.name}-{path.name}"
+
+
+def run_folder_of(checkpoint: str | Path) -> Path | None:
+    """The run folder a saved policy belongs to (``RUN/final``, ``RUN/sft/final``,
+    ``RUN/checkpoints/step-N``...): its nearest ancestor holding a ``config.yaml``; None if none."""
+    for folder in Path(checkpoint).resolve().parents:
+        if (folder / "config.yaml").is_file():
+            return folder
+    return None
+
+
+def _default_eval_dir(cfg: ExperimentConfig, checkpoints: Sequence[str]) -> Path:
+    """``RUN/eval-cli`` of the run the evaluated checkpoints come from (all from one run); the
+    config's run folder when only the base model is evaluated or they come from several runs."""
+    runs = {run_folder_of(c) for c in checkpoints if c not in ("base", "default")}
+    if len(runs) == 1 and None not in runs:
+        return next(iter(runs)) / "eval-cli"  # type: ignore[operator]
+    return Path(cfg.run.out_dir) / cfg.run_name / "eval-cli"
+
+
+def _cli_backend(cfg: ExperimentConfig, policy: Any) -> Any:
+    """The engine ``veriloop eval`` samples with: the config's vLLM engine (one per checkpoint) when its
+    evaluations use the rollouts' backend (``eval.backend: rollout``) and that resolves to ``vllm``,
+    as in training; otherwise None, the HF engine (a ``vllm_server`` is not started by ``eval``)."""
+    from veriloop.agents.backends import make_backend, resolve_backend
+
+    if cfg.eval.backend != "rollout" or resolve_backend(cfg.rollout.backend, policy) != "vllm":
+        return None
+    return make_backend("vllm", policy, **cfg.rollout.vllm_kwargs)
+
+
+def run_eval_cli(
+    config_path: str | None,
+    checkpoints: Sequence[str],
+    overrides: Sequence[str],
+    out_dir: str | Path | None = None,
+    imports: Sequence[str] = (),
+) -> dict[str, dict]:
+    """Evaluate each checkpoint as the config says; write per-checkpoint and combined reports and the
+    pass@k-vs-k plot (``pass_at_k.png``) to ``out_dir`` (default: ``RUN_DIR/eval-cli``, where
+    RUN_DIR is the run folder the checkpoints were saved in, or the config's run folder for the
+    base model). Returns ``{label: report}``.
+
+    The config, the environments (``imports`` are imported first) and every checkpoint path are
+    checked before any model loads."""
+    from veriloop.algos.run.plots import plot_pass_at_k
+    from veriloop.configs.loader import load_config
+    from veriloop.configs.schema import ConfigError
+
+    cfg = load_config(config_path, overrides)
+    cfg.env.imports = [*cfg.env.imports, *imports]
+    cfg.env.resolve()
+    missing = [c for c in checkpoints if c not in ("base", "default") and not Path(c).exists()]
+    if missing:
+        raise ConfigError(
+            f"--checkpoints: {', '.join(missing)} not found; give saved policy folders (RUN/final, "
+            "RUN/sft/final, RUN/checkpoints/step-N) or 'base'"
+        )
+    if any(c in ("base", "default") for c in checkpoints or ["base"]):
+        check_model(cfg.policy.model)  # the base model exists (before any folder is made)
+    out = Path(out_dir) if out_dir is not None else _default_eval_dir(cfg, checkpoints)
+    out.mkdir(parents=True, exist_ok=True)  # an unwritable folder fails now, before any model loads
+    reports: dict[str, dict] = {}
+    for checkpoint in checkpoints or ["base"]:
+        label = _label(checkpoint)
+        while label in reports:
+            label += "+"
+        policy = load_checkpoint_policy(cfg, checkpoint)
+        backend = _cli_backend(cfg, policy)
+        try:
+            report = evaluate_config(cfg, policy, backend=backend)
+        finally:
+            if backend is not None:
+                backend.close()
+        report["meta"]["checkpoint"] = checkpoint
+        paths = write_report(report, out, label)
+        print(f"{label}: {paths['markdown']}")
+        reports[label] = report
+    combined = "\n".join(report_markdown(r, title=label) for label, r in reports.items())
+    (out / "summary.md").write_text(combined)
+    plot_pass_at_k(reports, out / "pass_at_k.png")
+    print(combined)
+    print(f"\nevaluation written to {out} (summary.md, pass_at_k.png)")
+    return reports
+
+
+def cli_eval(args: argparse.Namespace) -> int:
+    """``veriloop eval``: ``args.config`` (path or shipped name), ``args.checkpoints`` (list),
+    ``args.out`` (folder or None), ``args.overrides`` (``dotted.key=value``), ``args.imports``."""
+    run_eval_cli(args.config, list(args.checkpoints or []), list(args.overrides or []), args.out,
+                 imports=list(getattr(args, "imports", None) or []))  # fmt: skip
+    return 0
