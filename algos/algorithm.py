@@ -1,20 +1,22 @@
-"""An algorithm, picked once: the tables every ``AlgoConfig`` choice is looked up in.
+"""An algorithm, picked once: the estimators and objectives every ``AlgoConfig`` choice names.
 
-``resolve(cfg)`` validates an ``AlgoConfig`` and looks its three parts up, once per run, into a
-frozen :class:`Algorithm` record that the update (``algos/update.py``) reads on every batch:
+The choices and their traits are one record each in ``configs.algo`` (``ADVANTAGES``,
+``POLICY_LOSSES``); each row names its function here as ``"module:function"``. ``resolve(cfg)``
+validates an ``AlgoConfig`` and looks its three parts up, once per run, into a frozen
+:class:`Algorithm` record that the update (``algos/update.py``) reads on every batch:
 
     cfg.advantage    -> ADVANTAGE_ESTIMATORS   (cfg, RewardInputs) -> (advantages [N, T], returns | None)
-    cfg.policy_loss  -> POLICY_LOSSES          (logp, old, adv, mask, segments, extras) -> (loss [B, T], stats)
+    cfg.policy_loss  -> POLICY_LOSS_BUILDERS   (cfg) -> (logp, old, adv, mask, segments, extras) -> (loss [B, T], stats)
     cfg.loss_agg     -> losses.aggregate       (per-token loss [B, T], mask, ...) -> scalar
 
-Every entry of a table shares its table's signature, so adding an estimator or an objective is one
-function plus one line here. The maths lives in ``advantages.py`` and ``losses.py`` (pure functions
-over tensors); the entries below only adapt their arguments.
+Every entry shares its table's signature, so adding an estimator or an objective is one function
+plus one row in ``configs.algo``. The maths lives in ``maths/advantages.py`` and ``maths/losses.py``
+(pure functions over tensors); the functions below only adapt their arguments.
 """
 
 from __future__ import annotations
 
-import difflib
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -27,7 +29,7 @@ from veriloop.algos.maths import advantages as A
 from veriloop.algos.maths import losses as L
 from veriloop.algos.maths.losses import aggregate
 from veriloop.algos.maths.multi_reward import component_normalized
-from veriloop.configs.algo import AlgoConfig
+from veriloop.configs.algo import ADVANTAGES, POLICY_LOSSES, AlgoConfig
 
 #: A policy objective in its table's one signature:
 #: (logp, old, adv, mask, segments, extras) -> (per-token loss [B, T], stats); extras may be None.
@@ -80,64 +82,86 @@ def _weights(x: ObjectiveExtras | None) -> torch.Tensor | None:
 
 # ------------------------------------------------------------------------------ policy objectives
 
-#: Policy objectives, each built once from the config: (cfg) -> fn(logp, old, adv, mask, segments,
-#: extras) -> (per_token_loss [B, T], stats). ``segments`` is the turn index for
-#: ``sequence_unit="turn"``; ``extras`` an ``ObjectiveExtras`` (or None).
-POLICY_LOSSES: dict[str, Callable[[AlgoConfig], Objective]] = {
-    "ppo_clip": lambda c: _weighted(lambda lp, old, adv, m, seg, x: L.clipped_pg_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, dual_clip=c.dual_clip)),
-    "gspo": lambda c: lambda lp, old, adv, m, seg, x=None: L.gspo_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, segments=seg, is_weights=_weights(x)),
-    "gspo_token": lambda c: lambda lp, old, adv, m, seg, x=None: L.gspo_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, level="token", segments=seg,
-        is_weights=_weights(x)),
-    "cispo": lambda c: _weighted(lambda lp, old, adv, m, seg, x: L.cispo_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high)),
-    "sapo": lambda c: _weighted(lambda lp, old, adv, m, seg, x: L.sapo_loss(
-        lp, old, adv, m, tau_pos=c.sapo_tau_pos, tau_neg=c.sapo_tau_neg)),
-    "gmpo": lambda c: lambda lp, old, adv, m, seg, x=None: L.gmpo_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, segments=seg, is_weights=_weights(x)),
-    "clip_cov": lambda c: _weighted(lambda lp, old, adv, m, seg, x: L.clip_cov_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, cov_ratio=c.cov_ratio,
-        cov_lb=c.cov_lb, cov_ub=c.cov_ub, select=_select(x))),
-    "kl_cov": lambda c: _weighted(lambda lp, old, adv, m, seg, x: L.kl_cov_loss(
-        lp, old, adv, m, cov_ratio=c.cov_ratio, kl_coef=c.cov_kl_coef, select=_select(x))),
-    "dppo": lambda c: _weighted(lambda lp, old, adv, m, seg, x: L.dppo_loss(
-        lp, _sampler(x), adv, m, divergence=c.dppo_divergence, delta_low=c.dppo_low,
-        delta_high=c.dppo_high, tau=c.dppo_tau)),
-}  # fmt: skip
+# One builder per ``configs.algo.POLICY_LOSSES`` row: (cfg) -> fn(logp, old, adv, mask, segments,
+# extras) -> (per_token_loss [B, T], stats). ``segments`` is the turn index for
+# ``sequence_unit="turn"``; ``extras`` an ``ObjectiveExtras`` (or None).
 
-#: Objectives that act on a share of the batch's tokens, chosen once per mini-batch (before micro-
-#: batching, so that it cannot change the gradient): (cfg) -> fn(advantages, logprobs, mask) ->
-#: [B, T] bool. The update passes log pi_old (the sampling policy; pi_theta at the first update).
-TOKEN_SELECTORS: dict[str, Callable[[AlgoConfig], Callable[..., torch.Tensor]]] = {
-    "clip_cov": lambda c: partial(L.clip_cov_select, cov_ratio=c.cov_ratio, cov_lb=c.cov_lb, cov_ub=c.cov_ub),
-    "kl_cov": lambda c: partial(L.kl_cov_select, cov_ratio=c.cov_ratio),
-}
+
+def ppo_clip(c: AlgoConfig) -> Objective:
+    return _weighted(lambda lp, old, adv, m, seg, x: L.clipped_pg_loss(
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, dual_clip=c.dual_clip))  # fmt: skip
+
+
+def gspo(c: AlgoConfig) -> Objective:
+    return lambda lp, old, adv, m, seg, x=None: L.gspo_loss(
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, segments=seg, is_weights=_weights(x))  # fmt: skip
+
+
+def gspo_token(c: AlgoConfig) -> Objective:
+    return lambda lp, old, adv, m, seg, x=None: L.gspo_loss(
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, level="token", segments=seg,
+        is_weights=_weights(x))  # fmt: skip
+
+
+def cispo(c: AlgoConfig) -> Objective:
+    return _weighted(lambda lp, old, adv, m, seg, x: L.cispo_loss(
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high))  # fmt: skip
+
+
+def sapo(c: AlgoConfig) -> Objective:
+    return _weighted(lambda lp, old, adv, m, seg, x: L.sapo_loss(
+        lp, old, adv, m, tau_pos=c.sapo_tau_pos, tau_neg=c.sapo_tau_neg))  # fmt: skip
+
+
+def gmpo(c: AlgoConfig) -> Objective:
+    return lambda lp, old, adv, m, seg, x=None: L.gmpo_loss(
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, segments=seg, is_weights=_weights(x))  # fmt: skip
+
+
+def clip_cov(c: AlgoConfig) -> Objective:
+    return _weighted(lambda lp, old, adv, m, seg, x: L.clip_cov_loss(
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, cov_ratio=c.cov_ratio,
+        cov_lb=c.cov_lb, cov_ub=c.cov_ub, select=_select(x)))  # fmt: skip
+
+
+def kl_cov(c: AlgoConfig) -> Objective:
+    return _weighted(lambda lp, old, adv, m, seg, x: L.kl_cov_loss(
+        lp, old, adv, m, cov_ratio=c.cov_ratio, kl_coef=c.cov_kl_coef, select=_select(x)))  # fmt: skip
+
+
+def dppo(c: AlgoConfig) -> Objective:
+    return _weighted(lambda lp, old, adv, m, seg, x: L.dppo_loss(
+        lp, _sampler(x), adv, m, divergence=c.dppo_divergence, delta_low=c.dppo_low,
+        delta_high=c.dppo_high, tau=c.dppo_tau))  # fmt: skip
+
+
+# Token selectors (a row's ``selector``): objectives that act on a share of the batch's tokens,
+# chosen once per mini-batch (before micro-batching, so that it cannot change the gradient):
+# (cfg) -> fn(advantages, logprobs, mask) -> [B, T] bool. The update passes log pi_old (the
+# sampling policy; pi_theta at the first update).
+
+
+def clip_cov_selector(c: AlgoConfig) -> Callable[..., torch.Tensor]:
+    return partial(L.clip_cov_select, cov_ratio=c.cov_ratio, cov_lb=c.cov_lb, cov_ub=c.cov_ub)
+
+
+def kl_cov_selector(c: AlgoConfig) -> Callable[..., torch.Tensor]:
+    return partial(L.kl_cov_select, cov_ratio=c.cov_ratio)
+
+
+def _entry(name: str) -> Any:
+    """The function a ``"module:function"`` row names (the rows live in ``configs.algo``)."""
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def pick_policy_loss(cfg: AlgoConfig) -> Objective:
     """The policy objective ``cfg.policy_loss`` names, with its hyperparameters bound."""
-    _choose("policy_loss", cfg.policy_loss, POLICY_LOSSES)
-    return POLICY_LOSSES[cfg.policy_loss](cfg)
+    builder: Callable[[AlgoConfig], Objective] = _entry(cfg.objective.objective)
+    return builder(cfg)
 
 
 # ---------------------------------------------------------------------------- advantage estimators
-
-#: Critic-free episode-level estimators: (rewards [N], group_ids [N], valid [N]) -> [N].
-EPISODE_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
-    "group_norm": partial(A.group_normalized, std_normalize=True),
-    "group_mean": partial(A.group_normalized, std_normalize=False),
-    "rloo": A.leave_one_out,
-}
-#: REINFORCE++ family: a raw per-token return (after an optional group-mean baseline) plus the KL
-#: penalty to go, whitened over the batch's valid *tokens* whatever ``kl_coef`` is (OpenRLHF's and
-#: verl's ``masked_whiten``). (cfg, turn_r [N, K], turn_m, groups [N], valid [N], turn_index
-#: [N, T], loss_mask [N, T]) -> [N, T] un-whitened returns.
-TOKEN_WHITENED: dict[str, Callable[..., torch.Tensor]] = {
-    "batch_norm": lambda cfg, r, m, g, v, ti, lm: _raw_returns(cfg, r, m, ti, lm),
-    "group_mean_batch_norm": lambda cfg, r, m, g, v, ti, lm: _group_mean_returns(cfg, r, m, g, v, ti, lm),
-}
 
 
 @dataclass(frozen=True)
@@ -179,7 +203,7 @@ def _kl_to_go(x: RewardInputs) -> torch.Tensor:
     return kl_to_go
 
 
-def _gae_estimate(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+def gae(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """GAE: each turn's reward on its last sampled token (``reward_level="outcome"``: only the last
     turn's), the KL reward in the token chain, bootstrapped by the critic's ``values``."""
     shape = x.loss_mask.shape
@@ -192,16 +216,26 @@ def _gae_estimate(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch
     return A.gae(tok_r, x.values.double(), x.loss_mask, gamma=cfg.gamma, lam=cfg.lam)
 
 
-def _token_whitened(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """REINFORCE++ (-baseline): normalise (reward + KL penalty to go) over tokens, with or without KL."""
-    raw = TOKEN_WHITENED[cfg.advantage](
-        cfg, x.turn_rewards, x.turn_mask, x.groups, x.valid, x.turn_index, x.loss_mask
-    )
+def batch_norm(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """REINFORCE++: the raw return of every token (``_raw_returns``), whitened with the KL to go."""
+    return _token_whitened(x, _raw_returns(cfg, x.turn_rewards, x.turn_mask, x.turn_index, x.loss_mask))
+
+
+def group_mean_batch_norm(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """REINFORCE++-baseline: the return minus its group's mean (``_group_mean_returns``), whitened."""
+    raw = _group_mean_returns(cfg, x.turn_rewards, x.turn_mask, x.groups, x.valid, x.turn_index, x.loss_mask)
+    return _token_whitened(x, raw)
+
+
+def _token_whitened(x: RewardInputs, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """REINFORCE++ family: a raw per-token return (after an optional group-mean baseline) plus the
+    KL penalty to go, whitened over the batch's valid *tokens* whatever ``kl_coef`` is (OpenRLHF's
+    and verl's ``masked_whiten``)."""
     valid_tokens = x.loss_mask * x.valid.unsqueeze(1).to(x.loss_mask.dtype)
     return A.whiten(raw + _kl_to_go(x), valid_tokens, eps=1e-6), None
 
 
-def _process_estimate(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+def process(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """S2R process level: each action against the comparable actions (``process_baseline``)."""
     kinds = _action_kinds(x.trajectories, x.turn_rewards.shape[1])
     per_turn = A.process_advantages(
@@ -211,17 +245,34 @@ def _process_estimate(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, t
     return adv.double() + _kl_to_go(x), None
 
 
-def _critic_free(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Group baselines (GRPO, Dr. GRPO, RLOO): per turn (``reward_level="turn"``, ``turn_level``)
-    or per episode (``EPISODE_ESTIMATORS``), plus the KL return-to-go."""
+def group_norm(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """GRPO: (R - mean) / std over the group."""
+    return _critic_free(cfg, x, partial(A.group_normalized, std_normalize=True), std=True)
+
+
+def group_mean(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Dr. GRPO: R - mean over the group."""
+    return _critic_free(cfg, x, partial(A.group_normalized, std_normalize=False), std=False)
+
+
+def rloo(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RLOO: R minus the mean of the group's other samples."""
+    return _critic_free(cfg, x, A.leave_one_out, std=False)
+
+
+def _critic_free(
+    cfg: AlgoConfig, x: RewardInputs, episode: Callable[..., torch.Tensor], std: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Group baselines: per turn (``reward_level="turn"``, ``turn_level``, std-normalised with
+    ``std``) or per episode (``episode``: (rewards [N], group_ids [N], valid [N]) -> [N]), plus the
+    KL return-to-go."""
     turn_r, turn_m, groups, valid = x.turn_rewards, x.turn_mask, x.groups, x.valid
     if cfg.reward_level == "turn":
-        std = cfg.advantage == "group_norm"
         per_turn = A.turn_level(turn_r, turn_m, groups, gamma=cfg.turn_gamma, std_normalize=std, valid=valid)
         adv = A.broadcast_to_tokens(per_turn, x.turn_index, x.loss_mask)
     else:
         r = A.episode_rewards(turn_r, turn_m, cfg.reward_level)
-        per = EPISODE_ESTIMATORS[cfg.advantage](r, groups, valid=valid)
+        per = episode(r, groups, valid=valid)
         adv = A.broadcast_to_tokens(per, x.turn_index, x.loss_mask)
     return adv.double() + _kl_to_go(x), None
 
@@ -330,7 +381,7 @@ def episode_components(trajs: Sequence[Trajectory], rewards: torch.Tensor, level
     return torch.cat([comp, rest[:, None]], 1) if bool((rest.abs() > 1e-6).any()) or not names else comp
 
 
-def _component_estimate(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+def gdpo(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """GDPO: each reward component normalised in its group, summed, whitened over the batch."""
     r = A.episode_rewards(x.turn_rewards, x.turn_mask, cfg.reward_level)  # type: ignore[arg-type]
     comp = episode_components(x.trajectories, r, cfg.reward_level)
@@ -338,13 +389,14 @@ def _component_estimate(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor,
     return A.broadcast_to_tokens(per, x.turn_index, x.loss_mask).double() + _kl_to_go(x), None
 
 
-#: ``cfg.advantage`` -> its estimator, all of one signature (``Estimator``).
+#: ``cfg.advantage`` -> its estimator, all of one signature (``Estimator``): the functions the rows
+#: of ``configs.algo.ADVANTAGES`` name.
 ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
-    **dict.fromkeys(EPISODE_ESTIMATORS, _critic_free),
-    **dict.fromkeys(TOKEN_WHITENED, _token_whitened),
-    "gae": _gae_estimate,
-    "process": _process_estimate,
-    "gdpo": _component_estimate,
+    name: _entry(spec.estimator) for name, spec in ADVANTAGES.items()
+}
+#: ``cfg.policy_loss`` -> its objective's builder (the rows of ``configs.algo.POLICY_LOSSES``).
+POLICY_LOSS_BUILDERS: dict[str, Callable[[AlgoConfig], Objective]] = {
+    name: _entry(spec.objective) for name, spec in POLICY_LOSSES.items()
 }
 
 
@@ -355,13 +407,13 @@ class Algorithm:
     Attributes:
         cfg: the config they came from (hyperparameters the parts read).
         estimator: ``ADVANTAGE_ESTIMATORS[cfg.advantage]``: (cfg, RewardInputs) -> (adv, returns).
-        objective: ``POLICY_LOSSES[cfg.policy_loss]`` bound to its hyperparameters:
+        objective: ``POLICY_LOSS_BUILDERS[cfg.policy_loss](cfg)``, hyperparameters bound:
             (logp, old, adv, mask, segments) -> (per-token loss [B, T], stats).
         aggregation: ``losses.aggregate`` with ``mode=cfg.loss_agg``: (per_token, mask=..., constant=...,
             total_tokens=..., total_seqs=...) -> scalar.
         per_turn_segments: GSPO / GMPO / the sequence mask / the sequence modes of ``loss_agg``
             treat each turn as its own sequence.
-        selector: ``TOKEN_SELECTORS[cfg.policy_loss]`` bound to its settings (Clip-Cov, KL-Cov),
+        selector: the row's ``selector`` bound to its settings (Clip-Cov, KL-Cov),
             else None: (advantages, log pi_old, mask) -> [B, T] bool.
         kl_loss_coef: the KL term's weight in the loss (``kl_mode="loss"``), 0 when it is off.
         kl_reward_coef: the KL penalty's weight in the reward (``kl_mode="reward"``), 0 when off.
@@ -377,20 +429,11 @@ class Algorithm:
     selector: Callable[..., torch.Tensor] | None = None
 
 
-def _choose(kind: str, name: str, table: Sequence[str] | dict[str, Any]) -> None:
-    """Raise a did-you-mean error when ``name`` is not in ``table``."""
-    if name not in table:
-        close = difflib.get_close_matches(str(name), list(table), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown {kind} {name!r}{hint}; choose one of {tuple(table)}")
-
-
 def resolve(cfg: AlgoConfig | Algorithm) -> Algorithm:
     """Validate ``cfg`` and look its parts up in the tables, once (an ``Algorithm`` passes through)."""
     if isinstance(cfg, Algorithm):
         return cfg
-    cfg.validate()
-    _choose("advantage estimator", cfg.advantage, ADVANTAGE_ESTIMATORS)
+    cfg.validate()  # unknown names included: cfg.estimator / cfg.objective say which, with a suggestion
     return Algorithm(
         cfg=cfg,
         estimator=ADVANTAGE_ESTIMATORS[cfg.advantage],
@@ -399,5 +442,5 @@ def resolve(cfg: AlgoConfig | Algorithm) -> Algorithm:
         per_turn_segments=cfg.sequence_unit == "turn",
         kl_loss_coef=cfg.kl_coef if cfg.kl_coef > 0 and cfg.kl_mode == "loss" else 0.0,
         kl_reward_coef=cfg.kl_coef if cfg.kl_coef > 0 and cfg.kl_mode == "reward" else 0.0,
-        selector=TOKEN_SELECTORS[cfg.policy_loss](cfg) if cfg.policy_loss in TOKEN_SELECTORS else None,
+        selector=_entry(cfg.objective.selector)(cfg) if cfg.objective.selector else None,
     )

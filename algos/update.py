@@ -29,17 +29,22 @@ import torch
 
 from veriloop.agents.forward import first_loss_position, shared_prefix_length, token_logprobs
 from veriloop.agents.trajectory import Trajectory
-from veriloop.algos.maths import advantages as A
 from veriloop.algos.algorithm import Algorithm, ObjectiveExtras, RewardInputs, resolve
 from veriloop.algos.batch import SampleRows, TokenBatch, collate, minibatches, with_advantages
+from veriloop.algos.critic import ValueModel, values
+from veriloop.algos.maths import advantages as A
 from veriloop.algos.maths.correction import rollout_correction
 from veriloop.algos.maths.distill import reverse_kl_distill_loss
-from veriloop.algos.critic import ValueModel, values
-from veriloop.algos.run.fsdp import is_sharded
 from veriloop.algos.maths.losses import aggregate, entropy_bonus, kl_penalty, sequence_count, value_loss
 from veriloop.algos.maths.mismatch import MismatchStats, mismatch_stats
+from veriloop.algos.maths.shaping import (
+    format_reward,
+    kl_reward_penalty,
+    overlong_filter_mask,
+    overlong_penalty,
+)
+from veriloop.algos.run.fsdp import is_sharded
 from veriloop.algos.sampling import verifier_failed
-from veriloop.algos.maths.shaping import format_reward, kl_reward_penalty, overlong_filter_mask, overlong_penalty
 from veriloop.configs.algo import AlgoConfig
 
 METRIC_NAMES = (
@@ -81,7 +86,7 @@ def _turn_reward(traj: Trajectory, j: int, cfg: AlgoConfig) -> float:
     """
     turn = traj.turns[j]
     value = None
-    if cfg.advantage == "process":
+    if cfg.estimator.signal == "action":  # process rewards, one per action
         value = turn.signal.process_reward
     elif cfg.reward_level == "outcome" and j == traj.num_turns - 1:
         value = turn.signal.outcome_reward
@@ -103,7 +108,7 @@ def _turn_tensors(trajs: Sequence[Trajectory], cfg: AlgoConfig) -> tuple[torch.T
         for j in range(t.num_turns):
             rewards[i, j] = _turn_reward(t, j, cfg)
             mask[i, j] = 1.0
-    if cfg.reward_level == "sum" and cfg.advantage != "process":
+    if cfg.reward_level == "sum" and cfg.estimator.signal != "action":
         _refuse_paid_attempts(trajs, rewards)
     if cfg.format_reward > 0:  # R1-Zero format bonus, once per episode
         for i, t in enumerate(trajs):
@@ -229,7 +234,7 @@ def learning_signal(traj: Trajectory, cfg: AlgoConfig) -> tuple[float, ...]:
     and ``process``. Dynamic sampling judges a group on this, not on the raw step rewards: a
     group whose signals are all equal carries no advantage, whatever its ``total_reward`` says."""
     turn_r, turn_m = _turn_tensors([traj], cfg)
-    if cfg.advantage == "process" or cfg.reward_level == "turn":
+    if cfg.estimator.signal == "action" or cfg.reward_level == "turn":
         return tuple(float(x) for x in turn_r[0, : traj.num_turns])
     return (float(A.episode_rewards(turn_r, turn_m, cfg.reward_level)[0]),)
 

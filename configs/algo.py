@@ -8,8 +8,9 @@ docstring.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Advantage = Literal[
     "group_norm", "group_mean", "rloo", "batch_norm", "group_mean_batch_norm", "gae", "process", "gdpo"
@@ -17,8 +18,6 @@ Advantage = Literal[
 #: The on-policy distillation teacher: the policy given the env's privileged context, or another model.
 DistillTeacher = Literal["privileged", "model"]
 PolicyLoss = Literal["ppo_clip", "gspo", "gspo_token", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "dppo"]
-#: Policy objectives whose loss is one number per sequence: they take the per-sequence mean only.
-SEQUENCE_LEVEL_LOSSES = ("gspo", "gspo_token", "gmpo")
 DPPODivergence = Literal["tv", "kl"]
 SequenceUnit = Literal["episode", "turn"]
 RolloutIS = Literal["none", "truncate", "mask"]
@@ -31,6 +30,91 @@ LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"]
 KLEstimator = Literal["k1", "k2", "k3"]
 KLMode = Literal["loss", "reward"]
 Critic = Literal["none", "value_head", "separate"]
+
+
+# ------------------------------------------------------------------------ the tables of choices
+#
+# One record per advantage estimator and per policy objective: where its function lives (a
+# ``"module:function"`` entry point, imported by ``veriloop.algos.algorithm.resolve``; settings
+# never import the trainer) and the traits the config checks and the update read. Adding one is
+# its function plus one row here (and its name in the ``Literal`` above, which a test holds equal
+# to the table's keys).
+
+#: What an estimator's advantages vary with: one value per episode (``episode``; per turn under
+#: ``reward_level=turn``), one per action from the env's process rewards (``action``), one per
+#: token (``token``, bootstrapped by a critic).
+SignalLevel = Literal["episode", "action", "token"]
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """One advantage estimator.
+
+    Attributes:
+        estimator: ``"module:function"``; the function maps (AlgoConfig, RewardInputs) to
+            (advantages [N, T], returns [N, T] | None).
+        group_based: its baseline is the other samples of the same prompt (``group_size >= 2``).
+        needs_critic: it bootstraps from a learned value (``algo.critic`` must be set).
+        signal: :data:`SignalLevel`: ``action`` reads ``signal.process_reward`` per turn.
+        turn_rewards: it accepts ``reward_level=turn`` (per-turn credit).
+    """
+
+    estimator: str
+    group_based: bool
+    needs_critic: bool = False
+    signal: SignalLevel = "episode"
+    turn_rewards: bool = True
+
+
+_ALGO = "veriloop.algos.algorithm"
+ADVANTAGES: dict[str, EstimatorSpec] = {
+    "group_norm": EstimatorSpec(f"{_ALGO}:group_norm", group_based=True),
+    "group_mean": EstimatorSpec(f"{_ALGO}:group_mean", group_based=True),
+    "rloo": EstimatorSpec(f"{_ALGO}:rloo", group_based=True),
+    "batch_norm": EstimatorSpec(f"{_ALGO}:batch_norm", group_based=False),
+    "group_mean_batch_norm": EstimatorSpec(f"{_ALGO}:group_mean_batch_norm", group_based=True),
+    "gae": EstimatorSpec(f"{_ALGO}:gae", group_based=False, needs_critic=True, signal="token"),
+    "process": EstimatorSpec(f"{_ALGO}:process", group_based=True, signal="action"),
+    "gdpo": EstimatorSpec(f"{_ALGO}:gdpo", group_based=True, turn_rewards=False),
+}
+
+
+@dataclass(frozen=True)
+class PolicyLossSpec:
+    """One policy objective.
+
+    Attributes:
+        objective: ``"module:function"``; the function maps an AlgoConfig to the objective with its
+            hyperparameters bound: (logp, old, adv, mask, segments, extras) -> (loss [B, T], stats).
+        sequence_level: one loss per sequence, put on each of its tokens: only
+            ``loss_agg=seq_mean_token_mean`` weighs sequences equally.
+        per_sequence_advantage: it needs one advantage per sequence (``sequence_unit``).
+        reads_sampler: its ratio is against the sampler's recorded mu (no top-p / top-k, no
+            rollout correction on top).
+        selector: ``"module:function"`` choosing the tokens it acts on once per mini-batch
+            (AlgoConfig -> (advantages, log pi_old, mask) -> [B, T] bool), or None.
+    """
+
+    objective: str
+    sequence_level: bool = False
+    per_sequence_advantage: bool = False
+    reads_sampler: bool = False
+    selector: str | None = None
+
+
+POLICY_LOSSES: dict[str, PolicyLossSpec] = {
+    "ppo_clip": PolicyLossSpec(f"{_ALGO}:ppo_clip"),
+    "gspo": PolicyLossSpec(f"{_ALGO}:gspo", sequence_level=True, per_sequence_advantage=True),
+    "gspo_token": PolicyLossSpec(f"{_ALGO}:gspo_token", sequence_level=True),
+    "cispo": PolicyLossSpec(f"{_ALGO}:cispo"),
+    "sapo": PolicyLossSpec(f"{_ALGO}:sapo"),
+    "gmpo": PolicyLossSpec(f"{_ALGO}:gmpo", sequence_level=True, per_sequence_advantage=True),
+    "clip_cov": PolicyLossSpec(f"{_ALGO}:clip_cov", selector=f"{_ALGO}:clip_cov_selector"),
+    "kl_cov": PolicyLossSpec(f"{_ALGO}:kl_cov", selector=f"{_ALGO}:kl_cov_selector"),
+    "dppo": PolicyLossSpec(f"{_ALGO}:dppo", reads_sampler=True),
+}
+#: Policy objectives whose loss is one number per sequence: they take the per-sequence mean only.
+SEQUENCE_LEVEL_LOSSES = tuple(name for name, spec in POLICY_LOSSES.items() if spec.sequence_level)
 
 
 @dataclass
@@ -196,8 +280,18 @@ class AlgoConfig:
         return self.kl_coef > 0.0
 
     @property
+    def estimator(self) -> EstimatorSpec:
+        """The row of :data:`ADVANTAGES` that ``advantage`` names (a clear error for an unknown one)."""
+        return _row("advantage estimator", self.advantage, ADVANTAGES)
+
+    @property
+    def objective(self) -> PolicyLossSpec:
+        """The row of :data:`POLICY_LOSSES` that ``policy_loss`` names."""
+        return _row("policy_loss", self.policy_loss, POLICY_LOSSES)
+
+    @property
     def needs_critic(self) -> bool:
-        return self.advantage == "gae"
+        return self.estimator.needs_critic
 
     @property
     def needs_old_recompute(self) -> bool:
@@ -208,12 +302,14 @@ class AlgoConfig:
     def needs_sampler_logprobs(self) -> bool:
         """The update reads the sampler's recorded log-probs mu as such (rollout correction, DPPO):
         they must be of the trainer's distribution, so top-p / top-k sampling is refused."""
-        return self.needs_old_recompute or self.policy_loss == "dppo"
+        return self.needs_old_recompute or self.objective.reads_sampler
 
     def validate(self) -> None:
         """Cross-field checks, each with a fix-it message."""
-        if self.advantage == "gae" and self.critic == "none":
-            raise ValueError("advantage='gae' (PPO) needs a critic: set algo.critic=value_head or separate")
+        if self.estimator.needs_critic and self.critic == "none":
+            raise ValueError(
+                f"advantage={self.advantage!r} (PPO) needs a critic: set algo.critic=value_head or separate"
+            )
         if self.clip_low < 0 or self.clip_high < 0:
             raise ValueError(
                 f"clip bounds must be >= 0, got clip_low={self.clip_low}, clip_high={self.clip_high}"
@@ -229,9 +325,9 @@ class AlgoConfig:
             raise ValueError(
                 f"format_reward is a bonus for well-formed turns: need >= 0, got {self.format_reward}"
             )
-        if self.policy_loss in ("gspo", "gmpo"):
-            per_token = self.advantage == "gae" or (self.kl_mode == "reward" and self.kl_coef > 0)
-            per_turn = self.advantage == "process" or self.reward_level == "turn"
+        if self.objective.per_sequence_advantage:
+            per_token = self.estimator.signal == "token" or (self.kl_mode == "reward" and self.kl_coef > 0)
+            per_turn = self.estimator.signal == "action" or self.reward_level == "turn"
             if per_token or (per_turn and self.sequence_unit != "turn"):
                 raise ValueError(
                     f"policy_loss={self.policy_loss} needs one advantage per sequence, but advantage="
@@ -262,8 +358,10 @@ class AlgoConfig:
 
     def _validate_distill(self) -> None:
         """The distillation term's weights and teacher; GDPO's reward level."""
-        if self.advantage == "gdpo" and self.reward_level == "turn":
-            raise ValueError("advantage=gdpo normalises episode rewards: use reward_level=sum or outcome")
+        if not self.estimator.turn_rewards and self.reward_level == "turn":
+            raise ValueError(
+                f"advantage={self.advantage} normalises episode rewards: use reward_level=sum or outcome"
+            )
         if self.distill_coef < 0 or self.rl_coef < 0 or self.distill_coef + self.rl_coef == 0:
             raise ValueError(
                 f"need distill_coef >= 0 and rl_coef >= 0, not both 0, got {self.distill_coef}, {self.rl_coef}"
@@ -279,7 +377,7 @@ class AlgoConfig:
                 f"loss_agg={self.loss_agg} would weigh each sequence by its length. Use "
                 "loss_agg=seq_mean_token_mean (the paper's mean over sequences, as verl hard-codes)"
             )
-        if self.policy_loss == "dppo":
+        if self.objective.reads_sampler:
             if self.needs_old_recompute:
                 raise ValueError(
                     "policy_loss=dppo already takes its ratio against the sampler's mu; the rollout "
@@ -293,3 +391,12 @@ class AlgoConfig:
                 )
             if self.dppo_divergence not in ("tv", "kl"):
                 raise ValueError(f"dppo_divergence must be 'tv' or 'kl', got {self.dppo_divergence!r}")
+
+
+def _row(field: str, name: str, table: dict[str, Any]) -> Any:
+    """``table[name]``, or a ValueError naming the choices (and the closest one)."""
+    if name not in table:
+        close = difflib.get_close_matches(str(name), list(table), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown {field} {name!r}{hint}; choose one of {tuple(table)}")
+    return table[name]

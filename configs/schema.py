@@ -35,8 +35,6 @@ Parallel = Literal["data", "fsdp"]
 SFTSource = Literal[DemonstrationSource, "rejection"]
 #: Largest learning rate accepted: far above any useful value, and keeps AdamW's arithmetic finite.
 MAX_LR = 1.0
-#: Advantage estimators whose baseline comes from the other samples of the same prompt.
-GROUP_ADVANTAGES = ("group_norm", "group_mean", "rloo", "group_mean_batch_norm", "process", "gdpo")
 
 
 class ConfigError(ValueError):
@@ -715,15 +713,15 @@ class ExperimentConfig:
             )
         self._check_parallel()
         self._check_curriculum()
-        if algo.advantage in GROUP_ADVANTAGES and rollout.group_size < 2:
+        if algo.estimator.group_based and rollout.group_size < 2:
             raise ConfigError(
                 f"algo.advantage={algo.advantage} compares samples of the same prompt: set "
                 f"rollout.group_size >= 2 (got {rollout.group_size}), or use algo.advantage=batch_norm"
             )
         if algo.needs_sampler_logprobs and (rollout.top_p < 1.0 or rollout.top_k > 0):
             what = "rollout correction (algo.rollout_is, rollout_seq_mask)"
-            if algo.policy_loss == "dppo":
-                what = "policy_loss=dppo"
+            if algo.objective.reads_sampler:
+                what = f"policy_loss={algo.policy_loss}"
             raise ConfigError(
                 f"{what} compares the trainer with the sampler's recorded log-probs, but rollout.top_p="
                 f"{rollout.top_p} / rollout.top_k={rollout.top_k} make them log-probs of the filtered "
