@@ -188,7 +188,7 @@ def test_compaction_splits_the_episode_and_trains_each_turn_in_its_context(compa
 
 
 def test_split_rate_metrics() -> None:
-    from veriloop.algos.train import rollout_metrics
+    from veriloop.algos.step import rollout_metrics
 
     tokenizer = _tokenizer(THINKING_TEMPLATE)
     (split,), _ = _episodes(tokenizer, solve_on=2)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from veriloop.algos.run.nonfinite import NonFiniteGuard
-from veriloop.algos.train import MAX_RANKS, ROUNDS_PER_STEP, sampling_stream
+from veriloop.algos.step import MAX_RANKS, ROUNDS_PER_STEP, sampling_stream
 
 
 def test_guard_counts_in_a_row_and_in_total():
@@ -35,7 +35,7 @@ def test_rl_step_loop_takes_its_guard_from_the_config_and_the_resumed_state():
     import pytest
 
     from veriloop.algos.run.nonfinite import NonFiniteTrainingError
-    from veriloop.algos.train import TrainerState, _guard_nonfinite, _step_loop
+    from veriloop.algos.step import TrainerState, _guard_nonfinite, _step_loop
     from veriloop.configs.loader import load_config
 
     cfg = load_config("quickstart", overrides=["train.max_consecutive_nonfinite=2", "train.log_every=3"])

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from veriloop.algos.run.log import read_metrics
-from veriloop.algos.train import SAVE_DELAY_ENV
+from veriloop.algos.step import SAVE_DELAY_ENV
 
 STEPS = 3
 OVERRIDES = [
