@@ -70,15 +70,16 @@ def check_async(cfg: ExperimentConfig, dist: Any) -> None:
 
 
 def check_adapter_slots(slots: int | None, max_staleness: int) -> None:
-    """LoRA adapters on vLLM servers: running episodes use up to K + 2 versions at once, which one
-    batch can mix only with ``--max-loras`` >= K + 2 (``slots``; None = the servers do not say)."""
+    """LoRA adapters on vLLM (servers or in-process): running episodes use up to K + 2 versions at once,
+    which one batch can mix only with ``max_loras`` >= K + 2 (``slots``; None = the servers do not say)."""
     need = max_staleness + 2
     if slots is not None and slots < need:
         raise ConfigError(
-            f"train.max_staleness={max_staleness} with LoRA adapters on vLLM servers keeps up to {need} adapter "
-            f"versions in use, but a server batches at most {slots} (--max-loras): start the servers with "
-            f"`veriloop serve-vllm --lora-rank R -- --max-loras {need}`, or set rollout.server.lora_sync=merge, "
-            "or lower train.max_staleness"
+            f"train.max_staleness={max_staleness} with LoRA adapters on vLLM keeps up to {need} adapter "
+            f"versions in use, but one batch mixes at most {slots} (max_loras): start the servers with "
+            f"`veriloop serve-vllm --lora-rank R -- --max-loras {need}` (vllm_server) or set "
+            f"rollout.vllm_kwargs.max_loras={need} (vllm); or sync merged weights (lora_sync: merge); or lower "
+            "train.max_staleness"
         )
 
 

@@ -105,11 +105,11 @@ class HFWeights:
 class LiveWeights:
     """An engine with its own weights (vLLM in-process or servers).
 
-    Full weights (and LoRA merged into them, or vLLM in-process): the engine holds one version;
-    the trainer pauses the worker and calls ``backend.sync()``. LoRA served as adapters by vLLM
-    servers (``lora``): every sync loads a new adapter and the servers keep the last K + 2; each
-    request names its episode's version (``backend.pin``), so nothing pauses and episodes never
-    mix adapter versions.
+    Full weights (and LoRA merged into them): the engine holds one version; the trainer pauses the
+    worker and calls ``backend.sync()``. LoRA served as adapters (``lora``: vLLM servers, or
+    in-process with ``lora_sync: adapter``): every sync adds a new adapter and the engine keeps the
+    last K + 2; each request names its episode's version (``backend.pin``), so nothing pauses and
+    episodes never mix adapter versions.
     """
 
     def __init__(self, backend: Any, version: int = 0, max_staleness: int = 0) -> None:

@@ -113,19 +113,14 @@ def test_quickstart_trains_asynchronously_against_a_vllm_server(tmp_path: Path) 
     _check_run(run)
 
 
-@requires_vllm
-def test_lora_adapters_on_a_server_keep_each_episodes_version(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """LoRA served as adapters (``--lora-rank 16 -- --max-loras 3``), K = 1, multi-turn episodes: every
-    request names its episode's adapter version, an older one while a newer exists, and no episode
-    mixes versions; the servers keep K + 2 adapters loaded; nothing pauses for a sync."""
+def _spy_adapters(monkeypatch: pytest.MonkeyPatch) -> tuple[dict[object, set[str]], list[bool], list[int]]:
+    """Record every request's adapter name per episode, whether an older version was used while a
+    newer one existed, and every pause of the worker."""
     import veriloop.algos.async_worker as W
-    from veriloop.algos.train import train
-    from veriloop.configs.loader import load_config
 
     named: dict[object, set[str]] = {}
     older: list[bool] = []
+    pauses: list[int] = []
     play = W.GenerationWorker._play
 
     def spy(self: W.GenerationWorker, eps: list[object], version: int) -> None:
@@ -136,14 +131,49 @@ def test_lora_adapters_on_a_server_keep_each_episodes_version(
         play(self, eps, version)  # type: ignore[arg-type]
 
     monkeypatch.setattr(W.GenerationWorker, "_play", spy)
-    pauses: list[int] = []
     monkeypatch.setattr(W.GenerationWorker, "pause", lambda self: pauses.append(1))
-    with _server(tmp_path, "--lora-rank", "16", "--", "--max-loras", "3") as url:
-        over = [*SHORT[:-3], "rollout.backend=vllm_server", f"rollout.server.urls=[{url}]", "rollout.max_turns=3",
-                "env.kwargs={level: 1, max_attempts: 3}", "rollout.server.lora_sync=adapter", "train.max_staleness=1",
-                "algo.rollout_is=truncate"]  # fmt: skip
-        run = train(load_config("quickstart", [*over, f"run.out_dir={tmp_path}", "run.name=l"]), quiet=True)
-    _check_run(run)
+    return named, older, pauses
+
+
+#: K = 1 with multi-turn episodes (up to 3 attempts at a level-1 problem), LoRA served as adapters.
+ADAPTERS = [*SHORT[:-3], "rollout.max_turns=3", "env.kwargs={level: 1, max_attempts: 3}", "train.max_staleness=1",
+            "algo.rollout_is=truncate"]  # fmt: skip
+
+
+def _check_versions(named: dict[object, set[str]], older: list[bool], pauses: list[int]) -> None:
     assert named and all(len(v) == 1 for v in named.values()), "an episode mixed adapter versions"
     assert any(older), "no request used an older adapter: the test did not exercise version keeping"
-    assert not pauses
+    assert not pauses  # adapters: nothing waits for a sync
+
+
+@requires_vllm
+def test_lora_adapters_on_a_server_keep_each_episodes_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LoRA served as adapters (``--lora-rank 16 -- --max-loras 3``): every request names its
+    episode's adapter version, an older one while a newer exists, and no episode mixes versions."""
+    from veriloop.algos.train import train
+    from veriloop.configs.loader import load_config
+
+    named, older, pauses = _spy_adapters(monkeypatch)
+    with _server(tmp_path, "--lora-rank", "16", "--", "--max-loras", "3") as url:
+        over = [*ADAPTERS, "rollout.backend=vllm_server", f"rollout.server.urls=[{url}]",
+                "rollout.server.lora_sync=adapter"]  # fmt: skip
+        run = train(load_config("quickstart", [*over, f"run.out_dir={tmp_path}", "run.name=l"]), quiet=True)
+    _check_run(run)
+    _check_versions(named, older, pauses)
+
+
+@requires_vllm
+def test_lora_adapters_in_process_keep_each_episodes_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-process engine with ``lora_sync: adapter`` and ``max_loras: 3``: the same guarantees."""
+    from veriloop.algos.train import train
+    from veriloop.configs.loader import load_config
+
+    named, older, pauses = _spy_adapters(monkeypatch)
+    over = [*ADAPTERS, "rollout.backend=vllm", "rollout.vllm_kwargs={lora_sync: adapter, max_loras: 3}"]
+    run = train(load_config("quickstart", [*over, f"run.out_dir={tmp_path}", "run.name=i"]), quiet=True)
+    _check_run(run)
+    _check_versions(named, older, pauses)
