@@ -2,8 +2,8 @@
 
 What to compute was picked once, by ``algorithm.resolve(cfg)`` (the estimator, the policy
 objective and the aggregation, in a frozen :class:`~veriloop.algos.algorithm.Algorithm`); the
-functions here only call those parts (each also accepts the ``AlgoConfig`` itself and resolves it
-on entry).
+functions here take that record only and call its parts: nothing is looked up or validated again
+per batch, mini-batch or micro-batch.
 
 Flow per rollout batch (the training loop calls these in order)::
 
@@ -29,7 +29,7 @@ import torch
 
 from veriloop.agents.forward import first_loss_position, shared_prefix_length, token_logprobs
 from veriloop.agents.trajectory import Trajectory
-from veriloop.algos.algorithm import Algorithm, ObjectiveExtras, RewardInputs, resolve
+from veriloop.algos.algorithm import Algorithm, ObjectiveExtras, RewardInputs
 from veriloop.algos.batch import SampleRows, TokenBatch, collate, minibatches, with_advantages
 from veriloop.algos.critic import ValueModel, values
 from veriloop.algos.maths import advantages as A
@@ -173,13 +173,13 @@ def _reward_inputs(
 
 def compute_advantages(
     trajectories: Sequence[Trajectory],
-    cfg: AlgoConfig | Algorithm,
+    algo: Algorithm,
     *,
     values: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
     tokens: TokenBatch | None = None,
 ) -> Advantages:
-    """Per-token advantages for a rollout batch, with the estimator chosen by ``cfg.advantage``.
+    """Per-token advantages for a rollout batch, with the estimator ``algo`` picked (``cfg.advantage``).
 
     * Episodes whose verifier failed are left out of every baseline and get ``sample_mask`` 0.
     * ``overlong_filter``: episodes with a turn cut at the token limit get ``sample_mask`` 0 (their
@@ -206,7 +206,6 @@ def compute_advantages(
     """
     if not trajectories:
         raise ValueError("compute_advantages needs at least one trajectory")
-    algo = resolve(cfg)
     if tokens is None:
         tokens = collate(trajectories, [[0.0] * len(t.token_ids) for t in trajectories])
     x = _reward_inputs(trajectories, algo, tokens, values, ref_logprobs)
@@ -271,7 +270,7 @@ def _as_context(ref_model: Any, ref_model_ctx: Callable[[], Any] | None) -> Call
 def policy_loss(
     model: Any,
     batch: TokenBatch,
-    cfg: AlgoConfig | Algorithm,
+    algo: Algorithm,
     *,
     ref_model_ctx: Callable[[], Any] | None = None,
     critic: ValueModel | None = None,
@@ -304,7 +303,7 @@ def policy_loss(
     Returns:
         scalar loss (with grad) and ``METRIC_NAMES`` metrics (but grad_norm), + ``cov_frac`` (Clip-/KL-Cov).
     """
-    algo, mask = resolve(cfg), batch.loss_mask  # mask: [B, T]
+    mask = batch.loss_mask  # [B, T]
     first = first_loss_position(mask)
     # a group's rows share their prompt: run it once (same numbers, less compute; never sharded: fsdp.is_sharded)
     prefix = 0 if is_sharded(model) else shared_prefix_length(batch.input_ids, batch.attention_mask, limit=first)  # fmt: skip
@@ -416,14 +415,14 @@ def _loss_metrics(
     return metrics
 
 
-def loss_normalisers(batch: TokenBatch, cfg: AlgoConfig | Algorithm | None = None) -> dict[str, float]:
+def loss_normalisers(batch: TokenBatch, algo: Algorithm | None = None) -> dict[str, float]:
     """``update_step(**loss_normalisers(mini_batch))`` on each data-parallel rank: the whole
     mini-batch's token and sequence counts, so every rank's loss (policy *and* value) is already
     in the mini-batch's units and the ranks' gradients are simply summed (``grad_sync(1.0)``).
     Weighting each rank by one share instead cannot be right for both the sequence-normalised
-    policy loss and the token-normalised value loss at once. With ``cfg``'s ``sequence_unit="turn"``
+    policy loss and the token-normalised value loss at once. With ``algo``'s ``sequence_unit="turn"``
     a sequence is an (episode, turn) pair."""
-    segments = batch.turn_index if cfg is not None and resolve(cfg).per_turn_segments else None
+    segments = batch.turn_index if algo is not None and algo.per_turn_segments else None
     return {
         "global_tokens": float(batch.loss_mask.sum()),
         "global_seqs": float(sequence_count(batch.loss_mask, segments)),
@@ -434,7 +433,7 @@ def update_step(
     model: Any,
     optimizer: torch.optim.Optimizer,
     batch: TokenBatch,
-    cfg: AlgoConfig | Algorithm,
+    algo: Algorithm,
     *,
     micro_batch_size: int,
     max_grad_norm: float,
@@ -470,11 +469,11 @@ def update_step(
         ``METRIC_NAMES`` metrics (losses summed over micro-batches, rates token-weighted) + ``skipped``.
     """
     optimizer.zero_grad(set_to_none=True)
-    batch = select_tokens(batch, algo := resolve(cfg))
+    batch = select_tokens(batch, algo)
     lengths = batch.loss_mask.sum(1)  # [B] sampled tokens per row; the losses are in the whole batch's units
     total_tokens = float(lengths.sum()) if global_tokens is None else global_tokens
     total_seqs = float(loss_normalisers(batch, algo)["global_seqs"]) if global_seqs is None else global_seqs
-    loss_fn = partial(policy_loss, cfg=algo, ref_model_ctx=ref_model_ctx, critic=critic,
+    loss_fn = partial(policy_loss, algo=algo, ref_model_ctx=ref_model_ctx, critic=critic,
                       agg_constant=max_new_tokens, temperature=temperature, total_tokens=total_tokens,
                       total_seqs=total_seqs, mismatch=mismatch)  # fmt: skip
     # similar lengths, little padding; at most micro_batch_tokens padded tokens each when set
@@ -492,12 +491,11 @@ def update_step(
     return {**sums, "grad_norm": grad_norm, "skipped": float(skipped)}
 
 
-def select_tokens(batch: TokenBatch, cfg: AlgoConfig | Algorithm) -> TokenBatch:
+def select_tokens(batch: TokenBatch, algo: Algorithm) -> TokenBatch:
     """``batch`` with Clip-Cov's / KL-Cov's tokens chosen over all of it (``Algorithm.selector``,
     with log pi_old), once: micro-batches then slice the choice instead of each making its own
     (whose covariance means and token counts would be the micro-batch's). Other objectives, or a
     batch that already carries a choice: unchanged."""
-    algo = resolve(cfg)
     if algo.selector is None or batch.cov_select is not None:
         return batch
     chosen = algo.selector(batch.advantages, batch.old_logprobs, batch.loss_mask)
@@ -538,7 +536,7 @@ def _accumulate_gradients(
 
 def prepare_batch(
     trajectories: Sequence[Trajectory],
-    cfg: AlgoConfig | Algorithm,
+    algo: Algorithm,
     *,
     model: Any = None,
     critic: ValueModel | None = None,
@@ -566,7 +564,6 @@ def prepare_batch(
     stats (``rollout_corr/*``) and the mismatch of mu against this pi_old over every sampled token
     (``mismatch/*``: measured here, then, and nowhere else) join the returned metrics.
     """
-    algo = resolve(cfg)
     c = algo.cfg
     # one row per sample (= per episode unless a template rewrite or a compaction split one):
     # the model runs on the contexts that were sampled; advantages are computed per episode

@@ -19,6 +19,7 @@ from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.scripted import ScriptedPolicy
 from veriloop.agents.trajectory import Trajectory
+from veriloop.algos.algorithm import resolve
 from veriloop.algos.batch import collate, with_advantages
 from veriloop.algos.update import compute_advantages, prepare_batch
 from veriloop.configs.algo import AlgoConfig
@@ -105,8 +106,8 @@ def test_split_episodes_share_their_advantages_turn_by_turn() -> None:
     (failed,), _ = _episodes(tokenizer, solve_on=None)
     trajs = [solved, replace(failed, group_id=0)]
     cfg = AlgoConfig(advantage="group_norm", reward_level="turn")
-    batch, _ = prepare_batch(trajs, cfg)
-    episode_adv = compute_advantages(trajs, cfg).advantages  # [N, T_ep], on the samples end to end
+    batch, _ = prepare_batch(trajs, resolve(cfg))
+    episode_adv = compute_advantages(trajs, resolve(cfg)).advantages  # [N, T_ep], on the samples end to end
     assert batch.size == 6  # three samples per episode
     row = 0
     for i, t in enumerate(trajs):
@@ -130,9 +131,9 @@ def test_a_template_that_only_appends_changes_nothing() -> None:
     trajs = [solved, replace(failed, group_id=0)]
     assert [t.num_samples for t in trajs] == [1, 1] and solved.split_reasons == ()
     cfg = AlgoConfig(advantage="group_norm", reward_level="turn")
-    batch, _ = prepare_batch(trajs, cfg)
+    batch, _ = prepare_batch(trajs, resolve(cfg))
     base = collate(trajs, [[0.0] * len(t.token_ids) for t in trajs])
-    adv = compute_advantages(trajs, cfg, tokens=base)
+    adv = compute_advantages(trajs, resolve(cfg), tokens=base)
     expected = replace(with_advantages(base, adv.advantages, adv.sample_mask), returns=adv.returns)
     for name in ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "turn_index", "advantages"):
         assert torch.equal(getattr(batch, name), getattr(expected, name)), name
@@ -218,7 +219,7 @@ def test_a_real_model_is_trained_on_what_it_sampled_in_each_split_context(tiny_t
     trajs = rollout(policy, specs, sampling=SamplingParams(max_new_tokens=6, seed=0),
                     limits=RolloutLimits(max_turns=3))  # fmt: skip
     assert [t.num_samples for t in trajs] == [t.num_turns for t in trajs] == [3, 3]
-    batch, _ = prepare_batch(trajs, AlgoConfig(), model=policy.model, recompute_old_logprobs=True)
+    batch, _ = prepare_batch(trajs, resolve(AlgoConfig()), model=policy.model, recompute_old_logprobs=True)
     recorded = collate(*_pieces(trajs)).old_logprobs  # [R, T], the sampler's numbers
     mask = batch.loss_mask.bool()
     assert mask.sum() == sum(t.num_generated_tokens for t in trajs)
@@ -248,11 +249,13 @@ def test_one_update_on_split_episodes_moves_the_weights(tiny_text_policy: Any) -
     trajs = rollout(policy, specs, sampling=SamplingParams(max_new_tokens=6, seed=1),
                     limits=RolloutLimits(max_turns=3))  # fmt: skip
     trajs[0] = replace(trajs[0], turns=tuple(replace(t, reward=t.reward + 3.0) for t in trajs[0].turns))
-    batch, _ = prepare_batch(trajs, AlgoConfig(), model=policy.model)
+    batch, _ = prepare_batch(trajs, resolve(AlgoConfig()), model=policy.model)
     assert batch.size == 6 and batch.advantages.abs().sum() > 0
     before = [p.detach().clone() for p in policy.model.parameters()]
     optimizer = torch.optim.SGD(policy.model.parameters(), lr=1e-2)
     policy.model.train()
-    metrics = update_step(policy.model, optimizer, batch, AlgoConfig(), micro_batch_size=2, max_grad_norm=1.0)
+    metrics = update_step(
+        policy.model, optimizer, batch, resolve(AlgoConfig()), micro_batch_size=2, max_grad_norm=1.0
+    )
     assert metrics.get("skipped", 0.0) == 0.0 and torch.isfinite(torch.tensor(metrics["grad_norm"]))
     assert any(not torch.equal(a, p) for a, p in zip(before, policy.model.parameters()))

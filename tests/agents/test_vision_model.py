@@ -29,6 +29,7 @@ from veriloop.agents.models.vision import (
     align_loss,
     token_slots,
 )
+from veriloop.algos.algorithm import resolve
 from veriloop.envs.points24.cards import parse_code
 
 
@@ -231,13 +232,13 @@ def test_one_lora_rl_step_on_a_two_turn_vision_episode(built):
     assert [t.num_turns for t in trajs] == [2, 2]
     assert seen == [(2 * k, [k * per_image] * 2) for k in (1, 2)]  # turn k: k images per episode
     cfg = AlgoConfig(advantage="rloo", kl_coef=0.0)
-    batch, _ = prepare_batch(trajs, cfg, pad_id=policy.tokenizer.pad_token_id)
+    batch, _ = prepare_batch(trajs, resolve(cfg), pad_id=policy.tokenizer.pad_token_id)
     # a random tiny model's two episodes usually score alike (zero advantage): set them apart
     batch = dataclasses.replace(batch, advantages=torch.tensor([[1.0], [-1.0]]) * batch.loss_mask)
     lora = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
     frozen = {n: p.detach().clone() for n, p in policy.model.named_parameters() if not p.requires_grad}
     optimizer = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=1e-2)
-    loss, _ = policy_loss(policy.model, batch, cfg)
+    loss, _ = policy_loss(policy.model, batch, resolve(cfg))
     loss.backward()
     optimizer.step()
     after = dict(policy.model.named_parameters())

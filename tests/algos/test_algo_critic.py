@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from veriloop.algos.algorithm import resolve
 from veriloop.algos.batch import collate
 from veriloop.algos.critic import ValueHead, ValueModel, values
 
@@ -69,7 +70,7 @@ def test_ppo_step_with_value_head_on_a_lora_policy(tiny_llama, make_traj, with_l
         lp, _ = token_logprobs(lora, base.input_ids, base.attention_mask)
     trajs = [with_logprobs(t, lp[i, : len(t.token_ids)]) for i, t in enumerate(trajs)]
     cfg = load_preset("ppo", kl_coef=0.0)
-    batch, _ = prepare_batch(trajs, cfg, model=lora, critic=critic)
+    batch, _ = prepare_batch(trajs, resolve(cfg), model=lora, critic=critic)
     assert batch.returns is not None and batch.old_values is not None
     params = {id(p): p for p in critic.parameters() if p.requires_grad}  # adapters + head
     named = dict(lora.named_parameters())
@@ -77,7 +78,7 @@ def test_ppo_step_with_value_head_on_a_lora_policy(tiny_llama, make_traj, with_l
     adapters = {n: p.detach().clone() for n, p in named.items() if p.requires_grad}
     head = critic.head.proj.weight.detach().clone()
     opt = torch.optim.SGD(list(params.values()), lr=0.1)
-    m = update_step(lora, opt, batch, cfg, micro_batch_size=2, max_grad_norm=1e9, critic=critic)
+    m = update_step(lora, opt, batch, resolve(cfg), micro_batch_size=2, max_grad_norm=1e9, critic=critic)
     assert m["skipped"] == 0 and m["loss/value"] > 0
     assert not torch.equal(head, critic.head.proj.weight)
     assert any(not torch.equal(v, named[n]) for n, v in adapters.items())

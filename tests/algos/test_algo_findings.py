@@ -21,6 +21,7 @@ import veriloop.algos.run.setup as S
 import veriloop.algos.train as T
 import veriloop.envs  # noqa: F401  (registers the environments)
 from veriloop.agents.trajectory import TurnRecord
+from veriloop.algos.algorithm import resolve
 from veriloop.algos.update import compute_advantages
 from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.loader import load_config
@@ -63,7 +64,7 @@ def test_1_cut_s2r_episode_scores_its_outcome_not_its_last_step(make_traj, mode)
     lucky = replace(finished, turns=(*finished.turns[:-1], replace(finished.turns[-1], signal=replace(
         finished.turns[-1].signal, outcome_reward=1.0))))  # fmt: skip
     cfg = AlgoConfig(advantage="rloo", reward_level="outcome")
-    adv = compute_advantages([cut, finished, finished, lucky], cfg).advantages
+    adv = compute_advantages([cut, finished, finished, lucky], resolve(cfg)).advantages
     # rewards [-1, -1, -1, +1]: the cut wrong episode is as wrong as the finished ones (was +0.33)
     first = [float(adv[i][cut.loss_mask.index(1)]) for i in range(2)]
     assert first[0] == pytest.approx(-1 - (-1 - 1 + 1) / 3) == pytest.approx(first[1])
@@ -79,7 +80,7 @@ def test_3_reinforce_pp_whitening_does_not_depend_on_kl_coef(make_traj):
 
     def adv(estimator: str, coef: float) -> torch.Tensor:
         cfg = AlgoConfig(advantage=estimator, kl_mode="reward", kl_coef=coef)
-        return compute_advantages(trajs, cfg, ref_logprobs=ref).advantages
+        return compute_advantages(trajs, resolve(cfg), ref_logprobs=ref).advantages
 
     a = adv("batch_norm", 0.0)
     torch.testing.assert_close(a, adv("batch_norm", 1e-12))  # was 2x apart
@@ -96,14 +97,14 @@ def test_4_summed_turn_rewards_do_not_pay_for_extra_attempts(make_traj):
     third = make_traj([([10], [30], 0.0), ([11], [30], 0.0), ([12], [], 1.0)])
     third = replace(third, turns=tuple(replace(t, text=ok) for t in third.turns))
     cfg = AlgoConfig(advantage="group_mean", reward_level="sum", format_reward=0.1)
-    adv = compute_advantages([first, third], cfg).advantages
+    adv = compute_advantages([first, third], resolve(cfg)).advantages
     assert float(adv[0, 3]) == 0.0 and float(adv[1, 3]) == 0.0  # both 1.1: a tie (was 1.1 vs 1.3)
     # an environment that pays a positive reward on a non-final turn (MathVerify's r1 format
     # bonus on every attempt) cannot be summed: a clear error, not a silent bonus per attempt
     r1 = make_traj([([10], [30], 0.1), ([11], [30], 0.1), ([12], [], 1.1)])
     with pytest.raises(ValueError, match="reward_level=outcome"):
-        compute_advantages([first, r1], AlgoConfig(advantage="group_mean", reward_level="sum"))
-    out = compute_advantages([first, r1], AlgoConfig(advantage="group_mean", reward_level="outcome"))
+        compute_advantages([first, r1], resolve(AlgoConfig(advantage="group_mean", reward_level="sum")))
+    out = compute_advantages([first, r1], resolve(AlgoConfig(advantage="group_mean", reward_level="outcome")))
     assert float(out.advantages[1, 3]) == pytest.approx(0.05)  # last-turn rewards 1.1 vs 1.0
 
 

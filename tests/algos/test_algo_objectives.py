@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from veriloop.algos.algorithm import resolve
 from veriloop.algos.maths import correction as C
 from veriloop.algos.maths import losses as L
 from veriloop.algos.update import prepare_batch
@@ -213,7 +214,7 @@ def test_prepare_batch_recomputes_pi_old_keeps_mu_and_weights_the_loss(tiny_llam
     Multi-turn: environment tokens sit between the turns and never enter the correction."""
     trajs = [make_traj([([10, 11], [30, 31], 0.0), ([12], [], r)], group_id=0) for r in (1.0, -1.0)]
     cfg = AlgoConfig(advantage="rloo", rollout_is="truncate", rollout_is_cap=1e9)
-    batch, metrics = prepare_batch(trajs, cfg, model=tiny_llama)
+    batch, metrics = prepare_batch(trajs, resolve(cfg), model=tiny_llama)
     m = batch.loss_mask.bool()
     assert torch.all(batch.sampler_logprobs[m] == -1.0) and not torch.all(batch.old_logprobs[m] == -1.0)
     want = torch.exp(batch.old_logprobs - batch.sampler_logprobs)
@@ -222,7 +223,7 @@ def test_prepare_batch_recomputes_pi_old_keeps_mu_and_weights_the_loss(tiny_llam
     assert {"rollout_corr/token_frac", "rollout_corr/seq_frac", "mismatch/k3_kl"} <= set(metrics)
     # masked IS with bounds no ratio meets: every token leaves the loss (and its normalisers)
     cfg = AlgoConfig(advantage="rloo", rollout_is="mask", rollout_is_low=0.99, rollout_is_high=1.01)
-    batch, metrics = prepare_batch(trajs, cfg, model=tiny_llama)
+    batch, metrics = prepare_batch(trajs, resolve(cfg), model=tiny_llama)
     assert batch.loss_mask.sum() == 0 and metrics["rollout_corr/seq_frac"] == 1.0
 
 

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from veriloop.algos.algorithm import resolve
 from veriloop.algos.maths.shaping import (
     format_reward,
     kl_reward_penalty,
@@ -61,6 +62,6 @@ def test_format_reward_enters_the_advantages(make_traj):
     b = replace(b, turns=(replace(b.turns[0], text="1"),))
     cfg = AlgoConfig(advantage="group_mean", format_reward=0.2)
     # rewards 1.2 and 1.0: R - mean = +0.1 / -0.1 (without the bonus both would be 0)
-    assert compute_advantages([a, b], cfg).advantages[:, 3].tolist() == pytest.approx([0.1, -0.1])
+    assert compute_advantages([a, b], resolve(cfg)).advantages[:, 3].tolist() == pytest.approx([0.1, -0.1])
     with pytest.raises(ValueError, match="format_reward"):
         AlgoConfig(format_reward=-1.0).validate()

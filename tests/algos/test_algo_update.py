@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from veriloop.agents.forward import token_logprobs
+from veriloop.algos.algorithm import resolve
 from veriloop.algos.batch import collate
 from veriloop.algos.critic import ValueModel
 from veriloop.algos.update import METRIC_NAMES, compute_advantages, policy_loss, prepare_batch, update_step
@@ -24,7 +25,7 @@ def test_grpo_advantages_on_tokens_and_verifier_failure(make_traj):
     a = make_traj([([10, 11], [30], 1.0)])
     b = make_traj([([12], [30], 0.0)])
     c = make_traj([([13], [], 5.0)], error="timeout")  # unknown reward: out of the baseline
-    out = compute_advantages([a, b, c], AlgoConfig(advantage="group_norm"))
+    out = compute_advantages([a, b, c], resolve(AlgoConfig(advantage="group_norm")))
     assert torch.allclose(out.advantages[0], torch.tensor([0, 0, 0, S, S, 0]), atol=1e-5)
     assert torch.allclose(out.advantages[1], torch.tensor([0, 0, 0, -S, 0, 0]), atol=1e-5)
     assert torch.all(out.advantages[2] == 0) and out.sample_mask.tolist() == [1, 1, 0]
@@ -34,21 +35,21 @@ def test_grpo_advantages_on_tokens_and_verifier_failure(make_traj):
 def test_overlong_filter_and_penalty(make_traj):
     a = make_traj([([10, 11, 12], [], 1.0)], hit_limit=[True])
     b = make_traj([([12], [], 0.0)])
-    filt = compute_advantages([a, b], AlgoConfig(advantage="rloo", overlong_filter=True))
+    filt = compute_advantages([a, b], resolve(AlgoConfig(advantage="rloo", overlong_filter=True)))
     assert filt.sample_mask.tolist() == [0, 1] and torch.all(filt.advantages[0] == 0)
     assert torch.allclose(filt.advantages[1, 3], torch.tensor(-1.0))  # a's reward still is b's baseline
     # soft punishment, L_max 4, L_cache 2: |y| = 3 -> (2 - 3) / 2 = -0.5, so rewards 0.5 and 0
     cfg = AlgoConfig(advantage="rloo", overlong_penalty=True, overlong_max_len=4, overlong_cache_len=2)
-    pen = compute_advantages([a, b], cfg)
+    pen = compute_advantages([a, b], resolve(cfg))
     assert torch.allclose(pen.advantages[:, 3], torch.tensor([0.5, -0.5]))
 
 
 def test_turn_level_and_outcome_levels(make_traj):
     a = make_traj([([10], [30], 0.0), ([11], [], 1.0)])
     b = make_traj([([12], [30], 1.0), ([13], [], -1.0)])
-    out = compute_advantages([a, b], AlgoConfig(advantage="rloo", reward_level="outcome"))
+    out = compute_advantages([a, b], resolve(AlgoConfig(advantage="rloo", reward_level="outcome")))
     assert out.advantages[0, [3, 5]].tolist() == [2.0, 2.0]  # outcome 1 vs -1
-    turn = compute_advantages([a, b], AlgoConfig(advantage="rloo", reward_level="turn"))
+    turn = compute_advantages([a, b], resolve(AlgoConfig(advantage="rloo", reward_level="turn")))
     # returns-to-go: a [1, 1], b [0, -1]; leave-one-out by turn index
     assert turn.advantages[0, [3, 5]].tolist() == [1.0, 2.0]
     assert turn.advantages[1, [3, 5]].tolist() == [-1.0, -2.0]
@@ -58,17 +59,17 @@ def test_gae_through_compute_advantages_is_return_minus_value(make_traj):
     a = make_traj([([10, 11], [30, 31], 0.5), ([12], [], 1.0)])
     cfg = AlgoConfig(advantage="gae", critic="value_head", gamma=1.0, lam=1.0, reward_level="turn")
     v = torch.tensor([[0, 0, 0, 0.1, 0.2, 9, 9, 0.3]])
-    out = compute_advantages([a], cfg, values=v)
+    out = compute_advantages([a], resolve(cfg), values=v)
     # rewards on each turn's last token: 0.5 at index 4, 1.0 at 7; returns-to-go 1.5, 1.5, 1.0
     assert torch.allclose(out.advantages, torch.tensor([[0, 0, 0, 1.4, 1.3, 0, 0, 0.7]]), atol=1e-6)
     assert torch.allclose(out.returns, torch.tensor([[0, 0, 0, 1.5, 1.5, 0, 0, 1.0]]), atol=1e-6)
     with pytest.raises(ValueError, match="needs values"):
-        compute_advantages([a], cfg)
+        compute_advantages([a], resolve(cfg))
     # KL as a reward penalty (PPO): log pi_old = -1 (fixture), log ref = -1.5 -> k1 = 0.5 per token,
     # beta 0.1: every sampled token's reward drops by 0.05, and GAE carries it like any reward
     ref = torch.tensor([[0, 0, 0, -1.5, -1.5, 0, 0, -1.5]])
     kl_cfg = replace(cfg, kl_coef=0.1, kl_estimator="k1", kl_mode="reward")
-    out = compute_advantages([a], kl_cfg, values=v, ref_logprobs=ref)
+    out = compute_advantages([a], resolve(kl_cfg), values=v, ref_logprobs=ref)
     # token rewards [-0.05, 0.45 | -0.05 + 1.0 -> 0.95]: returns-to-go 1.35, 1.40, 0.95
     assert torch.allclose(out.returns, torch.tensor([[0, 0, 0, 1.35, 1.4, 0, 0, 0.95]]), atol=1e-6)
     assert torch.allclose(out.advantages, torch.tensor([[0, 0, 0, 1.25, 1.2, 0, 0, 0.65]]), atol=1e-6)
@@ -77,7 +78,7 @@ def test_gae_through_compute_advantages_is_return_minus_value(make_traj):
 def test_process_needs_action_kinds(make_traj):
     a = make_traj([([10], [30], 1.0)])
     with pytest.raises(ValueError, match="action_kind"):
-        compute_advantages([a, a], AlgoConfig(advantage="process"))
+        compute_advantages([a, a], resolve(AlgoConfig(advantage="process")))
 
 
 # ----------------------------------------------------------------------------- one update step
@@ -114,9 +115,11 @@ def test_a_rollout_batch_is_collated_once(tiny_llama, make_traj, with_logprobs, 
     monkeypatch.setattr(U, "collate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     cfg = AlgoConfig(advantage="gae", critic="value_head", kl_coef=0.04, rollout_is="truncate")
     critic = ValueModel(tiny_llama)
-    batch, _ = prepare_batch(trajs, cfg, model=tiny_llama, critic=critic, ref_model=copy.deepcopy(tiny_llama))
+    batch, _ = prepare_batch(
+        trajs, resolve(cfg), model=tiny_llama, critic=critic, ref_model=copy.deepcopy(tiny_llama)
+    )
     opt = torch.optim.SGD(tiny_llama.parameters(), lr=1e-3)
-    update_step(tiny_llama, opt, batch, cfg, micro_batch_size=1, max_grad_norm=1.0, critic=critic)
+    update_step(tiny_llama, opt, batch, resolve(cfg), micro_batch_size=1, max_grad_norm=1.0, critic=critic)
     assert calls == [1]
 
 
@@ -129,11 +132,18 @@ def test_one_step_moves_logprobs_with_advantage_sign(preset, tiny_llama, make_tr
     trajs = _episodes(model, make_traj, with_logprobs, early=(lambda r: r - 1) if summed else (lambda r: r))
     critic = ValueModel(model) if cfg.needs_critic else None
     ref = copy.deepcopy(model) if cfg.needs_reference else None
-    batch, _ = prepare_batch(trajs, cfg, model=model, critic=critic, ref_model=ref)
+    batch, _ = prepare_batch(trajs, resolve(cfg), model=model, critic=critic, ref_model=ref)
     params = list(model.parameters()) + (list(critic.head.parameters()) if critic else [])
     opt = torch.optim.SGD(params, lr=0.05)
     m = update_step(
-        model, opt, batch, cfg, micro_batch_size=2, max_grad_norm=1.0, critic=critic, max_new_tokens=8
+        model,
+        opt,
+        batch,
+        resolve(cfg),
+        micro_batch_size=2,
+        max_grad_norm=1.0,
+        critic=critic,
+        max_new_tokens=8,
     )
     assert set(METRIC_NAMES) <= set(m) and m["skipped"] == 0 and m["grad_norm"] > 0
     with torch.no_grad():
@@ -161,11 +171,11 @@ def test_one_step_with_mixed_signs_inside_episodes(tiny_llama, make_traj, with_l
     with torch.no_grad():
         lp, _ = token_logprobs(model, padded.input_ids, padded.attention_mask)
     trajs = [with_logprobs(t, lp[i, : len(t.token_ids)]) for i, t in enumerate(trajs)]
-    batch, _ = prepare_batch(trajs, cfg)
+    batch, _ = prepare_batch(trajs, resolve(cfg))
     # per action +-1 against the same action of the other episode: +-1/sqrt(2) per turn
     assert torch.allclose(batch.advantages[0, 3:6], torch.full((3,), S), atol=1e-5)
     assert torch.allclose(batch.advantages[0, 8:10], torch.full((2,), -S), atol=1e-5)
-    update_step(model, torch.optim.SGD(model.parameters(), lr=0.05), batch, cfg, micro_batch_size=4,
+    update_step(model, torch.optim.SGD(model.parameters(), lr=0.05), batch, resolve(cfg), micro_batch_size=4,
                 max_grad_norm=1.0)  # fmt: skip
     with torch.no_grad():
         new, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
@@ -181,13 +191,13 @@ def test_micro_batching_gives_the_full_batch_gradient(tiny_llama, make_traj, wit
     )  # uneven lengths
     for agg in ("token_mean", "seq_mean_token_mean", "seq_sum_constant"):
         cfg = AlgoConfig(advantage="group_mean", loss_agg=agg, loss_agg_constant=8)
-        batch, _ = prepare_batch(trajs, cfg)
+        batch, _ = prepare_batch(trajs, resolve(cfg))
         grads = []
         for mbs in (4, 1):
             model = copy.deepcopy(tiny_llama)
             opt = torch.optim.SGD(model.parameters(), lr=1.0)
             before = [p.detach().clone() for p in model.parameters()]
-            update_step(model, opt, batch, cfg, micro_batch_size=mbs, max_grad_norm=1e9)
+            update_step(model, opt, batch, resolve(cfg), micro_batch_size=mbs, max_grad_norm=1e9)
             grads.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())]))
         assert torch.allclose(grads[0], grads[1], atol=1e-6), agg
 
@@ -198,7 +208,7 @@ def test_masked_positions_never_receive_gradient(tiny_llama, make_traj, with_log
     (ratio e^1e4 = inf) there must not turn the gradient into NaN."""
     cfg = AlgoConfig(advantage="rloo", kl_coef=0.04, entropy_coef=0.01, dual_clip=3.0)
     batch, _ = prepare_batch(
-        _episodes(tiny_llama, make_traj, with_logprobs), cfg, ref_model=copy.deepcopy(tiny_llama)
+        _episodes(tiny_llama, make_traj, with_logprobs), resolve(cfg), ref_model=copy.deepcopy(tiny_llama)
     )
     off = batch.loss_mask == 0
     for junk in (torch.randn_like(batch.old_logprobs), torch.full_like(batch.old_logprobs, -1e4)):
@@ -208,7 +218,7 @@ def test_masked_positions_never_receive_gradient(tiny_llama, make_traj, with_log
         grads = []
         for b in (batch, noisy):
             tiny_llama.zero_grad()
-            loss, _ = policy_loss(tiny_llama, b, cfg)
+            loss, _ = policy_loss(tiny_llama, b, resolve(cfg))
             loss.backward()
             grads.append(torch.cat([p.grad.flatten() for p in tiny_llama.parameters()]))
         assert torch.isfinite(grads[1]).all() and torch.equal(grads[0], grads[1])
@@ -216,11 +226,11 @@ def test_masked_positions_never_receive_gradient(tiny_llama, make_traj, with_log
 
 def test_non_finite_guard_skips_the_step(tiny_llama, make_traj, with_logprobs):
     cfg = AlgoConfig(advantage="rloo")
-    batch, _ = prepare_batch(_episodes(tiny_llama, make_traj, with_logprobs), cfg)
+    batch, _ = prepare_batch(_episodes(tiny_llama, make_traj, with_logprobs), resolve(cfg))
     bad = replace(batch, advantages=batch.advantages * float("nan"))
     before = [p.detach().clone() for p in tiny_llama.parameters()]
     opt = torch.optim.SGD(tiny_llama.parameters(), lr=1.0)
-    m = update_step(tiny_llama, opt, bad, cfg, micro_batch_size=2, max_grad_norm=1.0)
+    m = update_step(tiny_llama, opt, bad, resolve(cfg), micro_batch_size=2, max_grad_norm=1.0)
     assert m["skipped"] == 1
     assert all(torch.equal(b, p) for b, p in zip(before, tiny_llama.parameters()))
 
@@ -228,7 +238,7 @@ def test_non_finite_guard_skips_the_step(tiny_llama, make_traj, with_logprobs):
 def test_reference_from_context_manager_when_not_precomputed(tiny_llama, make_traj, with_logprobs):
     cfg = AlgoConfig(advantage="group_norm", kl_coef=0.04)
     batch, _ = prepare_batch(
-        _episodes(tiny_llama, make_traj, with_logprobs), AlgoConfig(advantage="group_norm")
+        _episodes(tiny_llama, make_traj, with_logprobs), resolve(AlgoConfig(advantage="group_norm"))
     )
     entered = []
 
@@ -237,10 +247,10 @@ def test_reference_from_context_manager_when_not_precomputed(tiny_llama, make_tr
         entered.append(1)
         yield
 
-    loss, m = policy_loss(tiny_llama, batch, cfg, ref_model_ctx=as_reference)
+    loss, m = policy_loss(tiny_llama, batch, resolve(cfg), ref_model_ctx=as_reference)
     assert entered == [1] and m["loss/kl"] == pytest.approx(0.0, abs=1e-7)  # ref == policy here
     with pytest.raises(ValueError, match="reference"):
-        policy_loss(tiny_llama, batch, cfg)
+        policy_loss(tiny_llama, batch, resolve(cfg))
 
 
 def _with_info(traj, infos):
@@ -257,7 +267,7 @@ def test_reinforce_pp_normalises_reward_plus_kl_to_go(make_traj):
     b = make_traj([([12], [], 0.0)], group_id=1)  # 1 token, reward 0
     ref = torch.tensor([[0, 0, 0, -1.5, -1.5], [0, 0, 0, -1.5, 0]])
     cfg = load_preset("reinforce_pp", kl_coef=0.1)
-    out = compute_advantages([a, b], cfg, ref_logprobs=ref)
+    out = compute_advantages([a, b], resolve(cfg), ref_logprobs=ref)
     g = torch.tensor([1 - 0.1, 1 - 0.05, -0.05])  # returns-to-go of a's two tokens, then b's
     mean = (0.9 + 0.95 - 0.05) / 3  # 0.6
     std = math.sqrt((0.3**2 + 0.35**2 + 0.65**2) / 3)  # population std over the 3 tokens
@@ -271,7 +281,9 @@ def test_reinforce_pp_normalises_reward_plus_kl_to_go(make_traj):
 def test_kl_in_the_loss_hand_computed(tiny_llama, make_traj, with_logprobs):
     """GRPO's KL term: beta * aggregate(k(log pi - log ref)); here log ref = log pi + log 2 on every
     sampled token, so d = -log 2 and k1 = -log 2, k2 = (log 2)^2 / 2, k3 = 2 - 1 - log 2."""
-    batch, _ = prepare_batch(_episodes(tiny_llama, make_traj, with_logprobs), AlgoConfig(advantage="rloo"))
+    batch, _ = prepare_batch(
+        _episodes(tiny_llama, make_traj, with_logprobs), resolve(AlgoConfig(advantage="rloo"))
+    )
     with torch.no_grad():
         lp, _ = token_logprobs(tiny_llama, batch.input_ids, batch.attention_mask)
     batch = replace(batch, ref_logprobs=(lp + math.log(2.0)) * batch.loss_mask)
@@ -279,25 +291,29 @@ def test_kl_in_the_loss_hand_computed(tiny_llama, make_traj, with_logprobs):
     for kind, per_token in (("k1", d), ("k2", d * d / 2), ("k3", math.exp(-d) - 1 + d)):
         for agg in ("token_mean", "seq_mean_token_mean"):
             cfg = AlgoConfig(advantage="rloo", kl_coef=0.04, kl_estimator=kind, loss_agg=agg)
-            _, m = policy_loss(tiny_llama, batch, cfg)
+            _, m = policy_loss(tiny_llama, batch, resolve(cfg))
             assert m["loss/kl"] == pytest.approx(0.04 * per_token, rel=1e-4), (kind, agg)
     # as a reward penalty instead, the loss has no KL term
-    _, m = policy_loss(tiny_llama, batch, AlgoConfig(advantage="rloo", kl_coef=0.04, kl_mode="reward"))
+    _, m = policy_loss(
+        tiny_llama, batch, resolve(AlgoConfig(advantage="rloo", kl_coef=0.04, kl_mode="reward"))
+    )
     assert m["loss/kl"] == 0.0
 
 
 def test_entropy_bonus_in_the_loss(tiny_llama, make_traj, with_logprobs):
-    batch, _ = prepare_batch(_episodes(tiny_llama, make_traj, with_logprobs), AlgoConfig(advantage="rloo"))
+    batch, _ = prepare_batch(
+        _episodes(tiny_llama, make_traj, with_logprobs), resolve(AlgoConfig(advantage="rloo"))
+    )
     cfg = AlgoConfig(advantage="rloo", loss_agg="token_mean", entropy_coef=0.01)
-    loss, m = policy_loss(tiny_llama, batch, cfg)
+    loss, m = policy_loss(tiny_llama, batch, resolve(cfg))
     assert m["entropy"] > 0 and m["loss/entropy"] == pytest.approx(-0.01 * m["entropy"], rel=1e-5)
     assert float(loss.detach()) == pytest.approx(m["loss/policy"] + m["loss/entropy"], rel=1e-5)
     # minimising the bonus alone raises the entropy of the sampled positions
     model = copy.deepcopy(tiny_llama)
     only_ent = replace(batch, advantages=torch.zeros_like(batch.advantages))
-    update_step(model, torch.optim.SGD(model.parameters(), lr=1.0), only_ent, replace(cfg, entropy_coef=1.0),
+    update_step(model, torch.optim.SGD(model.parameters(), lr=1.0), only_ent, resolve(replace(cfg, entropy_coef=1.0)),
                 micro_batch_size=4, max_grad_norm=1e9)  # fmt: skip
-    _, after = policy_loss(model, batch, cfg)
+    _, after = policy_loss(model, batch, resolve(cfg))
     assert after["entropy"] > m["entropy"]
 
 
@@ -310,13 +326,13 @@ def test_ratio_uses_the_sampling_temperature(tiny_llama, make_traj, with_logprob
         lp_t, _ = token_logprobs(tiny_llama, base.input_ids, base.attention_mask, temperature=0.5)
     trajs = [with_logprobs(t, lp_t[i, : len(t.token_ids)]) for i, t in enumerate(trajs)]
     cfg = AlgoConfig(advantage="rloo", clip_low=0.01, clip_high=0.01)
-    batch, _ = prepare_batch(trajs, cfg)
-    _, at_t = policy_loss(tiny_llama, batch, cfg, temperature=0.5)
+    batch, _ = prepare_batch(trajs, resolve(cfg))
+    _, at_t = policy_loss(tiny_llama, batch, resolve(cfg), temperature=0.5)
     assert at_t["approx_kl"] == pytest.approx(0.0, abs=1e-6)
     assert at_t["clip_frac_low"] == 0.0 and at_t["clip_frac_high"] == 0.0
-    _, at_one = policy_loss(tiny_llama, batch, cfg)  # T = 1: ratios far from 1, the clip fires
+    _, at_one = policy_loss(tiny_llama, batch, resolve(cfg))  # T = 1: ratios far from 1, the clip fires
     assert at_one["approx_kl"] > 1e-3 and at_one["clip_frac_low"] + at_one["clip_frac_high"] > 0
-    m = update_step(tiny_llama, torch.optim.SGD(tiny_llama.parameters(), lr=0.0), batch, cfg,
+    m = update_step(tiny_llama, torch.optim.SGD(tiny_llama.parameters(), lr=0.0), batch, resolve(cfg),
                     micro_batch_size=2, max_grad_norm=1.0, temperature=0.5)  # fmt: skip
     assert m["approx_kl"] == pytest.approx(0.0, abs=1e-6)
 
@@ -331,7 +347,7 @@ def test_process_advantage_counts_invalid_actions_as_the_expected_kind(make_traj
     b = make_traj(
         [([13], [60], 1.0), ([14], [60], 1.0), ([15], [], -1.0)], kinds=["solve", "verify", "solve"]
     )
-    out = compute_advantages([a, b], load_preset("s2r_process_grpo"))
+    out = compute_advantages([a, b], resolve(load_preset("s2r_process_grpo")))
     # position 0: solve[-1, +1] -> -S, +S; position 1: a solve vs b verify: different kinds, alone
     # -> 0; position 2: a verify vs b solve -> 0
     assert torch.allclose(out.advantages[0, [3, 5, 7]], torch.tensor([-S, 0.0, 0.0]), atol=1e-5)
@@ -339,7 +355,7 @@ def test_process_advantage_counts_invalid_actions_as_the_expected_kind(make_traj
     # a malformed verify right after a solve is compared with the verifies at that position
     c = make_traj([([10], [60], 1.0), ([11], [], -1.0)], kinds=["solve", "invalid"])
     d = make_traj([([12], [60], 1.0), ([13], [], 1.0)], kinds=["solve", "verify"])
-    out = compute_advantages([c, d], load_preset("s2r_process_grpo"))
+    out = compute_advantages([c, d], resolve(load_preset("s2r_process_grpo")))
     assert torch.allclose(out.advantages[:, 5], torch.tensor([-S, S]), atol=1e-5)
 
 
@@ -356,13 +372,13 @@ def test_s2r_presets_read_their_signal_from_the_contract(make_traj):
     b = _with_info(
         b, [{"process_reward": 1.0, "outcome_reward": None}, {"process_reward": 1.0, "outcome_reward": 1.0}]
     )
-    outcome = compute_advantages([a, b], load_preset("s2r_outcome_rloo"))
+    outcome = compute_advantages([a, b], resolve(load_preset("s2r_outcome_rloo")))
     # RLOO on outcomes -1 vs +1: -2 / +2 on every token (the last step reward +1 / +1 would give 0)
     assert outcome.advantages[:, [3, 5]].tolist() == [[-2.0, -2.0], [2.0, 2.0]]
     # the same episodes from an env in outcome mode (step rewards 0, then the outcome)
     a0 = replace(a, turns=tuple(replace(t, reward=r) for t, r in zip(a.turns, (0.0, -1.0))))
     b0 = replace(b, turns=tuple(replace(t, reward=r) for t, r in zip(b.turns, (0.0, 1.0))))
-    process = compute_advantages([a0, b0], load_preset("s2r_process_grpo"))
+    process = compute_advantages([a0, b0], resolve(load_preset("s2r_process_grpo")))
     # solves -1 vs +1 at position 0 -> -S / +S; verifies +1 vs +1 -> 0 (step rewards would give +-S)
     assert torch.allclose(process.advantages[:, [3, 5]], torch.tensor([[-S, 0.0], [S, 0.0]]), atol=1e-5)
 
@@ -372,24 +388,28 @@ def test_recompute_old_logprobs_replaces_filtered_sampling_logprobs(tiny_llama, 
     a = make_traj([([10, 11], [30, 31], 0.0), ([12], [], 1.0)])
     b = make_traj([([13, 14, 15], [], 0.0)])
     cfg = AlgoConfig(advantage="rloo")
-    kept, _ = prepare_batch([a, b], cfg, model=tiny_llama)
+    kept, _ = prepare_batch([a, b], resolve(cfg), model=tiny_llama)
     assert torch.all(kept.old_logprobs[kept.loss_mask.bool()] == -1.0)  # the fixture's recorded values
-    fresh, _ = prepare_batch([a, b], cfg, model=tiny_llama, temperature=0.7, recompute_old_logprobs=True)
+    fresh, _ = prepare_batch(
+        [a, b], resolve(cfg), model=tiny_llama, temperature=0.7, recompute_old_logprobs=True
+    )
     want, _ = token_logprobs(tiny_llama, fresh.input_ids, fresh.attention_mask, temperature=0.7)
     m = fresh.loss_mask.bool()
     assert torch.allclose(fresh.old_logprobs[m], want[m], atol=1e-5)
     assert torch.all(fresh.old_logprobs[~m] == kept.old_logprobs[~m])  # off the mask: untouched
     with pytest.raises(ValueError, match="needs model="):
-        prepare_batch([a, b], cfg, recompute_old_logprobs=True)
+        prepare_batch([a, b], resolve(cfg), recompute_old_logprobs=True)
 
 
 def test_token_capped_micro_batches_give_the_same_update(tiny_llama, make_traj, with_logprobs):
     """Micro-batches cut by ``micro_batch_tokens`` accumulate the same gradient as whole ones."""
-    batch, _ = prepare_batch(_episodes(tiny_llama, make_traj, with_logprobs), AlgoConfig(advantage="rloo"))
+    batch, _ = prepare_batch(
+        _episodes(tiny_llama, make_traj, with_logprobs), resolve(AlgoConfig(advantage="rloo"))
+    )
     cfg = AlgoConfig(advantage="rloo", loss_agg="token_mean")
     models = [copy.deepcopy(tiny_llama) for _ in range(2)]
     for model, cap in zip(models, (0, 1)):  # cap 1: every row alone
-        update_step(model, torch.optim.SGD(model.parameters(), lr=0.5), batch, cfg, micro_batch_size=4,
+        update_step(model, torch.optim.SGD(model.parameters(), lr=0.5), batch, resolve(cfg), micro_batch_size=4,
                     micro_batch_tokens=cap, max_grad_norm=1e9)  # fmt: skip
     moved = False
     for (name, p0), p1, p in zip(

@@ -76,7 +76,7 @@ def test_rollout_correction_logs_the_same_k3_formula_over_every_sampled_token(
     offsets = torch.tensor([0.7, -0.7, 0.3, -1.2])
     trajs = _recorded(tiny_llama, make_traj, with_logprobs, shift=lambda i, lp: lp + offsets[i])
     cfg = AlgoConfig(advantage="rloo", rollout_is="mask", rollout_is_low=0.6, rollout_is_high=1.6)
-    batch, metrics = prepare_batch(trajs, cfg, model=tiny_llama)
+    batch, metrics = prepare_batch(trajs, resolve(cfg), model=tiny_llama)
     lengths = torch.tensor([3.0, 4.0, 2.0, 3.0])
     d = -offsets.double()  # log pi_old - log mu on every token of the row
     want = float(((d.exp() - 1 - d) * lengths).sum() / lengths.sum())
@@ -114,7 +114,7 @@ def test_truncated_sampling_with_a_comparison_to_mu_is_refused(sampling, uses_mu
 def test_prepare_batch_refuses_filtered_log_probs_as_mu(tiny_llama, make_traj, with_logprobs):
     trajs = _recorded(tiny_llama, make_traj, with_logprobs)
     with pytest.raises(ValueError, match="filtered"):
-        prepare_batch(trajs, AlgoConfig(advantage="rloo", rollout_is="truncate"), model=tiny_llama,
+        prepare_batch(trajs, resolve(AlgoConfig(advantage="rloo", rollout_is="truncate")), model=tiny_llama,
                       recompute_old_logprobs=True)  # fmt: skip
 
 
@@ -141,14 +141,14 @@ def test_cov_tokens_are_chosen_once_per_mini_batch(loss, tiny_llama, make_traj, 
     trajs = _recorded(tiny_llama, make_traj, with_logprobs)
     cfg = AlgoConfig(advantage="group_norm", policy_loss=loss, cov_ratio=0.25, cov_lb=0.0, cov_ub=100.0,
                      loss_agg="token_mean")  # fmt: skip
-    batch, _ = prepare_batch(trajs, cfg)
+    batch, _ = prepare_batch(trajs, resolve(cfg))
     grads, fracs = [], []
     for mbs in (4, 1):
         model = copy.deepcopy(tiny_llama)
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         before = [p.detach().clone() for p in model.parameters()]
         torch.manual_seed(0)  # Clip-Cov draws its tokens at random
-        m = update_step(model, opt, batch, cfg, micro_batch_size=mbs, max_grad_norm=1e9)
+        m = update_step(model, opt, batch, resolve(cfg), micro_batch_size=mbs, max_grad_norm=1e9)
         grads.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())]))
         fracs.append(m["cov_frac"])
     assert fracs[0] == pytest.approx(fracs[1]) and 0 < fracs[0] <= 0.25
@@ -186,7 +186,7 @@ def test_turn_sequences_weigh_the_same_whatever_their_length(loss, tiny_llama):
     """Losses [-1, 0] for turns of 1 and 9 tokens: the mean over the two sequences is -0.5 (the
     per-row token mean gave -0.1)."""
     cfg = AlgoConfig(policy_loss=loss, sequence_unit="turn", reward_level="turn")
-    loss_value, _ = policy_loss(tiny_llama, _two_turns(tiny_llama), cfg)
+    loss_value, _ = policy_loss(tiny_llama, _two_turns(tiny_llama), resolve(cfg))
     assert float(loss_value) == pytest.approx(-0.5, abs=1e-5)
 
 
@@ -252,7 +252,7 @@ def test_reinforce_pp_baseline_a_lone_episode_starts_from_zero(make_traj):
     its raw score, 5 here, which would make it the batch's best by far)."""
     trajs = [make_traj([([10, 11], [], 1.0)], group_id=0), make_traj([([12, 13], [], 0.0)], group_id=0),
              make_traj([([14, 15], [], 5.0)], group_id=1)]  # fmt: skip
-    adv = compute_advantages(trajs, AlgoConfig(advantage="group_mean_batch_norm")).advantages
+    adv = compute_advantages(trajs, resolve(AlgoConfig(advantage="group_mean_batch_norm"))).advantages
     raw = torch.tensor([0.5, 0.5, -0.5, -0.5, 0.0, 0.0], dtype=torch.float64)
     std = float(raw.pow(2).mean().sqrt())  # mean 0, population std over the 6 tokens
     got = adv[adv != 0].tolist()
@@ -267,7 +267,7 @@ def test_reinforce_pp_baseline_adds_the_kl_to_go_after_the_group_mean(make_traj)
     ref = torch.tensor([[0, 0, 0, -1.5, -1.0], [0, 0, 0, -1.0, -3.0]])  # old log-probs are -1 (fixture)
     mask = torch.tensor([[0, 0, 0, 1.0, 1.0]] * 2)
     cfg = AlgoConfig(advantage="group_mean_batch_norm", kl_mode="reward", kl_coef=0.1, kl_estimator="k1")
-    adv = compute_advantages(trajs, cfg, ref_logprobs=ref * mask).advantages
+    adv = compute_advantages(trajs, resolve(cfg), ref_logprobs=ref * mask).advantages
     # k1 = -1 - ref: [0.5, 0.0] and [0.0, 2.0]; to go: [0.5, 0.0], [2.0, 2.0]; times -0.1
     raw = torch.tensor([-0.05, 0.0, -0.2, -0.2], dtype=torch.float64)
     want = (raw - raw.mean()) / (raw.std(unbiased=False) + 1e-6)

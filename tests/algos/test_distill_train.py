@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from veriloop.algos.algorithm import resolve
 from veriloop.algos.batch import with_teacher
 from veriloop.algos.update import policy_loss, prepare_batch
 from veriloop.configs.algo import AlgoConfig
@@ -15,7 +16,7 @@ from veriloop.configs.algo import AlgoConfig
 def _batch(tiny_llama, make_traj, cfg):
     trajs = [make_traj([([10, 11, 12], [], 1.0)]), make_traj([([13, 14], [], 0.0)])]
     # pi_old = the model's own log-probs, so every ratio starts at exactly 1
-    batch, _ = prepare_batch(trajs, cfg, model=tiny_llama, recompute_old_logprobs=True)
+    batch, _ = prepare_batch(trajs, resolve(cfg), model=tiny_llama, recompute_old_logprobs=True)
     return trajs, batch
 
 
@@ -25,18 +26,18 @@ def test_distillation_term_by_hand(tiny_llama, make_traj):
     # a teacher one nat above the student on every sampled token: A_t = 1, loss_t = -1, token mean -1
     teacher = [[lp + 1.0 if m else 0.0 for lp, m in zip(row.tolist(), mask.tolist())]
                for row, mask in zip(batch.old_logprobs, batch.loss_mask)]  # fmt: skip
-    loss, metrics = policy_loss(tiny_llama, with_teacher(batch, teacher), cfg)
+    loss, metrics = policy_loss(tiny_llama, with_teacher(batch, teacher), resolve(cfg))
     assert loss.item() == pytest.approx(-1.0, abs=1e-5)
     assert metrics["distill/reverse_kl"] == pytest.approx(-1.0, abs=1e-5)
     assert metrics["distill/teacher_better_frac"] == 1.0
     # the same teacher as the student: the distillation term is 0, and with rl_coef 1 only GRPO is left
     same = with_teacher(batch, [row.tolist() for row in batch.old_logprobs])
     both = AlgoConfig(distill_coef=0.5, rl_coef=1.0, loss_agg="token_mean")
-    grpo, _ = policy_loss(tiny_llama, same, AlgoConfig(loss_agg="token_mean"))
-    mixed, m = policy_loss(tiny_llama, same, both)
+    grpo, _ = policy_loss(tiny_llama, same, resolve(AlgoConfig(loss_agg="token_mean")))
+    mixed, m = policy_loss(tiny_llama, same, resolve(both))
     assert mixed.item() == pytest.approx(grpo.item(), abs=1e-6) and m["distill/reverse_kl"] == 0.0
     with pytest.raises(ValueError, match="teacher"):
-        policy_loss(tiny_llama, batch, cfg)  # distillation on without the teacher's log-probs
+        policy_loss(tiny_llama, batch, resolve(cfg))  # distillation on without the teacher's log-probs
     with pytest.raises(ValueError, match="teacher rows"):
         with_teacher(batch, teacher[:1])
 

@@ -87,7 +87,7 @@ def test_dppo_takes_its_ratio_against_the_recorded_log_probs(tiny_llama, make_tr
         with_logprobs(t, lp[i, : len(t.token_ids)] - 0.3) for i, t in enumerate(trajs)
     ]  # mu = pi e^-0.3
     cfg = load_preset("dppo")
-    batch, _ = prepare_batch(recorded, cfg)
+    batch, _ = prepare_batch(recorded, resolve(cfg))
     m = batch.loss_mask.bool()
     assert torch.allclose(batch.sampler_logprobs[m], (lp - 0.3)[m].float(), atol=1e-6)
     obj = resolve(cfg).objective

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from veriloop.algos.algorithm import episode_components
+from veriloop.algos.algorithm import episode_components, resolve
 from veriloop.algos.update import compute_advantages
 from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.presets import load_preset
@@ -23,12 +23,12 @@ def _parts(make_traj, accuracy: float, fmt: float, token: int):
 def test_gdpo_by_hand_through_the_update(make_traj):
     # MathVerify's r1 reward: accuracy 1 / 0 plus a 0.1 format bonus, one group of four
     trajs = [_parts(make_traj, a, f, 10 + i) for i, (a, f) in enumerate([(1, 0.1), (1, 0), (0, 0.1), (0, 0)])]
-    out = compute_advantages(trajs, load_preset("gdpo"))
+    out = compute_advantages(trajs, resolve(load_preset("gdpo")))
     # per component +-sqrt(3)/2, summed [sqrt 3, 0, 0, -sqrt 3], whitened by the batch std sqrt 2
     got = [float(out.advantages[i, 3]) for i in range(4)]
     assert got == pytest.approx([math.sqrt(1.5), 0.0, 0.0, -math.sqrt(1.5)], abs=1e-4)
     # GRPO on the summed reward puts right-without-format far above wrong-with-format
-    grpo = compute_advantages(trajs, AlgoConfig(advantage="group_norm"))
+    grpo = compute_advantages(trajs, resolve(AlgoConfig(advantage="group_norm")))
     assert float(grpo.advantages[1, 3] - grpo.advantages[2, 3]) > 1.5
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from veriloop.algos.algorithm import resolve
 from veriloop.configs.loader import load_config
 
 TINY = ["policy.model=tiny", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
@@ -45,7 +46,7 @@ def test_policy_loss_reports_a_known_mismatch() -> None:
                        old_logprobs=(lp + 0.1) * mask, turn_index=torch.zeros_like(ids),
                        advantages=torch.ones_like(mask) * mask)  # fmt: skip
     stats: list[MismatchStats] = []
-    policy_loss(policy.model, batch, AlgoConfig(), mismatch=stats)
+    policy_loss(policy.model, batch, resolve(AlgoConfig()), mismatch=stats)
     m = sum(stats, MismatchStats()).metrics()
     assert m["mismatch/tokens"] == 4
     assert math.isclose(m["mismatch/k3_kl"], math.exp(-0.1) - 1 + 0.1, rel_tol=1e-4)
