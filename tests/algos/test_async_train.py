@@ -244,7 +244,7 @@ def test_evaluation_runs_beside_generation_and_names_its_version(
     """``eval.every`` in the async loop: the trainer evaluates its own weights while the worker
     thread stays alive and unpaused, and each evaluation row carries the version it evaluated."""
     import veriloop.algos.async_worker as W
-    import veriloop.algos.train as T
+    import veriloop.algos.step as T
     from veriloop.algos.train import train
 
     workers: list[W.GenerationWorker] = []
