@@ -180,11 +180,21 @@ def test_inline_commands_exist() -> None:
     check_inline_commands(README, "README")
 
 
+#: ``--help`` output by command, shared by every page checked in one session.
+_HELPS: dict[str, str] = {}
+
+
+def _help(cmd: list[str]) -> str:
+    return run([*cmd, "--help"], ROOT).stdout
+
+
 def check_inline_commands(text: str, where: str) -> None:
     """Every inline `veriloop X` is a subcommand, `make T` a target, `python benchmarks/S.py ARGS` a
     script whose ``--help`` names every flag and positional suite of ARGS (tests/test_docs.py uses it too)."""
-    sub = run([sys.executable, "-m", "veriloop.cli", "--help"], ROOT).stdout
-    helps: dict[str, str] = {}
+    sub = _HELPS.get("veriloop") or _HELPS.setdefault(
+        "veriloop", _help([sys.executable, "-m", "veriloop.cli"])
+    )
+    helps = _HELPS  # each --help runs once per session, whatever the number of pages
     for m in INLINE.finditer(text):
         words = [w for w in shlex.split(m.group(1)) if not re.fullmatch(r"[A-Z_]+=\S+", w)]
         if len(words) < 2:
