@@ -179,6 +179,12 @@ def _async_step(run: Any, loop: Any, worker: GenerationWorker, ledger: Ledger, s
     shown = sampled or trajs
     if shown:
         metrics.update(T.rollout_metrics(shown, run.policy.tokenizer))
+    if shown and cfg.env.mixture:  # per environment, as the synchronous loop logs them
+        from veriloop.algos.mixture import per_env_metrics
+
+        metrics.update(
+            per_env_metrics(shown, {n: (str(e.id), e.kwargs) for n, e in cfg.env.training_envs.items()})
+        )
     t1 = time.perf_counter()
     if trajs:
         metrics.update(T.train_on_batch(cfg, run.policy, run.critic, run.optimizer, trajs, run.generator,

@@ -266,3 +266,22 @@ def test_evaluation_runs_beside_generation_and_names_its_version(
     evals = [r for r in _rows(run) if "async/eval_version" in r]
     assert [(r["step"], r["async/eval_version"]) for r in evals] == [(2, 2.0), (4, 4.0)]
     assert all("eval/id/avg@n" in r for r in evals)
+
+
+def test_a_mixture_trains_asynchronously(tmp_path: Path) -> None:
+    """env.mixture in the async loop: each group is one environment, drawn from its seed alone; both
+    environments train and are logged per environment."""
+    from veriloop.algos.mixture import assign_envs
+    from veriloop.algos.train import train
+
+    mix = ("env.mixture={fast: {id: test/LongTail-v0, kwargs: {slow_every: 1000}, weight: 1}, "
+           "slow: {id: test/LongTail-v0, kwargs: {slow_every: 1, slow_turns: 2}, weight: 1}}")  # fmt: skip
+    cfg = _cfg(tmp_path, "mix", mix, "train.steps=3", "train.max_staleness=1", *ASYNC)
+    run = train(cfg, quiet=True)
+    trained = [r["seed"] for r in _ledger(run) if r["event"] == "trained"]
+    names = assign_envs(cfg.env.mixture_weights, trained, cfg.rollout.seed)
+    assert set(names) == {"fast", "slow"}
+    steps = [r for r in _rows(run) if "async/staleness_max" in r]
+    assert all("env/fast/episodes" in r and "env/slow/episodes" in r for r in steps)
+    # every episode finished is counted in the step that followed it: at least the trained ones
+    assert sum(r["env/fast/episodes"] + r["env/slow/episodes"] for r in steps) >= 3 * 2 * 2
