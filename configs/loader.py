@@ -86,8 +86,19 @@ def config_from_dict(raw: Mapping[str, Any], ctx: _Context | None = None) -> Exp
     if ctx.errors:
         raise ConfigError(_summary(ctx.errors))
     assert isinstance(cfg, ExperimentConfig)
+    _async_correction(cfg, algo_raw)  # what was written, before the preset
     cfg.validate()
     return cfg
+
+
+def _async_correction(cfg: ExperimentConfig, algo_raw: Any) -> None:
+    """``train.max_staleness > 0`` trains on samples of older policies: where nothing corrects that gap
+    and ``algo.rollout_is`` was not set, it is decoupled PPO with truncated IS (clip against the trainer's
+    own pi_prox, weigh by min(pi_prox / mu, C)), as the asynchronous trainers default to. An explicit
+    ``algo.rollout_is=none`` is left as written (and refused by the staleness check)."""
+    explicit = isinstance(algo_raw, Mapping) and "rollout_is" in algo_raw
+    if cfg.train.max_staleness > 0 and not cfg.algo.needs_sampler_logprobs and not explicit:
+        cfg.algo = dataclasses.replace(cfg.algo, rollout_is="truncate")
 
 
 def dump_config(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -191,8 +191,11 @@ def test_config_refuses_negative_staleness() -> None:
 def test_config_refuses_staleness_without_a_correction() -> None:
     from veriloop.configs.schema import ConfigError
 
+    # nothing written: decoupled PPO with truncated IS is switched on; an explicit none is refused
+    assert _config("train.max_staleness=1").algo.rollout_is == "truncate"
+    assert _config("train.max_staleness=0").algo.rollout_is == "none"
     with pytest.raises(ConfigError, match="algo.rollout_is=truncate"):
-        _config("train.max_staleness=1").validate()
+        _config("train.max_staleness=1", "algo.rollout_is=none").validate()
     _config("train.max_staleness=1", "algo.rollout_is=truncate").validate()  # decoupled PPO
     _config("train.max_staleness=2", "algo.rollout_seq_mask=true").validate()
     _config("train.max_staleness=1", "algo.policy_loss=dppo").validate()  # bypass: ratio against mu
