@@ -6,18 +6,12 @@ used, so ``import veriloop.agents`` stays cheap.
 
 from __future__ import annotations
 
-if (
-    __name__ != "veriloop.agents"
-):  # the folder agents/ is the package veriloop.agents (pyproject's package-dir)
-    raise ImportError(
-        f"{__name__!r} is the folder agents/ imported under the wrong name: it is the package "
-        "'veriloop.agents'. Write `import veriloop.agents` (or `from veriloop.agents import ...`) and install the "
-        f"repository once with `pip install -e .`; importing it as {__name__!r} would make a second, "
-        "different copy of every class in it"
-    )
-
 import importlib
 from typing import Any
+
+from veriloop.envs._package_name import require_package_name
+
+require_package_name(__name__, "agents")  # the folder agents/ is the package veriloop.agents
 
 # public name -> module (relative to veriloop.agents) that defines it
 _EXPORTS = {

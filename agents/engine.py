@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import torch
@@ -37,6 +37,9 @@ from veriloop.agents.trajectory import Trajectory, TurnRecord
 from veriloop.envs.base import SIGNAL_KEY, signal_of
 from veriloop.envs.json_safe import jsonable
 from veriloop.envs.verifiers import Verdict
+
+if TYPE_CHECKING:
+    from veriloop.configs.schema import RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,15 @@ class RolloutLimits:
             raise ValueError(
                 f"need max_turns >= 1 and max_context >= 2, got {self.max_turns}, {self.max_context}"
             )
+
+    @classmethod
+    def from_rollout(cls, rollout: RolloutConfig) -> RolloutLimits:
+        """The limits of ``rollout`` (a config's ``rollout`` section), read from it in this one place."""
+        return cls(
+            max_new_tokens=rollout.max_new_tokens,
+            max_context=rollout.max_context,
+            max_turns=rollout.max_turns,
+        )
 
 
 def as_verdict(value: Any) -> Verdict | None:

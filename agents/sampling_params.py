@@ -30,8 +30,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from veriloop.configs.schema import RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,19 @@ class SamplingParams:
             raise TypeError(
                 f"stop must be a tuple of strings, got the string {self.stop!r}; write stop=({self.stop!r},)"
             )
+
+    @classmethod
+    def from_rollout(cls, rollout: RolloutConfig, *, seed: int) -> SamplingParams:
+        """The sampling settings of ``rollout`` (a config's ``rollout`` section): the one place they
+        are read from it, for training rollouts, rejection-sampled SFT data and the async worker."""
+        r = rollout
+        return cls(
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_new_tokens=r.max_new_tokens,
+            seed=seed,
+        )
 
     @classmethod
     def greedy(cls, max_new_tokens: int = 256, stop: tuple[str, ...] = ()) -> SamplingParams:

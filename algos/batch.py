@@ -84,10 +84,6 @@ class TokenBatch:
     def size(self) -> int:
         return int(self.input_ids.shape[0])
 
-    @property
-    def num_loss_tokens(self) -> int:
-        return int(self.loss_mask.sum().item())
-
     def trimmed(self) -> TokenBatch:
         """The same rows without the trailing columns that are padding in every row.
 

@@ -38,7 +38,16 @@ from veriloop.algos.run.progress import say
 from veriloop.algos.run.setup import trainable_state
 from veriloop.algos.run.steps import StepLoop
 from veriloop.algos.sampling import verifier_failed
-from veriloop.algos.update import METRIC_NAMES, loss_normalisers, prepare_batch, select_tokens, update_step
+from veriloop.algos.update import (
+    METRIC_NAMES,
+    NO_SYNC,
+    RankSync,
+    UpdateSettings,
+    loss_normalisers,
+    prepare_batch,
+    select_tokens,
+    update_step,
+)
 from veriloop.configs.schema import ExperimentConfig
 
 SINGLE_PROCESS = DistContext()
@@ -77,14 +86,11 @@ class RunParts:
 
 
 def _sampling(cfg: ExperimentConfig, stream: int) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          max_new_tokens=r.max_new_tokens, seed=r.seed * 100_003 + stream)  # fmt: skip
+    return SamplingParams.from_rollout(cfg.rollout, seed=cfg.rollout.seed * 100_003 + stream)
 
 
 def _limits(cfg: ExperimentConfig) -> RolloutLimits:
-    r = cfg.rollout
-    return RolloutLimits(max_new_tokens=r.max_new_tokens, max_context=r.max_context, max_turns=r.max_turns)
+    return RolloutLimits.from_rollout(cfg.rollout)
 
 
 #: Rounds of dynamic sampling one step may run, and data-parallel ranks, that ``sampling_stream``
@@ -174,18 +180,18 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
     # (pi_old recomputed for the rollout correction) or it cannot be measured (top-k / top-p)
     measure = not truncated and not cfg.algo.needs_old_recompute
     mismatch: list[MismatchStats] = []
+    settings = UpdateSettings.from_config(cfg)
     per_mb = -(-cfg.mini_batch_size * batch.size // len(trajs))  # rows: a split episode is several
     for _ in range(cfg.algo.epochs):
         for mb in minibatches(batch, per_mb, shuffle=generator):
             mb = select_tokens(mb, algo)  # Clip-Cov / KL-Cov: chosen over the mini-batch, all ranks alike
             part = mb.select(torch.arange(dist.rank, mb.size, dist.world_size)) if dist.enabled else mb
             # every rank's loss is normalised by the whole mini-batch's counts: gradients just add up
-            sync = {**dist.update_kwargs(mb), **loss_normalisers(mb, algo)} if dist.enabled else {}
-            m = update_step(policy.model, optimizer, part, algo, micro_batch_size=cfg.train.micro_batch_size,
-                            micro_batch_tokens=cfg.train.micro_batch_tokens, max_grad_norm=cfg.train.max_grad_norm or float("inf"),
-                            ref_model_ctx=ref_ctx, critic=critic,
-                            max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                            mismatch=mismatch if updates == 0 and measure else None, **sync)  # fmt: skip
+            sync = (
+                RankSync(**dist.update_kwargs(mb), **loss_normalisers(mb, algo)) if dist.enabled else NO_SYNC
+            )
+            m = update_step(policy.model, optimizer, part, algo, settings, ref_model_ctx=ref_ctx, critic=critic,
+                            sync=sync, mismatch=mismatch if updates == 0 and measure else None)  # fmt: skip
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
             updates += 1

@@ -11,7 +11,7 @@ Flow per rollout batch (the training loop calls these in order)::
     batch, m = prepare_batch(trajectories, algo, critic=critic, ref_model_ctx=policy.reference, ...)
     for epoch in range(cfg.epochs):
         for mb in minibatches(batch, size):
-            metrics = update_step(model, optimizer, mb, algo, micro_batch_size=..., max_grad_norm=...)
+            metrics = update_step(model, optimizer, mb, algo, UpdateSettings.from_config(cfg))
 
 Every metric name is the same for every algorithm (zeros where a part is off).
 """
@@ -46,6 +46,7 @@ from veriloop.algos.maths.shaping import (
 from veriloop.algos.run.fsdp import is_sharded
 from veriloop.algos.sampling import verifier_failed
 from veriloop.configs.algo import AlgoConfig
+from veriloop.configs.schema import ExperimentConfig
 
 METRIC_NAMES = (
     "loss/policy", "loss/kl", "loss/entropy", "loss/value", "clip_frac_low", "clip_frac_high",
@@ -429,24 +430,65 @@ def loss_normalisers(batch: TokenBatch, algo: Algorithm | None = None) -> dict[s
     }
 
 
+@dataclass(frozen=True)
+class UpdateSettings:
+    """How one optimizer step runs, read from the config once (:meth:`from_config`).
+
+    Attributes:
+        micro_batch_size: rows per forward/backward pass (gradient accumulation over the rest).
+        max_grad_norm: global gradient-norm clip (``inf`` = none; the norm is still reported).
+        micro_batch_tokens: at most this many padded tokens per micro-batch (0 = no cap).
+        max_new_tokens: ``seq_sum_constant``'s divisor when ``algo.loss_agg_constant`` is None.
+        temperature: the rollout's sampling temperature (see ``policy_loss``).
+    """
+
+    micro_batch_size: int
+    max_grad_norm: float
+    micro_batch_tokens: int = 0
+    max_new_tokens: int | None = None
+    temperature: float = 1.0
+
+    @classmethod
+    def from_config(cls, cfg: ExperimentConfig) -> UpdateSettings:
+        """``train``'s micro-batching and clipping, ``rollout``'s token limit and temperature."""
+        return cls(micro_batch_size=cfg.train.micro_batch_size, max_grad_norm=cfg.train.max_grad_norm or float("inf"),
+                   micro_batch_tokens=cfg.train.micro_batch_tokens, max_new_tokens=cfg.rollout.max_new_tokens,
+                   temperature=cfg.rollout.temperature)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RankSync:
+    """What several ranks add to one optimizer step (one process: the defaults, nothing).
+
+    Attributes:
+        on_before_step: ``(params, finite) -> finite``, run after the last backward and before
+            clipping (data parallelism: the gradient all-reduce, ``DistContext.grad_sync``).
+        global_tokens, global_seqs: the loss normalisers when the batch is this rank's part of a
+            larger mini-batch (``loss_normalisers``); None = the batch's own counts.
+        pad_micro_batches: sharded training (``fsdp.lockstep``: every pass is a collective, so all
+            ranks run as many, also without training tokens or after a non-finite loss).
+    """
+
+    on_before_step: Callable[[list[torch.nn.Parameter], bool], bool] | None = None
+    global_tokens: float | None = None
+    global_seqs: float | None = None
+    pad_micro_batches: Callable[[list[TokenBatch]], list[TokenBatch]] | None = None
+
+
+NO_SYNC = RankSync()
+
+
 def update_step(
     model: Any,
     optimizer: torch.optim.Optimizer,
     batch: TokenBatch,
     algo: Algorithm,
+    settings: UpdateSettings,
     *,
-    micro_batch_size: int,
-    max_grad_norm: float,
-    micro_batch_tokens: int = 0,
     ref_model_ctx: Callable[[], Any] | None = None,
     critic: ValueModel | None = None,
-    max_new_tokens: int | None = None,
-    on_before_step: Callable[[list[torch.nn.Parameter], bool], bool] | None = None,
-    temperature: float = 1.0,
-    global_tokens: float | None = None,
-    global_seqs: float | None = None,
+    sync: RankSync = NO_SYNC,
     mismatch: list[MismatchStats] | None = None,
-    pad_micro_batches: Callable[[list[TokenBatch]], list[TokenBatch]] | None = None,
 ) -> dict[str, float]:
     """One optimizer step on ``batch``: gradient accumulation over micro-batches, grad-norm clipping
     over the optimizer's parameters, and a non-finite guard (a NaN/inf loss or gradient norm skips
@@ -454,16 +496,12 @@ def update_step(
     each micro-batch loss is normalised by the whole batch's token / sequence counts, and Clip-Cov
     / KL-Cov choose their tokens once for the whole batch (``select_tokens``).
 
-    ``on_before_step(params, finite) -> finite`` runs after the last backward and before clipping
-    (data parallelism: the gradient all-reduce, see ``DistContext.grad_sync``); it receives every
-    trainable parameter of the optimizer and whether this process's loss was finite.
-    ``temperature``: the rollout's sampling temperature (see ``policy_loss``).
-    ``global_tokens`` / ``global_seqs``: the loss normalisers when ``batch`` is this rank's part
-    of a larger mini-batch (``loss_normalisers``); None = ``batch``'s own counts.
-    ``mismatch``: when given, each micro-batch's sampler-vs-trainer :class:`MismatchStats` is
-    appended (all forward passes of one step precede its optimizer step, so these are pre-update).
-    ``pad_micro_batches``: sharded training (``fsdp.lockstep``: every pass is a collective, so all
-    ranks run as many, also without training tokens or after a non-finite loss).
+    ``settings``: micro-batching, clipping, the token limit and the temperature
+    (:class:`UpdateSettings`); ``sync``: what several ranks add (:class:`RankSync`; its
+    ``on_before_step`` receives every trainable parameter of the optimizer and whether this
+    process's loss was finite). ``mismatch``: when given, each micro-batch's sampler-vs-trainer
+    :class:`MismatchStats` is appended (all forward passes of one step precede its optimizer step,
+    so these are pre-update).
 
     Returns:
         ``METRIC_NAMES`` metrics (losses summed over micro-batches, rates token-weighted) + ``skipped``.
@@ -471,19 +509,22 @@ def update_step(
     optimizer.zero_grad(set_to_none=True)
     batch = select_tokens(batch, algo)
     lengths = batch.loss_mask.sum(1)  # [B] sampled tokens per row; the losses are in the whole batch's units
-    total_tokens = float(lengths.sum()) if global_tokens is None else global_tokens
-    total_seqs = float(loss_normalisers(batch, algo)["global_seqs"]) if global_seqs is None else global_seqs
+    s = settings
+    total_tokens = float(lengths.sum()) if sync.global_tokens is None else sync.global_tokens
+    total_seqs = (
+        float(loss_normalisers(batch, algo)["global_seqs"]) if sync.global_seqs is None else sync.global_seqs
+    )
     loss_fn = partial(policy_loss, algo=algo, ref_model_ctx=ref_model_ctx, critic=critic,
-                      agg_constant=max_new_tokens, temperature=temperature, total_tokens=total_tokens,
+                      agg_constant=s.max_new_tokens, temperature=s.temperature, total_tokens=total_tokens,
                       total_seqs=total_seqs, mismatch=mismatch)  # fmt: skip
     # similar lengths, little padding; at most micro_batch_tokens padded tokens each when set
-    micro = minibatches(batch, micro_batch_size, by_length=True, max_tokens=micro_batch_tokens)
-    sums, finite = _accumulate_gradients(model, micro, loss_fn, float(lengths.sum()), pad_micro_batches)
-    if on_before_step is not None:
+    micro = minibatches(batch, s.micro_batch_size, by_length=True, max_tokens=s.micro_batch_tokens)
+    sums, finite = _accumulate_gradients(model, micro, loss_fn, float(lengths.sum()), sync.pad_micro_batches)
+    if sync.on_before_step is not None:
         trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-        finite = on_before_step(trainable, finite)
+        finite = sync.on_before_step(trainable, finite)
     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)) if params else 0.0
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)) if params else 0.0
     skipped = not finite or not math.isfinite(grad_norm)
     if not skipped:
         optimizer.step()

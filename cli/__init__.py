@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-if __name__ != "veriloop.cli":  # the folder cli/ is the package veriloop.cli (pyproject's package-dir)
-    raise ImportError(
-        f"{__name__!r} is the folder cli/ imported under the wrong name: it is the package "
-        "'veriloop.cli'. Write `import veriloop.cli` (or `from veriloop.cli import ...`) and install the "
-        f"repository once with `pip install -e .`; importing it as {__name__!r} would make a second, "
-        "different copy of every class in it"
-    )
+from veriloop.envs._package_name import require_package_name
+
+require_package_name(__name__, "cli")  # the folder cli/ is the package veriloop.cli
 
 
 def main(argv: list[str] | None = None) -> int:

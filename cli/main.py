@@ -9,7 +9,6 @@ import argparse
 import errno
 import os
 import re
-import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -112,7 +111,6 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from veriloop.algos.run.lock import run_lock
     from veriloop.algos.run.setup import check_model, remove_stale_temporaries
     from veriloop.algos.sft.data import check_source
-    from veriloop.configs.schema import ConfigError
 
     cfg = _load(args)
     if cfg.sft.steps <= 0:
@@ -121,8 +119,6 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     check_source(cfg.sft.source, cfg.env.id, cfg.env.kwargs)  # before the model loads
     check_model(cfg.policy.model)
     sft_dir = Path(cfg.run.out_dir) / cfg.run_name / "sft"
-    if args.resume and args.overwrite:
-        raise ConfigError("--resume continues the SFT run and --overwrite deletes it: choose one")
     with run_lock(sft_dir.parent):  # one writer per run folder: not beside a trainer of the same run
         remove_stale_temporaries(sft_dir.parent)
         return _sft_in(cfg, sft_dir, args)
@@ -131,20 +127,13 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 def _sft_in(cfg: ExperimentConfig, sft_dir: Path, args: argparse.Namespace) -> int:
     """``veriloop sft`` once the run folder is locked: refuse, replace or resume, then train."""
     from veriloop.agents.loading import save_policy
-    from veriloop.algos.run.setup import build_policy
+    from veriloop.algos.run.setup import build_policy, claim_folder
     from veriloop.algos.sft.train import warmup_from_config
-    from veriloop.configs.schema import ConfigError
 
-    if args.resume and (sft_dir / "final").is_dir():
+    if args.resume and not args.overwrite and (sft_dir / "final").is_dir():
         print(f"{sft_dir} is already finished (final/ saved); nothing to resume")
         return 0
-    if sft_dir.is_dir() and any(sft_dir.iterdir()) and not args.resume:
-        if not args.overwrite:
-            raise ConfigError(
-                f"{sft_dir} already holds an SFT run; nothing was changed. Continue it with --resume, "
-                "replace it with --overwrite, or choose another name (run.name=...)"
-            )
-        shutil.rmtree(sft_dir)
+    claim_folder(sft_dir, resume=args.resume, overwrite=args.overwrite, what="an SFT run")
     policy = build_policy(cfg)
     metrics = warmup_from_config(cfg, policy, run_dir=sft_dir)
     out = save_policy(policy, sft_dir / "final")

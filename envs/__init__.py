@@ -17,14 +17,6 @@ Ids: ``veriloop/MathVerify-v0``, ``veriloop/MathVerifyRetry-v0``, ``veriloop/Poi
 
 from __future__ import annotations
 
-if __name__ != "veriloop.envs":  # the folder envs/ is the package veriloop.envs (pyproject's package-dir)
-    raise ImportError(
-        f"{__name__!r} is the folder envs/ imported under the wrong name: it is the package "
-        "'veriloop.envs'. Write `import veriloop.envs` (or `from veriloop.envs import ...`) and install the "
-        f"repository once with `pip install -e .`; importing it as {__name__!r} would make a second, "
-        "different copy of every class in it"
-    )
-
 from typing import Any
 
 import gymnasium
@@ -32,6 +24,10 @@ import gymnasium
 from veriloop.envs.base import SIGNAL_KEY, LearnerSignal, VerifierEnv
 from veriloop.envs.spaces import UnicodeText
 from veriloop.envs.splits import SPLITS, split_env
+
+from ._package_name import require_package_name
+
+require_package_name(__name__, "envs")  # the folder envs/ is the package veriloop.envs
 
 _MATH = "veriloop.envs.math_env:MathVerifyEnv"
 _P24 = "veriloop.envs.points24.env:Points24Env"

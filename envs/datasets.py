@@ -33,7 +33,6 @@ import csv
 import hashlib
 import importlib
 import json
-import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, cast
 
 from veriloop.envs.base import VerifierEnv
+from veriloop.envs.json_safe import json_safe
 from veriloop.envs.verifiers import Verdict
 from veriloop.envs.verifiers.extract import last_boxed
 
@@ -536,16 +536,7 @@ def register_dataset_env(env_id: str, *, data: str | Path, check: CheckFn | str,
 def _tasks(rows: Sequence[Row], fields: FieldMap) -> list[dict[str, Any]]:
     out = []
     for where, row in rows:
-        task = {k: _json_value(v) for k, v in row.items()}
+        task = {k: json_safe(v) for k, v in row.items()}
         task["question"], task["answer"] = fields.question(row, where), fields.answer(row, where)
         out.append(task)
     return out
-
-
-def _json_value(value: Any) -> Any:
-    """A row's value as JSON (``info["task"]`` is JSON-ready): other objects become their ``str``."""
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    return json.loads(json.dumps(value, default=str))

@@ -27,7 +27,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from veriloop.envs.datasets import FieldMap, _json_value, _jsonl_rows, load_rows
+from veriloop.envs.datasets import FieldMap, _jsonl_rows, load_rows
+from veriloop.envs.json_safe import json_safe
 from veriloop.envs.verifiers.extract import malformed_latex
 
 Kind = Literal["integer", "fraction", "linear", "word"]
@@ -142,7 +143,7 @@ def load_problems(
     fields = fields or FieldMap()
     problems = []
     for where, row in load_rows(source, split=split, revision=revision, subset=subset):
-        mapped = {k: _json_value(v) for k, v in row.items()}
+        mapped = {k: json_safe(v) for k, v in row.items()}
         mapped["question"] = fields.question(row, where)
         mapped["answer"] = fields.answer(row, where)
         mapped["level"] = _level(row.get("level"), where)

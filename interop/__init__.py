@@ -24,16 +24,9 @@ Not adapted: TextArena 0.7 (MIT) seeds the process-global ``random`` module on r
 veriloop env must not do (seed the env, not the process); see the README's "Interop" section.
 """
 
-if (
-    __name__ != "veriloop.interop"
-):  # the folder interop/ is the package veriloop.interop (pyproject's package-dir)
-    raise ImportError(
-        f"{__name__!r} is the folder interop/ imported under the wrong name: it is the package "
-        "'veriloop.interop'. Write `import veriloop.interop` (or `from veriloop.interop import ...`) and install the "
-        f"repository once with `pip install -e .`; importing it as {__name__!r} would make a second, "
-        "different copy of every class in it"
-    )
-
+from veriloop.envs._package_name import require_package_name
 from veriloop.interop._extras import MissingExtraError
+
+require_package_name(__name__, "interop")  # the folder interop/ is the package veriloop.interop
 
 __all__ = ["MissingExtraError"]

@@ -50,6 +50,7 @@ from typing import Any, ClassVar
 
 from veriloop.envs.base import MAX_TEXT_CHARS, VerifierEnv
 from veriloop.envs.datasets import DEFAULT_HELDOUT_FRACTION, Part, index_range
+from veriloop.envs.json_safe import json_safe
 from veriloop.envs.verifiers import Verdict, VerifierError, extract_answer
 from veriloop.envs.verifiers import stats as verifier_stats
 from veriloop.envs.verifiers.pool import get_scorer_pool
@@ -69,11 +70,6 @@ _ERRORS: dict[str, verifier_stats.StatName] = {
     "memory": "memory_errors",
     "crash": "crashes",
 }
-
-
-def _json_safe(value: Any) -> Any:
-    """``value`` round-tripped through JSON (tuples -> lists, other objects -> ``str``)."""
-    return json.loads(json.dumps(value, default=str))
 
 
 def _build(name: str, config_json: str) -> Any:
@@ -260,6 +256,6 @@ class ReasoningGymEnv(VerifierEnv[dict]):
             "dataset": self.dataset,
             "index": index,
             "question": str(entry["question"]),
-            "answer": _json_safe(entry.get("answer")),
-            "metadata": _json_safe(entry.get("metadata", {})),
+            "answer": json_safe(entry.get("answer")),
+            "metadata": json_safe(entry.get("metadata", {})),
         }

@@ -1,6 +1,6 @@
 """A user's own environment through the CLI, runs that are never destroyed, errors before slow work.
 
-Issues #12 (the user's path) and #13 (hardening): each test here failed on the code before them.
+The user's path and its hardening: each test here failed on the code before them.
 """
 
 from __future__ import annotations

@@ -306,7 +306,7 @@ def evaluate_config(
     report = evaluate_policy(
         policy, cfg.env.resolved_eval_splits, seeds=list(cfg.eval_seed_range), n_samples=e.n_samples,
         k_list=e.k_list, temperature=e.temperature, greedy=e.greedy,
-        limits=RolloutLimits(r.max_new_tokens, r.max_context, r.max_turns), max_new_tokens=r.max_new_tokens,
+        limits=RolloutLimits.from_rollout(r), max_new_tokens=r.max_new_tokens,
         system_prompt=cfg.env.system_prompt, batch_episodes=e.batch_episodes, sampling_seed=e.seed_offset,
         backend=backend,
     )  # fmt: skip

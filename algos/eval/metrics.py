@@ -1,6 +1,6 @@
 """Evaluation metrics for verifiable tasks: pass@k, avg@k, maj@k and the generalization gap.
 
-Vocabulary (Yue et al. 2025; papers.md sections 9-10), for one problem with ``n`` judged samples
+Vocabulary (Yue et al. 2025), for one problem with ``n`` judged samples
 of which ``c`` are correct:
 
 * **pass@k** -- the probability that at least one of ``k`` samples drawn without replacement

@@ -15,6 +15,7 @@ from typing import Any
 
 from veriloop.algos.eval.loop import REFERENCE_SPLIT
 from veriloop.algos.eval.metrics import markdown_table
+from veriloop.envs.json_safe import json_safe
 
 #: Non-rate metrics shown in the task table of the Markdown report (when a split has them).
 #: The environments' own metrics (``LearnerSignal``) go between ``greedy_acc`` and the rest.
@@ -31,17 +32,6 @@ _GENERIC = {
     "response_length/max",
 }
 _GENERIC_PREFIXES = ("pass@", "avg@", "maj@", "reason/", "attempts/", "se/")
-
-
-def _json_safe(value: Any) -> Any:
-    """Plain JSON: ``nan``/``inf`` become ``None`` (strict JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def task_table(splits: Mapping[str, Mapping[str, Any]]) -> str:
@@ -88,7 +78,7 @@ def write_report(report: Mapping[str, Any], out_dir: str | Path, name: str) -> d
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / f"{name}.json", "markdown": out / f"{name}.md"}
-    paths["json"].write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
+    paths["json"].write_text(json.dumps(json_safe(report), indent=2, allow_nan=False) + "\n")
     paths["markdown"].write_text(report_markdown(report, title=name))
     return paths
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 #: Seconds between progress lines when the output is not a terminal.
@@ -82,18 +81,6 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-
-
-def track(items: Iterable[int], total: int, desc: str, unit: str, *, initial: int = 0,
-          quiet: bool = False) -> Iterator[int]:  # fmt: skip
-    """Iterate ``items`` with a :class:`Progress` advanced once per item."""
-    bar = Progress(total, desc, unit, initial=initial, quiet=quiet)
-    try:
-        for item in items:
-            yield item
-            bar.update()
-    finally:
-        bar.close()
 
 
 def _duration(seconds: float) -> str:

@@ -145,24 +145,33 @@ def claim_run_dir(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwri
     :class:`ConfigError` says so and nothing in it changes. The caller holds the folder's lock
     (``run_lock``), so leftovers of killed saves found here are stale and are removed.
     """
-    existing = run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
-    if existing and resume and overwrite:
-        raise ConfigError("--resume continues a run and --overwrite deletes it: give only one")
-    if existing and not resume and not overwrite:
-        raise ConfigError(
-            f"run folder {run_dir} already holds a run; nothing was changed. Continue it with --resume, "
-            f"replace it with --overwrite, or choose another name (run.name=...)"
-        )
+    existing = claim_folder(run_dir, resume=resume, overwrite=overwrite, what="a run")
     if existing and resume:
         _check_resume_config(run_dir, cfg)
         _check_resume_steps(run_dir, cfg)
-    if existing and overwrite:
-        for child in run_dir.iterdir():  # all but the lock, which this process holds
-            if child.name != LOCK_FILE:
-                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(run_dir)
     write_text_atomic(run_dir / "config.yaml", config_to_yaml(cfg))
+
+
+def claim_folder(folder: Path, *, resume: bool, overwrite: bool, what: str) -> bool:
+    """The one claim of a run's folder (``veriloop train``'s run folder, ``veriloop sft``'s ``sft/``):
+    a new or empty folder is used as is; one that holds ``what`` already is continued only with
+    ``resume``, emptied only with ``overwrite`` (the lock, which the caller holds, stays); otherwise
+    :class:`ConfigError` says so and nothing changes. Returns whether it held something."""
+    if resume and overwrite:
+        raise ConfigError(f"--resume continues {what} and --overwrite deletes it: choose one")
+    existing = folder.is_dir() and any(p.name != LOCK_FILE for p in folder.iterdir())
+    if existing and not resume and not overwrite:
+        raise ConfigError(
+            f"{folder} already holds {what}; nothing was changed. Continue it with --resume, replace it "
+            "with --overwrite, or choose another name (run.name=...)"
+        )
+    if existing and overwrite:
+        for child in folder.iterdir():  # all but the lock, which this process holds
+            if child.name != LOCK_FILE:
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    return existing
 
 
 def remove_stale_temporaries(run_dir: Path) -> list[Path]:

@@ -42,9 +42,12 @@ from veriloop.algos.run.nonfinite import NonFiniteGuard
 from veriloop.algos.run.steps import StepLoop
 from veriloop.algos.sft.data import SFTExample
 from veriloop.algos.sft.loss import build_sft_example, sft_loss
-from veriloop.configs.schema import TrainConfig
+from veriloop.configs.schema import ExperimentConfig, RunConfig, SFTConfig, TrainConfig
 
 TRAINABLE_FILE = "trainable.pt"
+#: Warm-up constants the typed config does not (yet) expose.
+SFT_BATCH_SIZE = 8
+SFT_WARMUP_FRACTION = 0.05
 
 
 @dataclass(frozen=True)
@@ -72,20 +75,39 @@ class SFTSettings:
     """
 
     steps: int
-    lr: float = 2e-5
+    lr: float = SFTConfig.lr
     batch_size: int = 8
     micro_batch_size: int | None = None
     max_len: int = 1024
     warmup: int = 0
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    epochs: int | None = None
+    max_grad_norm: float = TrainConfig.max_grad_norm
+    weight_decay: float = TrainConfig.weight_decay
+    epochs: int | None = SFTConfig.epochs
     seed: int = 0
     log_every: int = 10
     checkpoint_every: int = 0
-    keep_last: int = 2
-    tensorboard: bool = True
+    keep_last: int = RunConfig.keep_last
+    tensorboard: bool = RunConfig.tensorboard
     max_consecutive_nonfinite: int = TrainConfig.max_consecutive_nonfinite
+
+    @classmethod
+    def from_config(cls, cfg: ExperimentConfig, num_examples: int) -> SFTSettings:
+        """The warm-up an ``ExperimentConfig`` describes, over ``num_examples`` demonstrations: the one
+        place the config's ``sft``, ``train``, ``rollout`` and ``run`` settings become these.
+
+        Batch size :data:`SFT_BATCH_SIZE` (fewer with fewer examples), micro-batches of
+        ``train.micro_batch_size``, sequences cut at ``rollout.max_context``, warm-up over
+        :data:`SFT_WARMUP_FRACTION` of ``sft.steps``; clipping, weight decay, the non-finite limit,
+        logging and checkpointing follow ``train`` and ``run``."""
+        sft, train, run, batch = cfg.sft, cfg.train, cfg.run, min(SFT_BATCH_SIZE, num_examples)
+        return cls(
+            steps=sft.steps, lr=sft.lr, batch_size=batch, micro_batch_size=min(train.micro_batch_size, batch),
+            max_len=cfg.rollout.max_context, warmup=int(SFT_WARMUP_FRACTION * sft.steps),
+            max_grad_norm=train.max_grad_norm, weight_decay=train.weight_decay, epochs=sft.epochs,
+            seed=cfg.rollout.seed, log_every=train.log_every, checkpoint_every=run.checkpoint_every,
+            keep_last=run.keep_last, tensorboard=run.tensorboard,
+            max_consecutive_nonfinite=train.max_consecutive_nonfinite,
+        )  # fmt: skip
 
     def __post_init__(self) -> None:
         ints = {
@@ -290,33 +312,11 @@ def _save(sft: _SFTRun, guard: NonFiniteGuard, run: Path, step: int, fingerprint
 
 # ---------------------------------------------------------------------------------- the loop
 def train_sft(
-    policy: Any,
-    examples: Sequence[SFTExample],
-    *,
-    steps: int,
-    lr: float = 2e-5,
-    batch_size: int = 8,
-    micro_batch_size: int | None = None,
-    max_len: int = 1024,
-    warmup: int = 0,
-    run_dir: str | Path | None = None,
-    seed: int = 0,
-    log_every: int = 10,
-    checkpoint_every: int = 0,
-    keep_last: int = 2,
-    max_grad_norm: float = 1.0,
-    epochs: int | None = None,
-    tensorboard: bool = True,
-    max_consecutive_nonfinite: int = TrainConfig.max_consecutive_nonfinite,
+    policy: Any, examples: Sequence[SFTExample], *, run_dir: str | Path | None = None, **settings: Any
 ) -> dict[str, Any]:
-    """Supervised warm-up of ``policy`` on ``examples``; arguments as in :class:`SFTSettings`."""
-    settings = SFTSettings(
-        steps=steps, lr=lr, batch_size=batch_size, micro_batch_size=micro_batch_size, max_len=max_len,
-        warmup=warmup, seed=seed, log_every=log_every, checkpoint_every=checkpoint_every,
-        keep_last=keep_last, max_grad_norm=max_grad_norm, epochs=epochs, tensorboard=tensorboard,
-        max_consecutive_nonfinite=max_consecutive_nonfinite,
-    )  # fmt: skip
-    return run_sft(policy, examples, settings, run_dir=run_dir)
+    """Supervised warm-up of ``policy`` on ``examples``: ``settings`` are :class:`SFTSettings`'
+    fields by name (``steps`` required), checked there; :func:`run_sft` with them."""
+    return run_sft(policy, examples, SFTSettings(**settings), run_dir=run_dir)
 
 
 @dataclass
@@ -513,20 +513,15 @@ def _forward_backward(sft: _SFTRun, idx: list[int]) -> tuple[float, float, int]:
     return loss_sum / max(n_loss, 1), float(seen), n_loss
 
 
-#: Warm-up constants the typed config does not (yet) expose.
-SFT_BATCH_SIZE = 8
-SFT_WARMUP_FRACTION = 0.05
-
-
-def warmup_from_config(cfg: Any, policy: Any, *, run_dir: str | Path | None = None) -> dict[str, Any]:
+def warmup_from_config(
+    cfg: ExperimentConfig, policy: Any, *, run_dir: str | Path | None = None
+) -> dict[str, Any]:
     """``veriloop sft`` / the SFT stage of ``veriloop train`` from an ``ExperimentConfig``.
 
     Demonstrations come from ``cfg.sft.source`` on the training env, with env seeds
     ``rollout.seed .. rollout.seed + sft.examples - 1`` (RL problems start after them); a policy
-    with a processor (a VLM) gets the observations' images in its examples. Batch size
-    :data:`SFT_BATCH_SIZE`, micro-batches of ``train.micro_batch_size``, sequences cut at
-    ``rollout.max_context``, warm-up over :data:`SFT_WARMUP_FRACTION` of ``sft.steps``; clipping,
-    the non-finite limit, logging and checkpointing follow ``train`` and ``run``. Returns
+    with a processor (a VLM) gets the observations' images in its examples; the loop's settings are
+    :meth:`SFTSettings.from_config`. Returns
     :func:`run_sft`'s summary without the per-step losses (they are in ``run_dir/metrics.jsonl``).
     """
     from veriloop.algos.sft.data import build_examples
@@ -540,9 +535,8 @@ def warmup_from_config(cfg: Any, policy: Any, *, run_dir: str | Path | None = No
 
         extra = {
             "policy": policy, "samples": r.group_size,
-            "sampling": SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                       max_new_tokens=r.max_new_tokens, seed=r.seed),
-            "limits": RolloutLimits(max_new_tokens=r.max_new_tokens, max_context=r.max_context, max_turns=r.max_turns),
+            "sampling": SamplingParams.from_rollout(r, seed=r.seed),
+            "limits": RolloutLimits.from_rollout(r),
         }  # fmt: skip
     examples = build_examples(
         sft.source,
@@ -559,14 +553,6 @@ def warmup_from_config(cfg: Any, policy: Any, *, run_dir: str | Path | None = No
             f"SFT source {sft.source!r} produced no example from {sft.examples} seeds (rejection sampling "
             "kept nothing?); warm up with 'solver'/'generator' first or sample more"
         )
-    batch = min(SFT_BATCH_SIZE, len(examples))
-    settings = SFTSettings(
-        steps=sft.steps, lr=sft.lr, batch_size=batch, micro_batch_size=min(cfg.train.micro_batch_size, batch),
-        max_len=r.max_context, warmup=int(SFT_WARMUP_FRACTION * sft.steps), max_grad_norm=cfg.train.max_grad_norm,
-        weight_decay=cfg.train.weight_decay, epochs=sft.epochs, seed=r.seed, log_every=cfg.train.log_every,
-        checkpoint_every=cfg.run.checkpoint_every, keep_last=cfg.run.keep_last, tensorboard=cfg.run.tensorboard,
-        max_consecutive_nonfinite=cfg.train.max_consecutive_nonfinite,
-    )  # fmt: skip
-    out = run_sft(policy, examples, settings, run_dir=run_dir)
+    out = run_sft(policy, examples, SFTSettings.from_config(cfg, len(examples)), run_dir=run_dir)
     out.pop("losses")
     return out

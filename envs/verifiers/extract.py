@@ -71,12 +71,6 @@ def answer_region(text: str) -> int | None:
     return last_close + len(THINK_CLOSE) if last_close >= 0 else 0
 
 
-def strip_thinking(text: str) -> str | None:
-    """The part of ``text`` that may hold the answer (a copy), or ``None`` if thinking never closed."""
-    start = answer_region(text)
-    return None if start is None else text[start:]
-
-
 def _group_close(text: str, open_: int, end: int) -> int:
     """Offset of the ``}`` closing the ``{`` at ``open_``, searching before ``end``; ``-1`` if none."""
     depth = 1

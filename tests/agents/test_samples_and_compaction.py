@@ -21,7 +21,7 @@ from veriloop.agents.scripted import ScriptedPolicy
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.algorithm import resolve
 from veriloop.algos.batch import collate, with_advantages
-from veriloop.algos.update import compute_advantages, prepare_batch
+from veriloop.algos.update import UpdateSettings, compute_advantages, prepare_batch
 from veriloop.configs.algo import AlgoConfig
 
 pytestmark = pytest.mark.skipif(
@@ -255,7 +255,11 @@ def test_one_update_on_split_episodes_moves_the_weights(tiny_text_policy: Any) -
     optimizer = torch.optim.SGD(policy.model.parameters(), lr=1e-2)
     policy.model.train()
     metrics = update_step(
-        policy.model, optimizer, batch, resolve(AlgoConfig()), micro_batch_size=2, max_grad_norm=1.0
+        policy.model,
+        optimizer,
+        batch,
+        resolve(AlgoConfig()),
+        UpdateSettings(micro_batch_size=2, max_grad_norm=1.0),
     )
     assert metrics.get("skipped", 0.0) == 0.0 and torch.isfinite(torch.tensor(metrics["grad_norm"]))
     assert any(not torch.equal(a, p) for a, p in zip(before, policy.model.parameters()))

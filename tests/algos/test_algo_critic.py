@@ -7,6 +7,7 @@ import torch
 from veriloop.algos.algorithm import resolve
 from veriloop.algos.batch import collate
 from veriloop.algos.critic import ValueHead, ValueModel, values
+from veriloop.algos.update import UpdateSettings
 
 
 def _batch(make_traj):
@@ -78,7 +79,9 @@ def test_ppo_step_with_value_head_on_a_lora_policy(tiny_llama, make_traj, with_l
     adapters = {n: p.detach().clone() for n, p in named.items() if p.requires_grad}
     head = critic.head.proj.weight.detach().clone()
     opt = torch.optim.SGD(list(params.values()), lr=0.1)
-    m = update_step(lora, opt, batch, resolve(cfg), micro_batch_size=2, max_grad_norm=1e9, critic=critic)
+    m = update_step(
+        lora, opt, batch, resolve(cfg), UpdateSettings(micro_batch_size=2, max_grad_norm=1e9), critic=critic
+    )
     assert m["skipped"] == 0 and m["loss/value"] > 0
     assert not torch.equal(head, critic.head.proj.weight)
     assert any(not torch.equal(v, named[n]) for n, v in adapters.items())

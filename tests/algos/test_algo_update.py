@@ -14,7 +14,14 @@ from veriloop.agents.forward import token_logprobs
 from veriloop.algos.algorithm import resolve
 from veriloop.algos.batch import collate
 from veriloop.algos.critic import ValueModel
-from veriloop.algos.update import METRIC_NAMES, compute_advantages, policy_loss, prepare_batch, update_step
+from veriloop.algos.update import (
+    METRIC_NAMES,
+    UpdateSettings,
+    compute_advantages,
+    policy_loss,
+    prepare_batch,
+    update_step,
+)
 from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.presets import list_presets, load_preset
 
@@ -119,7 +126,14 @@ def test_a_rollout_batch_is_collated_once(tiny_llama, make_traj, with_logprobs, 
         trajs, resolve(cfg), model=tiny_llama, critic=critic, ref_model=copy.deepcopy(tiny_llama)
     )
     opt = torch.optim.SGD(tiny_llama.parameters(), lr=1e-3)
-    update_step(tiny_llama, opt, batch, resolve(cfg), micro_batch_size=1, max_grad_norm=1.0, critic=critic)
+    update_step(
+        tiny_llama,
+        opt,
+        batch,
+        resolve(cfg),
+        UpdateSettings(micro_batch_size=1, max_grad_norm=1.0),
+        critic=critic,
+    )
     assert calls == [1]
 
 
@@ -140,10 +154,8 @@ def test_one_step_moves_logprobs_with_advantage_sign(preset, tiny_llama, make_tr
         opt,
         batch,
         resolve(cfg),
-        micro_batch_size=2,
-        max_grad_norm=1.0,
+        UpdateSettings(micro_batch_size=2, max_grad_norm=1.0, max_new_tokens=8),
         critic=critic,
-        max_new_tokens=8,
     )
     assert set(METRIC_NAMES) <= set(m) and m["skipped"] == 0 and m["grad_norm"] > 0
     with torch.no_grad():
@@ -175,8 +187,7 @@ def test_one_step_with_mixed_signs_inside_episodes(tiny_llama, make_traj, with_l
     # per action +-1 against the same action of the other episode: +-1/sqrt(2) per turn
     assert torch.allclose(batch.advantages[0, 3:6], torch.full((3,), S), atol=1e-5)
     assert torch.allclose(batch.advantages[0, 8:10], torch.full((2,), -S), atol=1e-5)
-    update_step(model, torch.optim.SGD(model.parameters(), lr=0.05), batch, resolve(cfg), micro_batch_size=4,
-                max_grad_norm=1.0)  # fmt: skip
+    update_step(model, torch.optim.SGD(model.parameters(), lr=0.05), batch, resolve(cfg), UpdateSettings(micro_batch_size=4, max_grad_norm=1.0))  # fmt: skip
     with torch.no_grad():
         new, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
     m = batch.loss_mask.bool()
@@ -197,7 +208,9 @@ def test_micro_batching_gives_the_full_batch_gradient(tiny_llama, make_traj, wit
             model = copy.deepcopy(tiny_llama)
             opt = torch.optim.SGD(model.parameters(), lr=1.0)
             before = [p.detach().clone() for p in model.parameters()]
-            update_step(model, opt, batch, resolve(cfg), micro_batch_size=mbs, max_grad_norm=1e9)
+            update_step(
+                model, opt, batch, resolve(cfg), UpdateSettings(micro_batch_size=mbs, max_grad_norm=1e9)
+            )
             grads.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())]))
         assert torch.allclose(grads[0], grads[1], atol=1e-6), agg
 
@@ -230,7 +243,7 @@ def test_non_finite_guard_skips_the_step(tiny_llama, make_traj, with_logprobs):
     bad = replace(batch, advantages=batch.advantages * float("nan"))
     before = [p.detach().clone() for p in tiny_llama.parameters()]
     opt = torch.optim.SGD(tiny_llama.parameters(), lr=1.0)
-    m = update_step(tiny_llama, opt, bad, resolve(cfg), micro_batch_size=2, max_grad_norm=1.0)
+    m = update_step(tiny_llama, opt, bad, resolve(cfg), UpdateSettings(micro_batch_size=2, max_grad_norm=1.0))
     assert m["skipped"] == 1
     assert all(torch.equal(b, p) for b, p in zip(before, tiny_llama.parameters()))
 
@@ -311,8 +324,7 @@ def test_entropy_bonus_in_the_loss(tiny_llama, make_traj, with_logprobs):
     # minimising the bonus alone raises the entropy of the sampled positions
     model = copy.deepcopy(tiny_llama)
     only_ent = replace(batch, advantages=torch.zeros_like(batch.advantages))
-    update_step(model, torch.optim.SGD(model.parameters(), lr=1.0), only_ent, resolve(replace(cfg, entropy_coef=1.0)),
-                micro_batch_size=4, max_grad_norm=1e9)  # fmt: skip
+    update_step(model, torch.optim.SGD(model.parameters(), lr=1.0), only_ent, resolve(replace(cfg, entropy_coef=1.0)), UpdateSettings(micro_batch_size=4, max_grad_norm=1e9))  # fmt: skip
     _, after = policy_loss(model, batch, resolve(cfg))
     assert after["entropy"] > m["entropy"]
 
@@ -332,8 +344,7 @@ def test_ratio_uses_the_sampling_temperature(tiny_llama, make_traj, with_logprob
     assert at_t["clip_frac_low"] == 0.0 and at_t["clip_frac_high"] == 0.0
     _, at_one = policy_loss(tiny_llama, batch, resolve(cfg))  # T = 1: ratios far from 1, the clip fires
     assert at_one["approx_kl"] > 1e-3 and at_one["clip_frac_low"] + at_one["clip_frac_high"] > 0
-    m = update_step(tiny_llama, torch.optim.SGD(tiny_llama.parameters(), lr=0.0), batch, resolve(cfg),
-                    micro_batch_size=2, max_grad_norm=1.0, temperature=0.5)  # fmt: skip
+    m = update_step(tiny_llama, torch.optim.SGD(tiny_llama.parameters(), lr=0.0), batch, resolve(cfg), UpdateSettings(micro_batch_size=2, max_grad_norm=1.0, temperature=0.5))  # fmt: skip
     assert m["approx_kl"] == pytest.approx(0.0, abs=1e-6)
 
 
@@ -409,8 +420,7 @@ def test_token_capped_micro_batches_give_the_same_update(tiny_llama, make_traj, 
     cfg = AlgoConfig(advantage="rloo", loss_agg="token_mean")
     models = [copy.deepcopy(tiny_llama) for _ in range(2)]
     for model, cap in zip(models, (0, 1)):  # cap 1: every row alone
-        update_step(model, torch.optim.SGD(model.parameters(), lr=0.5), batch, resolve(cfg), micro_batch_size=4,
-                    micro_batch_tokens=cap, max_grad_norm=1e9)  # fmt: skip
+        update_step(model, torch.optim.SGD(model.parameters(), lr=0.5), batch, resolve(cfg), UpdateSettings(micro_batch_size=4, max_grad_norm=1e9, micro_batch_tokens=cap))  # fmt: skip
     moved = False
     for (name, p0), p1, p in zip(
         models[0].named_parameters(), models[1].parameters(), tiny_llama.parameters()

@@ -18,7 +18,7 @@ from veriloop.algos.batch import TokenBatch, collate
 from veriloop.algos.maths import advantages as A
 from veriloop.algos.maths import losses as L
 from veriloop.algos.maths.mismatch import mismatch_stats
-from veriloop.algos.update import compute_advantages, policy_loss, prepare_batch, update_step
+from veriloop.algos.update import UpdateSettings, compute_advantages, policy_loss, prepare_batch, update_step
 from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.loader import load_config
 from veriloop.configs.schema import ConfigError
@@ -148,7 +148,9 @@ def test_cov_tokens_are_chosen_once_per_mini_batch(loss, tiny_llama, make_traj, 
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         before = [p.detach().clone() for p in model.parameters()]
         torch.manual_seed(0)  # Clip-Cov draws its tokens at random
-        m = update_step(model, opt, batch, resolve(cfg), micro_batch_size=mbs, max_grad_norm=1e9)
+        m = update_step(
+            model, opt, batch, resolve(cfg), UpdateSettings(micro_batch_size=mbs, max_grad_norm=1e9)
+        )
         grads.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())]))
         fracs.append(m["cov_frac"])
     assert fracs[0] == pytest.approx(fracs[1]) and 0 < fracs[0] <= 0.25

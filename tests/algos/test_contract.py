@@ -14,12 +14,13 @@ import pytest
 
 ALGOS = Path(__file__).resolve().parents[2] / "algos"
 #: What algos may import from envs: the package (registers ids), the contract, the verifiers and
-#: the JSON helper every floor shares (``json_safe``, no environment knowledge).
+#: the helpers every floor shares (``json_safe``, ``_package_name``: no environment knowledge).
 ALLOWED_ENV_MODULES = (
     "veriloop.envs",
     "veriloop.envs.base",
     "veriloop.envs.verifiers",
     "veriloop.envs.json_safe",
+    "veriloop.envs._package_name",
 )
 #: Lower-case fragments that name an environment (class, module or id).
 ENV_NAMES = ("points24", "solveverify", "solve_verify", "mathverify", "math_env", "math_data",

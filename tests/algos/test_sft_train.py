@@ -307,3 +307,20 @@ def test_sft_steps_run_as_asked_unless_an_epochs_cap_is_set_and_said(
     assert sft_total_steps(5, 3, 17, 8) == 5 and capsys.readouterr().err.count("running") == 1
     with pytest.raises(ConfigError, match="sft.epochs must be >= 1 or null"):
         SFTConfig(epochs=0).validate()
+
+
+def test_the_warm_ups_settings_are_derived_from_the_experiment_config():
+    """One mapping from ``ExperimentConfig`` to the loop's settings (``SFTSettings.from_config``);
+    a standalone ``train_sft`` keeps its own defaults, the config's where they are the same setting."""
+    from veriloop.algos.sft.train import SFT_BATCH_SIZE
+    from veriloop.configs.loader import load_config
+
+    cfg = load_config(None, ["sft.steps=40", "sft.lr=3e-5", "train.log_every=7", "train.micro_batch_size=2",
+                             "run.checkpoint_every=5", "rollout.max_context=512", "rollout.seed=11"])  # fmt: skip
+    s = SFTSettings.from_config(cfg, num_examples=100)
+    assert (s.steps, s.lr, s.log_every, s.micro_batch_size, s.checkpoint_every) == (40, 3e-5, 7, 2, 5)
+    assert (s.batch_size, s.max_len, s.seed, s.warmup) == (SFT_BATCH_SIZE, 512, 11, 2)
+    assert SFTSettings.from_config(cfg, num_examples=3).batch_size == 3  # fewer examples than a batch
+    assert SFTSettings(steps=1).max_grad_norm == cfg.train.max_grad_norm and SFTSettings(steps=1).lr == 2e-5
+    with pytest.raises(TypeError, match="stepz"):
+        train_sft(None, [], stepz=1)

@@ -177,12 +177,12 @@ def test_nonfinite_loss_skips_then_stops(tmp_path, monkeypatch, varied_rewards, 
     real = step_module.update_step
     state = {"calls": 0}
 
-    def nan_on_second(model, optimizer, batch, cfg, **kw):  # type: ignore[no-untyped-def]
+    def nan_on_second(model, optimizer, batch, algo, settings, **kw):  # type: ignore[no-untyped-def]
         state["calls"] += 1
         if state["calls"] >= 2:  # poison every update from the second step on
             with torch.no_grad():
                 batch.advantages.fill_(float("nan"))
-        return real(model, optimizer, batch, cfg, **kw)
+        return real(model, optimizer, batch, algo, settings, **kw)
 
     monkeypatch.setattr(step_module, "update_step", nan_on_second)
     cfg = config(

@@ -131,7 +131,7 @@ def test_package_exports():
 
 
 def test_public_verifier_api():
-    """The signatures other code may rely on (issue: "Verifiers are public")."""
+    """The signatures other code may rely on ("Verifiers are public")."""
     from collections.abc import Sequence
 
     from veriloop.envs.verifiers import check_math, check_points24

@@ -220,7 +220,7 @@ def test_every_dataset_scores_the_same_jailed_as_in_process(full_jail: None) -> 
 
 
 def test_served_over_openenv_the_repro_runs_nothing(tmp_path: Path, full_jail: None) -> None:
-    """The issue's remote-code-execution path: the repro sent to a ReasoningGym env over OpenEnv."""
+    """The remote-code-execution path: the repro sent to a ReasoningGym env over OpenEnv."""
     openenv = pytest.importorskip("openenv.core")
     from veriloop.interop.openenv_server import serve
 
