@@ -186,10 +186,11 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
         for mb in minibatches(batch, per_mb, shuffle=generator):
             mb = select_tokens(mb, algo)  # Clip-Cov / KL-Cov: chosen over the mini-batch, all ranks alike
             part = mb.select(torch.arange(dist.rank, mb.size, dist.world_size)) if dist.enabled else mb
-            # every rank's loss is normalised by the whole mini-batch's counts: gradients just add up
-            sync = (
-                RankSync(**dist.update_kwargs(mb), **loss_normalisers(mb, algo)) if dist.enabled else NO_SYNC
-            )
+            sync = NO_SYNC
+            if dist.enabled:  # every rank's loss in the whole mini-batch's units: gradients just add up
+                norm = loss_normalisers(mb, algo)
+                sync = RankSync(**dist.update_kwargs(mb), global_tokens=norm["global_tokens"],
+                                global_seqs=norm["global_seqs"])  # fmt: skip
             m = update_step(policy.model, optimizer, part, algo, settings, ref_model_ctx=ref_ctx, critic=critic,
                             sync=sync, mismatch=mismatch if updates == 0 and measure else None)  # fmt: skip
             for k, v in m.items():
