@@ -71,9 +71,9 @@ def test_training_loop_puts_the_policy_on_the_gpu() -> None:
 
 
 def test_quickstart_runs_on_a_gpu_machine(tmp_path: Path) -> None:
-    """The quickstart's training (tiny budget) completes on a CUDA machine and saves final/."""
-    cfg = ["sft.steps=0", "train.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=2",
-           "rollout.max_new_tokens=16", "eval.every=0", "eval.at_start=false", "eval.num_problems=2",
+    """The quickstart's training (the tiny model, a tiny budget) completes on a CUDA machine and saves final/."""
+    cfg = ["policy.model=tiny", "sft.steps=0", "train.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=2",
+           "rollout.max_new_tokens=16", "train.micro_batch_size=2", "eval.every=0", "eval.at_start=false", "eval.num_problems=2",
            "eval.n_samples=1", "eval.k_list=[1]", f"run.out_dir={tmp_path}", "run.name=gpu"]  # fmt: skip
     done = subprocess.run([sys.executable, "-m", "veriloop.cli", "train", "quickstart", *cfg],
                           capture_output=True, text=True, timeout=1800, cwd=ROOT)  # fmt: skip
