@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 
 log = logging.getLogger("mkdocs.hooks.veriloop")
@@ -29,13 +30,17 @@ PACKAGES = ("envs", "agents", "algos", "configs", "cli", "interop")
 LINK = re.compile(r"(\]\()([^)\s#]+)")
 
 
+@event_priority(100)  # before mkdocstrings' on_config, which keeps only the `paths` that exist then
 def on_config(config: Any) -> Any:
     tree = ROOT / "build" / "docs-api" / "veriloop"
     tree.mkdir(parents=True, exist_ok=True)
     for name in PACKAGES:
         link = tree / name
         if not link.is_symlink():
-            link.symlink_to(Path("..", "..", "..", name))
+            try:
+                link.symlink_to(Path("..", "..", "..", name))
+            except FileExistsError:  # another build (a parallel test worker) made it meanwhile
+                pass
     # `mkdocs` started as .venv/bin/mkdocs puts .venv/bin on sys.path, whose `veriloop` console script
     # griffe would take for a part of the package
     sys.path[:] = [p for p in sys.path if not (Path(p or ".") / "veriloop").is_file()]
