@@ -123,16 +123,42 @@ def _spy_adapters(monkeypatch: pytest.MonkeyPatch) -> tuple[dict[object, set[str
     pauses: list[int] = []
     play = W.GenerationWorker._play
 
+    wait_batch = W.GenerationWorker.wait_batch
+    taken: list[int] = []  # the steps whose batch the trainer took
+
     def spy(self: W.GenerationWorker, eps: list[object], version: int) -> None:
         names = self.weights.names  # type: ignore[union-attr]
+        if not any(older) and any(ep.turns for ep in eps):  # type: ignore[attr-defined]
+            _await_newer(self, names, version, taken)
         older.append(version < max(names))
         for ep in eps:
             named.setdefault(ep.key, set()).add(names[version])  # type: ignore[attr-defined]
         play(self, eps, version)  # type: ignore[arg-type]
 
+    def took(self: W.GenerationWorker, step: int) -> tuple[list[object], float]:
+        out = wait_batch(self, step)
+        taken.append(step)
+        return out
+
     monkeypatch.setattr(W.GenerationWorker, "_play", spy)
+    monkeypatch.setattr(W.GenerationWorker, "wait_batch", took)
     monkeypatch.setattr(W.GenerationWorker, "pause", lambda self: pauses.append(1))
     return named, older, pauses
+
+
+def _await_newer(
+    worker: object, names: dict[int, str], version: int, taken: list[int], timeout_s: float = 120.0
+) -> None:
+    """Hold a later turn until the trainer serves a newer adapter, when the trainer is already
+    updating on its batch (it needs nothing from this turn): otherwise whether any turn overlaps an
+    update is left to timing, and then a fast machine may never overlap one."""
+    cond = worker.cond  # type: ignore[attr-defined]
+    with cond:
+        if not taken or taken[-1] != worker.sched.version:  # type: ignore[attr-defined]
+            return  # the trainer waits for groups: holding this turn could only stall the run
+        t0 = time.monotonic()
+        while max(names) <= version and time.monotonic() - t0 < timeout_s:
+            cond.wait(0.2)
 
 
 #: K = 1 with multi-turn episodes (up to 3 attempts at a level-1 problem), LoRA served as adapters.
