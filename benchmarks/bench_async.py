@@ -22,13 +22,18 @@ arm already there is skipped, so a killed run continues where it stopped; ``--fr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +69,56 @@ def simulated(args: argparse.Namespace) -> dict[str, Any]:
     return {"settings": settings, "arms": arms}
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _server(log_path: Path) -> Iterator[str]:
+    """``veriloop serve-vllm`` (the default model, its own process group) on a free port; its URL."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "veriloop.cli", "serve-vllm", "--port", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            t0 = time.monotonic()
+            while not _healthy(url):
+                if proc.poll() is not None or time.monotonic() - t0 > 900:
+                    raise RuntimeError(f"the vLLM server did not start: see {log_path}")
+                time.sleep(2)
+            yield url
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=120)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
 def real_arm(backend: str, k: int, seed: int, out_dir: Path, extra: list[str]) -> dict[str, Any]:
     """One ``veriloop train quickstart`` run in its own process (``--resume``: a killed arm continues);
-    its per-step numbers and final evaluation."""
+    its per-step numbers and final evaluation. ``vllm_server``: one ``veriloop serve-vllm`` process
+    beside the trainer (started for the arm, stopped after it; LoRA merged into the pushed weights)."""
     name = f"async-{backend}-k{k}-s{seed}"
     over = [f"train.max_staleness={k}", "algo.rollout_is=truncate", f"rollout.backend={backend}",
             f"rollout.seed={seed * 10_000}", *extra, f"run.out_dir={out_dir}", f"run.name={name}"]  # fmt: skip
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "veriloop.cli", "train", "quickstart", *over, "--resume"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    with contextlib.ExitStack() as stack:
+        if backend == "vllm_server":
+            url = stack.enter_context(_server(out_dir / f"{name}.server.log"))
+            cmd += [f"rollout.server.urls=[{url}]", "rollout.server.lora_sync=merge"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": (proc.stderr or proc.stdout)[-2000:]}
     rows = [json.loads(line) for line in (out_dir / name / "metrics.jsonl").read_text().splitlines()]
@@ -97,6 +143,7 @@ def real_arm(backend: str, k: int, seed: int, out_dir: Path, extra: list[str]) -
         "train_s_mean": mean("time/train_s"),
         "final_eval_avg@n": evals[-1]["eval/id/avg@n"] if evals else None,
         "final_eval_step": evals[-1]["step"] if evals else None,
+        "load_at_end": os.getloadavg(),
     }
 
 
