@@ -48,6 +48,8 @@ def token_logprobs(
         raise ValueError(
             f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} differ"
         )
+    home = input_ids.device  # the results come back here (the batch's device: the CPU)
+    input_ids, attention_mask, model_inputs = on_model_device(model, input_ids, attention_mask, model_inputs)
     T = input_ids.shape[1]
     first = min(max(int(first_position), 1), max(T - 1, 1))
     keep = T - first  # logits at positions first-1 .. T-2 predict tokens first .. T-1
@@ -64,9 +66,21 @@ def token_logprobs(
         logits = logits[:, -keep - 1 : -1]
     picked, ent = _picked_logprobs(logits, input_ids[:, first:], temperature, with_entropy)
     zeros = picked.new_zeros(input_ids.shape[0], first)
-    logprobs = torch.cat([zeros, picked], dim=1)  # [B, T]
-    entropy = torch.cat([zeros, ent], dim=1) if ent is not None else None
+    logprobs = torch.cat([zeros, picked], dim=1).to(home)  # [B, T]
+    entropy = torch.cat([zeros, ent], dim=1).to(home) if ent is not None else None
     return logprobs, entropy
+
+
+def on_model_device(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, model_inputs: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """The inputs on the model's device (a GPU policy, a CPU batch); unchanged when they already are."""
+    param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    where = param.device if param is not None else input_ids.device
+    if where == input_ids.device:
+        return input_ids, attention_mask, model_inputs
+    moved = {k: v.to(where) if isinstance(v, torch.Tensor) else v for k, v in model_inputs.items()}
+    return input_ids.to(where), attention_mask.to(where), moved
 
 
 #: Rows of [rows, V] logits worked on at once (~200 MB of fp32 for a 49k vocabulary).

@@ -9,6 +9,7 @@ copy for full fine-tuning).
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,3 +79,36 @@ class Policy:
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def resolve_device(name: str) -> torch.device:
+    """Where ``policy.device`` puts the policy: ``auto`` (this process's CUDA device when torch has
+    one -- ``cuda:$LOCAL_RANK`` under torchrun --, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``.
+
+    Raises:
+        ValueError: a CUDA device was named and this torch has none (or not that many).
+    """
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"policy.device is {name!r} but this torch ({torch.__version__}) sees no CUDA device: "
+            "use policy.device=cpu (or auto, which picks the GPU only when there is one)"
+        )
+    count = torch.cuda.device_count()
+    device = torch.device(
+        name if name.startswith("cuda:") else f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % count}"
+    )
+    if device.index is not None and device.index >= count:
+        raise ValueError(
+            f"policy.device is {name!r} but this machine has {count} CUDA device(s): use cuda:0 .. cuda:{count - 1}"
+        )
+    return device
+
+
+def place(policy: Policy, device: torch.device) -> Policy:
+    """Move the policy's model (and its frozen reference copy, if any) to ``device``; returned."""
+    policy.model.to(device)
+    if policy.frozen_reference is not None:
+        policy.frozen_reference.to(device)
+    return policy

@@ -13,6 +13,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from veriloop.agents.forward import on_model_device
 from veriloop.algos.batch import TokenBatch
 
 
@@ -59,6 +60,9 @@ class ValueModel(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.head = head if head is not None else ValueHead(hidden_size or _hidden_size(backbone))
+        first = next(iter(backbone.parameters()), None)
+        if first is not None:
+            self.head.to(first.device)  # beside its backbone (a GPU policy's)
 
     @classmethod
     def separate(cls, source: str | Path | nn.Module | Any) -> ValueModel:
@@ -84,7 +88,11 @@ class ValueModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **model_inputs: Any
     ) -> torch.Tensor:
-        """Values [B, T] aligned with token log-probs (see the module docstring)."""
+        """Values [B, T] aligned with token log-probs (see the module docstring), on the inputs' device."""
+        home = input_ids.device
+        input_ids, attention_mask, model_inputs = on_model_device(
+            self.backbone, input_ids, attention_mask, model_inputs
+        )
         out = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -94,7 +102,7 @@ class ValueModel(nn.Module):
         )  # the values come from the hidden states: skip the vocabulary projection
         hidden = out.hidden_states[-1]  # [B, T, H]
         v = self.head(hidden)  # [B, T], value of the state ending at position t
-        return torch.cat([v.new_zeros(v.shape[0], 1), v[:, :-1]], dim=1)  # state before token t
+        return torch.cat([v.new_zeros(v.shape[0], 1), v[:, :-1]], dim=1).to(home)  # state before token t
 
 
 def _pretrained_copy(model: nn.Module) -> nn.Module:

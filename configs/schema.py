@@ -237,6 +237,9 @@ class PolicyConfig:
             fp32, log-softmax in fp32, and the sampler in bf16). docs/precision.md has the numbers.
         keep_reference: Keep a reference policy for the KL term; None = only when
             ``algo.kl_coef > 0`` (see ``ExperimentConfig.keep_reference``).
+        device: Where the trained policy lives: ``auto`` (the GPU when torch sees one -- under
+            torchrun each process's ``LOCAL_RANK`` --, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``.
+            Batches are built on the CPU and each forward pass runs on this device.
     """
 
     model: str = "default"
@@ -248,8 +251,11 @@ class PolicyConfig:
     dtype: DType = "float32"
     precision: Literal["fp32", "bf16"] = "fp32"
     keep_reference: bool | None = None
+    device: str = "auto"
 
     def validate(self) -> None:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"policy.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.lora and (self.lora_r < 1 or self.lora_alpha <= 0):
             raise ConfigError(
                 f"policy.lora_r must be >= 1 and lora_alpha > 0, got {self.lora_r} and {self.lora_alpha}"

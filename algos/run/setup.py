@@ -19,7 +19,7 @@ import yaml
 
 from veriloop.agents.atomic import write_text_atomic
 from veriloop.agents.loading import LoraSettings, load_policy
-from veriloop.agents.policy import Policy
+from veriloop.agents.policy import Policy, place, resolve_device
 from veriloop.agents.precision import apply_precision
 from veriloop.algos.critic import ValueModel
 from veriloop.algos.run.checkpoint import complete_checkpoints
@@ -36,19 +36,24 @@ def _modules(names: str | list[str]) -> str | tuple[str, ...]:
 
 
 def build_policy(cfg: ExperimentConfig) -> Policy:
-    """The policy as ``cfg.policy`` describes it: LoRA or full, reference only if KL needs it."""
+    """The policy as ``cfg.policy`` describes it: LoRA or full, reference only if KL needs it, on
+    ``policy.device`` (checked before anything loads)."""
     p = cfg.policy
+    try:
+        device = resolve_device(p.device)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if p.model == "tiny":  # a tiny random model with the real tokenizer: for tests and smoke runs
         from veriloop.agents.testing import tiny_policy
 
         tiny = tiny_policy(
             lora=p.lora, seed=cfg.rollout.seed, keep_reference=cfg.keep_reference and not p.lora
         )
-        return apply_precision(tiny, p.precision)
+        return apply_precision(place(tiny, device), p.precision)
     lora = LoraSettings(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
                         target_modules=_modules(p.target_modules)) if p.lora else None  # fmt: skip
     policy = load_policy(p.model, lora=lora, dtype=p.dtype, keep_reference=cfg.keep_reference and not p.lora)
-    return apply_precision(policy, p.precision)  # bf16: frozen weights bf16, trained ones fp32
+    return apply_precision(place(policy, device), p.precision)  # bf16: frozen weights bf16, trained ones fp32
 
 
 def build_critic(cfg: ExperimentConfig, policy: Policy) -> ValueModel | None:
@@ -133,7 +138,7 @@ def load_trainable_state(
 
 #: Settings a resumed run may change from the saved config (how long, how often, how it is measured).
 RESUMABLE_CHANGES = ("train.steps", "eval.", "run.checkpoint_every", "run.keep_last", "run.tensorboard",
-                     "run.wandb", "train.log_every", "rollout.server.")  # fmt: skip
+                     "run.wandb", "train.log_every", "rollout.server.", "policy.device")  # fmt: skip
 
 
 def claim_run_dir(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwrite: bool) -> None:
