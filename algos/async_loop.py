@@ -29,6 +29,7 @@ from veriloop.agents.backends import eos_token_ids
 from veriloop.agents.chat import ChatFormat
 from veriloop.agents.engine import EpisodeSpec
 from veriloop.agents.trajectory import Trajectory
+from veriloop.algos.async_eval import EvalBeside, eval_due
 from veriloop.algos.async_worker import GenerationWorker, HFWeights, LiveWeights
 from veriloop.algos.staleness import Group, Scheduler, count_metrics, idle_shares, staleness_metrics
 from veriloop.configs.schema import ConfigError, ExperimentConfig
@@ -152,11 +153,14 @@ def async_loop(run: Any) -> None:
     worker = build_worker(run, ledger)
     T._say(run.quiet, f"RL (asynchronous, max_staleness={cfg.train.max_staleness}): {cfg.train.steps - state.step} "
                       f"steps of {cfg.rollout.batch_size} episodes, algorithm {cfg.algo.name}")  # fmt: skip
+    evals = EvalBeside(run.policy, lambda policy, v: T._evaluate(cfg, policy, v, run.quiet, backend=None))
+    if state.history.get("async", {}).get("eval_pending") == state.step:
+        evals.start(state.step)  # killed while evaluating this checkpoint's weights: evaluate them now
     worker.start()
     finished = False
     try:
         for step in loop.steps(state.step):
-            _async_step(run, loop, worker, ledger, step)
+            _async_step(run, loop, worker, ledger, step, evals)
         finished = True
     finally:
         worker.stop()
@@ -166,7 +170,9 @@ def async_loop(run: Any) -> None:
                     ledger.write("dropped", g, worker.sched.version, g.dropped)
 
 
-def _async_step(run: Any, loop: Any, worker: GenerationWorker, ledger: Ledger, step: int) -> None:
+def _async_step(
+    run: Any, loop: Any, worker: GenerationWorker, ledger: Ledger, step: int, evals: EvalBeside
+) -> None:
     """One step: wait for its groups, train, hand the weights over, then metrics / eval / log / save."""
     from veriloop.algos import step as T
 
@@ -205,11 +211,12 @@ def _async_step(run: Any, loop: Any, worker: GenerationWorker, ledger: Ledger, s
     metrics.update(T._timing(metrics, run.scheduler.get_last_lr()[0], shown, waited, t_train))
     T._guard_nonfinite(loop, state, metrics)
     state.step = step + 1
-    _evaluate_and_log(run, loop, metrics)
+    _evaluate_and_log(run, loop, metrics, evals)
     loop.show(T._summary(metrics))
     T._say(run.quiet, f"step {state.step:4d}/{cfg.train.steps} | {T._summary(metrics)} | "
                       f"stale={metrics['async/staleness_mean']}")  # fmt: skip
     if loop.checkpoint_due(state.step):
+        state.history.setdefault("async", {})["eval_pending"] = evals.in_flight
         T._checkpoint(run)
 
 
@@ -258,14 +265,25 @@ def _sampling_metrics(
     }
 
 
-def _evaluate_and_log(run: Any, loop: Any, metrics: dict[str, Any]) -> None:
-    """Evaluation beside generation: the trainer evaluates its own weights (version ``state.step``)
-    with the HF engine while the worker keeps generating; the update waits. Tagged with the version."""
+def _evaluate_and_log(run: Any, loop: Any, metrics: dict[str, Any], evals: EvalBeside) -> None:
+    """Log the step. A due evaluation starts beside training (``algos.async_eval``) and every one
+    done by now is logged in its own row, at the step (version) it evaluated; the last step's is
+    run by the trainer, after the ones in flight, into the step's own row (nothing is left to overlap)."""
     from veriloop.algos import step as T
 
     cfg, step = run.cfg, run.state.step
-    due = bool(cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.train.steps
-    if due:
+    if step == cfg.train.steps:
+        evals.wait()
+        _log_evals(loop, evals)
         metrics.update(T._evaluate(cfg, run.policy, step, run.quiet, backend=None))
         metrics["async/eval_version"] = float(step)
+    elif eval_due(cfg, step):
+        evals.start(step)
     loop.log_metrics(step, metrics)
+    _log_evals(loop, evals)
+
+
+def _log_evals(loop: Any, evals: EvalBeside) -> None:
+    for version, metrics in evals.finished():
+        if loop.log is not None:
+            loop.log.log(version, metrics)

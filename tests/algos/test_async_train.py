@@ -238,11 +238,46 @@ def test_kill9_then_resume_loses_nothing_and_trains_nothing_twice(tmp_path: Path
     assert [r["step"] for r in _rows(run)] == [0, 1, 2, 3, 4, 5, 6]  # one row per step, none twice
 
 
-def test_evaluation_runs_beside_generation_and_names_its_version(
+def _slow_eval_spy(
+    monkeypatch: pytest.MonkeyPatch, hold: int, until_step: int
+) -> tuple[list[int], list[bool], Any]:
+    """Count the trainer's updates; hold the evaluation of version ``hold`` until the trainer has
+    made ``until_step`` updates (60 s at most). Returns (updates, whether each hold was released by
+    the trainer, the event that releases every hold)."""
+    import threading
+
+    import veriloop.algos.step as T
+
+    updates: list[int] = []
+    released: list[bool] = []
+    free = threading.Event()
+    train_on_batch, evaluate = T.train_on_batch, T._evaluate
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        out = train_on_batch(*args, **kwargs)
+        updates.append(1)
+        return out
+
+    def slow(cfg: Any, policy: Any, step: int, *args: Any, **kwargs: Any) -> Any:
+        if step == hold:
+            t0 = time.monotonic()
+            while len(updates) < until_step and not free.is_set() and time.monotonic() - t0 < 60:
+                time.sleep(0.05)
+            released.append(len(updates) >= until_step)
+        return evaluate(cfg, policy, step, *args, **kwargs)
+
+    monkeypatch.setattr(T, "train_on_batch", counted)
+    monkeypatch.setattr(T, "_evaluate", slow)
+    return updates, released, free
+
+
+def test_evaluation_runs_beside_generation_and_the_update(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``eval.every`` in the async loop: the trainer evaluates its own weights while the worker
-    thread stays alive and unpaused, and each evaluation row carries the version it evaluated."""
+    """``eval.every`` in the async loop: the evaluation of version 2 is held until the trainer has
+    made its 4th update (it would never come if the update waited for the evaluation), the worker
+    thread stays alive and unpaused meanwhile, and each evaluation is logged in its own row at the
+    step it evaluated, tagged with that version; the last step's in its own row, last."""
     import veriloop.algos.async_worker as W
     import veriloop.algos.step as T
     from veriloop.algos.train import train
@@ -250,22 +285,61 @@ def test_evaluation_runs_beside_generation_and_names_its_version(
     workers: list[W.GenerationWorker] = []
     start = W.GenerationWorker.start
     monkeypatch.setattr(W.GenerationWorker, "start", lambda self: workers.append(self) or start(self))
+    updates, released, _ = _slow_eval_spy(monkeypatch, hold=2, until_step=4)
     during: list[bool] = []
-    evaluate = T._evaluate
+    slow = T._evaluate
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         if workers:  # the evaluations inside the RL loop (not the one at step 0)
             w = workers[0]
             during.append(w._thread is not None and w._thread.is_alive() and not w._pause)
-        return evaluate(*args, **kwargs)
+        return slow(*args, **kwargs)
 
     monkeypatch.setattr(T, "_evaluate", spy)
     cfg = _cfg(tmp_path, "ev", "train.steps=4", "train.max_staleness=1", *ASYNC, "eval.every=2")
     run = train(cfg, quiet=True)
-    assert during == [True, True]
-    evals = [r for r in _rows(run) if "async/eval_version" in r]
+    assert released == [True] and len(updates) == 4
+    assert during[:1] == [True]
+    rows = _rows(run)
+    evals = [r for r in rows if "async/eval_version" in r]
     assert [(r["step"], r["async/eval_version"]) for r in evals] == [(2, 2.0), (4, 4.0)]
     assert all("eval/id/avg@n" in r for r in evals)
+    steps = [r["step"] for r in rows if "grad_norm" in r]
+    assert steps == [1, 2, 3, 4] and [
+        r["step"] for r in rows if "grad_norm" in r and "eval/id/avg@n" in r
+    ] == [4]
+    # step 2's evaluation was logged after step 3's row: the update went on without it
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 2, 4]
+
+
+def test_an_evaluation_cut_by_a_crash_is_redone_from_its_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint at step 2 is written while version 2's evaluation runs; the run then crashes.
+    Resumed from that checkpoint, the run evaluates version 2 first: its row is there, once."""
+    import veriloop.algos.step as T
+    from veriloop.algos.train import train
+
+    _, _, free = _slow_eval_spy(monkeypatch, hold=2, until_step=99)  # held until the crash
+    train_on_batch = T.train_on_batch
+    calls: list[int] = []
+
+    def crash_at_3(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("killed")
+        return train_on_batch(*args, **kwargs)
+
+    monkeypatch.setattr(T, "train_on_batch", crash_at_3)
+    over = ["train.steps=4", "train.max_staleness=1", *ASYNC, "eval.every=2", "run.checkpoint_every=2"]
+    with pytest.raises(RuntimeError, match="killed"):
+        train(_cfg(tmp_path, "cut", *over), quiet=True)
+    free.set()  # the crashed run's evaluation thread ends (its result is never logged)
+    monkeypatch.undo()
+    monkeypatch.syspath_prepend(str(HERE))
+    run = train(_cfg(tmp_path, "cut", *over), resume=True, quiet=True)
+    evals = [(r["step"], r["async/eval_version"]) for r in _rows(run) if "async/eval_version" in r]
+    assert evals == [(2, 2.0), (4, 4.0)]
 
 
 def test_a_mixture_trains_asynchronously(tmp_path: Path) -> None:
