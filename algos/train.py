@@ -184,6 +184,10 @@ def train(
     _check_before_loading(cfg)
     dist = init_distributed()
     dist = replace(dist, sharded=dist.enabled and cfg.train.parallel == "fsdp")
+    if cfg.train.max_staleness > 0:
+        from veriloop.algos.async_loop import check_async
+
+        check_async(cfg, dist)  # before the run folder is claimed or any model loads
     run_dir = Path(cfg.run.out_dir) / cfg.run_name
     lock = acquire(run_dir) if dist.is_main else None  # one writer per run folder (run_lock.py)
     try:

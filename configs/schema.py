@@ -702,6 +702,20 @@ class ExperimentConfig:
                 "trainer's pi_prox, weigh by min(pi_prox / mu, C)) or mask, or algo.policy_loss=dppo (ratio "
                 "against mu inside its trust region), or train.max_staleness=0"
             )
+        kw = self.rollout.vllm_kwargs or {}
+        need, slots = k + 2, int(kw.get("max_loras", 1))
+        if (
+            k > 0
+            and self.policy.lora
+            and self.rollout.backend == "vllm"
+            and kw.get("lora_sync") == "adapter"
+            and slots < need
+        ):
+            raise ConfigError(
+                f"train.max_staleness={k} with LoRA adapters on the in-process vLLM engine keeps up to {need} adapter "
+                f"versions in use, but one batch mixes at most {slots} (max_loras): set "
+                f"rollout.vllm_kwargs.max_loras={need}, or lora_sync: merge, or lower train.max_staleness"
+            )
 
     def _check_parallel(self) -> None:
         if self.train.parallel == "fsdp" and self.sft.steps > 0:

@@ -148,8 +148,8 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> D
     """Join the process group that ``accelerate launch`` / ``torchrun`` describe in the environment.
 
     Returns ``DistContext()`` (rank 0 of 1) when ``WORLD_SIZE`` is unset or 1. The backend is
-    ``gloo`` unless given (or named by ``VERILOOP_DIST_BACKEND``): the training loop keeps its
-    tensors on CPU, which NCCL cannot send, also on a machine with GPUs.
+    ``gloo`` unless given (or named by ``VERILOOP_DIST_BACKEND``, e.g. ``nccl`` with
+    ``policy.device`` on GPUs): gloo sends CPU tensors, and CUDA ones through host memory.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:

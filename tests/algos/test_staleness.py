@@ -4,6 +4,8 @@ for K = 0, 1, 2, 4."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from veriloop.algos.staleness import (
@@ -219,6 +221,30 @@ def test_async_refuses_several_processes() -> None:
     check_async(cfg, SimpleNamespace(enabled=False))
     with pytest.raises(ConfigError, match="one process"):
         check_async(cfg, SimpleNamespace(enabled=True))
+
+
+def test_train_refuses_several_processes_before_claiming_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import veriloop.algos.train as train_module
+    from veriloop.algos.run.distributed import DistContext
+    from veriloop.configs.schema import ConfigError
+
+    monkeypatch.setattr(train_module, "init_distributed", lambda: DistContext(rank=0, world_size=2))
+    cfg = _config("train.max_staleness=1", f"run.out_dir={tmp_path}", "run.name=two")
+    with pytest.raises(ConfigError, match="one process"):
+        train_module.train(cfg, quiet=True)
+    assert not (tmp_path / "two").exists()  # nothing claimed, nothing loaded
+
+
+def test_in_process_vllm_adapters_need_k_plus_two_slots_at_load() -> None:
+    from veriloop.configs.schema import ConfigError
+
+    over = ["train.max_staleness=2", "rollout.backend=vllm", "policy.lora=true"]
+    with pytest.raises(ConfigError, match="rollout.vllm_kwargs.max_loras=4"):
+        _config(*over, "rollout.vllm_kwargs={lora_sync: adapter, max_loras: 3}").validate()
+    _config(*over, "rollout.vllm_kwargs={lora_sync: adapter, max_loras: 4}").validate()
+    _config(*over, "rollout.vllm_kwargs={lora_sync: merge}").validate()  # one version at a time
 
 
 def test_adapter_slots_must_hold_k_plus_two_versions() -> None:
