@@ -91,7 +91,7 @@ def _looks_like_hub_id(text: str) -> bool:
 def _rows_from_file(path: Path) -> list[Row]:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson"):
-        return list(_jsonl_rows(path))
+        return list(jsonl_rows(path))
     if suffix == ".json":
         return _json_rows(path)
     if suffix == ".csv":
@@ -104,7 +104,12 @@ def _rows_from_file(path: Path) -> list[Row]:
     raise ValueError(f"{path}: unknown data format {suffix or '(no suffix)'!r}; use one of {FILE_SUFFIXES}")
 
 
-def _jsonl_rows(path: Path) -> Iterator[Row]:
+def jsonl_rows(path: Path) -> Iterator[Row]:
+    """``(where, row)`` for every non-blank line of a JSONL file, ``where`` = ``path:line``.
+
+    Raises:
+        ValueError: naming the file and line: not UTF-8, not JSON, or not a JSON object.
+    """
     with path.open("rb") as handle:
         for lineno, raw in enumerate(handle, start=1):
             where = f"{path}:{lineno}"

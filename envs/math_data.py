@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from veriloop.envs.datasets import FieldMap, _jsonl_rows, load_rows
+from veriloop.envs.datasets import FieldMap, jsonl_rows, load_rows
 from veriloop.envs.json_safe import json_safe
 from veriloop.envs.verifiers.extract import malformed_latex
 
@@ -175,7 +175,7 @@ def load_jsonl(path: str | Path) -> list[MathProblem]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"math data file not found: {path} (expected a .jsonl file)")
-    problems = [parse_row(row, where=where) for where, row in _jsonl_rows(path)]
+    problems = [parse_row(row, where=where) for where, row in jsonl_rows(path)]
     if not problems:
         raise ValueError(f"{path}: no problems found (file is empty)")
     return problems

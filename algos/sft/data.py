@@ -46,6 +46,7 @@ from gymnasium.envs.registration import load_env_creator
 import veriloop.envs  # noqa: F401  (registers the veriloop/... ids)
 from veriloop.configs.schema import SFTSource
 from veriloop.envs.base import VerifierEnv, signal_of
+from veriloop.envs.datasets import jsonl_rows
 
 ROLES = ("system", "user", "assistant")
 
@@ -152,24 +153,21 @@ def load_examples(path: str | Path) -> list[SFTExample]:
     Raises:
         SFTDataError: naming the file, the 1-based line and what is wrong with it.
     """
-    path = Path(path)
     out = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise SFTDataError(f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
-        if not isinstance(row, dict) or not {"messages", "trainable"} <= set(row):
-            got = sorted(row) if isinstance(row, dict) else type(row).__name__
-            raise SFTDataError(
-                f"{path}:{lineno}: expected an object with 'messages' and 'trainable' (and 'meta'), got {got}"
-            )
-        problem = _problem(row["messages"], row["trainable"], row.get("meta", {}))
-        if problem:
-            raise SFTDataError(f"{path}:{lineno}: {problem}")
-        out.append(SFTExample(tuple(row["messages"]), tuple(row["trainable"]), dict(row.get("meta", {}))))
+    try:
+        for where, row in jsonl_rows(Path(path)):
+            if not {"messages", "trainable"} <= set(row):
+                raise SFTDataError(
+                    f"{where}: expected an object with 'messages' and 'trainable' (and 'meta'), got {sorted(row)}"
+                )
+            problem = _problem(row["messages"], row["trainable"], row.get("meta", {}))
+            if problem:
+                raise SFTDataError(f"{where}: {problem}")
+            out.append(SFTExample(tuple(row["messages"]), tuple(row["trainable"]), dict(row.get("meta", {}))))
+    except SFTDataError:
+        raise
+    except ValueError as err:  # the line is not a JSON object
+        raise SFTDataError(str(err)) from None
     return out
 
 

@@ -152,7 +152,7 @@ def test_jsonl_round_trip(tmp_path):
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
-        ("{not json", "not valid JSON"),
+        ("{not json", "invalid JSON"),
         ('{"messages": []}', "'messages' and 'trainable'"),
         (
             '{"messages": [{"role": "user", "content": "q"}], "trainable": [true]}',
