@@ -135,6 +135,7 @@ def rollout_metrics(trajs: Sequence[Trajectory], tokenizer: Any) -> dict[str, fl
         "drift_rate": sum(drift_rate(tokenizer, t) for t in drift_sample) / max(len(drift_sample), 1),
         "samples/split_rate": sum(t.num_samples > 1 for t in trajs) / len(trajs),
         "samples/per_episode": sum(t.num_samples for t in trajs) / len(trajs),
+        "samples/episodes": float(len(trajs)),
     }
 
 

@@ -556,7 +556,8 @@ def collect(run_dir: Path, start_dir: Path | None = None) -> dict:
                                      "time/rollout_s": [], "time/train_s": [], "clip_frac_low": [],
                                      "clip_frac_high": [], "approx_kl": [], "mismatch/k3_kl": [],
                                      "mismatch/ratio_max": [], "mismatch/ratio_min": [],
-                                     "mismatch/outside_frac": [], "rollout_corr/token_frac": []}  # fmt: skip
+                                     "mismatch/outside_frac": [], "rollout_corr/token_frac": [],
+                                     "samples/episodes": []}  # fmt: skip
     for row in rows:
         for key, value in row.items():
             if key.startswith("eval/"):

@@ -97,6 +97,61 @@ def gain_table(runs: dict[str, dict[int, dict]], split: str = "id") -> list[dict
     return rows
 
 
+def _spent(run: dict) -> dict[int, tuple[float, float]]:
+    """Per logged step, the episodes drawn (kept or not) and the rollout + update seconds spent so far
+    (step 0, before any RL: nothing). Runs logged before ``samples/episodes`` existed give {}."""
+    train = run.get("train", {})
+    steps, eps = train.get("step", []), train.get("samples/episodes", [])
+    if not steps or any(e is None for e in eps) or len(eps) != len(steps):
+        return {}
+    out, n, sec = {0: (0.0, 0.0)}, 0.0, 0.0
+    for i, step in enumerate(steps):
+        n += eps[i]
+        sec += (train["time/rollout_s"][i] or 0.0) + (train["time/train_s"][i] or 0.0)
+        out[int(step)] = (n, sec)
+    return out
+
+
+def _gain_within(
+    run: dict, spent: dict[int, tuple[float, float]], which: int, budget: float, split: str
+) -> dict:
+    """The gain at the last evaluation whose cost (``which``: 0 episodes, 1 seconds) is within ``budget``."""
+    gains = run.get("gains", {}).get(split, {})
+    steps = [s for s in sorted(map(int, gains)) if s in spent and spent[s][which] <= budget * (1 + 1e-9)]
+    if not steps:
+        return {"step": 0, "gain": 0.0}
+    return {"step": steps[-1], "gain": gains[str(steps[-1])]["diff"]}
+
+
+def efficiency_table(runs: dict[str, dict[int, dict]], split: str = "id") -> list[dict]:
+    """Per arm and seed: the whole run's gain per 1,000 episodes drawn and per CPU-hour, and the gain
+    at equal samples and at equal compute. Equal means the seed's smallest budget over its arms: the
+    episodes drawn (rejected ones included) and the rollout + update seconds of the arm that spent
+    least; each arm is read at its last evaluation within that budget (a gate that pays for refills
+    reaches fewer steps)."""
+    spent = {(label, seed): _spent(r) for label, by_seed in runs.items() for seed, r in by_seed.items()}
+    rows = []
+    for seed in sorted({seed for by_seed in runs.values() for seed in by_seed}):
+        arms = {label: by_seed[seed] for label, by_seed in runs.items()
+                if seed in by_seed and spent[label, seed] and by_seed[seed].get("gains", {}).get(split)}  # fmt: skip
+        if not arms:
+            continue
+        totals = {label: max(spent[label, seed].values()) for label in arms}
+        budget_n = min(t[0] for t in totals.values())
+        budget_s = min(t[1] for t in totals.values())
+        for label, r in arms.items():
+            gains = r["gains"][split]
+            last = str(max(map(int, gains)))
+            gain, (n, _) = gains[last]["diff"], totals[label]
+            cpu = r.get("cpu_hours")
+            rows.append({"arm": label, "seed": seed, "gain": gain, "episodes": n, "cpu_hours": cpu,
+                         "gain_per_1k_episodes": 1000 * gain / n if n else None,
+                         "gain_per_cpu_hour": gain / cpu if cpu else None,
+                         "equal_samples": {"episodes": budget_n, **_gain_within(r, spent[label, seed], 0, budget_n, split)},
+                         "equal_compute": {"seconds": budget_s, **_gain_within(r, spent[label, seed], 1, budget_s, split)}})  # fmt: skip
+    return rows
+
+
 def _mean(values: list) -> float | None:
     """Mean of the measured values (older runs lack newer metrics: None)."""
     known = [v for v in values if v is not None]
@@ -170,6 +225,7 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]], start_arm: str |
         out["vision_table"] = vision_table(runs)
     if suite in ("math_gain", "dapo_parts"):
         out["gain_table"] = gain_table(runs)
+        out["efficiency_table"] = efficiency_table(runs)
     if suite == "points24_easy" and start_arm:
         out["matched"] = matched_table(runs, start_arm, ["id", "rule_ood"])
     return out

@@ -308,3 +308,30 @@ def test_a_report_keeps_the_results_and_warmup_costs_this_checkout_no_longer_hol
     new = json.loads((results / "learning_points24_easy.json").read_text())
     assert new["shared_sft_cpu_hours"] == {"0": 1.0, "1": 0.69}  # seed 0's newer record wins
     assert new["runs"] == old["runs"]
+
+
+def test_efficiency_per_sample_and_per_cpu_hour_and_at_equal_budgets_by_hand(report):
+    """A gate that pays twice the episodes (and 1.5x the seconds) for a larger gain: per 1,000 episodes
+    and per CPU-hour it is behind, and at the cheaper arm's budget it is read at step 2."""
+
+    def run(eps: float, roll_s: float, gains: dict[str, float], cpu: float) -> dict:
+        train = {"step": [1, 2, 3, 4], "samples/episodes": [eps] * 4, "time/rollout_s": [roll_s] * 4,
+                 "time/train_s": [1.0] * 4}  # fmt: skip
+        return {"train": train, "gains": {"id": {s: {"diff": g} for s, g in gains.items()}}, "cpu_hours": cpu}
+
+    runs = {"grpo": {0: run(10.0, 1.0, {"2": 0.1, "4": 0.2}, 0.5)},
+            "gate": {0: run(20.0, 2.0, {"2": 0.15, "4": 0.3}, 1.0)}}  # fmt: skip
+    rows = {r["arm"]: r for r in report.efficiency_table(runs)}
+    assert rows["grpo"]["episodes"] == 40 and rows["gate"]["episodes"] == 80
+    assert rows["grpo"]["gain_per_1k_episodes"] == pytest.approx(5.0)  # 1000 * 0.2 / 40
+    assert rows["gate"]["gain_per_1k_episodes"] == pytest.approx(3.75)  # 1000 * 0.3 / 80
+    assert rows["grpo"]["gain_per_cpu_hour"] == pytest.approx(0.4) and rows["gate"][
+        "gain_per_cpu_hour"
+    ] == pytest.approx(0.3)
+    # budgets: 40 episodes, 8 s (grpo's whole run); the gate drew 40 by step 2 and spent 6 s there, 12 s by step 4
+    assert rows["grpo"]["equal_samples"] == {"episodes": 40, "step": 4, "gain": 0.2}
+    assert rows["gate"]["equal_samples"] == {"episodes": 40, "step": 2, "gain": 0.15}
+    assert rows["gate"]["equal_compute"] == {"seconds": 8.0, "step": 2, "gain": 0.15}
+    assert (
+        report.efficiency_table({"old": {0: {"train": {"step": [1]}, "gains": {}}}}) == []
+    )  # not logged: no row
