@@ -66,9 +66,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _settings_help() -> str:
     """Every config key with its type, default and doc: the schema is the one source of truth."""
+    from veriloop.configs.describe import describe
     from veriloop.configs.loader import shipped_experiments
     from veriloop.configs.presets import list_presets
-    from veriloop.configs.schema import ExperimentConfig, describe
+    from veriloop.configs.schema import ExperimentConfig
 
     lines = [f"shipped experiments (CONFIG): {', '.join(shipped_experiments())}",
              f"algorithm presets (algo.preset=NAME): {', '.join(list_presets())}",

@@ -27,8 +27,10 @@ from typing import Any, Literal
 import yaml
 
 from veriloop.configs.algo import AlgoConfig
+from veriloop.configs.describe import _plain, describe, type_name
+from veriloop.configs.errors import ConfigError
 from veriloop.configs.presets import load_preset
-from veriloop.configs.schema import ConfigError, ExperimentConfig, _plain, describe, type_name
+from veriloop.configs.schema import ExperimentConfig
 
 _Key = tuple[str, ...]
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")

@@ -1,7 +1,7 @@
 """The typed experiment configuration: one dataclass per section, one documented field per setting.
 
 Each field's documentation lives once, in its class's ``Attributes:`` docstring section;
-:func:`describe` parses it for ``--help``. Choices are ``Literal`` types, derived values are
+:func:`~veriloop.configs.describe.describe` parses it for ``--help``. Choices are ``Literal`` types, derived values are
 properties, and each section checks its own ranges in ``validate()``; checks that span sections
 live in :meth:`ExperimentConfig.validate`. The algorithm section is
 :class:`veriloop.configs.algo.AlgoConfig`. Loading from YAML and the command line:
@@ -12,7 +12,7 @@ examples included); evaluation problem ``j`` uses seed ``eval.seed_offset + j``.
 are checked to be disjoint, so no generated evaluation problem is ever trained on. Seeds alone do not
 keep a dataset's rows apart (two seeds may draw the same row), so a dataset-backed env is split by
 rows instead: training reads ``part: train``, the ``id`` evaluation ``part: heldout``
-(:attr:`EnvConfig.resolved_eval_splits`, :mod:`veriloop.envs.datasets`).
+(:attr:`~veriloop.configs.env.EnvConfig.resolved_eval_splits`, :mod:`veriloop.envs.datasets`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.curriculum import CurriculumConfig
+from veriloop.configs.env import EnvConfig
+from veriloop.configs.errors import ConfigError
 from veriloop.envs.base import DemonstrationSource
 
 DType = Literal["float32", "bfloat16", "float16"]
@@ -35,182 +36,6 @@ Parallel = Literal["data", "fsdp"]
 SFTSource = Literal[DemonstrationSource, "rejection"]
 #: Largest learning rate accepted: far above any useful value, and keeps AdamW's arithmetic finite.
 MAX_LR = 1.0
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message names the key, the problem and the fix."""
-
-
-@dataclass
-class SplitConfig:
-    """One evaluation split: an environment id and its constructor arguments.
-
-    Attributes:
-        id: Registered environment id; None = the training environment's ``env.id``.
-        kwargs: Arguments for ``gymnasium.make``, e.g. ``{face_cards: "11-12-13"}`` for rule OOD.
-    """
-
-    id: str | None = None
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class MixtureEntry:
-    """One environment of a training mixture (``env.mixture``).
-
-    Attributes:
-        id: Registered environment id (or ``module:id``).
-        kwargs: Arguments for ``gymnasium.make``.
-        weight: Relative share of each step's problems (> 0); a group never mixes environments.
-    """
-
-    id: str = "veriloop/MathVerify-v0"
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    weight: float = 1.0
-
-
-@dataclass
-class EnvConfig:
-    """The training environment and the evaluation splits.
-
-    Attributes:
-        id: Registered Gymnasium id of the training environment, e.g. ``veriloop/MathVerify-v0``.
-        kwargs: Keyword arguments for ``gymnasium.make`` of the training environment; your own
-            dataset is ``data`` (a JSONL / JSON / CSV / Parquet file, a ``save_to_disk`` folder or
-            a Hub dataset id) with ``question_key`` / ``answer_key`` / ``answer_extract`` (docs/data.md).
-        eval_splits: Named evaluation splits (e.g. ``rule_ood``, ``visual_ood``). The
-            in-distribution split ``id`` (training env; held-out seeds, or a dataset's held-out
-            rows) is always evaluated; see ``resolved_eval_splits``.
-        system_prompt: System message for the policy; None = the environment's own prompt.
-        imports: Modules to import before the environments are made, so that their
-            ``gymnasium.register(...)`` calls run (your own environments; the working directory is
-            importable). Also ``--import MODULE`` on the command line, or write an id as
-            ``module:ns/Name-v0``.
-        mixture: Train on several environments in one run: ``{name: {id, kwargs, weight}}``. It
-            replaces ``id``/``kwargs``; each step's problems are shared out by weight, every group
-            stays within one environment, and each environment is evaluated on its own held-out
-            split ``<name>`` (an ``eval_splits`` entry ``<name>.<suffix>``, e.g. ``math.ood``, is
-            compared with it in the gap table). Empty = the single environment ``id``.
-    """
-
-    id: str = "veriloop/MathVerify-v0"
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    eval_splits: dict[str, SplitConfig] = field(default_factory=dict)
-    system_prompt: str | None = None
-    imports: list[str] = field(default_factory=list)
-    mixture: dict[str, MixtureEntry] = field(default_factory=dict)
-
-    @property
-    def training_envs(self) -> dict[str, SplitConfig]:
-        """``{name: (id, kwargs)}`` of the environments training draws from, with their weights
-        in :attr:`mixture_weights`; one entry ``id`` without a mixture. A dataset-backed env gets
-        ``part: train`` (see :mod:`veriloop.envs.datasets`)."""
-        from veriloop.envs.datasets import with_part
-
-        if not self.mixture:
-            return {"id": SplitConfig(self.id, with_part(self.id, self.kwargs, "train"))}
-        return {
-            name: SplitConfig(m.id, with_part(m.id, m.kwargs, "train")) for name, m in self.mixture.items()
-        }
-
-    @property
-    def mixture_weights(self) -> dict[str, float]:
-        return {name: m.weight for name, m in self.mixture.items()} or {"id": 1.0}
-
-    @property
-    def resolved_eval_splits(self) -> dict[str, SplitConfig]:
-        """Every split with its id filled in: the in-distribution split of each training env
-        first (``id``, or one per mixture entry), then ``eval_splits``. A dataset-backed training
-        env is evaluated on its held-out rows (``part: heldout``), as is an ``eval_splits`` entry
-        that reads the same rows as a training env (``source_key``); one with other ``data`` reads
-        all of it."""
-        from veriloop.envs.datasets import heldout_kwargs, source_key, with_part
-
-        train = self.training_envs
-        try:
-            out = {name: SplitConfig(s.id, heldout_kwargs(str(s.id), s.kwargs)) for name, s in train.items()}
-        except ValueError as e:
-            raise ConfigError(f"env.kwargs.part: {e}") from None
-        trained_on = [source_key(str(s.id), s.kwargs) for s in train.values()]
-        for name, split in self.eval_splits.items():
-            env_id, kwargs = split.id or self.id, dict(split.kwargs)
-            if source_key(env_id, kwargs) in trained_on and source_key(env_id, kwargs) is not None:
-                kwargs = with_part(env_id, kwargs, "heldout")
-            elif "data" in kwargs:
-                kwargs = with_part(env_id, kwargs, "all")
-            out[name] = SplitConfig(env_id, kwargs)
-        return out
-
-    def resolve(self) -> None:
-        """Import the modules the environments need and check every id is registered.
-
-        ``module:id`` ids become bare ids with ``module`` added to ``imports`` (so the saved config
-        says what to import). Cheap: no model is loaded; call it before anything slow starts.
-
-        Raises:
-            ConfigError: an id that is not registered (with "did you mean") or a module that fails
-                to import.
-        """
-        from veriloop.envs.plugins import UnknownEnvError, resolve_env_id, split_module
-
-        modules = [m for m in (split_module(i)[0] for i in self._ids()) if m]
-        self.imports = list(dict.fromkeys([*self.imports, *modules]))
-        try:
-            self.id = resolve_env_id(self.id, self.imports)
-            for entry in self.mixture.values():
-                entry.id = resolve_env_id(entry.id, self.imports)
-            for split in self.eval_splits.values():
-                if split.id is not None:
-                    split.id = resolve_env_id(split.id)
-        except UnknownEnvError as e:
-            raise ConfigError(f"env: {e}") from e
-        for name, split in self.resolved_eval_splits.items():
-            where = f"env.mixture.{name}" if name in self.mixture else f"env.eval_splits.{name}"
-            _try_make("env.kwargs" if name == "id" and not self.mixture else where, split)
-        for name, split in self.training_envs.items():  # a dataset's training part is made too
-            if split.kwargs.get("part") == "train":
-                _try_make(f"env.mixture.{name}" if self.mixture else "env.kwargs", split)
-
-    def _ids(self) -> list[str]:
-        return [self.id, *(m.id for m in self.mixture.values()),
-                *(s.id for s in self.eval_splits.values() if s.id is not None)]  # fmt: skip
-
-    def validate(self) -> None:
-        for name, entry in self.mixture.items():
-            if not re.fullmatch(r"[A-Za-z0-9_-]+", name) or name == "id":
-                raise ConfigError(f"env.mixture: name {name!r} must match [A-Za-z0-9_-]+ and not be 'id'")
-            if not entry.weight > 0:
-                raise ConfigError(f"env.mixture.{name}.weight must be > 0, got {entry.weight}")
-        clash = sorted(set(self.mixture) & set(self.eval_splits))
-        if clash:
-            raise ConfigError(f"env.eval_splits {clash} share names with env.mixture: each mixture env "
-                              "already has its held-out split of that name; rename the eval split")  # fmt: skip
-        unnamed = [n for n, sp in self.eval_splits.items() if sp.id is None]
-        if self.mixture and unnamed:
-            raise ConfigError(
-                f"env.eval_splits {unnamed} need an id with env.mixture (which env would they use?)"
-            )
-        for name in self.eval_splits:
-            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-                raise ConfigError(
-                    f"env.eval_splits: split name {name!r} must match [A-Za-z0-9_.-]+ (used in metric names)"
-                )
-
-
-def _try_make(where: str, split: SplitConfig) -> None:
-    """Make (and close) one environment, so bad kwargs or a malformed dataset fail before any model loads."""
-    import gymnasium
-
-    try:
-        env = gymnasium.make(str(split.id), **split.kwargs)
-    except Exception as e:  # anything the env's constructor rejects: its message says what
-        from veriloop.envs.plugins import unknown_kwarg_hint
-
-        raise ConfigError(
-            f"{where}: gymnasium.make({split.id!r}, **{split.kwargs}) failed: {type(e).__name__}: {e}"
-            + unknown_kwarg_hint(str(split.id), e)
-        ) from e
-    env.close()
 
 
 @dataclass
@@ -798,82 +623,3 @@ def _check_finite(obj: Any, prefix: str = "") -> None:
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
-
-
-# ------------------------------------------------------------------------------ documentation
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Parse the ``Attributes:`` section of a dataclass docstring into ``{field: doc}``.
-
-    An entry is ``name: text`` (or ``a, b: text`` for fields sharing one text) indented one level
-    under ``Attributes:``; more deeply indented lines continue it.
-    """
-    lines = (cls.__doc__ or "").expandtabs().splitlines()
-    docs: dict[str, str] = {}
-    inside, indent, names = False, None, []
-    for line in lines:
-        stripped = line.strip()
-        if stripped == "Attributes:":
-            inside = True
-            continue
-        if not inside or not stripped:
-            continue
-        depth = len(line) - len(line.lstrip())
-        indent = depth if indent is None else indent
-        if depth < indent:
-            break
-        entry = re.match(r"([A-Za-z_][\w, ]*):\s*(.*)", stripped) if depth == indent else None
-        if entry:
-            names = [n.strip() for n in entry.group(1).split(",")]
-            for name in names:
-                docs[name] = entry.group(2)
-        else:
-            for name in names:
-                docs[name] += " " + stripped
-    return docs
-
-
-def type_name(tp: Any) -> str:
-    """Readable type for help text: ``Literal`` choices joined by ``|``, ``X | None`` kept."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        return "|".join(str(a) for a in args)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        return " | ".join(type_name(a) for a in args)
-    if origin is not None:
-        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(type_name(a) for a in args)}]"
-    if tp is type(None):
-        return "None"
-    return getattr(tp, "__name__", str(tp))
-
-
-def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
-    """``(dotted_key, type, default, doc)`` for every setting, nested sections flattened.
-
-    Example: ``("rollout.group_size", "int", 8, "Samples (episodes) per problem; ...")``.
-    """
-    hints = typing.get_type_hints(cls)
-    docs = field_docs(cls)
-    rows: list[tuple[str, str, Any, str]] = []
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-            rows += describe(tp, prefix=f"{prefix}{f.name}.")
-            continue
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if dataclasses.is_dataclass(default) or isinstance(default, dict):
-            default = _plain(default)
-        rows.append((prefix + f.name, type_name(tp), default, docs.get(f.name, "")))
-    return rows
-
-
-def _plain(value: Any) -> Any:
-    """Dataclasses (also nested in dicts/lists) as plain dicts, for YAML and JSON."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value

@@ -23,7 +23,7 @@ With ``heldout_data`` (a second file) the held-out part is that file, and the tr
 ordered by the SHA-256 of their text and the first ``heldout_fraction`` of them (rounded, at least
 one) are held out, with every row that repeats one of them: the split depends on the questions
 only, not on row order, file format or seeds, and no question is on both sides. The training
-configuration (:class:`~veriloop.configs.schema.EnvConfig`) gives training ``part: train`` and the
+configuration (:class:`~veriloop.configs.env.EnvConfig`) gives training ``part: train`` and the
 ``id`` evaluation ``part: heldout`` for every environment class with ``heldout_parts = True``.
 """
 

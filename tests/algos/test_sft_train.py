@@ -177,7 +177,8 @@ def test_sft_limit_is_train_max_consecutive_nonfinite(tmp_path):
     """``warmup_from_config`` takes the limit from ``train.max_consecutive_nonfinite`` (one setting)."""
     from veriloop.agents.testing import tiny_policy
     from veriloop.algos.run.nonfinite import NonFiniteTrainingError
-    from veriloop.configs.schema import EnvConfig, ExperimentConfig, RunConfig, SFTConfig, TrainConfig
+    from veriloop.configs.env import EnvConfig
+    from veriloop.configs.schema import ExperimentConfig, RunConfig, SFTConfig, TrainConfig
 
     assert SFTSettings(steps=1).max_consecutive_nonfinite == TrainConfig().max_consecutive_nonfinite
     cfg = ExperimentConfig(
@@ -268,7 +269,8 @@ def test_settings_validation_lists_every_problem():
 
 def test_warmup_from_config_trains_on_the_configured_source(tmp_path):
     from veriloop.agents.testing import tiny_policy
-    from veriloop.configs.schema import EnvConfig, ExperimentConfig, RunConfig, SFTConfig
+    from veriloop.configs.env import EnvConfig
+    from veriloop.configs.schema import ExperimentConfig, RunConfig, SFTConfig
 
     cfg = ExperimentConfig(
         env=EnvConfig(id="veriloop/Points24-text-v0", system_prompt="Be exact."),

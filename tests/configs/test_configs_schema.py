@@ -7,16 +7,9 @@ import dataclasses
 import pytest
 
 from veriloop.configs.algo import AlgoConfig
-from veriloop.configs.schema import (
-    ConfigError,
-    EvalConfig,
-    ExperimentConfig,
-    RolloutConfig,
-    SplitConfig,
-    TrainConfig,
-    describe,
-    field_docs,
-)
+from veriloop.configs.describe import describe, field_docs
+from veriloop.configs.env import SplitConfig
+from veriloop.configs.schema import ConfigError, EvalConfig, ExperimentConfig, RolloutConfig, TrainConfig
 
 
 def test_every_setting_is_documented_once() -> None:

@@ -14,7 +14,8 @@ import gymnasium
 import pytest
 
 import veriloop.envs  # noqa: F401  (registers the envs)
-from veriloop.configs.schema import ConfigError, EnvConfig, MixtureEntry, SplitConfig
+from veriloop.configs.env import EnvConfig, MixtureEntry, SplitConfig
+from veriloop.configs.errors import ConfigError
 from veriloop.envs.datasets import (
     DatasetEnv,
     FieldMap,
