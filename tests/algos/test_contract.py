@@ -21,6 +21,7 @@ ALLOWED_ENV_MODULES = (
     "veriloop.envs.verifiers",
     "veriloop.envs.json_safe",
     "veriloop.envs._package_name",
+    "veriloop.envs.datasets",  # reading data files (JSONL rows): no environment's knowledge
 )
 #: Lower-case fragments that name an environment (class, module or id).
 ENV_NAMES = ("points24", "solveverify", "solve_verify", "mathverify", "math_env", "math_data",
