@@ -26,18 +26,15 @@ import contextlib
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from veriloop.algos.staleness_sim import long_tail_lengths, simulate
+from veriloop.cli.serve import running_server
 
 OUT = Path(__file__).parent / "results" / "async.json"
 SIM_KS = (0, 1, 2, 4)
@@ -69,42 +66,6 @@ def simulated(args: argparse.Namespace) -> dict[str, Any]:
     return {"settings": settings, "arms": arms}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _server(log_path: Path) -> Iterator[str]:
-    """``veriloop serve-vllm`` (the default model, its own process group) on a free port; its URL."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "veriloop.cli", "serve-vllm", "--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        try:
-            t0 = time.monotonic()
-            while not _healthy(url):
-                if proc.poll() is not None or time.monotonic() - t0 > 900:
-                    raise RuntimeError(f"the vLLM server did not start: see {log_path}")
-                time.sleep(2)
-            yield url
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=120)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
-
-
 def real_arm(backend: str, k: int, seed: int, out_dir: Path, extra: list[str]) -> dict[str, Any]:
     """One ``veriloop train quickstart`` run in its own process (``--resume``: a killed arm continues);
     its per-step numbers and final evaluation. ``vllm_server``: one ``veriloop serve-vllm`` process
@@ -116,7 +77,7 @@ def real_arm(backend: str, k: int, seed: int, out_dir: Path, extra: list[str]) -
     cmd = [sys.executable, "-m", "veriloop.cli", "train", "quickstart", *over, "--resume"]
     with contextlib.ExitStack() as stack:
         if backend == "vllm_server":
-            url = stack.enter_context(_server(out_dir / f"{name}.server.log"))
+            url = stack.enter_context(running_server(log=out_dir / f"{name}.server.log", ready_s=900)).url
             cmd += [f"rollout.server.urls=[{url}]", "rollout.server.lora_sync=merge"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

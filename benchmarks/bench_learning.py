@@ -529,6 +529,37 @@ def run_arm(suite: str, label: str, config: str, overrides: list[str], seed: int
     return run_dir
 
 
+def fixed_episodes(config: str, overrides: list[str]) -> int | None:
+    """The episodes an arm draws per step when that number is fixed (no ``curriculum.gate``, no
+    ``algo.dynamic_sampling``: every group drawn is trained on): prompts per step x group size."""
+    from veriloop.configs.loader import load_config
+
+    cfg = load_config(config, overrides)
+    if cfg.curriculum.gate or cfg.algo.dynamic_sampling:
+        return None
+    return cfg.rollout.prompts_per_step * cfg.rollout.group_size
+
+
+def backfill_episodes(runs: dict[str, dict[int, dict]], arms: list[tuple[str, str, list[str]]]) -> bool:
+    """Give the training curves of runs logged before ``samples/episodes`` existed that metric, where
+    their arm draws a fixed number per step (:func:`fixed_episodes`), marking each such run
+    ``episodes_from_settings``; arms that draw a varying number stay without (the efficiency table
+    leaves them out). Whether any run was filled."""
+    filled = False
+    for label, config, overrides in arms:
+        for r in runs.get(label, {}).values():
+            train = r.get("train", {})
+            if not train.get("step") or "samples/episodes" in train:
+                continue
+            per_step = fixed_episodes(config, overrides)
+            if per_step is None:
+                continue
+            train["samples/episodes"] = [float(per_step)] * len(train["step"])
+            r["episodes_from_settings"] = True
+            filled = True
+    return filled
+
+
 def _metric_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
@@ -698,6 +729,10 @@ def main() -> None:
             **old.get("shared_sft_cpu_hours", {}),
             **result["shared_sft_cpu_hours"],
         }
+    # runs logged before `samples/episodes` existed: their episodes, where the arm draws a fixed number
+    if backfill_episodes(runs, [(label, c, [*spec.get("common", []), *o]) for label, c, o in spec["arms"]]):
+        result["runs"] = {label: {str(s): r for s, r in by_seed.items()} for label, by_seed in runs.items()}
+        result["summary"] = summarize_all(args.suite, runs, spec.get("start_arm"))
     path.write_text(json.dumps(result, indent=1))
     arms = {label: [*spec.get("common", []), *o] for label, _, o in spec["arms"]}
     # a shared warm-up's SFT examples come before every arm's own (the by-examples plot's x)

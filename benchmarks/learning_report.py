@@ -18,6 +18,10 @@ ABLATION = ["grpo", "clip_higher", "token_level", "overlong", "dapo"]
 LOSS_ARMS = ["grpo_hf", "grpo", "grpo_tis", "dapo", "gspo", "cispo"]
 
 
+#: math_gain's arms at grpo_p16_v2's setting and warm-up (the same start, held-out set and steps).
+PER_SAMPLE_ARMS = ("grpo_p16_v2", "grpo_p16_gate", "opsd_p16", "opsd_gate_p16")
+
+
 def arm_differences(
     runs: dict[str, dict[int, dict]], reference: str = "grpo", split: str = "id"
 ) -> list[dict]:
@@ -225,7 +229,12 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]], start_arm: str |
         out["vision_table"] = vision_table(runs)
     if suite in ("math_gain", "dapo_parts"):
         out["gain_table"] = gain_table(runs)
+    if suite == "dapo_parts":
         out["efficiency_table"] = efficiency_table(runs)
+    if suite == "math_gain":  # the learning-per-sample arms, against each other at one setting
+        same_setting = {label: r for label, r in runs.items() if label in PER_SAMPLE_ARMS}
+        out["efficiency_table"] = efficiency_table(same_setting)
+        out["vs_grpo_p16_v2"] = arm_differences(same_setting, reference="grpo_p16_v2")
     if suite == "points24_easy" and start_arm:
         out["matched"] = matched_table(runs, start_arm, ["id", "rule_ood"])
     return out

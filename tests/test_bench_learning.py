@@ -335,3 +335,52 @@ def test_efficiency_per_sample_and_per_cpu_hour_and_at_equal_budgets_by_hand(rep
     assert (
         report.efficiency_table({"old": {0: {"train": {"step": [1]}, "gains": {}}}}) == []
     )  # not logged: no row
+
+
+def test_runs_logged_before_the_episode_count_get_it_from_fixed_settings_only(bench):
+    """An arm that trains every group it draws drew prompts x group size per step (the quickstart: 4 x 8,
+    here 16 x 8); a gated arm's count varies, so its old runs stay without one (and out of the table)."""
+    old = lambda: {"train": {"step": [1, 2, 3], "time/rollout_s": [1.0] * 3}}  # noqa: E731
+    runs = {
+        "plain": {0: old()},
+        "gated": {0: old()},
+        "logged": {0: {"train": {"step": [1], "samples/episodes": [7.0]}}},
+    }
+    arms = [("plain", "quickstart", ["rollout.prompts_per_step=16"]),
+            ("gated", "quickstart", ["curriculum.gate=true"]), ("logged", "quickstart", [])]  # fmt: skip
+    assert bench.backfill_episodes(runs, arms)
+    assert (
+        runs["plain"][0]["train"]["samples/episodes"] == [128.0] * 3
+        and runs["plain"][0]["episodes_from_settings"]
+    )
+    assert (
+        "samples/episodes" not in runs["gated"][0]["train"]
+        and "episodes_from_settings" not in runs["gated"][0]
+    )
+    assert runs["logged"][0]["train"]["samples/episodes"] == [7.0]
+    assert not bench.backfill_episodes(runs, arms)  # nothing left to fill
+
+
+def test_math_gain_compares_the_per_sample_arms_among_themselves(report):
+    """The efficiency table and the paired end differences of math_gain take only the arms at
+    grpo_p16_v2's setting: an 8-problem arm would set the equal budgets of another setting."""
+
+    def run(end: list[float], eps: float) -> dict:
+        train = {
+            "step": [1, 2],
+            "samples/episodes": [eps] * 2,
+            "time/rollout_s": [1.0] * 2,
+            "time/train_s": [1.0] * 2,
+        }
+        return {"evals": {}, "train": train, "end_per_problem": {"id": end},
+                "cpu_hours": 1.0, "gains": {"id": {"2": {"diff": sum(end) / len(end) - 0.5, "se": 0.1, "z": 1.0,
+                                                      "se_start": 0.1, "se_step": 0.1, "num_problems": 4}}}}  # fmt: skip
+
+    runs = {"grpo_p16_v2": {0: run([1.0, 0.0, 1.0, 0.0], 128.0)},
+            "grpo_p16_gate": {0: run([1.0, 1.0, 1.0, 0.0], 160.0)},
+            "grpo": {0: run([0.0, 0.0, 0.0, 0.0], 64.0)}}  # fmt: skip
+    out = report.summarize_all("math_gain", runs)
+    assert {r["arm"] for r in out["efficiency_table"]} == {"grpo_p16_v2", "grpo_p16_gate"}
+    assert out["efficiency_table"][0]["equal_samples"]["episodes"] == 256.0  # grpo's 128 left out
+    (diff,) = out["vs_grpo_p16_v2"]
+    assert diff["arm"] == "grpo_p16_gate" and diff["diff (per seed)"] == [pytest.approx(0.25)]

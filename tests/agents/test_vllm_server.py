@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +33,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from veriloop.cli.serve import free_port, running_server, stop_server
 
 
 def _in_process_tests():
@@ -69,55 +70,14 @@ TRAIN = [
 ]  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """``veriloop serve-vllm`` on a free port (its own process group, killed at the end)."""
-    port = _free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    cmd = [sys.executable, "-m", "veriloop.cli", "serve-vllm", "--port", str(port), "--lora-rank", "8"]
-    # a server runs its engine in a process of its own (the trainer-side setting is not for it)
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
-    try:
-        while not _healthy(url):
-            assert proc.poll() is None, f"the server exited:\n{log.read_text()[-3000:]}"
-            assert time.perf_counter() - t0 < 400, f"no /health after 400 s:\n{log.read_text()[-3000:]}"
-            time.sleep(1)
+    with running_server("--lora-rank", "8", log=log, ready_s=400) as served:
         print(f"server up in {time.perf_counter() - t0:.0f} s")
-        yield {"url": url, "proc": proc}
-    finally:
-        _kill(proc)
-
-
-def _kill(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    """Stop the server and every process it started (its own session), then wait for it."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=60)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # children left behind by the engine, if any
-    except ProcessLookupError:
-        pass
+        yield {"url": served.url, "proc": served.proc}
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +170,7 @@ def test_a_sync_serves_the_updated_policy(server, route):
 def test_two_trainer_ranks_train_two_steps_on_one_server(server, tmp_path, parallel):
     """Both layouts of docs/scaling.md on CPU: two trainer ranks (whole copies, or FSDP2 shards
     gathered for each sync) and one server, weights sent without a file (gloo)."""
-    port = str(_free_port())
+    port = str(free_port())
     args = [*TRAIN, f"rollout.server.urls=[{server['url']}]", "train.steps=2", f"run.out_dir={tmp_path}",
             "run.name=two", "run.checkpoint_every=0", f"train.parallel={parallel}"]  # fmt: skip
     common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
@@ -288,7 +248,7 @@ def test_an_unreachable_server_stops_the_run_and_resume_finishes_it(server, tmp_
     checkpoint, and the log holds steps 1 and 2 once each."""
     from veriloop.cli.main import run as cli
 
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = ["train", *TRAIN, f"rollout.server.urls=[{url}]", "rollout.server.retries=2",
             "rollout.server.backoff_s=0.2", "train.steps=2", "run.checkpoint_every=1", f"run.out_dir={tmp_path}",
@@ -325,7 +285,7 @@ def test_a_killed_server_is_named_within_the_bounded_retry(server, base_policy):
     backend = VLLMServerBackend(base_policy, urls=[server["url"]], retries=2, backoff_s=0.2)
     context = chat_ids(base_policy.tokenizer, "Hi")
     assert sample(backend, context, n=2, max_new=4)
-    _kill(server["proc"], signal.SIGKILL)
+    stop_server(server["proc"], signal.SIGKILL)
     t0 = time.perf_counter()
     with pytest.raises(ServerError, match="did not answer POST /v1/completions") as err:
         sample(backend, context, n=2, max_new=4)

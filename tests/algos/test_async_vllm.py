@@ -5,19 +5,15 @@ pushed (and the prefix cache reset) between two turns."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from veriloop.cli.serve import running_server
 
 requires_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None and os.environ.get("VERILOOP_REQUIRE_VLLM") != "1",
@@ -49,43 +45,6 @@ def test_quickstart_trains_asynchronously_with_vllm(tmp_path: Path) -> None:
     assert (run / "final").is_dir()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _server(tmp_path: Path, *extra: str) -> Iterator[str]:
-    """``veriloop serve-vllm`` on a free port (its own session, stopped at the end); yields its URL."""
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    port = _free_port()
-    log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "veriloop.cli", "serve-vllm", "--port", str(port), *extra],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        t0 = time.monotonic()
-        while not _healthy(url):
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            assert time.monotonic() - t0 < 600, "the server never answered /health"
-            time.sleep(1)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
-
-
 def _check_run(run: Path) -> None:
     from veriloop.algos.async_loop import read_ledger
 
@@ -106,7 +65,8 @@ def test_quickstart_trains_asynchronously_against_a_vllm_server(tmp_path: Path) 
     from veriloop.algos.train import train
     from veriloop.configs.loader import load_config
 
-    with _server(tmp_path) as url:
+    with running_server(log=tmp_path / "server.log") as server:
+        url = server.url
         over = [*SHORT[:-3], "rollout.backend=vllm_server", f"rollout.server.urls=[{url}]",
                 "rollout.server.lora_sync=merge", "train.max_staleness=1", "algo.rollout_is=truncate"]  # fmt: skip
         run = train(load_config("quickstart", [*over, f"run.out_dir={tmp_path}", "run.name=s"]), quiet=True)
@@ -182,7 +142,8 @@ def test_lora_adapters_on_a_server_keep_each_episodes_version(
     from veriloop.configs.loader import load_config
 
     named, older, pauses = _spy_adapters(monkeypatch)
-    with _server(tmp_path, "--lora-rank", "16", "--", "--max-loras", "3") as url:
+    with running_server("--lora-rank", "16", "--", "--max-loras", "3", log=tmp_path / "server.log") as server:
+        url = server.url
         over = [*ADAPTERS, "rollout.backend=vllm_server", f"rollout.server.urls=[{url}]",
                 "rollout.server.lora_sync=adapter"]  # fmt: skip
         run = train(load_config("quickstart", [*over, f"run.out_dir={tmp_path}", "run.name=l"]), quiet=True)
