@@ -31,6 +31,7 @@ from veriloop.agents.engine import EpisodeSpec
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.async_eval import EvalBeside, eval_due
 from veriloop.algos.async_worker import GenerationWorker, HFWeights, LiveWeights
+from veriloop.algos.run.progress import say
 from veriloop.algos.staleness import Group, Scheduler, count_metrics, idle_shares, staleness_metrics
 from veriloop.configs.schema import ConfigError, ExperimentConfig
 
@@ -136,7 +137,7 @@ def build_worker(run: Any, ledger: Ledger) -> GenerationWorker:
     fmt = ChatFormat(policy.tokenizer, cfg.env.system_prompt, processor=policy.processor)
     worker = GenerationWorker(sched=sched, cond=threading.Condition(), weights=weights, specs=_specs(cfg),
                               drop=_drop_rule(cfg), fmt=fmt, eos=eos_token_ids(policy.tokenizer, policy.model),
-                              sampling=T._sampling(cfg, T.sampling_stream(state.step, 0, 0)), limits=T._limits(cfg),
+                              sampling=T.sampling_for(cfg, T.sampling_stream(state.step, 0, 0)), limits=T.rollout_limits(cfg),
                               cursor=state.next_seed, pending=pending)  # fmt: skip
     worker.on_drop = lambda g: ledger.write("dropped", g, sched.version, g.dropped)
     return worker
@@ -148,12 +149,14 @@ def async_loop(run: Any) -> None:
 
     cfg, state = run.cfg, run.state
     check_async(cfg, run.dist)
-    loop = T._step_loop(run)
+    loop = T.step_loop(run)
     ledger = Ledger(run.run_dir, state.step)
     worker = build_worker(run, ledger)
-    T._say(run.quiet, f"RL (asynchronous, max_staleness={cfg.train.max_staleness}): {cfg.train.steps - state.step} "
+    say(quiet=run.quiet, text=f"RL (asynchronous, max_staleness={cfg.train.max_staleness}): {cfg.train.steps - state.step} "
                       f"steps of {cfg.rollout.batch_size} episodes, algorithm {cfg.algo.name}")  # fmt: skip
-    evals = EvalBeside(run.policy, lambda policy, v: T._evaluate(cfg, policy, v, run.quiet, backend=None))
+    evals = EvalBeside(
+        run.policy, lambda policy, v: T.evaluate_policy(cfg, policy, v, run.quiet, backend=None)
+    )
     if state.history.get("async", {}).get("eval_pending") == state.step:
         evals.start(state.step)  # killed while evaluating this checkpoint's weights: evaluate them now
     worker.start()
@@ -196,7 +199,7 @@ def _async_step(
         metrics.update(T.train_on_batch(cfg, run.policy, run.critic, run.optimizer, trajs, run.generator,
                                         run.dist, run.algo))  # fmt: skip
     else:
-        metrics.update(T._no_update())
+        metrics.update(T.no_update())
     metrics["time/weight_sync_s"] = _hand_over_weights(run, worker, step + 1)
     for g in batch:
         ledger.write("trained", g, step)
@@ -208,16 +211,16 @@ def _async_step(
     metrics.update(staleness_metrics(step, batch))
     metrics.update(idle_shares(waited, gen_wait, time.perf_counter() - t0))
     metrics["async/weight_versions_held"] = float(worker.weights.most_held)
-    metrics.update(T._timing(metrics, run.scheduler.get_last_lr()[0], shown, waited, t_train))
-    T._guard_nonfinite(loop, state, metrics)
+    metrics.update(T.step_timing(metrics, run.scheduler.get_last_lr()[0], shown, waited, t_train))
+    T.guard_nonfinite(loop, state, metrics)
     state.step = step + 1
     _evaluate_and_log(run, loop, metrics, evals)
-    loop.show(T._summary(metrics))
-    T._say(run.quiet, f"step {state.step:4d}/{cfg.train.steps} | {T._summary(metrics)} | "
+    loop.show(T.step_summary(metrics))
+    say(quiet=run.quiet, text=f"step {state.step:4d}/{cfg.train.steps} | {T.step_summary(metrics)} | "
                       f"stale={metrics['async/staleness_mean']}")  # fmt: skip
     if loop.checkpoint_due(state.step):
         state.history.setdefault("async", {})["eval_pending"] = evals.in_flight
-        T._checkpoint(run)
+        T.checkpoint_run(run)
 
 
 def _hand_over_weights(run: Any, worker: GenerationWorker, version: int) -> float:
@@ -275,7 +278,7 @@ def _evaluate_and_log(run: Any, loop: Any, metrics: dict[str, Any], evals: EvalB
     if step == cfg.train.steps:
         evals.wait()
         _log_evals(loop, evals)
-        metrics.update(T._evaluate(cfg, run.policy, step, run.quiet, backend=None))
+        metrics.update(T.evaluate_policy(cfg, run.policy, step, run.quiet, backend=None))
         metrics["async/eval_version"] = float(step)
     elif eval_due(cfg, step):
         evals.start(step)

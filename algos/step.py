@@ -81,15 +81,15 @@ class RunParts:
     dist: DistContext
     quiet: bool
     log: RunLog | None = None  # rank 0 only
-    backend: _LiveBackend | None = None  # vLLM (in-process or servers); None = the HF engine
+    backend: LiveBackend | None = None  # vLLM (in-process or servers); None = the HF engine
     sharded: Any = None  # fsdp.Sharded under train.parallel=fsdp with several ranks, else None
 
 
-def _sampling(cfg: ExperimentConfig, stream: int) -> SamplingParams:
+def sampling_for(cfg: ExperimentConfig, stream: int) -> SamplingParams:
     return SamplingParams.from_rollout(cfg.rollout, seed=cfg.rollout.seed * 100_003 + stream)
 
 
-def _limits(cfg: ExperimentConfig) -> RolloutLimits:
+def rollout_limits(cfg: ExperimentConfig) -> RolloutLimits:
     return RolloutLimits.from_rollout(cfg.rollout)
 
 
@@ -105,7 +105,7 @@ def sampling_stream(step: int, round_: int, rank: int) -> int:
     """The sampling stream of one rollout call: ``(step * 16 + round) * 64 + rank``.
 
     Reproducible (a resumed run draws the same numbers at the same step) and distinct across
-    steps, dynamic-sampling rounds within a step and data-parallel ranks; ``_sampling`` turns it
+    steps, dynamic-sampling rounds within a step and data-parallel ranks; ``sampling_for`` turns it
     into the sampler's seed."""
     return (step * ROUNDS_PER_STEP + round_) * MAX_RANKS + rank
 
@@ -229,7 +229,7 @@ def merge_metrics(*parts: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _step_loop(run: RunParts) -> StepLoop:
+def step_loop(run: RunParts) -> StepLoop:
     """The RL phase's ``StepLoop``: ``train.steps``, the guard's counts as ``run.state`` holds them
     (a resumed run keeps them), ``train.log_every`` and ``run.checkpoint_every``."""
     cfg, state = run.cfg, run.state
@@ -242,7 +242,7 @@ def _step_loop(run: RunParts) -> StepLoop:
                     checkpoint_every=cfg.run.checkpoint_every, log=run.log, advice=advice, quiet=run.quiet)  # fmt: skip
 
 
-class _LiveBackend(Backend, Protocol):
+class LiveBackend(Backend, Protocol):
     """A backend with its own copy of the weights (vLLM): ``sync`` loads the trained ones into it."""
 
     def sync(self) -> None: ...
@@ -250,7 +250,7 @@ class _LiveBackend(Backend, Protocol):
     def close(self) -> None: ...
 
 
-def _timing(
+def step_timing(
     metrics: dict[str, Any],
     lr: float | torch.Tensor,
     sampled: list[Trajectory],
@@ -268,7 +268,7 @@ def _timing(
     }  # fmt: skip
 
 
-def _no_update() -> dict[str, float | None]:
+def no_update() -> dict[str, float | None]:
     """Update metrics of a step without a batch: the same keys, null values, zero updates."""
     return {
         **dict.fromkeys(METRIC_NAMES),
@@ -279,7 +279,7 @@ def _no_update() -> dict[str, float | None]:
     }
 
 
-def _guard_nonfinite(loop: StepLoop, state: TrainerState, metrics: dict[str, Any]) -> None:
+def guard_nonfinite(loop: StepLoop, state: TrainerState, metrics: dict[str, Any]) -> None:
     """Count the step in ``loop``'s guard (``NonFiniteTrainingError`` after ``train.max_consecutive_nonfinite``
     skipped steps in a row) and copy its counts into ``state``, which checkpoints them."""
     try:
@@ -294,7 +294,7 @@ def _guard_nonfinite(loop: StepLoop, state: TrainerState, metrics: dict[str, Any
 SAVE_DELAY_ENV = "VERILOOP_TEST_SAVE_DELAY"
 
 
-def _checkpoint(run: RunParts) -> None:
+def checkpoint_run(run: RunParts) -> None:
     """Atomic save (see ``algos/run/checkpoint.py``); refuses non-finite weights, keeps the last K."""
     state = run.state
     trainer_state = {"state": dict(state.__dict__), "generator": run.generator.get_state().tolist()}
@@ -319,13 +319,13 @@ def _checkpoint(run: RunParts) -> None:
                     scheduler=run.scheduler, trainer_state=trainer_state, keep_last=run.cfg.run.keep_last)  # fmt: skip
 
 
-def _evaluate(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool, *, tag: str | None = None,
+def evaluate_policy(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool, *, tag: str | None = None,
               prefix: str = "eval", backend: Backend | None = None) -> dict[str, float]:  # fmt: skip
     from veriloop.algos.eval.loop import evaluate_config
     from veriloop.algos.eval.report import write_report
 
     splits = cfg.env.resolved_eval_splits
-    _say(quiet, f"evaluating {_checkpoint_label(cfg, step, tag)}: {len(splits)} split(s) ({', '.join(splits)}) x "
+    say(quiet=quiet, text=f"evaluating {_checkpoint_label(cfg, step, tag)}: {len(splits)} split(s) ({', '.join(splits)}) x "
                 f"{cfg.eval.num_problems} problems x {cfg.eval.n_samples} samples")  # fmt: skip
     report = evaluate_config(cfg, policy, step=step, backend=backend)
     report["meta"]["checkpoint"] = _checkpoint_label(cfg, step, tag)
@@ -333,7 +333,7 @@ def _evaluate(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool, *, 
     flat = {f"{prefix}/{split}/{k}": float(v) for split, m in report["splits"].items()
             for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)}  # fmt: skip
     shown = ", ".join(f"{k}={v:.3f}" for k, v in flat.items() if k.endswith("avg@n"))
-    _say(quiet, f"{prefix} @{step}: {shown}")
+    say(quiet=quiet, text=f"{prefix} @{step}: {shown}")
     return flat
 
 
@@ -346,12 +346,8 @@ def _checkpoint_label(cfg: ExperimentConfig, step: int, tag: str | None) -> str:
     return f"RL step {step}"
 
 
-def _summary(m: dict[str, float]) -> str:
+def step_summary(m: dict[str, float]) -> str:
     keys = [("reward/mean", "R"), ("success_rate", "acc"), ("response_length/mean", "len"),
             ("entropy", "H"), ("clip_frac_high", "clip+"), ("grad_norm", "|g|"), ("time/rollout_s", "t_roll"),
             ("time/train_s", "t_train")]  # fmt: skip
     return " ".join(f"{short}={m[k]:.3g}" for k, short in keys if m.get(k) is not None)
-
-
-def _say(quiet: bool, text: str) -> None:
-    say(text, quiet)

@@ -42,6 +42,7 @@ from veriloop.algos.run.checkpoint import (
 from veriloop.algos.run.distributed import DistContext, init_distributed, shutdown_distributed
 from veriloop.algos.run.lock import acquire, release
 from veriloop.algos.run.log import RunLog
+from veriloop.algos.run.progress import say
 from veriloop.algos.run.setup import (
     build_critic,
     build_optimizer,
@@ -56,21 +57,20 @@ from veriloop.algos.run.steps import StepLoop
 from veriloop.algos.sampling import dynamic_sampling, is_informative
 from veriloop.algos.step import (
     SINGLE_PROCESS,
+    LiveBackend,
     RunParts,
     TrainerState,
-    _checkpoint,
-    _evaluate,
-    _guard_nonfinite,
-    _limits,
-    _LiveBackend,
-    _no_update,
-    _sampling,
-    _say,
-    _step_loop,
-    _summary,
-    _timing,
+    checkpoint_run,
+    evaluate_policy,
+    guard_nonfinite,
+    no_update,
+    rollout_limits,
     rollout_metrics,
+    sampling_for,
     sampling_stream,
+    step_loop,
+    step_summary,
+    step_timing,
     train_on_batch,
 )
 from veriloop.algos.update import (
@@ -113,7 +113,7 @@ class GroupSampler:
         specs = [EpisodeSpec(envs[e].id or cfg.env.id, dict(envs[e].kwargs), s, s)
                  for s, e in zip(seeds, names) for _ in range(g)]  # fmt: skip
         stream = sampling_stream(self.state.step, self.rounds, self.dist.rank)
-        mine = rollout(self.policy, specs, sampling=_sampling(cfg, stream), limits=_limits(cfg), backend=self.backend,
+        mine = rollout(self.policy, specs, sampling=sampling_for(cfg, stream), limits=rollout_limits(cfg), backend=self.backend,
                        system_prompt=cfg.env.system_prompt,
                        compactor=make_compactor(cfg.rollout.compaction, cfg.rollout.compaction_keep)) if specs else []  # fmt: skip
         self.rounds += 1
@@ -210,7 +210,7 @@ def _train_claimed(
     if cfg.sft.steps > 0 and not run.state.sft_done:
         _sft_warmup(run)
         if dist.is_main and cfg.run.checkpoint_every > 0:
-            _checkpoint(run)  # step 0: a run cut before its first RL checkpoint keeps its warm-up
+            checkpoint_run(run)  # step 0: a run cut before its first RL checkpoint keeps its warm-up
     if not dist.sharded:  # sharded: broadcast before sharding (_build_run)
         dist.broadcast_params(list(trainable_state(run.policy, run.critic).values()))  # rank 0's weights
     if run.backend is not None and run.state.step == 0 and cfg.sft.steps > 0:
@@ -223,7 +223,7 @@ def _train_claimed(
         at_start = run.state.step == 0 and (cfg.eval.at_start or cfg.train.steps == 0)
         with _whole_weights(run, at_start):  # sharded: all ranks gather, rank 0 evaluates
             start = (
-                _evaluate(cfg, run.policy, 0, run.quiet, backend=_eval_backend(run))
+                evaluate_policy(cfg, run.policy, 0, run.quiet, backend=_eval_backend(run))
                 if at_start and run.log is not None
                 else {}
             )
@@ -307,9 +307,12 @@ def _restore(run: RunParts, resume: bool) -> Path | None:
     if ckpt is not None and not run.dist.is_main:  # every rank reads the same folder (shared file system)
         apply(load_checkpoint(ckpt))  # also restores the python/numpy/torch RNG states
     if ckpt is not None:
-        _say(run.quiet, f"resumed from {ckpt} at step {run.state.step}")
+        say(quiet=run.quiet, text=f"resumed from {ckpt} at step {run.state.step}")
     elif resume:
-        _say(run.quiet, f"--resume: no complete checkpoint in {run.run_dir}/checkpoints, starting fresh")
+        say(
+            quiet=run.quiet,
+            text=f"--resume: no complete checkpoint in {run.run_dir}/checkpoints, starting fresh",
+        )
     return ckpt
 
 
@@ -339,9 +342,12 @@ def _restore_sharded(run: RunParts, resume: bool) -> Path | None:
                              optimizer=run.optimizer)  # fmt: skip
     if found is not None:
         _apply_loop_state(run, found[1])
-        _say(run.quiet, f"resumed from {found[0]} (sharded) at step {run.state.step}")
+        say(quiet=run.quiet, text=f"resumed from {found[0]} (sharded) at step {run.state.step}")
     elif resume:
-        _say(run.quiet, f"--resume: no complete checkpoint in {run.run_dir}/checkpoints, starting fresh")
+        say(
+            quiet=run.quiet,
+            text=f"--resume: no complete checkpoint in {run.run_dir}/checkpoints, starting fresh",
+        )
     return found[0] if found else None
 
 
@@ -357,13 +363,13 @@ def _sft_warmup(run: RunParts) -> None:
 
     cfg, state, main = run.cfg, run.state, run.dist.is_main
     if main and cfg.eval.before_sft:  # the base model, logged with step 0 as eval_base/...
-        state.history["eval_base"] = _evaluate(cfg, run.policy, 0, run.quiet, tag="base", prefix="eval_base",
+        state.history["eval_base"] = evaluate_policy(cfg, run.policy, 0, run.quiet, tag="base", prefix="eval_base",
                                                backend=_eval_backend(run))  # fmt: skip
     # every rank runs the same warm-up; only rank 0 saves it, and its weights are broadcast after it
     sft_metrics = warmup_from_config(cfg, run.policy, run_dir=run.run_dir / "sft" if main else None)
     state.sft_done = True
     state.history["sft"] = sft_metrics
-    _say(run.quiet, f"SFT warm-up done: {sft_metrics}")
+    say(quiet=run.quiet, text=f"SFT warm-up done: {sft_metrics}")
 
 
 def _loop(run: RunParts) -> None:
@@ -373,8 +379,8 @@ def _loop(run: RunParts) -> None:
 
         return async_loop(run)
     cfg, state, backend = run.cfg, run.state, run.backend
-    loop = _step_loop(run)
-    _say(run.quiet, f"RL: {cfg.train.steps - state.step} steps of {cfg.rollout.batch_size} episodes "
+    loop = step_loop(run)
+    say(quiet=run.quiet, text=f"RL: {cfg.train.steps - state.step} steps of {cfg.rollout.batch_size} episodes "
                     f"({cfg.rollout.prompts_per_step} problems x {cfg.rollout.group_size}), algorithm {cfg.algo.name}")  # fmt: skip
     for step in loop.steps(state.step):
         t0 = time.perf_counter()
@@ -397,33 +403,33 @@ def _loop(run: RunParts) -> None:
                     backend.sync()  # the engine samples the next step with the weights just trained
                 metrics["time/weight_sync_s"] = time.perf_counter() - t_sync
         else:
-            metrics.update(_no_update())
+            metrics.update(no_update())
         t_train = time.perf_counter() - t1
         run.scheduler.step()  # once per RL step, whatever the number of optimizer steps in it
-        metrics.update(_timing(metrics, run.scheduler.get_last_lr()[0], sampled, t_rollout, t_train))
-        _guard_nonfinite(loop, state, metrics)  # a skipped step is counted; too many in a row stop the run
+        metrics.update(step_timing(metrics, run.scheduler.get_last_lr()[0], sampled, t_rollout, t_train))
+        guard_nonfinite(loop, state, metrics)  # a skipped step is counted; too many in a row stop the run
         state.step = step + 1
         _evaluate_and_log(run, loop, metrics)
-        loop.show(_summary(metrics))
-        _say(run.quiet, f"step {state.step:4d}/{cfg.train.steps} | {_summary(metrics)}")
+        loop.show(step_summary(metrics))
+        say(quiet=run.quiet, text=f"step {state.step:4d}/{cfg.train.steps} | {step_summary(metrics)}")
         if (run.dist.is_main or run.dist.sharded) and loop.checkpoint_due(state.step):
-            _checkpoint(run)  # sharded: every rank writes its shards
+            checkpoint_run(run)  # sharded: every rank writes its shards
 
 
-def _rollout_backend(cfg: ExperimentConfig, policy: Policy, dist: DistContext) -> _LiveBackend | None:
+def _rollout_backend(cfg: ExperimentConfig, policy: Policy, dist: DistContext) -> LiveBackend | None:
     """vLLM: one engine for the run, updated in place after every optimizer step; vllm_server: the
     same through HTTP (rank 0 pushes, every rank waits); None: each rollout call uses
     ``engine.default_backend`` (the HF backend). ``auto`` is resolved here (``resolve_backend``)."""
     name = resolve_backend(cfg.rollout.backend, policy)
     if name == "vllm_server":
         server = asdict(cfg.rollout.server)
-        return cast(_LiveBackend, make_backend("vllm_server", policy, dist=dist, **server))
+        return cast(LiveBackend, make_backend("vllm_server", policy, dist=dist, **server))
     if name != "vllm":
         return None
-    return cast(_LiveBackend, make_backend("vllm", policy, **cfg.rollout.vllm_kwargs))
+    return cast(LiveBackend, make_backend("vllm", policy, **cfg.rollout.vllm_kwargs))
 
 
-def _eval_backend(run: RunParts) -> _LiveBackend | None:
+def _eval_backend(run: RunParts) -> LiveBackend | None:
     """The engine evaluations sample with: the rollouts' (``eval.backend: rollout``) or HF (None)."""
     return run.backend if run.cfg.eval.backend == "rollout" else None
 
@@ -443,7 +449,7 @@ def _evaluate_and_log(run: RunParts, loop: StepLoop, metrics: dict[str, Any]) ->
     due = bool(every_eval and step % every_eval == 0) or last
     with _whole_weights(run, due):  # sharded: all ranks gather, rank 0 evaluates
         if main and due:
-            metrics.update(_evaluate(cfg, run.policy, step, run.quiet, backend=_eval_backend(run)))
+            metrics.update(evaluate_policy(cfg, run.policy, step, run.quiet, backend=_eval_backend(run)))
     loop.log_metrics(step, metrics)  # rank 0 only: the others have no log
 
 

@@ -9,7 +9,7 @@ single-turn level-1 math from ``veriloop/MathVerify-v0``; both see the same prob
 rendered with the model's chat template (one user message, the template's default system prompt).
 
 * veriloop: ``veriloop.algos.train.train(cfg)`` with ``load_config("quickstart", overrides)``.
-  Evaluation is switched off by replacing ``veriloop.algos.train._evaluate`` with a no-op in the
+  Evaluation is switched off by replacing ``veriloop.algos.train.evaluate_policy`` with a no-op in the
   worker process (it would run before the first and after the last step).
 * TRL: ``GRPOTrainer`` with a ``datasets.Dataset`` of the env's reset observations and a reward
   function that calls ``veriloop.envs.verifiers.check_math`` on the gold answer from
@@ -167,8 +167,8 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
         ]
     cfg = load_config("quickstart", overrides=overrides)
     # no evaluation: only training steps are compared
-    vt._evaluate = lambda cfg, policy, step, quiet, **kw: {}
-    inner_loop, inner_guard = vt._loop, vt._guard_nonfinite
+    vt.evaluate_policy = lambda cfg, policy, step, quiet, **kw: {}
+    inner_loop, inner_guard = vt._loop, vt.guard_nonfinite
 
     def loop(*a: Any, **k: Any) -> None:  # the policy is built: wait for the first "go"
         chan.send(event="ready", hwm_mb=vm_hwm_mb(), torch_threads=torch.get_num_threads())
@@ -185,7 +185,7 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
         if state.step + 1 < loop.total:
             chan.wait_go()
 
-    vt._loop, vt._guard_nonfinite = loop, guard
+    vt._loop, vt.guard_nonfinite = loop, guard
     vt.train(cfg, quiet=True)
 
 
@@ -480,7 +480,7 @@ def run_parent(args: argparse.Namespace) -> None:
             "target_modules": "all-linear",
             "kl": "off (beta = 0, no reference model)",
             "loss": "GRPO seq-mean-token-mean, clip 0.2",
-            "veriloop_eval": "off: veriloop.algos.train._evaluate replaced by a no-op",
+            "veriloop_eval": "off: veriloop.algos.train.evaluate_policy replaced by a no-op",
             "warmup_steps_discarded": 1,
         },  # fmt: skip
         "flops": {

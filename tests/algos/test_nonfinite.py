@@ -29,27 +29,27 @@ def test_sampling_stream_formula_and_distinct_draws():
 
 def test_rl_step_loop_takes_its_guard_from_the_config_and_the_resumed_state():
     """RL's ``StepLoop``: limit ``train.max_consecutive_nonfinite``, counts from ``TrainerState``
-    (checkpointed), which ``_guard_nonfinite`` keeps up to date, also on the step that stops the run."""
+    (checkpointed), which ``guard_nonfinite`` keeps up to date, also on the step that stops the run."""
     from types import SimpleNamespace
 
     import pytest
 
     from veriloop.algos.run.nonfinite import NonFiniteTrainingError
-    from veriloop.algos.step import TrainerState, _guard_nonfinite, _step_loop
+    from veriloop.algos.step import TrainerState, guard_nonfinite, step_loop
     from veriloop.configs.loader import load_config
 
     cfg = load_config("quickstart", overrides=["train.max_consecutive_nonfinite=2", "train.log_every=3"])
     state = TrainerState(step=4, consecutive_nonfinite=1, skipped_steps=5)
-    loop = _step_loop(SimpleNamespace(cfg=cfg, state=state, log=None, quiet=True))  # type: ignore[arg-type]
+    loop = step_loop(SimpleNamespace(cfg=cfg, state=state, log=None, quiet=True))  # type: ignore[arg-type]
     assert (loop.total, loop.guard.limit, loop.guard.in_a_row, loop.guard.total) == (cfg.train.steps, 2, 1, 5)
     assert loop.log_every == 3 and loop.checkpoint_every == cfg.run.checkpoint_every
     metrics = {"skipped": 0.0}
-    _guard_nonfinite(loop, state, metrics)  # a finite step resets the run of skipped steps
+    guard_nonfinite(loop, state, metrics)  # a finite step resets the run of skipped steps
     assert (state.consecutive_nonfinite, state.skipped_steps) == (0, 5)
     assert metrics["nonfinite_skipped_total"] == 5.0
-    _guard_nonfinite(loop, state, {"skipped": 1.0})
+    guard_nonfinite(loop, state, {"skipped": 1.0})
     stopping = {"skipped": 1.0}
     with pytest.raises(NonFiniteTrainingError, match="train: 2 consecutive steps"):
-        _guard_nonfinite(loop, state, stopping)
+        guard_nonfinite(loop, state, stopping)
     assert (state.consecutive_nonfinite, state.skipped_steps) == (2, 7)  # the state says how it ended
     assert stopping["nonfinite_skipped_total"] == 7.0

@@ -25,7 +25,7 @@ TINY = [
 @pytest.mark.parametrize(("compaction", "split"), [("none", False), ("keep_last", True)])
 def test_compaction_in_a_training_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compaction: str,
                                        split: bool) -> None:  # fmt: skip
-    monkeypatch.setattr(T, "_evaluate", lambda cfg, policy, step, quiet, **kw: {})
+    monkeypatch.setattr(T, "evaluate_policy", lambda cfg, policy, step, quiet, **kw: {})
     cfg = load_config(None, [*TINY, f"run.out_dir={tmp_path}", "run.name=c", f"rollout.compaction={compaction}",
                              "rollout.compaction_keep=0"])  # fmt: skip
     (row,) = read_metrics(T.train(cfg, quiet=True))

@@ -33,9 +33,11 @@ def test_quickstart_defaults_to_vllm_and_evaluates_with_it(
 
     made: list[Any] = []
     evals: list[Any] = []
-    build, evaluate = T._rollout_backend, T._evaluate
+    build, evaluate = T._rollout_backend, T.evaluate_policy
     monkeypatch.setattr(T, "_rollout_backend", lambda *a: made.append(build(*a)) or made[-1])
-    monkeypatch.setattr(T, "_evaluate", lambda *a, **k: evals.append(k.get("backend")) or evaluate(*a, **k))
+    monkeypatch.setattr(
+        T, "evaluate_policy", lambda *a, **k: evals.append(k.get("backend")) or evaluate(*a, **k)
+    )
     cfg = load_config("quickstart", [*SHORT, f"run.out_dir={tmp_path}", "run.name=v"])
     assert cfg.rollout.backend == "auto"
     run = T.train(cfg, quiet=True)
