@@ -5,7 +5,9 @@ A compactor is a function ``compactor(messages, generate) -> messages``:
 * ``messages`` is the current context as chat messages (system prompt if any, the task, then
   assistant and user turns), ending with the environment's newest message;
 * ``generate(messages) -> str`` asks the policy for one reply to ``messages`` (for compactors that
-  summarise; its tokens are never trained);
+  summarise; its tokens are never trained). The request is made to fit the context budget: when
+  ``messages`` and the reply's tokens would not fit ``max_context``, the oldest turns after the task
+  are left out of it (:func:`fit_request`);
 * it returns the shorter context, which must still end with that newest message.
 
 The rollout (:func:`veriloop.agents.engine.rollout`, ``compactor=``) calls it when the next turn
@@ -38,6 +40,18 @@ def _head(messages: Sequence[dict[str, Any]]) -> int:
     if first_user is None:
         raise ValueError("a context to compact needs a user message (the task); got none")
     return first_user + 1
+
+
+def fit_request(messages: Messages, fits: Callable[[Messages], bool]) -> Messages | None:
+    """``messages`` (system prompt, task, turns, ending with a request) with the oldest turns after
+    the task dropped, one at a time, until ``fits`` says the request fits; None when even the system
+    prompt, the task and the request alone do not."""
+    head = _head(messages)
+    for drop in range(len(messages) - head):  # the last message (the request) is always kept
+        kept = [*messages[:head], *messages[head + drop :]]
+        if fits(kept):
+            return kept
+    return None
 
 
 def _check(messages: Sequence[dict[str, Any]]) -> None:

@@ -31,7 +31,7 @@ import torch
 import veriloop.envs  # noqa: F401  (registers the environments that specs name)
 from veriloop.agents.backends import Backend, GenRequest, GenResult, eos_token_ids
 from veriloop.agents.chat import ChatFormat, observation_message
-from veriloop.agents.compaction import Compactor, Messages
+from veriloop.agents.compaction import Compactor, Messages, fit_request
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory, TurnRecord
 from veriloop.envs.base import SIGNAL_KEY, signal_of
@@ -260,10 +260,11 @@ class _Episode:
 
 def _compaction(
     compactor: Compactor | None, backend: Backend, fmt: ChatFormat, sampling: SamplingParams,
-    generator: torch.Generator, eos: Sequence[int], budget: int,
+    generator: torch.Generator, eos: Sequence[int], budget: int, max_context: int,
 ) -> Callable[[int], Callable[[Messages], Messages] | None]:  # fmt: skip
     """Episode key -> its compaction function (``compactor`` bound to a ``generate`` that asks the
-    policy for one reply, never trained), or None without a compactor."""
+    policy for one reply of up to ``budget`` tokens within ``max_context``, never trained), or None
+    without a compactor."""
     if compactor is not None and fmt.processor is not None:
         raise ValueError(
             "compaction re-renders the history, which vision policies do not support: compactor=None"
@@ -274,7 +275,10 @@ def _compaction(
             return None
 
         def generate(messages: Messages) -> str:
-            req = GenRequest(("compaction", key), fmt.prompt_ids(messages), budget, observation=messages[-1])
+            fitted = fit_request(messages, lambda m: len(fmt.prompt_ids(m)) + budget <= max_context)
+            if fitted is None:  # not even the task and the request fit: no reply
+                return ""
+            req = GenRequest(("compaction", key), fmt.prompt_ids(fitted), budget, observation=fitted[-1])
             (res,) = backend.generate([req], sampling, generator)
             backend.release(req.key)
             return fmt.action_text(res.token_ids, eos)
@@ -335,7 +339,7 @@ def rollout(
     eos = eos_token_ids(policy.tokenizer, getattr(policy, "model", None))
     per_turn = min(sampling.max_new_tokens, limits.max_new_tokens or sampling.max_new_tokens)
     generator = torch.Generator().manual_seed(sampling.seed)
-    compact_for = _compaction(compactor, backend, fmt, sampling, generator, eos, per_turn)
+    compact_for = _compaction(compactor, backend, fmt, sampling, generator, eos, per_turn, limits.max_context)
     eps = [_Episode(i, spec, fmt, compact_for(i), per_turn) for i, spec in enumerate(episodes)]
     try:
         for turn in range(limits.max_turns):

@@ -49,10 +49,14 @@ class RecordingPolicy(ScriptedPolicy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.contexts: list[list[int]] = []
+        self.summary_requests: list[tuple[int, int]] = []  # (prompt tokens, reply budget)
 
     def generate(self, requests, sampling, generator=None):  # type: ignore[no-untyped-def]
         # turns only (a compactor's summary request has a key of its own)
         self.contexts += [list(r.context_ids) for r in requests if isinstance(r.key, int)]
+        self.summary_requests += [
+            (len(r.context_ids), r.max_new_tokens) for r in requests if not isinstance(r.key, int)
+        ]
         return super().generate(requests, sampling, generator)
 
 
@@ -183,9 +187,34 @@ def test_compaction_splits_the_episode_and_trains_each_turn_in_its_context(compa
     after = contexts[traj.turn_index[traj.sample_starts[1]] + 1]  # the first turn of the second sample
     if isinstance(compactor, PolicySummary):
         assert "Summary of my earlier attempts: I tried 1+2+3+4 several times" in after
+        # the summary request itself fits the budget (the oldest turns left out of it)
+        assert policy.summary_requests and all(n + budget <= 400 for n, budget in policy.summary_requests)
         assert after.count('"formula": "1+2+3+4"') == 0
     else:  # the last exchange before the newest message is kept, the ones before it dropped
         assert after.count('"formula": "1+2+3+4"') == 1
+
+
+def test_a_summary_request_keeps_the_task_and_the_newest_turns_that_fit() -> None:
+    from veriloop.agents.compaction import fit_request
+
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"},
+            *({"role": r, "content": f"{r}{i}"} for i in range(3) for r in ("assistant", "user")),
+            {"role": "user", "content": "summarise"}]  # fmt: skip
+    size = lambda m: sum(len(x["content"]) for x in m)  # noqa: E731
+    assert fit_request(msgs, lambda m: True) == msgs
+    kept = fit_request(msgs, lambda m: size(m) <= size(msgs) - len("assistant0") - len("user0"))
+    assert [m["content"] for m in kept] == [
+        "s",
+        "task",
+        "assistant1",
+        "user1",
+        "assistant2",
+        "user2",
+        "summarise",
+    ]
+    alone = fit_request(msgs, lambda m: len(m) <= 3)
+    assert [m["content"] for m in alone] == ["s", "task", "summarise"]
+    assert fit_request(msgs, lambda m: len(m) < 3) is None  # not even the task and the request
 
 
 def test_split_rate_metrics() -> None:
