@@ -154,9 +154,7 @@ def async_loop(run: Any) -> None:
     worker = build_worker(run, ledger)
     say(quiet=run.quiet, text=f"RL (asynchronous, max_staleness={cfg.train.max_staleness}): {cfg.train.steps - state.step} "
                       f"steps of {cfg.rollout.batch_size} episodes, algorithm {cfg.algo.name}")  # fmt: skip
-    evals = EvalBeside(
-        run.policy, lambda policy, v: T.evaluate_policy(cfg, policy, v, run.quiet, backend=None)
-    )
+    evals = EvalBeside(run.policy, lambda policy, v: T.evaluate_step(cfg, policy, v, run.quiet, backend=None))
     if state.history.get("async", {}).get("eval_pending") == state.step:
         evals.start(state.step)  # killed while evaluating this checkpoint's weights: evaluate them now
     worker.start()
@@ -278,7 +276,7 @@ def _evaluate_and_log(run: Any, loop: Any, metrics: dict[str, Any], evals: EvalB
     if step == cfg.train.steps:
         evals.wait()
         _log_evals(loop, evals)
-        metrics.update(T.evaluate_policy(cfg, run.policy, step, run.quiet, backend=None))
+        metrics.update(T.evaluate_step(cfg, run.policy, step, run.quiet, backend=None))
         metrics["async/eval_version"] = float(step)
     elif eval_due(cfg, step):
         evals.start(step)

@@ -319,7 +319,7 @@ def checkpoint_run(run: RunParts) -> None:
                     scheduler=run.scheduler, trainer_state=trainer_state, keep_last=run.cfg.run.keep_last)  # fmt: skip
 
 
-def evaluate_policy(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool, *, tag: str | None = None,
+def evaluate_step(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool, *, tag: str | None = None,
               prefix: str = "eval", backend: Backend | None = None) -> dict[str, float]:  # fmt: skip
     from veriloop.algos.eval.loop import evaluate_config
     from veriloop.algos.eval.report import write_report

@@ -61,7 +61,7 @@ from veriloop.algos.step import (
     RunParts,
     TrainerState,
     checkpoint_run,
-    evaluate_policy,
+    evaluate_step,
     guard_nonfinite,
     no_update,
     rollout_limits,
@@ -223,7 +223,7 @@ def _train_claimed(
         at_start = run.state.step == 0 and (cfg.eval.at_start or cfg.train.steps == 0)
         with _whole_weights(run, at_start):  # sharded: all ranks gather, rank 0 evaluates
             start = (
-                evaluate_policy(cfg, run.policy, 0, run.quiet, backend=_eval_backend(run))
+                evaluate_step(cfg, run.policy, 0, run.quiet, backend=_eval_backend(run))
                 if at_start and run.log is not None
                 else {}
             )
@@ -363,7 +363,7 @@ def _sft_warmup(run: RunParts) -> None:
 
     cfg, state, main = run.cfg, run.state, run.dist.is_main
     if main and cfg.eval.before_sft:  # the base model, logged with step 0 as eval_base/...
-        state.history["eval_base"] = evaluate_policy(cfg, run.policy, 0, run.quiet, tag="base", prefix="eval_base",
+        state.history["eval_base"] = evaluate_step(cfg, run.policy, 0, run.quiet, tag="base", prefix="eval_base",
                                                backend=_eval_backend(run))  # fmt: skip
     # every rank runs the same warm-up; only rank 0 saves it, and its weights are broadcast after it
     sft_metrics = warmup_from_config(cfg, run.policy, run_dir=run.run_dir / "sft" if main else None)
@@ -449,7 +449,7 @@ def _evaluate_and_log(run: RunParts, loop: StepLoop, metrics: dict[str, Any]) ->
     due = bool(every_eval and step % every_eval == 0) or last
     with _whole_weights(run, due):  # sharded: all ranks gather, rank 0 evaluates
         if main and due:
-            metrics.update(evaluate_policy(cfg, run.policy, step, run.quiet, backend=_eval_backend(run)))
+            metrics.update(evaluate_step(cfg, run.policy, step, run.quiet, backend=_eval_backend(run)))
     loop.log_metrics(step, metrics)  # rank 0 only: the others have no log
 
 

@@ -9,7 +9,7 @@ single-turn level-1 math from ``veriloop/MathVerify-v0``; both see the same prob
 rendered with the model's chat template (one user message, the template's default system prompt).
 
 * veriloop: ``veriloop.algos.train.train(cfg)`` with ``load_config("quickstart", overrides)``.
-  Evaluation is switched off by replacing ``veriloop.algos.train.evaluate_policy`` with a no-op in the
+  Evaluation is switched off by replacing ``veriloop.algos.train.evaluate_step`` with a no-op in the
   worker process (it would run before the first and after the last step).
 * TRL: ``GRPOTrainer`` with a ``datasets.Dataset`` of the env's reset observations and a reward
   function that calls ``veriloop.envs.verifiers.check_math`` on the gold answer from
@@ -167,7 +167,7 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
         ]
     cfg = load_config("quickstart", overrides=overrides)
     # no evaluation: only training steps are compared
-    vt.evaluate_policy = lambda cfg, policy, step, quiet, **kw: {}
+    vt.evaluate_step = lambda cfg, policy, step, quiet, **kw: {}
     inner_loop, inner_guard = vt._loop, vt.guard_nonfinite
 
     def loop(*a: Any, **k: Any) -> None:  # the policy is built: wait for the first "go"
@@ -480,7 +480,7 @@ def run_parent(args: argparse.Namespace) -> None:
             "target_modules": "all-linear",
             "kl": "off (beta = 0, no reference model)",
             "loss": "GRPO seq-mean-token-mean, clip 0.2",
-            "veriloop_eval": "off: veriloop.algos.train.evaluate_policy replaced by a no-op",
+            "veriloop_eval": "off: veriloop.algos.train.evaluate_step replaced by a no-op",
             "warmup_steps_discarded": 1,
         },  # fmt: skip
         "flops": {

@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import veriloop.envs  # noqa: F401  (registers the environments the splits name)
+from veriloop.agents.compaction import Compactor, make_compactor
 from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory
@@ -196,6 +197,7 @@ def evaluate_policy(
     sampling_seed: int = 0,
     reference_split: str = REFERENCE_SPLIT,
     backend: Any = None,
+    compactor: Compactor | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on every split; see the module docstring for the metrics.
 
@@ -217,10 +219,12 @@ def evaluate_policy(
         reference_split: Split the generalization gap is measured against.
         backend: The generation backend (default: the HF engine on ``policy``); a live vLLM backend
             must already hold the policy's weights.
+        compactor: Shortens an episode's history where its next turn would not fit ``limits.max_context``
+            (:mod:`veriloop.agents.compaction`), as in training; None: such an episode is cut there.
     """
     _check_eval_args(seeds, n_samples, k_list, batch_episodes)
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=sampling_seed)
-    kw = {"limits": limits, "system_prompt": system_prompt, "backend": backend}
+    kw = {"limits": limits, "system_prompt": system_prompt, "backend": backend, "compactor": compactor}
     t0 = time.perf_counter()
     results: dict[str, dict[str, float]] = {}
     per_problem: dict[str, dict[str, list[float]]] = {}
@@ -235,6 +239,7 @@ def evaluate_policy(
         "num_problems": len(seeds), "first_seed": int(seeds[0]), "last_seed": int(seeds[-1]),
         "n_samples": n_samples, "k_list": list(k_list), "temperature": temperature, "greedy": greedy,
         "max_new_tokens": max_new_tokens, "max_turns": limits.max_turns, "max_context": limits.max_context,
+        "compactor": repr(compactor) if compactor is not None else None,
         "sampling_seed": sampling_seed, "reference_split": reference_split,
         "policy": getattr(policy, "name", type(policy).__name__), "time_s": time.perf_counter() - t0,
     }  # fmt: skip
@@ -308,7 +313,7 @@ def evaluate_config(
         k_list=e.k_list, temperature=e.temperature, greedy=e.greedy,
         limits=RolloutLimits.from_rollout(r), max_new_tokens=r.max_new_tokens,
         system_prompt=cfg.env.system_prompt, batch_episodes=e.batch_episodes, sampling_seed=e.seed_offset,
-        backend=backend,
+        backend=backend, compactor=make_compactor(r.compaction, r.compaction_keep),
     )  # fmt: skip
     report["meta"]["step"] = step
     return report

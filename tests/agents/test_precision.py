@@ -247,7 +247,7 @@ def quiet_run(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
         return Verdict(correct=ok, reason="correct" if ok else "wrong_value", parsed=response[:8])
 
     monkeypatch.setattr(MathVerifyEnv, "check", check)
-    monkeypatch.setattr(T, "evaluate_policy", lambda cfg, policy, step, quiet, **kw: {})
+    monkeypatch.setattr(T, "evaluate_step", lambda cfg, policy, step, quiet, **kw: {})
 
     def run(tmp_path: Path, precision: str, *extra: str) -> tuple[Path, list[dict]]:
         from veriloop.algos.run.log import read_metrics

@@ -123,7 +123,7 @@ def test_new_presets_train_two_steps(tmp_path, preset, monkeypatch) -> None:
     monkeypatch.setattr(
         MathVerifyEnv, "check", lambda self, r, task: Verdict(correct=len(r) % 2 == 0, reason="coin")
     )
-    monkeypatch.setattr(T, "evaluate_policy", lambda *a, **kw: {})
+    monkeypatch.setattr(T, "evaluate_step", lambda *a, **kw: {})
     torch.set_num_threads(1)
     name, _, tis = preset.partition("+")
     extra = ["algo.rollout_is=truncate", "algo.rollout_seq_mask=true"] if tis else []

@@ -251,7 +251,7 @@ def _slow_eval_spy(
     updates: list[int] = []
     released: list[bool] = []
     free = threading.Event()
-    train_on_batch, evaluate = T.train_on_batch, T.evaluate_policy
+    train_on_batch, evaluate = T.train_on_batch, T.evaluate_step
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         out = train_on_batch(*args, **kwargs)
@@ -267,7 +267,7 @@ def _slow_eval_spy(
         return evaluate(cfg, policy, step, *args, **kwargs)
 
     monkeypatch.setattr(T, "train_on_batch", counted)
-    monkeypatch.setattr(T, "evaluate_policy", slow)
+    monkeypatch.setattr(T, "evaluate_step", slow)
     return updates, released, free
 
 
@@ -287,7 +287,7 @@ def test_evaluation_runs_beside_generation_and_the_update(
     monkeypatch.setattr(W.GenerationWorker, "start", lambda self: workers.append(self) or start(self))
     updates, released, _ = _slow_eval_spy(monkeypatch, hold=2, until_step=4)
     during: list[bool] = []
-    slow = T.evaluate_policy
+    slow = T.evaluate_step
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         if workers:  # the evaluations inside the RL loop (not the one at step 0)
@@ -295,7 +295,7 @@ def test_evaluation_runs_beside_generation_and_the_update(
             during.append(w._thread is not None and w._thread.is_alive() and not w._pause)
         return slow(*args, **kwargs)
 
-    monkeypatch.setattr(T, "evaluate_policy", spy)
+    monkeypatch.setattr(T, "evaluate_step", spy)
     cfg = _cfg(tmp_path, "ev", "train.steps=4", "train.max_staleness=1", *ASYNC, "eval.every=2")
     run = train(cfg, quiet=True)
     assert released == [True] and len(updates) == 4

@@ -83,10 +83,8 @@ def test_the_live_engine_gets_the_warmup_and_does_the_evaluations(
     monkeypatch.setattr(
         T, "_rollout_backend", lambda cfg, policy, dist: made.append(Recording(policy)) or made[-1]
     )
-    inner = T.evaluate_policy
-    monkeypatch.setattr(
-        T, "evaluate_policy", lambda *a, **k: evals.append(k.get("backend")) or inner(*a, **k)
-    )
+    inner = T.evaluate_step
+    monkeypatch.setattr(T, "evaluate_step", lambda *a, **k: evals.append(k.get("backend")) or inner(*a, **k))
     cfg = load_config(
         "quickstart", [*TINY, f"eval.backend={eval_backend}", f"run.out_dir={tmp_path}", "run.name=b"]
     )

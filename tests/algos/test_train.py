@@ -80,7 +80,7 @@ def varied_rewards(monkeypatch: pytest.MonkeyPatch) -> None:
 def no_eval(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Evaluation is tested in test_evaluate.py; here only record when the loop asks for it."""
     calls: list[int] = []
-    monkeypatch.setattr(T, "evaluate_policy", lambda cfg, policy, step, quiet, **kw: calls.append(step) or {})
+    monkeypatch.setattr(T, "evaluate_step", lambda cfg, policy, step, quiet, **kw: calls.append(step) or {})
     return calls
 
 

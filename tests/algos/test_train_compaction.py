@@ -25,7 +25,7 @@ TINY = [
 @pytest.mark.parametrize(("compaction", "split"), [("none", False), ("keep_last", True)])
 def test_compaction_in_a_training_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compaction: str,
                                        split: bool) -> None:  # fmt: skip
-    monkeypatch.setattr(T, "evaluate_policy", lambda cfg, policy, step, quiet, **kw: {})
+    monkeypatch.setattr(T, "evaluate_step", lambda cfg, policy, step, quiet, **kw: {})
     cfg = load_config(None, [*TINY, f"run.out_dir={tmp_path}", "run.name=c", f"rollout.compaction={compaction}",
                              "rollout.compaction_keep=0"])  # fmt: skip
     (row,) = read_metrics(T.train(cfg, quiet=True))
@@ -43,3 +43,20 @@ def test_make_compactor_and_the_config_field() -> None:
         make_compactor("summarise")
     with pytest.raises(ConfigError, match="compaction_keep"):
         load_config(None, ["rollout.compaction=keep_last", "rollout.compaction_keep=-1"])
+
+
+@pytest.mark.parametrize(("compaction", "played_out"), [("none", False), ("keep_last", True)])
+def test_evaluation_compacts_as_training_does(compaction: str, played_out: bool) -> None:
+    """The held-out episodes of a run with `rollout.compaction` are compacted, not cut at max_context."""
+    from veriloop.algos.eval.loop import evaluate_config
+    from veriloop.algos.run.setup import build_policy
+
+    cfg = load_config(None, [*TINY, "eval.num_problems=2", f"rollout.compaction={compaction}",
+                             "rollout.compaction_keep=0"])  # fmt: skip
+    report = evaluate_config(cfg, build_policy(cfg))
+    turns, cut = report["splits"]["id"]["turns/mean"], report["splits"]["id"]["limit_stop_rate"]
+    assert report["meta"]["compactor"] == (None if compaction == "none" else "KeepLastTurns(k=0)")
+    if played_out:  # every episode had its 3 turns (the tiny model never solves one), none cut
+        assert turns == 3.0 and cut == 0.0
+    else:
+        assert turns < 3.0 and cut > 0.0

@@ -33,10 +33,10 @@ def test_quickstart_defaults_to_vllm_and_evaluates_with_it(
 
     made: list[Any] = []
     evals: list[Any] = []
-    build, evaluate = T._rollout_backend, T.evaluate_policy
+    build, evaluate = T._rollout_backend, T.evaluate_step
     monkeypatch.setattr(T, "_rollout_backend", lambda *a: made.append(build(*a)) or made[-1])
     monkeypatch.setattr(
-        T, "evaluate_policy", lambda *a, **k: evals.append(k.get("backend")) or evaluate(*a, **k)
+        T, "evaluate_step", lambda *a, **k: evals.append(k.get("backend")) or evaluate(*a, **k)
     )
     cfg = load_config("quickstart", [*SHORT, f"run.out_dir={tmp_path}", "run.name=v"])
     assert cfg.rollout.backend == "auto"
