@@ -11,7 +11,6 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from veriloop.cli.serve import add_serve_command
@@ -109,36 +108,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from veriloop.algos.run.lock import run_lock
-    from veriloop.algos.run.setup import check_model, remove_stale_temporaries
-    from veriloop.algos.sft.data import check_source
+    from veriloop.algos.sft.train import sft_from_config
 
-    cfg = _load(args)
-    if cfg.sft.steps <= 0:
-        print("sft.steps is 0: nothing to do (set sft.steps=N)", file=sys.stderr)
-        return 2
-    check_source(cfg.sft.source, cfg.env.id, cfg.env.kwargs)  # before the model loads
-    check_model(cfg.policy.model)
-    sft_dir = Path(cfg.run.out_dir) / cfg.run_name / "sft"
-    with run_lock(sft_dir.parent):  # one writer per run folder: not beside a trainer of the same run
-        remove_stale_temporaries(sft_dir.parent)
-        return _sft_in(cfg, sft_dir, args)
-
-
-def _sft_in(cfg: ExperimentConfig, sft_dir: Path, args: argparse.Namespace) -> int:
-    """``veriloop sft`` once the run folder is locked: refuse, replace or resume, then train."""
-    from veriloop.agents.loading import save_policy
-    from veriloop.algos.run.setup import build_policy, claim_folder
-    from veriloop.algos.sft.train import warmup_from_config
-
-    if args.resume and not args.overwrite and (sft_dir / "final").is_dir():
-        print(f"{sft_dir} is already finished (final/ saved); nothing to resume")
-        return 0
-    claim_folder(sft_dir, resume=args.resume, overwrite=args.overwrite, what="an SFT run")
-    policy = build_policy(cfg)
-    metrics = warmup_from_config(cfg, policy, run_dir=sft_dir)
-    out = save_policy(policy, sft_dir / "final")
-    print(f"SFT done: {metrics}\nsaved policy: {out}")
+    sft_from_config(_load(args), resume=args.resume, overwrite=args.overwrite)
     return 0
 
 

@@ -556,3 +556,40 @@ def warmup_from_config(
     out = run_sft(policy, examples, SFTSettings.from_config(cfg, len(examples)), run_dir=run_dir)
     out.pop("losses")
     return out
+
+
+def sft_from_config(
+    cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, quiet: bool = False
+) -> Path:
+    """``veriloop sft``: the config's SFT warm-up on its own, in ``<run folder>/sft``; the saved
+    policy's folder (``sft/final``).
+
+    The examples' source and the model are checked before anything loads (``ConfigError``); the
+    run folder is locked against another writer of the same run (a trainer included) and cleared of
+    a killed process's half-written files. A folder that already holds an SFT run is continued with
+    ``resume`` (a finished one is returned as it is) and replaced with ``overwrite``; otherwise it
+    is refused.
+    """
+    from veriloop.agents.loading import save_policy
+    from veriloop.algos.run.lock import run_lock
+    from veriloop.algos.run.progress import say
+    from veriloop.algos.run.setup import build_policy, check_model, claim_folder, remove_stale_temporaries
+    from veriloop.algos.sft.data import check_source
+    from veriloop.configs.errors import ConfigError
+
+    if cfg.sft.steps <= 0:
+        raise ConfigError("sft.steps is 0: nothing to do (set sft.steps=N)")
+    check_source(cfg.sft.source, cfg.env.id, cfg.env.kwargs)
+    check_model(cfg.policy.model)
+    sft_dir = Path(cfg.run.out_dir) / cfg.run_name / "sft"
+    with run_lock(sft_dir.parent):  # one writer per run folder: not beside a trainer of the same run
+        remove_stale_temporaries(sft_dir.parent)
+        if resume and not overwrite and (sft_dir / "final").is_dir():
+            say(f"{sft_dir} is already finished (final/ saved); nothing to resume", quiet)
+            return sft_dir / "final"
+        claim_folder(sft_dir, resume=resume, overwrite=overwrite, what="an SFT run")
+        policy = build_policy(cfg)
+        metrics = warmup_from_config(cfg, policy, run_dir=sft_dir)
+        out = Path(save_policy(policy, sft_dir / "final"))
+    say(f"SFT done: {metrics}\nsaved policy: {out}", quiet)
+    return out
