@@ -103,6 +103,7 @@ def teacher_logprobs(
     privileged: bool,
     temperature: float = 1.0,
     pad_id: int = 0,
+    micro_batch: int = 8,
 ) -> list[list[float]]:
     """Per episode, the teacher's log-prob of each token, at the student's positions.
 
@@ -113,28 +114,38 @@ def teacher_logprobs(
         privileged: Add the environment's ``privileged_context`` to the teacher's prompt.
         temperature: The rollout's sampling temperature (log-probs of softmax(logits / T)).
         pad_id: Padding token id.
+        micro_batch: Episodes per forward pass; they go in order of length, each pass padded to
+            its own longest (memory bounded like a training micro-batch, little padding).
 
     Returns:
         One list per episode, of its length: log pi_T(x_t | teacher context) on sampled tokens, 0 elsewhere.
     """
+    if micro_batch < 1:
+        raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
     views = [teacher_episode(t, fmt, privileged_text(t) if privileged else None) for t in trajs]
-    width = max(len(v.token_ids) for v, _ in views)
-    pad = [width - len(v.token_ids) for v, _ in views]
-    ids = torch.tensor([v.token_ids + [pad_id] * k for (v, _), k in zip(views, pad)])  # [B, T] right-padded
-    attn = torch.tensor([[1] * len(v.token_ids) + [0] * k for (v, _), k in zip(views, pad)])  # [B, T]
-    mask = torch.tensor([v.loss_mask + [0] * k for (v, _), k in zip(views, pad)])  # [B, T]
-    with torch.no_grad():
-        lp, _ = token_logprobs(
-            model, ids, attn, temperature=temperature, first_position=first_loss_position(mask)
-        )
-    out = []
-    for row, (t, (_, shift)) in enumerate(zip(trajs, views)):
-        mine = [0.0] * len(t.token_ids)
-        for pos, on in enumerate(t.loss_mask):
-            if on:
-                mine[pos] = float(lp[row, pos + shift])
-        out.append(mine)
+    order = sorted(range(len(views)), key=lambda i: len(views[i][0].token_ids))
+    out: list[list[float]] = [[] for _ in trajs]
+    for start in range(0, len(order), micro_batch):
+        rows = order[start : start + micro_batch]
+        width = max(len(views[i][0].token_ids) for i in rows)
+        ids = torch.tensor(
+            [_padded(views[i][0].token_ids, width, pad_id) for i in rows]
+        )  # [b, T] right-padded
+        attn = torch.tensor([_padded([1] * len(views[i][0].token_ids), width, 0) for i in rows])  # [b, T]
+        mask = torch.tensor([_padded(views[i][0].loss_mask, width, 0) for i in rows])  # [b, T]
+        with torch.no_grad():
+            lp, _ = token_logprobs(
+                model, ids, attn, temperature=temperature, first_position=first_loss_position(mask)
+            )
+        for row, i in enumerate(rows):
+            shift = views[i][1]
+            mine = lp[row].tolist()
+            out[i] = [mine[pos + shift] if on else 0.0 for pos, on in enumerate(trajs[i].loss_mask)]
     return out
+
+
+def _padded(values: list[int], width: int, pad: int) -> list[int]:
+    return values + [pad] * (width - len(values))
 
 
 @functools.lru_cache(maxsize=2)
@@ -148,7 +159,13 @@ def _loaded_teacher(path: str) -> Any:
 
 
 def score_with_teacher(
-    policy: Any, trajs: Sequence[Trajectory], *, teacher: str, teacher_model: str | None, temperature: float
+    policy: Any,
+    trajs: Sequence[Trajectory],
+    *,
+    teacher: str,
+    teacher_model: str | None,
+    temperature: float,
+    micro_batch: int = 8,
 ) -> list[list[float]]:
     """:func:`teacher_logprobs` with a run's teacher (``algo.distill_teacher``).
 
@@ -158,6 +175,7 @@ def score_with_teacher(
             ``model`` = ``teacher_model`` (a saved policy folder) on the student's context; its
             vocabulary must be the student's.
         temperature: The rollout's sampling temperature.
+        micro_batch: Episodes per forward pass (the run's ``train.micro_batch_size``).
     """
     if teacher == "privileged":
         model, privileged = policy.model, True
@@ -171,4 +189,6 @@ def score_with_teacher(
         model, privileged = loaded.model, False
     pad = policy.tokenizer.pad_token_id or 0
     fmt = ChatFormat(policy.tokenizer, processor=getattr(policy, "processor", None))
-    return teacher_logprobs(model, trajs, fmt, privileged=privileged, temperature=temperature, pad_id=pad)
+    return teacher_logprobs(
+        model, trajs, fmt, privileged=privileged, temperature=temperature, pad_id=pad, micro_batch=micro_batch
+    )

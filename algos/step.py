@@ -173,7 +173,8 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
                                        recompute_old_logprobs=truncated)  # fmt: skip
     if cfg.algo.distill_coef > 0:  # on-policy distillation: a teacher scores the student's own tokens
         batch = with_teacher(batch, score_with_teacher(policy, trajs, teacher=cfg.algo.distill_teacher,
-                             teacher_model=cfg.algo.distill_teacher_model, temperature=r.temperature))  # fmt: skip
+                             teacher_model=cfg.algo.distill_teacher_model, temperature=r.temperature,
+                             micro_batch=cfg.train.micro_batch_size))  # fmt: skip
     policy.model.train()
     sums: dict[str, float] = {}
     updates = 0

@@ -81,6 +81,12 @@ def test_teacher_logprobs_line_up_with_the_student_tokens(tiny_text_policy):
             [float(own[0, i + shift]) for i in sampled], abs=1e-5
         )
         assert lp != same[trajs.index(tr)]  # the context changed the numbers
+    # in passes of any size (rows by length, each pass padded to its own longest): the same numbers
+    for size in (1, 2, len(trajs)):
+        for got, want in zip(teacher_logprobs(model, trajs, fmt, privileged=True, micro_batch=size), priv):
+            assert got == pytest.approx(want, abs=1e-5)
+    with pytest.raises(ValueError, match="micro_batch"):
+        teacher_logprobs(model, trajs, fmt, privileged=True, micro_batch=0)
 
 
 def test_an_env_without_privileged_context_is_refused(tokenizer):
