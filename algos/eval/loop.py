@@ -201,26 +201,23 @@ def evaluate_policy(
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on every split; see the module docstring for the metrics.
 
-    The report's ``per_problem[split]`` holds each problem's accuracy over its samples (``avg@n``)
-    and, with ``greedy``, its greedy result, in problem order: two evaluations of the same problems
-    compare pairwise (:func:`~veriloop.algos.eval.metrics.paired_difference`).
+    The report's ``per_problem[split]``: each problem's ``avg@n`` (and greedy result), in problem order,
+    so two evaluations of the same problems compare pairwise (:func:`~veriloop.algos.eval.metrics.paired_difference`).
 
     Args:
         policy: A :class:`~veriloop.agents.policy.Policy` or a scripted policy.
-        splits: ``{name: split}``, each split with ``.id`` (env id) and ``.kwargs`` (e.g.
-            ``EnvConfig.resolved_eval_splits``).
+        splits: ``{name: split}``, each with ``.id`` and ``.kwargs`` (``EnvConfig.resolved_eval_splits``).
         seeds: Env seeds of the problems (the same problems on every split).
         n_samples: Samples per problem (``n`` of pass@k); every k in ``k_list`` must be <= n.
         temperature: Sampling temperature of the ``n`` samples (> 0).
         greedy: Also play each problem once greedily and report ``greedy_acc``.
-        limits, max_new_tokens, system_prompt: As for :func:`~veriloop.agents.engine.rollout`.
+        limits, max_new_tokens, system_prompt, compactor: As for :func:`~veriloop.agents.engine.rollout`
+            (a run evaluates with its ``rollout.compaction``, as it trains; None: a long episode is cut).
         batch_episodes: Episodes per rollout call (memory vs speed).
         sampling_seed: Seed of the first rollout batch (batch ``b`` uses ``sampling_seed + b``).
         reference_split: Split the generalization gap is measured against.
         backend: The generation backend (default: the HF engine on ``policy``); a live vLLM backend
             must already hold the policy's weights.
-        compactor: Shortens an episode's history where its next turn would not fit ``limits.max_context``
-            (:mod:`veriloop.agents.compaction`), as in training; None: such an episode is cut there.
     """
     _check_eval_args(seeds, n_samples, k_list, batch_episodes)
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=sampling_seed)
@@ -234,8 +231,7 @@ def evaluate_policy(
             results[name], per_problem[name] = _evaluate_split(policy, name, split, seeds, n_samples, list(k_list),
                                                                sampling, greedy_params, batch_episodes, kw)  # fmt: skip
     meta = {
-        "splits": {name: {"id": s.id, "kwargs": dict(s.kwargs), "source": split_source(str(s.id), s.kwargs, seeds)}
-                   for name, s in splits.items()},
+        "splits": _splits_meta(splits, seeds),
         "num_problems": len(seeds), "first_seed": int(seeds[0]), "last_seed": int(seeds[-1]),
         "n_samples": n_samples, "k_list": list(k_list), "temperature": temperature, "greedy": greedy,
         "max_new_tokens": max_new_tokens, "max_turns": limits.max_turns, "max_context": limits.max_context,
@@ -245,6 +241,12 @@ def evaluate_policy(
     }  # fmt: skip
     report = {"splits": results, "gap": report_gap(results, reference_split), "meta": meta}
     return {**report, "per_problem": per_problem}
+
+
+def _splits_meta(splits: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, dict[str, Any]]:
+    """Each split's env id, kwargs and where its problems come from (a report's ``meta.splits``)."""
+    return {name: {"id": s.id, "kwargs": dict(s.kwargs), "source": split_source(str(s.id), s.kwargs, seeds)}
+            for name, s in splits.items()}  # fmt: skip
 
 
 def _check_eval_args(
