@@ -7,12 +7,13 @@ success rates with the same groups and make the same difficulty draw at the next
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
+
+from veriloop.cli.serve import free_port
 
 WORKER = r"""
 import os, sys, torch
@@ -52,14 +53,8 @@ CONFIG = [
 ]  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_two_ranks_draw_gate_and_learn_the_same_rates(tmp_path: Path) -> None:
-    port = str(_free_port())
+    port = str(free_port())
     common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(

@@ -7,7 +7,6 @@ must equal the single-process update on the same (gathered) batch.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from veriloop.algos.run.distributed import DistContext
+from veriloop.cli.serve import free_port
 
 WORKER = r"""
 import dataclasses, os, sys, torch
@@ -61,12 +61,6 @@ CONFIG = [
 ]  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(out: Path, mode: str, env: dict[str, str], extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", WORKER, str(out), mode, *CONFIG, *extra], env={**os.environ, **env},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
@@ -95,7 +89,7 @@ CRITIC = ("algo.advantage=gae", "algo.critic=value_head", "algo.loss_agg_constan
     ids=["rloo", "critic-token_mean", "critic-seq_mean_token_mean", "critic-seq_sum_constant"],
 )
 def test_two_ranks_hold_identical_updated_weights(tmp_path: Path, extra: tuple[str, ...]) -> None:
-    port = str(_free_port())
+    port = str(free_port())
     common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
     _wait([_run(tmp_path, "dist", {**common, "RANK": str(r), "LOCAL_RANK": str(r)}, extra) for r in range(2)])
     r0, r1 = (torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in range(2))

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import torch
 
 from veriloop.algos.batch import collate_tokens
 from veriloop.algos.run.fsdp import decoder_blocks, empty_like_row
+from veriloop.cli.serve import free_port
 
 # A deterministic coin as the math check, so that groups have differing rewards (non-zero advantages).
 COIN = r"""
@@ -88,12 +88,6 @@ TINY = [
 CRITIC = ["algo.advantage=gae", "algo.critic=value_head", "algo.loss_agg_constant=8"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start(script: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", script, *args], env={**os.environ, "OMP_NUM_THREADS": "1", **env},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
@@ -103,7 +97,7 @@ def _two_ranks(
     script: str, args: list[str], env: dict[str, str] | None = None
 ) -> list[subprocess.Popen[bytes]]:
     """Two processes as ``torchrun --nproc_per_node 2`` starts them (gloo on CPU)."""
-    common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), **(env or {})}
+    common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **(env or {})}
     return [_start(script, args, {**common, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
 
 

@@ -10,13 +10,14 @@ model on CPU today: see docs/scaling.md.)
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from veriloop.cli.serve import free_port
 
 WORKER = r"""
 import json, os, sys, torch
@@ -55,18 +56,12 @@ if sharded:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(out: Path, mode: str, nproc: int | None = None) -> None:
     """The worker in one plain process (``nproc`` None) or under torchrun with ``nproc`` ranks."""
     worker = out / "worker.py"
     worker.write_text(WORKER)
     launcher = [] if nproc is None else ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                                          f"--master_port={_free_port()}"]  # fmt: skip
+                                          f"--master_port={free_port()}"]  # fmt: skip
     done = subprocess.run([sys.executable, *launcher, str(worker), str(out), mode], capture_output=True,
                           text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
