@@ -156,6 +156,26 @@ def efficiency_table(runs: dict[str, dict[int, dict]], split: str = "id") -> lis
     return rows
 
 
+def efficiency_over_seeds(rows: list[dict]) -> list[dict]:
+    """:func:`efficiency_table`'s rows per arm over its seeds: the mean of each figure, and for the
+    whole run's gain its sd and ``se_over_seeds = sd / sqrt(seeds)`` (None with one seed). A figure
+    some seed lacks (no CPU time recorded) is averaged over the seeds that have it."""
+    out = []
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        mine = [r for r in rows if r["arm"] == arm]
+        gains = [r["gain"] for r in mine]
+        sd = statistics.stdev(gains) if len(gains) > 1 else None
+        out.append({"arm": arm, "seeds": [r["seed"] for r in mine], "gain mean": statistics.fmean(gains),
+                    "gain sd over seeds": sd, "se_over_seeds": sd / len(gains) ** 0.5 if sd is not None else None,
+                    "episodes mean": statistics.fmean(r["episodes"] for r in mine),
+                    "cpu_hours mean": _mean([r["cpu_hours"] for r in mine]),
+                    "gain_per_1k_episodes mean": _mean([r["gain_per_1k_episodes"] for r in mine]),
+                    "gain_per_cpu_hour mean": _mean([r["gain_per_cpu_hour"] for r in mine]),
+                    "equal_samples gain mean": statistics.fmean(r["equal_samples"]["gain"] for r in mine),
+                    "equal_compute gain mean": statistics.fmean(r["equal_compute"]["gain"] for r in mine)})  # fmt: skip
+    return out
+
+
 def _mean(values: list) -> float | None:
     """Mean of the measured values (older runs lack newer metrics: None)."""
     known = [v for v in values if v is not None]
@@ -234,6 +254,7 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]], start_arm: str |
     if suite == "math_gain":  # the learning-per-sample arms, against each other at one setting
         same_setting = {label: r for label, r in runs.items() if label in PER_SAMPLE_ARMS}
         out["efficiency_table"] = efficiency_table(same_setting)
+        out["efficiency_over_seeds"] = efficiency_over_seeds(out["efficiency_table"])
         out["vs_grpo_p16_v2"] = arm_differences(same_setting, reference="grpo_p16_v2")
     if suite == "points24_easy" and start_arm:
         out["matched"] = matched_table(runs, start_arm, ["id", "rule_ood"])

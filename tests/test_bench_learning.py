@@ -337,6 +337,27 @@ def test_efficiency_per_sample_and_per_cpu_hour_and_at_equal_budgets_by_hand(rep
     )  # not logged: no row
 
 
+def test_efficiency_over_seeds_means_and_spread_by_hand(report):
+    def row(arm: str, seed: int, gain: float, cpu: float | None) -> dict:
+        return {"arm": arm, "seed": seed, "gain": gain, "episodes": 100 * (seed + 1), "cpu_hours": cpu,
+                "gain_per_1k_episodes": 10 * gain / (seed + 1), "gain_per_cpu_hour": gain / cpu if cpu else None,
+                "equal_samples": {"gain": gain / 2}, "equal_compute": {"gain": gain / 4}}  # fmt: skip
+
+    rows = [row("a", 0, 0.02, 1.0), row("b", 0, 0.05, None), row("a", 1, 0.04, 2.0)]
+    a, b = report.efficiency_over_seeds(rows)
+    assert (a["arm"], a["seeds"], b["seeds"]) == ("a", [0, 1], [0])
+    assert a["gain mean"] == pytest.approx(0.03)
+    assert a["gain sd over seeds"] == pytest.approx(0.02**0.5 * 0.1)  # stdev(0.02, 0.04) = 0.01414
+    assert a["se_over_seeds"] == pytest.approx(0.01)
+    assert a["episodes mean"] == 150 and a["cpu_hours mean"] == 1.5
+    assert a["gain_per_1k_episodes mean"] == pytest.approx((0.2 + 0.2) / 2)
+    assert a["gain_per_cpu_hour mean"] == pytest.approx((0.02 + 0.02) / 2)
+    assert a["equal_samples gain mean"] == pytest.approx(0.015)
+    assert a["equal_compute gain mean"] == pytest.approx(0.0075)
+    assert b["gain sd over seeds"] is None and b["se_over_seeds"] is None
+    assert b["gain_per_cpu_hour mean"] is None
+
+
 def test_runs_logged_before_the_episode_count_get_it_from_fixed_settings_only(bench):
     """An arm that trains every group it draws drew prompts x group size per step (the quickstart: 4 x 8,
     here 16 x 8); a gated arm's count varies, so its old runs stay without one (and out of the table)."""
