@@ -171,10 +171,13 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
     batch, adv_metrics = prepare_batch(trajs, algo, model=policy.model, critic=critic, pad_id=pad,
                                        ref_model_ctx=ref_ctx, temperature=r.temperature,
                                        recompute_old_logprobs=truncated)  # fmt: skip
+    t_teacher = None
     if cfg.algo.distill_coef > 0:  # on-policy distillation: a teacher scores the student's own tokens
+        t0 = time.perf_counter()
         batch = with_teacher(batch, score_with_teacher(policy, trajs, teacher=cfg.algo.distill_teacher,
                              teacher_model=cfg.algo.distill_teacher_model, temperature=r.temperature,
                              micro_batch=cfg.train.micro_batch_size))  # fmt: skip
+        t_teacher = time.perf_counter() - t0
     policy.model.train()
     sums: dict[str, float] = {}
     updates = 0
@@ -204,6 +207,8 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
     out["updates"] = float(updates)
     out["train_tokens"] = float(batch.loss_mask.sum())
     out["kl_ref"] = kl_to_reference(batch)  # None without a reference: logged as null
+    if t_teacher is not None:  # part of time/train_s: the teacher's forward passes
+        out["time/teacher_s"] = t_teacher
     return merge_metrics(out, adv_metrics, _mismatch_metrics(mismatch, measure, truncated))
 
 

@@ -82,3 +82,5 @@ def test_opsd_preset_trains_with_privileged_self_distillation(tmp_path, monkeypa
     # a random tiny model is far from its privileged self: the KL to the teacher is not 0
     assert any(abs(r["distill/reverse_kl"]) > 1e-4 for r in rows)
     assert torch.isfinite(torch.tensor([r["grad_norm"] for r in rows])).all()
+    # the teacher's forward passes are timed, as a part of the update's time
+    assert all(0 < r["time/teacher_s"] <= r["time/train_s"] for r in rows)
