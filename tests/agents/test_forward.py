@@ -108,7 +108,8 @@ def test_log_probs_in_chunks_equal_the_whole_and_so_do_gradients(monkeypatch, te
     lp = torch.log_softmax(logits / temperature, -1)
     want_p, want_e = lp.gather(-1, targets[..., None])[..., 0], -(lp.exp() * lp).sum(-1)
     (g_want,) = torch.autograd.grad(loss(want_p, want_e), logits)
-    monkeypatch.setattr(F, "CPU_CHUNK_BYTES", 4 * 11 * 4)  # 15 rows of 11 fp32 -> 4 chunks, the last one short
+    # 15 rows of 11 fp32 -> 4 chunks, the last one short
+    monkeypatch.setattr(F, "CPU_CHUNK_BYTES", 4 * 11 * 4)
     assert F.chunk_rows(logits.reshape(15, 11)) == 4
     got_p, got_e = F._picked_logprobs(logits, targets, temperature, True)
     (g_got,) = torch.autograd.grad(loss(got_p, got_e), logits)
