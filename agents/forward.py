@@ -201,6 +201,17 @@ def _logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, k
     return model(input_ids=input_ids, attention_mask=attention_mask, **model_inputs).logits
 
 
+#: Shortest common prompt worth running once for a whole micro-batch (see ``token_logprobs``).
+MIN_SHARED_PREFIX = 8
+
+
+def usable_shared_prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor, first_position: int) -> int:
+    """``token_logprobs``'s ``shared_prefix`` for these rows: their common prompt (up to
+    ``first_position``) when it is at least ``MIN_SHARED_PREFIX`` tokens, else 0."""
+    prefix = shared_prefix_length(input_ids, attention_mask, limit=first_position)
+    return prefix if prefix >= MIN_SHARED_PREFIX else 0
+
+
 def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit: int) -> int:
     """How many leading columns of ``input_ids`` [B, T] hold the same real token in every row
     (at most ``limit``, e.g. the first loss position, so no sampled token is shared)."""

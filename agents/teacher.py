@@ -25,7 +25,7 @@ import gymnasium as gym
 import torch
 
 from veriloop.agents.chat import ChatFormat
-from veriloop.agents.forward import first_loss_position, token_logprobs
+from veriloop.agents.forward import first_loss_position, token_logprobs, usable_shared_prefix
 from veriloop.agents.trajectory import Trajectory
 from veriloop.envs.json_safe import jsonable
 
@@ -114,8 +114,9 @@ def teacher_logprobs(
         privileged: Add the environment's ``privileged_context`` to the teacher's prompt.
         temperature: The rollout's sampling temperature (log-probs of softmax(logits / T)).
         pad_id: Padding token id.
-        micro_batch: Episodes per forward pass; they go in order of length, each pass padded to
-            its own longest (memory bounded like a training micro-batch, little padding).
+        micro_batch: Episodes per forward pass; they go by prompt, then length, each pass padded
+            to its own longest (memory bounded like a training micro-batch, little padding), and a
+            prompt that every episode of a pass shares is run once for all of them (as in the update).
 
     Returns:
         One list per episode, of its length: log pi_T(x_t | teacher context) on sampled tokens, 0 elsewhere.
@@ -123,7 +124,9 @@ def teacher_logprobs(
     if micro_batch < 1:
         raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
     views = [teacher_episode(t, fmt, privileged_text(t) if privileged else None) for t in trajs]
-    order = sorted(range(len(views)), key=lambda i: len(views[i][0].token_ids))
+    # by prompt, then length: a group's episodes share their (teacher's) prompt in a pass, run once
+    prompts = [tuple(v.token_ids[: v.loss_mask.index(1) if 1 in v.loss_mask else 0]) for v, _ in views]
+    order = sorted(range(len(views)), key=lambda i: (prompts[i], len(views[i][0].token_ids)))
     out: list[list[float]] = [[] for _ in trajs]
     for start in range(0, len(order), micro_batch):
         rows = order[start : start + micro_batch]
@@ -133,10 +136,10 @@ def teacher_logprobs(
         )  # [b, T] right-padded
         attn = torch.tensor([_padded([1] * len(views[i][0].token_ids), width, 0) for i in rows])  # [b, T]
         mask = torch.tensor([_padded(views[i][0].loss_mask, width, 0) for i in rows])  # [b, T]
+        first = first_loss_position(mask)
         with torch.no_grad():
-            lp, _ = token_logprobs(
-                model, ids, attn, temperature=temperature, first_position=first_loss_position(mask)
-            )
+            lp, _ = token_logprobs(model, ids, attn, temperature=temperature, first_position=first,
+                                   shared_prefix=usable_shared_prefix(ids, attn, first))  # fmt: skip
         for row, i in enumerate(rows):
             shift = views[i][1]
             mine = lp[row].tolist()

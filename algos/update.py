@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from veriloop.agents.forward import first_loss_position, shared_prefix_length, token_logprobs
+from veriloop.agents.forward import first_loss_position, token_logprobs, usable_shared_prefix
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.algorithm import Algorithm, ObjectiveExtras, RewardInputs
 from veriloop.algos.batch import SampleRows, TokenBatch, collate, minibatches, with_advantages
@@ -52,8 +52,6 @@ METRIC_NAMES = (
     "loss/policy", "loss/kl", "loss/entropy", "loss/value", "clip_frac_low", "clip_frac_high",
     "approx_kl", "entropy", "mean_token_prob", "grad_norm",
 )  # fmt: skip
-#: Shortest common prompt worth running once for a whole micro-batch (see ``token_logprobs``).
-MIN_SHARED_PREFIX = 8
 _SUMMED = ("loss/policy", "loss/kl", "loss/entropy", "loss/value")  # already globally normalised
 
 
@@ -307,10 +305,10 @@ def policy_loss(
     mask = batch.loss_mask  # [B, T]
     first = first_loss_position(mask)
     # a group's rows share their prompt: run it once (same numbers, less compute; never sharded: fsdp.is_sharded)
-    prefix = 0 if is_sharded(model) else shared_prefix_length(batch.input_ids, batch.attention_mask, limit=first)  # fmt: skip
+    prefix = 0 if is_sharded(model) else usable_shared_prefix(batch.input_ids, batch.attention_mask, first)
     logp, ent = token_logprobs(model, batch.input_ids, batch.attention_mask, with_entropy=True,
-                               temperature=temperature, first_position=first,
-                               shared_prefix=prefix if prefix >= MIN_SHARED_PREFIX else 0, **batch.extras)  # fmt: skip
+                               temperature=temperature, first_position=first, shared_prefix=prefix,
+                               **batch.extras)  # fmt: skip
     assert ent is not None  # [B, T] like logp
     if mismatch is not None:  # sampler (mu) vs this forward pass, before any update (the caller's choice)
         mismatch.append(_mismatch(batch, logp))

@@ -89,6 +89,29 @@ def test_teacher_logprobs_line_up_with_the_student_tokens(tiny_text_policy):
         teacher_logprobs(model, trajs, fmt, privileged=True, micro_batch=0)
 
 
+def test_a_groups_shared_teacher_prompt_is_run_once_per_pass(tiny_text_policy, monkeypatch):
+    import veriloop.agents.teacher as teacher
+
+    tok, model = tiny_text_policy.tokenizer, tiny_text_policy.model
+    fmt = ChatFormat(tok, system_prompt=SYSTEM)
+    trajs = _episodes(tok, seeds=(1, 0, 1, 0))  # two groups of two, interleaved
+    alone = teacher_logprobs(model, trajs, fmt, privileged=True, micro_batch=1)
+    shared: list[int] = []
+    real = teacher.token_logprobs
+
+    def spy(*args, **kwargs):
+        shared.append(kwargs["shared_prefix"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(teacher, "token_logprobs", spy)
+    paired = teacher_logprobs(model, trajs, fmt, privileged=True, micro_batch=2)
+    # each pass holds one group (by prompt first), whose privileged prompt runs once: the same numbers
+    prompt = teacher_episode(trajs[1], fmt, privileged_text(trajs[1]))[0].loss_mask.index(1)
+    assert len(shared) == 2 and all(8 <= n <= prompt for n in shared)
+    for got, want in zip(paired, alone):
+        assert got == pytest.approx(want, abs=1e-5)
+
+
 def test_an_env_without_privileged_context_is_refused(tokenizer):
     (tr,) = _episodes(tokenizer, "veriloop/ReasoningGym-v0", {}, seeds=(0,))
     with pytest.raises(ValueError, match="privileged_context"):
