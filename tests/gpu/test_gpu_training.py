@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bf16_step_on_gpu_keeps_trained_weights_fp32() -> None:
-    """``policy.precision: bf16`` on CUDA: frozen weights bf16, LoRA adapters fp32, a finite step."""
+    """``policy.precision: bf16`` on CUDA: frozen weights bf16 (norms fp32), LoRA adapters fp32, a finite step."""
     from veriloop.agents.precision import apply_precision
     from veriloop.agents.testing import tiny_policy
 
@@ -24,9 +24,13 @@ def test_bf16_step_on_gpu_keeps_trained_weights_fp32() -> None:
     policy.model.cuda()
     apply_precision(policy, "bf16")
     trained = [p for p in policy.model.parameters() if p.requires_grad]
-    frozen = [p for p in policy.model.parameters() if not p.requires_grad and p.is_floating_point()]
+    frozen = {
+        n: p for n, p in policy.model.named_parameters() if not p.requires_grad and p.is_floating_point()
+    }
     assert trained and all(p.dtype == torch.float32 for p in trained)
-    assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
+    assert frozen and all(
+        p.dtype == (torch.float32 if "norm" in n else torch.bfloat16) for n, p in frozen.items()
+    )
     before = [p.detach().clone() for p in trained]
     opt = torch.optim.AdamW(trained, lr=1e-3)
     ids = torch.tensor([[1, 5, 9, 14, 2, 7, 7, 3]] * 2, device="cuda")
