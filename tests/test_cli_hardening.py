@@ -39,8 +39,11 @@ def test_ctrl_c_is_one_message_and_keeps_the_checkpoints(tmp_path: Path) -> None
     line, no traceback; the committed checkpoints stay complete."""
     args = [EXE, "train", "quickstart", *TINY, "train.steps=500", f"run.out_dir={tmp_path}", "run.name=r"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # Ctrl-C's SIGINT at its default, as in a terminal's foreground job: an ignored SIGINT is inherited
+    # through exec, and something earlier in the same test process may have left it ignored
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     ckpts = tmp_path / "r" / "checkpoints"
     end = time.monotonic() + 240
     while not (ckpts / "step-000001" / "COMPLETE").exists():
