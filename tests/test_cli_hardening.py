@@ -34,16 +34,20 @@ TINY = [
 ]  # fmt: skip
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """SIGINT at its default and not blocked, as in a terminal's foreground job: an ignored or blocked
+    SIGINT is inherited through exec, and an earlier test in the same process may have left it so."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_is_one_message_and_keeps_the_checkpoints(tmp_path: Path) -> None:
     """SIGINT to the whole process group (what a terminal's Ctrl-C does) mid-run: exit 130, one
     line, no traceback; the committed checkpoints stay complete."""
     args = [EXE, "train", "quickstart", *TINY, "train.steps=500", f"run.out_dir={tmp_path}", "run.name=r"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # Ctrl-C's SIGINT at its default, as in a terminal's foreground job: an ignored SIGINT is inherited
-    # through exec, and something earlier in the same test process may have left it ignored
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+                            start_new_session=True, preexec_fn=_sigint_as_in_a_terminal)  # fmt: skip
     ckpts = tmp_path / "r" / "checkpoints"
     end = time.monotonic() + 240
     while not (ckpts / "step-000001" / "COMPLETE").exists():
