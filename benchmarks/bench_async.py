@@ -71,7 +71,7 @@ def real_arm(backend: str, k: int, seed: int, out_dir: Path, extra: list[str]) -
     its per-step numbers and final evaluation. ``vllm_server``: one ``veriloop serve-vllm`` process
     beside the trainer (started for the arm, stopped after it; LoRA merged into the pushed weights)."""
     name = f"async-{backend}-k{k}-s{seed}"
-    over = [f"train.max_staleness={k}", "algo.rollout_is=truncate", f"rollout.backend={backend}",
+    over = ["policy.precision=fp32", f"train.max_staleness={k}", "algo.rollout_is=truncate", f"rollout.backend={backend}",
             f"rollout.seed={seed * 10_000}", *extra, f"run.out_dir={out_dir}", f"run.name={name}"]  # fmt: skip
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "veriloop.cli", "train", "quickstart", *over, "--resume"]

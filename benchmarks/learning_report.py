@@ -256,6 +256,10 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]], start_arm: str |
         out["efficiency_table"] = efficiency_table(same_setting)
         out["efficiency_over_seeds"] = efficiency_over_seeds(out["efficiency_table"])
         out["vs_grpo_p16_v2"] = arm_differences(same_setting, reference="grpo_p16_v2")
+        # the same arm in bf16 mixed precision against fp32, paired by problem (the bf16 arms measured
+        # before the LoRA layers summed the adapter in fp32 are kept under their own label)
+        precisions = {label: r for label, r in runs.items() if label.startswith("grpo_p16_v2")}
+        out["bf16_vs_fp32"] = arm_differences(precisions, reference="grpo_p16_v2")
     if suite == "points24_easy" and start_arm:
         out["matched"] = matched_table(runs, start_arm, ["id", "rule_ood"])
     return out

@@ -405,3 +405,20 @@ def test_math_gain_compares_the_per_sample_arms_among_themselves(report):
     assert out["efficiency_table"][0]["equal_samples"]["episodes"] == 256.0  # grpo's 128 left out
     (diff,) = out["vs_grpo_p16_v2"]
     assert diff["arm"] == "grpo_p16_gate" and diff["diff (per seed)"] == [pytest.approx(0.25)]
+
+
+def test_math_gain_pairs_the_bf16_arms_with_fp32(report):
+    """``bf16_vs_fp32``: each grpo_p16_v2 precision arm's end against fp32's, paired by problem,
+    the arm measured before the fp32 adapter sum kept apart; the other arms stay out of it."""
+
+    def run(end: list[float]) -> dict:
+        return {"evals": {}, "train": {}, "end_per_problem": {"id": end}}
+
+    runs = {"grpo_p16_v2": {1: run([1.0, 0.0, 1.0, 0.0])},
+            "grpo_p16_v2_bf16": {1: run([1.0, 1.0, 1.0, 0.0])},
+            "grpo_p16_v2_bf16_before_fix": {1: run([0.0, 0.0, 1.0, 0.0])},
+            "grpo_p16_gate": {1: run([1.0, 1.0, 1.0, 1.0])}}  # fmt: skip
+    rows = {r["arm"]: r for r in report.summarize_all("math_gain", runs)["bf16_vs_fp32"]}
+    assert set(rows) == {"grpo_p16_v2_bf16", "grpo_p16_v2_bf16_before_fix"}
+    assert rows["grpo_p16_v2_bf16"]["diff (per seed)"] == [pytest.approx(0.25)]
+    assert rows["grpo_p16_v2_bf16_before_fix"]["diff (per seed)"] == [pytest.approx(-0.25)]

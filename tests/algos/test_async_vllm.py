@@ -20,7 +20,7 @@ requires_vllm = pytest.mark.skipif(
     reason="needs vLLM: `make setup-vllm`, then `make test-vllm`",
 )
 
-SHORT = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=16", "train.steps=3",
+SHORT = ["policy.precision=fp32", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=16", "train.steps=3",
          "train.micro_batch_size=4", "sft.steps=0", "eval.num_problems=2", "eval.n_samples=1", "eval.k_list=[1]",
          "eval.every=0", "eval.at_start=false", "run.checkpoint_every=0", "rollout.backend=vllm",
          "train.max_staleness=1", "algo.rollout_is=truncate"]  # fmt: skip

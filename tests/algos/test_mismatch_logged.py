@@ -11,7 +11,7 @@ import torch
 from veriloop.algos.algorithm import resolve
 from veriloop.configs.loader import load_config
 
-TINY = ["policy.model=tiny", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
+TINY = ["policy.precision=fp32", "policy.model=tiny", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
         "rollout.max_context=512", "train.steps=1", "train.micro_batch_size=2", "eval.num_problems=1",
         "eval.n_samples=1", "eval.k_list=[1]", "eval.greedy=false", "eval.every=0", "eval.before_sft=false",
         "eval.at_start=false", "run.tensorboard=false", "sft.steps=0", "algo.preset=grpo", "algo.epochs=2"]  # fmt: skip

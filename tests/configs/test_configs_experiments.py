@@ -42,6 +42,10 @@ def test_quickstart_is_small() -> None:
     assert cfg.policy.model == "default" and cfg.policy.lora
     # the README's main command must stay a short CPU run (see the timing quoted in the README)
     assert cfg.rollout.batch_size <= 32 and cfg.rollout.max_new_tokens <= 128 and cfg.train.steps <= 12
+    # the faster precision on CPU (docs/precision.md): bf16 mixed precision over fp32 weights; fp32 stays the default
+    assert cfg.policy.precision == "bf16" and cfg.policy.dtype == "float32"
+    for name in ("math_grpo", "math_dapo"):  # the same task, full fine-tuning under autocast
+        assert load_config(name).policy.precision == "bf16"
 
 
 def test_points24_splits_follow_the_paper() -> None:
