@@ -60,10 +60,10 @@ assert_matches_hf, chat_ids, hf_logprobs, sample, sft_step = (
 pytestmark = requires_vllm
 
 #: The trainer settings of the training tests: the default model (the server's), tiny budgets.
-#: The quickstart (default model, LoRA) without its SFT warm-up, its LoRA merged into full weights
-#: on every sync (the CPU path), with tiny budgets.
+#: The quickstart (default model, LoRA) in fp32 as the server is, without its SFT warm-up, its LoRA
+#: merged into full weights on every sync (the CPU path), with tiny budgets.
 TRAIN = [
-    "quickstart", "sft.steps=0", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
+    "quickstart", "policy.precision=fp32", "sft.steps=0", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
     "train.micro_batch_size=2", "train.warmup_steps=0", "eval.every=0", "eval.at_start=false",
     "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]", "rollout.backend=vllm_server",
     "rollout.server.lora_sync=merge",
