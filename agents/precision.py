@@ -98,10 +98,20 @@ def _frozen_to_bf16(model: torch.nn.Module) -> None:
     a LayerNorm over the fp32 residual stream needs fp32 weights); trained ones stay fp32."""
     for module in model.modules():
         if _is_norm(module):
+            for param in module.parameters(recurse=False):
+                _own_storage(param)
             continue
         for param in module.parameters(recurse=False):
             if not param.requires_grad and param.is_floating_point() and param.dtype != torch.bfloat16:
                 param.data = param.data.to(torch.bfloat16)
+
+
+def _own_storage(param: torch.nn.Parameter) -> None:
+    """Give a kept fp32 weight a storage of its own. A checkpoint loaded by memory-mapping its
+    safetensors file hands out tensors whose storages keep the whole file's mapping alive: one kept
+    norm weight would keep the fp32 pages read while converting the other weights to bf16 (the
+    model's size again) resident for the whole run."""
+    param.data = param.data.clone()
 
 
 def _is_norm(module: torch.nn.Module) -> bool:

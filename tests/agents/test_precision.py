@@ -362,3 +362,38 @@ def test_bf16_checkpoints_and_final_hold_fp32_adapters(tmp_path, quiet_run):
     adapter = load_file(run_dir / "final" / "adapter_model.safetensors")
     assert adapter and {v.dtype for v in adapter.values()} == {torch.float32}
     assert "precision: bf16" in (run_dir / "config.yaml").read_text()  # the run says how it trained
+
+
+def _mapped_mb(path: Path) -> float:
+    """Resident MB of this process's mappings of the file at ``path`` (Linux /proc/self/smaps)."""
+    total, current = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            current = head[-1] == str(path)
+        elif current and line.startswith("Rss:"):
+            total += int(head[1])
+    return total / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps (Linux)")
+def test_bf16_lora_lets_go_of_the_fp32_checkpoint_file(tmp_path):
+    """A checkpoint is loaded by memory-mapping its safetensors file; once bf16 has converted the
+    frozen weights of a LoRA policy, no kept fp32 weight (the norms) may keep that mapping -- and the
+    fp32 pages read while converting -- alive (a whole fp32 model's worth of memory over a run, on
+    the default model). Full fine-tuning keeps its fp32 weights, which are that mapping, as fp32 does."""
+    from veriloop.agents.loading import LoraSettings, load_policy, save_policy
+
+    save_policy(tiny_policy(), tmp_path / "ckpt")
+    weights = tmp_path / "ckpt" / "model.safetensors"
+    for name in ("fp32", "bf16"):
+        policy = load_policy(str(tmp_path / "ckpt"), lora=LoraSettings(r=4, alpha=8))
+        next(iter(policy.model.parameters())).sum()  # touch the mapping
+        if name == "bf16":
+            apply_precision(policy, "bf16")
+        mapped = _mapped_mb(weights)
+        del policy
+        if name == "fp32":  # the fp32 weights are the mapping itself: this test can see it
+            assert mapped > 0
+        else:
+            assert mapped == 0
