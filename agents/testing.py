@@ -159,3 +159,43 @@ def tiny_policy(
         keep_reference=keep_reference,
         name=f"tiny-{'vlm' if vision else 'llama'}-seed{seed}",
     )
+
+
+def precision_pair(lora: bool, device: str = "cpu") -> tuple[Policy, Policy]:
+    """The same tiny policy on ``device`` in fp32 and in bf16 mixed precision, with a non-zero LoRA
+    adapter (B ~ N(0, 0.1), so the adapter matters) or, for full fine-tuning, a frozen reference."""
+    from veriloop.agents.precision import apply_precision
+
+    torch.manual_seed(0)
+    fp32 = tiny_policy(lora=lora, keep_reference=not lora)
+    for name, param in fp32.model.named_parameters():
+        if "lora_B" in name:
+            param.data.normal_(0, 0.1)
+    fp32.model.to(device)
+    if fp32.frozen_reference is not None:
+        fp32.frozen_reference.to(device)
+    return apply_precision(fp32, "fp32"), apply_precision(copy.deepcopy(fp32), "bf16")
+
+
+def policy_gradient_step(
+    model: Any, ids: torch.Tensor, first: int = 5, signed: bool = True
+) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """Backward of a policy-gradient loss with an entropy term on ``ids`` [B, T]: advantages from +1
+    to -1 over the rows (``signed``), else all +1. Returns the mean log-prob of the scored tokens,
+    the flat gradient of the trained weights (asserted fp32) and the log-probs [B, T - first]."""
+    from veriloop.agents.forward import token_logprobs
+
+    model.zero_grad(set_to_none=True)
+    logp, ent = token_logprobs(model, ids, torch.ones_like(ids), with_entropy=True, first_position=first)
+    adv = torch.linspace(1.0, -1.0 if signed else 1.0, ids.shape[0], device=ids.device)[:, None]  # [B, 1]
+    (-(adv * logp[:, first:]).mean() - 0.01 * ent[:, first:].mean()).backward()
+    params = [p for p in model.parameters() if p.requires_grad]
+    assert all(p.grad.dtype == torch.float32 for p in params)  # accumulated in fp32
+    grad = torch.cat([p.grad.flatten() for p in params])
+    return logp[:, first:].mean().item(), grad, logp[:, first:].detach()
+
+
+def gradient_agreement(g32: torch.Tensor, g16: torch.Tensor) -> tuple[float, float]:
+    """(cosine, relative error ||g16 - g32|| / ||g32||) of two flat gradients, in float64."""
+    cos = torch.nn.functional.cosine_similarity(g32.double(), g16.double(), dim=0).item()
+    return cos, ((g16 - g32).double().norm() / g32.double().norm()).item()

@@ -27,7 +27,7 @@ import torch
 
 from veriloop.agents.forward import token_logprobs
 from veriloop.agents.precision import FP32_ATTENTION, apply_precision, check_precision
-from veriloop.agents.testing import tiny_policy
+from veriloop.agents.testing import gradient_agreement, policy_gradient_step, precision_pair, tiny_policy
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -38,38 +38,8 @@ def one_thread():  # type: ignore[no-untyped-def]
     torch.set_num_threads(before)
 
 
-def _pair(lora: bool):  # type: ignore[no-untyped-def]
-    """The same tiny policy in fp32 and in bf16 (a non-zero adapter, so it matters)."""
-    torch.manual_seed(0)
-    fp32 = tiny_policy(lora=lora, keep_reference=not lora)
-    for name, param in fp32.model.named_parameters():
-        if "lora_B" in name:
-            param.data.normal_(0, 0.1)
-    return apply_precision(fp32, "fp32"), apply_precision(copy.deepcopy(fp32), "bf16")
-
-
-def _step(model, ids: torch.Tensor, first: int = 5, signed: bool = True):  # type: ignore[no-untyped-def]
-    """A policy-gradient loss and its gradient: (mean log-prob, flat fp32 gradient, log-probs).
-    Advantages from +1 to -1 over the rows (``signed``), else all +1 (likelihood up)."""
-    model.zero_grad(set_to_none=True)
-    mask = torch.ones_like(ids)
-    logp, ent = token_logprobs(model, ids, mask, with_entropy=True, first_position=first)
-    adv = torch.linspace(1.0, -1.0 if signed else 1.0, ids.shape[0])[:, None]  # [B, 1]
-    loss = -(adv * logp[:, first:]).mean() - 0.01 * ent[:, first:].mean()
-    loss.backward()
-    params = [p for p in model.parameters() if p.requires_grad]
-    assert all(p.grad.dtype == torch.float32 for p in params)  # accumulated in fp32
-    grad = torch.cat([p.grad.flatten() for p in params])
-    return logp[:, first:].mean().item(), grad, logp[:, first:].detach()
-
-
-def _agreement(g32: torch.Tensor, g16: torch.Tensor) -> tuple[float, float]:
-    cos = torch.nn.functional.cosine_similarity(g32.double(), g16.double(), dim=0).item()
-    return cos, ((g16 - g32).norm() / g32.norm()).item()
-
-
 def test_lora_bf16_stores_the_base_in_bf16_and_trains_fp32_adapters():
-    _, policy = _pair(lora=True)
+    _, policy = precision_pair(lora=True)
     for name, param in policy.model.named_parameters():
         fp32 = "lora_" in name or "norm" in name  # the adapters, and the norms' weights (a few vectors)
         assert param.dtype == (torch.float32 if fp32 else torch.bfloat16), name
@@ -77,14 +47,14 @@ def test_lora_bf16_stores_the_base_in_bf16_and_trains_fp32_adapters():
     assert policy.precision == "bf16" and policy.sampler_dtype == "bfloat16"
     assert policy.model.config._attn_implementation == FP32_ATTENTION  # CPU: attention in fp32
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-3)
-    _step(policy.model, torch.randint(0, 1000, (2, 12)))
+    policy_gradient_step(policy.model, torch.randint(0, 1000, (2, 12)))
     optimizer.step()
     states = [s for s in optimizer.state.values()]
     assert states and all(s["exp_avg"].dtype == s["exp_avg_sq"].dtype == torch.float32 for s in states)
 
 
 def test_full_bf16_keeps_fp32_master_weights_and_computes_in_bf16():
-    _, policy = _pair(lora=False)
+    _, policy = precision_pair(lora=False)
     assert {p.dtype for p in policy.model.parameters()} == {torch.float32}
     assert {p.dtype for p in policy.frozen_reference.parameters()} == {torch.bfloat16}
     ids = torch.randint(0, 1000, (2, 12))
@@ -97,11 +67,11 @@ def test_full_bf16_keeps_fp32_master_weights_and_computes_in_bf16():
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_bf16_step_agrees_with_fp32(lora: bool):
-    fp32, bf16 = _pair(lora)
+    fp32, bf16 = precision_pair(lora)
     ids = torch.randint(0, 1000, (3, 24), generator=torch.Generator().manual_seed(1))
-    m32, g32, lp32 = _step(fp32.model, ids)
-    m16, g16, lp16 = _step(bf16.model, ids)
-    cos, rel = _agreement(g32, g16)
+    m32, g32, lp32 = policy_gradient_step(fp32.model, ids)
+    m16, g16, lp16 = policy_gradient_step(bf16.model, ids)
+    cos, rel = gradient_agreement(g32, g16)
     assert torch.isfinite(g16).all() and torch.isfinite(lp16).all()
     assert cos >= 0.999 and rel <= 0.05, (cos, rel)
     assert (lp16 - lp32).abs().max().item() <= 0.05
@@ -141,7 +111,7 @@ def test_bf16_vision_policy_scores_and_generates(lora: bool):
 def test_bf16_shared_prompt_pass_matches_the_plain_one():
     """A group's shared prompt run once (its KV cache expanded to every row) in bf16: the same
     log-probs and gradients as one pass per row, within bf16 rounding."""
-    _, policy = _pair(lora=True)
+    _, policy = precision_pair(lora=True)
     ids = torch.randint(0, 1000, (3, 20), generator=torch.Generator().manual_seed(3))
     ids[1:, :8] = ids[0, :8]  # an 8-token prompt shared by the group
     mask = torch.ones_like(ids)
@@ -153,7 +123,7 @@ def test_bf16_shared_prompt_pass_matches_the_plain_one():
         grad = torch.cat([p.grad.flatten() for p in policy.trainable_parameters()])
         results.append((logp.detach(), grad))
     assert (results[0][0] - results[1][0]).abs().max().item() <= 0.05
-    cos, rel = _agreement(results[0][1], results[1][1])
+    cos, rel = gradient_agreement(results[0][1], results[1][1])
     assert cos >= 0.999 and rel <= 0.05, (cos, rel)
 
 
@@ -194,7 +164,7 @@ def test_fused_lora_takes_bf16_input_with_fp32_adapters():
 
     from veriloop.agents.lora_fused import FusedLoraLinear, _plain_adapter
 
-    _, policy = _pair(lora=True)
+    _, policy = precision_pair(lora=True)
     layer = next(m for m in policy.model.modules() if isinstance(m, FusedLoraLinear))
     x = torch.randn(3, layer.in_features, dtype=torch.bfloat16)
     assert _plain_adapter(layer, x) is not None  # the fused path, not peft's fp32 cast of x
@@ -209,7 +179,7 @@ def test_mixed_lora_layer_keeps_a_small_adapter_contribution():
     adapter far below the base output's bf16 rounding step still shows, as it does in fp32."""
     from veriloop.agents.lora_fused import FusedLoraLinear
 
-    _, policy = _pair(lora=True)
+    _, policy = precision_pair(lora=True)
     layer = next(m for m in policy.model.modules() if isinstance(m, FusedLoraLinear))
     name = layer.active_adapters[0]
     layer.lora_B[name].weight.data.normal_(0, 1e-5)  # an adapter early in training
@@ -241,9 +211,9 @@ def test_default_model_bf16_step_agrees_with_fp32():
     )
     ids = fp32.tokenizer(text, return_tensors="pt").input_ids[:, :96].repeat(2, 1)  # [2, 96]
     ids[1, 40:] = torch.randint(0, 49000, (56,), generator=torch.Generator().manual_seed(1))
-    m32, g32, lp32 = _step(fp32.model, ids, first=40)
-    m16, g16, lp16 = _step(bf16.model, ids, first=40)
-    cos, rel = _agreement(g32, g16)
+    m32, g32, lp32 = policy_gradient_step(fp32.model, ids, first=40)
+    m16, g16, lp16 = policy_gradient_step(bf16.model, ids, first=40)
+    cos, rel = gradient_agreement(g32, g16)
     assert torch.isfinite(g16).all() and cos >= 0.998 and rel <= 0.10, (cos, rel)
     assert (lp16 - lp32).abs().mean().item() <= 0.1
     assert abs(m16 - m32) <= 0.01 * abs(m32)
@@ -269,7 +239,7 @@ def test_default_model_bf16_warmup_steps_learn_as_fp32():
         optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=2e-4)
         curve = []
         for _ in range(3):
-            curve.append(_step(policy.model, ids, first=10, signed=False)[0])
+            curve.append(policy_gradient_step(policy.model, ids, first=10, signed=False)[0])
             optimizer.step()
         gains.append(curve[-1] - curve[0])
     assert gains[0] > 0.05 and abs(gains[1] - gains[0]) <= 0.1 * gains[0], gains
@@ -314,7 +284,7 @@ def quiet_run(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_bf16_optimizer_steps_follow_the_fp32_trajectory(lora: bool):
     """Eight AdamW steps on one batch: the same losses and the same weight change, within bf16 rounding."""
-    fp32, bf16 = _pair(lora)
+    fp32, bf16 = precision_pair(lora)
     ids = torch.randint(0, 1000, (3, 24), generator=torch.Generator().manual_seed(2))
     curves, moved = [], []
     for policy in (fp32, bf16):
@@ -322,7 +292,7 @@ def test_bf16_optimizer_steps_follow_the_fp32_trajectory(lora: bool):
         optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-3)
         curve = []
         for _ in range(8):
-            curve.append(_step(policy.model, ids, signed=False)[0])
+            curve.append(policy_gradient_step(policy.model, ids, signed=False)[0])
             optimizer.step()
         curves.append(curve)
         moved.append(
@@ -331,7 +301,7 @@ def test_bf16_optimizer_steps_follow_the_fp32_trajectory(lora: bool):
     assert curves[0][-1] > curves[0][0] + 0.01  # the steps really train (the mean log-prob rises)
     for m32, m16 in zip(*curves, strict=True):
         assert abs(m16 - m32) <= 1e-3 * abs(m32), curves
-    cos, rel = _agreement(*moved)
+    cos, rel = gradient_agreement(*moved)
     assert cos >= 0.995 and rel <= 0.10, (cos, rel)
 
 
