@@ -187,11 +187,13 @@ def policy_gradient_step(
 
     model.zero_grad(set_to_none=True)
     logp, ent = token_logprobs(model, ids, torch.ones_like(ids), with_entropy=True, first_position=first)
+    assert ent is not None  # asked for with_entropy
     adv = torch.linspace(1.0, -1.0 if signed else 1.0, ids.shape[0], device=ids.device)[:, None]  # [B, 1]
     (-(adv * logp[:, first:]).mean() - 0.01 * ent[:, first:].mean()).backward()
     params = [p for p in model.parameters() if p.requires_grad]
-    assert all(p.grad.dtype == torch.float32 for p in params)  # accumulated in fp32
-    grad = torch.cat([p.grad.flatten() for p in params])
+    grads = [p.grad for p in params if p.grad is not None]
+    assert len(grads) == len(params) and all(g.dtype == torch.float32 for g in grads)  # accumulated in fp32
+    grad = torch.cat([g.flatten() for g in grads])
     return logp[:, first:].mean().item(), grad, logp[:, first:].detach()
 
 
