@@ -27,7 +27,13 @@ import torch
 
 from veriloop.agents.forward import token_logprobs
 from veriloop.agents.precision import FP32_ATTENTION, apply_precision, check_precision
-from veriloop.agents.testing import gradient_agreement, policy_gradient_step, precision_pair, tiny_policy
+from veriloop.agents.testing import (
+    check_bf16_step,
+    gradient_agreement,
+    policy_gradient_step,
+    precision_pair,
+    tiny_policy,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -67,16 +73,7 @@ def test_full_bf16_keeps_fp32_master_weights_and_computes_in_bf16():
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_bf16_step_agrees_with_fp32(lora: bool):
-    fp32, bf16 = precision_pair(lora)
-    ids = torch.randint(0, 1000, (3, 24), generator=torch.Generator().manual_seed(1))
-    m32, g32, lp32 = policy_gradient_step(fp32.model, ids)
-    m16, g16, lp16 = policy_gradient_step(bf16.model, ids)
-    cos, rel = gradient_agreement(g32, g16)
-    assert torch.isfinite(g16).all() and torch.isfinite(lp16).all()
-    assert cos >= 0.999 and rel <= 0.05, (cos, rel)
-    assert (lp16 - lp32).abs().max().item() <= 0.05
-    assert abs(m16 - m32) <= 0.01 * abs(m32)
-    assert rel > 0  # bf16 really ran: not the fp32 numbers under another name
+    check_bf16_step(lora)
 
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
