@@ -21,6 +21,10 @@ it follows fp32's losses (docs/precision.md has the measurement).
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -49,10 +53,60 @@ def _mixed(
 ) -> torch.Tensor:
     """``base(x) + s * B(A(x))`` with the bf16 base: the base product and the projection onto the
     rank-r space in bf16 (fp32 accumulation inside), the adapter's [tokens, r] x [r, out] product
-    added to the upcast base output in fp32, and the result fp32. A bf16 result would round away the adapter's contribution while it is
-    smaller than the rounding step of the base output (2^-8 of it), as it is early in training;
-    the model's residual stream stays fp32 (its forward runs under autocast, see
-    :mod:`veriloop.agents.precision`)."""
+    added to the upcast base output in fp32, and the result fp32. A bf16 result would round away
+    the adapter's contribution while it is smaller than the rounding step of the base output (2^-8
+    of it), as it is early in training; the model's residual stream stays fp32 (its forward runs
+    under autocast, see :mod:`veriloop.agents.precision`). One autograd node (:class:`_MixedLora`)
+    instead of the ~10 that the same products written with tensor operations record."""
+    weight, bias = layer.base_layer.weight, layer.base_layer.bias
+    if weight.requires_grad or (bias is not None and bias.requires_grad):  # a trained base: autograd's path
+        return _mixed_autograd(layer, x, a, b, scaling)
+    out = _MixedLora.apply(x, weight, bias, a, b, scaling)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+class _MixedLora(torch.autograd.Function):
+    """The mixed-precision LoRA product with a frozen bf16 base ``W`` (and bias ``c``):
+    ``y = (x_h W^T + c) + (s x_h A_h^T) B^T`` with ``x_h``, ``A_h`` the bf16 casts, the first
+    term bf16, the second and the sum fp32. Backward, for the fp32 gradient ``g`` of ``y``:
+    ``dB = g^T (s x_h A_h^T)`` (fp32), ``d_low = s g B`` cast to bf16, ``dx = g_h W + d_low A_h``
+    and ``dA = d_low^T x_h`` (bf16 products, returned in the input's and the adapter's dtype):
+    the same products autograd runs for the unfused expression, less its casts and adds."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:  # fmt: skip
+        half = torch.bfloat16
+        with _no_autocast(x.device.type):
+            xh = _bf16_input(x)  # [tokens, in]
+            ah = a.to(half)
+            low = (xh @ ah.t()).float().mul_(scaling)  # [tokens, r], fp32
+            out = low @ b.t()  # [tokens, out], fp32
+            out.add_(torch.nn.functional.linear(xh, weight, bias))  # + the bf16 base product
+        ctx.save_for_backward(xh, weight, ah, b, low)
+        ctx.scaling, ctx.x_dtype, ctx.x_shape, ctx.a_dtype = scaling, x.dtype, x.shape, a.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        xh, weight, ah, b, low = ctx.saved_tensors
+        half = torch.bfloat16
+        with _no_autocast(grad.device.type):
+            g = grad.reshape(-1, grad.shape[-1]).float()  # [tokens, out]
+            grad_b = g.t() @ low if ctx.needs_input_grad[4] else None  # [out, r], fp32
+            d_low = (g @ b).mul_(ctx.scaling).to(half)  # [tokens, r]
+            grad_x = None
+            if ctx.needs_input_grad[0]:  # [..., in]
+                grad_x = torch.addmm(g.to(half) @ weight, d_low, ah).to(ctx.x_dtype).view(ctx.x_shape)
+            grad_a = (d_low.t() @ xh).to(ctx.a_dtype) if ctx.needs_input_grad[3] else None  # [r, in]
+        return grad_x, None, None, grad_a, grad_b, None
+
+
+def _mixed_autograd(
+    layer: LoraLinear, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """:func:`_mixed` written with tensor operations (autograd derives the backward), for a base
+    layer whose weights are trained."""
     half = torch.bfloat16
     with torch.autocast(x.device.type, enabled=False):
         xh = x.to(half)
@@ -60,6 +114,38 @@ def _mixed(
         low = xh.reshape(-1, xh.shape[-1]) @ a.to(half).t()  # [tokens, r], bf16
         out = torch.addmm(base.reshape(-1, base.shape[-1]).float(), low.float(), b.t(), alpha=scaling)
     return out.view(*base.shape[:-1], out.shape[-1])
+
+
+@contextlib.contextmanager
+def _no_autocast(device_type: str) -> Iterator[None]:
+    """Autocast off for the block (it would run the fp32 products in bf16); cheaper than
+    ``torch.autocast(enabled=False)``, which this runs ~400 times per forward pass."""
+    was = torch.is_autocast_enabled(device_type)
+    if was:
+        torch.set_autocast_enabled(device_type, False)
+    try:
+        yield
+    finally:
+        if was:
+            torch.set_autocast_enabled(device_type, True)
+
+
+_cast = threading.local()
+
+
+def _bf16_input(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a bf16 [tokens, in] matrix. The attention's q/k/v and the MLP's gate/up projections
+    take the same input tensor: its cast is made once and reused while the tensor is the same
+    object, unchanged (its version counter), and alive (a weak reference: the cache never keeps a
+    forward pass's graph)."""
+    if x.dtype == torch.bfloat16:
+        return x.reshape(-1, x.shape[-1])
+    last = getattr(_cast, "last", None)
+    if last is not None and last[0]() is x and last[1] == x._version:
+        return last[2]
+    xh = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+    _cast.last = (weakref.ref(x), x._version, xh)
+    return xh
 
 
 def _is_mixed(base_weight: Any, adapter_weight: Any) -> bool:

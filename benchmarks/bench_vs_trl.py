@@ -43,11 +43,12 @@ embedding counted once as the output head; LoRA's extra FLOPs and attention are 
     training: 4 N FLOPs per processed token (prompt + completion): 2 N forward + 2 N backward for
               the activation gradients through the frozen weights; the weight-gradient GEMMs
               (another 2 N for full fine-tuning, hence the usual 6 N) are skipped by LoRA.
-Each phase is reported as a fraction of the matmul peak of the precision it ran in
-(bench_matmul_peak.py measures both; an fp32 arm against the fp32 peak, a bf16 arm against the
-bf16 peak; a vLLM rollout against the peak of vLLM's dtype).
+Each phase is reported as a fraction of the matmul peak of the precision it ran in (an fp32 arm
+against the fp32 peak, a bf16 arm against the bf16 peak; a vLLM rollout against the peak of vLLM's
+dtype). Both peaks are measured at the start of the run, on this machine, as bench_matmul_peak.py
+measures them: the CPU model differs between machines (AMX makes the bf16 peak ~6x the fp32 one,
+AVX-512-BF16 alone ~2x).
 
-    OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_matmul_peak.py --threads 2
     OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_vs_trl.py [--steps 7] [--threads 2]
 
 Writes benchmarks/results/vs_trl.json and prints a table. Needs ``pip install trl`` (benchmark-only).
@@ -68,7 +69,6 @@ from typing import Any
 
 HERE = Path(__file__).parent
 OUT = HERE / "results" / "vs_trl.json"
-PEAK = HERE / "results" / "matmul_peak.json"
 ENV_ID = "veriloop/MathVerify-v0"
 FRAMEWORKS = ("trl", "veriloop", "veriloop_vllm")
 PRECISIONS = ("fp32", "bf16")
@@ -410,12 +410,21 @@ def summarize(records: list[dict[str, Any]], prompt_tokens: list[int], args: arg
     return out
 
 
-def matmul_peaks() -> dict[str, float]:
-    """GFLOP/s per dtype from bench_matmul_peak.py's file (an older file holds fp32's only)."""
-    if not PEAK.exists():
-        return {}
-    data = json.loads(PEAK.read_text())
-    return data.get("peak_gflops_by_dtype") or {"float32": data["peak_gflops"]}
+def matmul_peaks(threads: int, reps: int = 6) -> dict[str, float]:
+    """This machine's square-matmul peak per dtype (GFLOP/s), measured now with the workers' thread
+    count, the way bench_matmul_peak.py measures it. Measured in the run, not read from that
+    script's file: the machines a session gets differ in CPU model (an AVX-512-BF16 EPYC peaked at
+    442 bf16 GFLOP/s, an AMX Xeon at ~2400), and a fraction of another machine's peak means nothing."""
+    import torch
+    from bench_matmul_peak import SIZES, measure
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return {name: max(r["best_gflops"] for r in measure(SIZES, reps, getattr(torch, name)).values())
+                for name in ("float32", "bfloat16")}  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
 
 
 def speedups_by_precision(summary: dict[str, Any]) -> dict[str, float]:
@@ -434,8 +443,9 @@ def run_parent(args: argparse.Namespace) -> None:
 
     prompt_tokens = prompt_token_counts(args)
     n_params = base_param_count()
-    peak = matmul_peaks()
     machine = machine_info()  # load averages before the run; the end's are recorded separately
+    peak = matmul_peaks(args.threads)  # before the workers start: a quiet machine
+    print("matmul peaks (GFLOP/s): " + ", ".join(f"{k} {v:.1f}" for k, v in peak.items()), flush=True)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-vs-trl-"))
     t_start = time.perf_counter()
     arms = tuple(args.arms)
@@ -487,7 +497,8 @@ def run_parent(args: argparse.Namespace) -> None:
             "n_params": n_params,
             "rollout": "2 N per generated token",
             "train": "4 N per processed (prompt + completion) token: forward + activation grads, LoRA",
-            "fractions": "of the matmul peak of the dtype the phase ran in (bench_matmul_peak.py)",
+            "fractions": "of the matmul peak of the dtype the phase ran in, measured at the start of this "
+            "run (square products of 512..4096, the best rate, as bench_matmul_peak.py)",
             "matmul_peak_gflops_by_dtype": peak,
         },  # fmt: skip
         "speedup_step_mean_by_arm": speedups,  # against TRL in the arm's own precision

