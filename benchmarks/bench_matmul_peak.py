@@ -36,16 +36,23 @@ OUT = Path(__file__).parent / "results" / "matmul_peak.json"
 SIZES = (512, 1024, 2048, 4096)
 
 
+#: CPU features that set the matmul peaks: AVX-512 (fp32), its BF16 dot products, AMX tiles (bf16 ~6x fp32).
+MATMUL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
 def machine_info() -> dict[str, object]:
-    """CPU model, core count, load and library versions, for the results file."""
-    cpu = platform.processor() or "unknown"
+    """CPU model and matmul features, core count, load and library versions, for the results file."""
+    cpu, flags = platform.processor() or "unknown", set()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+            lines = f.read().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
+        flags = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
     except OSError:
         pass
     return {
         "cpu": cpu,
+        "cpu_matmul_flags": [f for f in MATMUL_FLAGS if f in flags],
         "logical_cpus": os.cpu_count(),
         "load_avg_1_5_15": list(os.getloadavg()),
         "python": platform.python_version(),
