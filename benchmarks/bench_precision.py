@@ -14,6 +14,10 @@ mismatch  (``--mismatch``; run it with ``.venv-vllm``'s python) ``--episodes`` l
           outside [0.5, 2] (``veriloop.algos.maths.mismatch``), per (sampler, trainer) pair.
 memory    (``--memory``) the peak resident set (VmHWM) of a fresh process per precision that loads
           the default model with LoRA and runs one training pass of ``--mem-rows`` x ``--mem-tokens``.
+overhead  (``--overhead``) the per-operation cost of a training micro-batch: the default architecture
+          at tiny widths (hidden 64, vocabulary 512, so the products cost almost nothing) against the
+          default model, fp32 and bf16, ``--rows`` completions of ``--scored`` tokens after a shared
+          prompt (``--tokens`` in all), alternating; and the operator calls of one tiny micro-batch.
 warmup    (``--warmup``) the quickstart's SFT warm-up, ``--sft-steps`` steps in fp32 and in bf16 from the
           same zero adapter, each trained adapter then scored in fp32 on the same batches.
 
@@ -21,6 +25,7 @@ warmup    (``--warmup``) the quickstart's SFT warm-up, ``--sft-steps`` steps in 
     OMP_PROC_BIND=true OMP_PLACES=cores .venv-vllm/bin/python benchmarks/bench_precision.py --mismatch
     python benchmarks/bench_precision.py --memory
     python benchmarks/bench_precision.py --warmup [--sft-steps 6] [--seed 1]
+    OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_precision.py --overhead --threads 2 --tokens 144 --scored 64
 
 Writes benchmarks/results/precision.json (the parts run are replaced, the others kept).
 """
@@ -146,6 +151,71 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def overhead_policies(seed: int = 0) -> dict[str, Any]:
+    """The default model's architecture (30 layers, LoRA r = 16 on every linear layer) at tiny widths
+    (hidden 64, one head, vocabulary 512), random weights, in fp32 and bf16: its micro-batch costs
+    almost only what each operator call costs, whatever the matrices' sizes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from veriloop.agents.loading import build_policy
+    from veriloop.agents.models.text import load_default_tokenizer
+
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=30,
+                         num_attention_heads=1, num_key_value_heads=1, head_dim=64, tie_word_embeddings=True,
+                         attn_implementation="sdpa")  # fmt: skip
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    lora = LoraSettings(r=16, alpha=32, dropout=0.0, target_modules="all-linear")
+    return {p: apply_precision(build_policy(copy.deepcopy(model), load_default_tokenizer(), lora=lora), p)
+            for p in ("fp32", "bf16")}  # fmt: skip
+
+
+def bench_overhead(args: argparse.Namespace) -> dict[str, Any]:
+    """The per-operation cost of a training micro-batch: ``--rows`` completions of ``--scored`` tokens
+    after a shared ``--tokens - --scored``-token prompt (run once, as training does), forward and
+    backward, on the tiny-width model of :func:`overhead_policies` and on the default model, in both
+    precisions, alternating; plus the operator calls of one tiny micro-batch (torch.profiler)."""
+    from torch.profiler import profile
+
+    tiny = overhead_policies()
+    full = policies()
+    prompt = args.tokens - args.scored
+    ids = batch(full["fp32"], args.rows, args.tokens, args.scored)
+    small_ids = ids.remainder(500)
+
+    def micro_batch(policy: Any, tokens: torch.Tensor) -> None:
+        policy.model.zero_grad(set_to_none=True)
+        logp, ent = token_logprobs(policy.model, tokens, torch.ones_like(tokens), with_entropy=True,
+                                   first_position=prompt, shared_prefix=prompt)  # fmt: skip
+        adv = torch.linspace(1.0, -1.0, tokens.shape[0])[:, None]  # [B, 1]
+        (-(adv * logp[:, prompt:]).mean() - 1e-3 * ent[:, prompt:].mean()).backward()
+
+    arms = {f"{size}_{p}": (pols[p], t) for size, pols, t in (("tiny", tiny, small_ids), ("default", full, ids))
+            for p in ("fp32", "bf16")}  # fmt: skip
+    for policy, tokens in arms.values():
+        micro_batch(policy, tokens)  # warm-up
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    for rep in range(args.reps):
+        for name in list(arms) if rep % 2 == 0 else list(arms)[::-1]:
+            t0 = time.perf_counter()
+            micro_batch(*arms[name])
+            times[name].append(time.perf_counter() - t0)
+        print(f"rep {rep}: " + ", ".join(f"{k} {v[-1] * 1e3:.0f} ms" for k, v in times.items()))
+    calls = {}
+    for p in ("fp32", "bf16"):
+        with profile() as prof:
+            micro_batch(tiny[p], small_ids)
+        calls[p] = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+    return {
+        "what": f"LoRA forward+backward, {args.rows} completions x {args.scored} tokens after a shared "
+        f"{prompt}-token prompt; tiny: the default architecture at hidden 64 / vocabulary 512",
+        "threads": torch.get_num_threads(),
+        "median_ms": {k: 1e3 * statistics.median(v) for k, v in times.items()},
+        "all_ms": {k: [1e3 * t for t in v] for k, v in times.items()},
+        "aten_calls_tiny_micro_batch": calls,
+    }
+
+
 def bench_warmup(args: argparse.Namespace) -> dict[str, Any]:
     """The quickstart's SFT warm-up (seed ``--seed``) for ``--sft-steps`` steps in each precision from
     the same zero adapter; then each trained adapter scored in fp32 (lr ~0) on the same batches and
@@ -230,6 +300,7 @@ def main() -> None:
     parser.add_argument("--mem-tokens", type=int, default=320)
     parser.add_argument("--mem-scored", type=int, default=260)
     parser.add_argument("--warmup", action="store_true", help="the SFT warm-up part instead")
+    parser.add_argument("--overhead", action="store_true", help="the per-operation cost part instead")
     parser.add_argument("--sft-steps", type=int, default=6)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--memory-child", choices=["fp32", "bf16"], help=argparse.SUPPRESS)
@@ -240,8 +311,12 @@ def main() -> None:
         print(json.dumps(memory_child(args)))
         return
     report = json.loads(args.out.read_text()) if args.out.exists() else {}
-    part = "mismatch" if args.mismatch else "memory" if args.memory else "warmup" if args.warmup else "speed"
-    parts = {"mismatch": bench_mismatch, "memory": bench_memory, "warmup": bench_warmup, "speed": bench_speed}
+    chosen = [name for name in ("mismatch", "memory", "warmup", "overhead") if getattr(args, name)]
+    if len(chosen) > 1:
+        parser.error(f"one part at a time, not {chosen}")
+    part = chosen[0] if chosen else "speed"
+    parts = {"mismatch": bench_mismatch, "memory": bench_memory, "warmup": bench_warmup,
+             "overhead": bench_overhead, "speed": bench_speed}  # fmt: skip
     run = parts[part]
     report[part] = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_avg_at_start": list(os.getloadavg()),
                     **run(args)}  # fmt: skip

