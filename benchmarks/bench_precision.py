@@ -72,11 +72,13 @@ def batch(policy: Any, rows: int, tokens: int, scored: int) -> torch.Tensor:
     return ids
 
 
-def train_pass(model: Any, ids: torch.Tensor, scored: int) -> None:
-    """Forward + backward of a policy-gradient loss with an entropy term, as a training micro-batch."""
+def train_pass(model: Any, ids: torch.Tensor, scored: int, shared_prefix: int = 0) -> None:
+    """Forward + backward of a policy-gradient loss with an entropy term, as a training micro-batch
+    (``shared_prefix``: the rows' common prompt run once, as training does)."""
     model.zero_grad(set_to_none=True)
     first = ids.shape[1] - scored
-    logp, ent = token_logprobs(model, ids, torch.ones_like(ids), with_entropy=True, first_position=first)
+    logp, ent = token_logprobs(model, ids, torch.ones_like(ids), with_entropy=True, first_position=first,
+                               shared_prefix=shared_prefix)  # fmt: skip
     adv = torch.linspace(1.0, -1.0, ids.shape[0])[:, None]  # [B, 1]
     (-(adv * logp[:, first:]).mean() - 1e-3 * ent[:, first:].mean()).backward()
 
@@ -184,11 +186,7 @@ def bench_overhead(args: argparse.Namespace) -> dict[str, Any]:
     small_ids = ids.remainder(500)
 
     def micro_batch(policy: Any, tokens: torch.Tensor) -> None:
-        policy.model.zero_grad(set_to_none=True)
-        logp, ent = token_logprobs(policy.model, tokens, torch.ones_like(tokens), with_entropy=True,
-                                   first_position=prompt, shared_prefix=prompt)  # fmt: skip
-        adv = torch.linspace(1.0, -1.0, tokens.shape[0])[:, None]  # [B, 1]
-        (-(adv * logp[:, prompt:]).mean() - 1e-3 * ent[:, prompt:].mean()).backward()
+        train_pass(policy.model, tokens, args.scored, shared_prefix=prompt)
 
     arms = {f"{size}_{p}": (pols[p], t) for size, pols, t in (("tiny", tiny, small_ids), ("default", full, ids))
             for p in ("fp32", "bf16")}  # fmt: skip
