@@ -31,20 +31,17 @@ OUT = Path(__file__).parent / "results" / "vllm_block_size.json"
 
 def child(block: int, length: int, rows: int, group: int, new_tokens: int, rounds: int) -> dict[str, Any]:
     """Time ``rounds`` generate calls of ``rows`` completions, ``group`` per fresh ``length``-token prompt."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
-    if hasattr(os, "sched_getaffinity"):
-        os.environ.setdefault(
-            "VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, sorted(os.sched_getaffinity(0))))
-        )
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process, as veriloop's backend runs it
     import torch
     from vllm import LLM, SamplingParams
 
+    from veriloop.agents.backends.vllm import _cpu_defaults
     from veriloop.agents.models.text import default_model_path
 
-    llm = LLM(str(default_model_path()), dtype="bfloat16", block_size=block, enable_chunked_prefill=False,
-              kv_cache_memory_bytes=1 << 30,
-              max_model_len=length + new_tokens + 64, seed=0)  # fmt: skip
+    settings: dict[str, Any] = {"block_size": block}
+    _cpu_defaults(settings)  # the backend's other CPU settings (threads, KV-cache bytes, no chunked prefill)
+    llm = LLM(str(default_model_path()), dtype="bfloat16", max_model_len=length + new_tokens + 64, seed=0,
+              **settings)  # fmt: skip
     params = SamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, temperature=1.0, seed=1)
     gen = torch.Generator().manual_seed(length)
 
