@@ -40,6 +40,11 @@ class FusedLoraLinear(LoraLinear):
             return super().forward(x, *args, **kwargs)
         a, b, scaling = plain
         if _is_mixed(self.base_layer.weight, a):  # fp32 adapter over a bf16 base: mixed precision
+            group = getattr(self, "_veriloop_group", None)
+            if group is not None:
+                out = group.output(self, x)
+                if out is not None:
+                    return out
             return _mixed(self, x, a, b, scaling)
         a, b = a.to(x.dtype), b.to(x.dtype)  # no-ops unless the adapter's dtype is not the base's
         base = self.base_layer(x)
@@ -102,6 +107,135 @@ class _MixedLora(torch.autograd.Function):
         return grad_x, None, None, grad_a, grad_b, None
 
 
+#: Sibling projections that transformers' decoder layers apply to one input (Llama, Qwen, Mistral,
+#: Gemma, SmolLM naming): their mixed-precision products run as one.
+SIBLINGS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class _Siblings:
+    """LoRA layers with frozen bf16 bases that take the same input (an attention's q/k/v, an MLP's
+    gate/up), run as one :class:`_MixedLoraGroup` node: one base product with the concatenated
+    weights, one projection onto the concatenated rank spaces, one gradient for the input.
+
+    The first member called with an input computes every member's output; the others take theirs
+    while that input is the same tensor, unchanged, and alive. Anything else (another input, a
+    member that is not plain mixed LoRA) falls back to the per-layer path, so the result is the same
+    either way. The concatenated base weights are built on first use (the members' weights become
+    its row blocks) and rebuilt when a member's weight is replaced or changed."""
+
+    def __init__(self, members: list[LoraLinear]) -> None:
+        self.members = members
+        self._reset()
+
+    def _reset(self) -> None:
+        self._weights: tuple[Any, torch.Tensor, torch.Tensor | None] | None = None
+        self._pending: tuple[Any, int, list[torch.Tensor | None]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # copies and pickles drop the caches
+        return {"members": self.members}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.members = state["members"]
+        self._reset()
+
+    def output(self, layer: LoraLinear, x: torch.Tensor) -> torch.Tensor | None:
+        """``layer``'s output for ``x``, or None when the group cannot run (the caller runs it alone)."""
+        index = self.members.index(layer)
+        pending = self._pending
+        fresh = pending is not None and pending[0]() is x and pending[1] == x._version
+        if fresh and pending[2][index] is not None:  # type: ignore[index]
+            out = pending[2][index]  # type: ignore[index]
+            pending[2][index] = None
+            if all(o is None for o in pending[2]):
+                self._pending = None
+            return out
+        adapters = [_plain_adapter(m, x) for m in self.members]
+        if any(p is None or not _is_mixed(m.base_layer.weight, p[0]) for m, p in zip(self.members, adapters)):
+            return None
+        bases = [m.base_layer for m in self.members]
+        if any(b.weight.requires_grad or (b.bias is not None and b.bias.requires_grad) for b in bases):
+            return None
+        weight, bias = self._concatenated(bases)
+        a = [p[0] for p in adapters]  # type: ignore[index]
+        b = [p[1] for p in adapters]  # type: ignore[index]
+        scalings = tuple(p[2] for p in adapters)  # type: ignore[index]
+        outs = list(_MixedLoraGroup.apply(x, weight, bias, scalings, len(a), *a, *b))
+        outs = [o.view(*x.shape[:-1], o.shape[-1]) for o in outs]
+        out = outs[index]
+        outs[index] = None
+        self._pending = (weakref.ref(x), x._version, outs)
+        return out
+
+    def _concatenated(self, bases: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The members' base weights as one [sum of outs, in] matrix (and their biases as one
+        vector). The members' weights become row blocks of it, so it costs no memory of its own."""
+        key = tuple((b.weight.data_ptr(), b.weight._version, tuple(b.weight.shape)) for b in bases)
+        if self._weights is None or self._weights[0] != key:
+            with torch.no_grad():
+                weight = torch.cat([b.weight for b in bases])
+                for base, block in zip(bases, weight.split([b.weight.shape[0] for b in bases])):
+                    base.weight.data = block
+                bias = None
+                if any(b.bias is not None for b in bases):
+                    bias = torch.cat([b.bias if b.bias is not None else b.weight.new_zeros(b.weight.shape[0])
+                                      for b in bases])  # fmt: skip
+            key = tuple((b.weight.data_ptr(), b.weight._version, tuple(b.weight.shape)) for b in bases)
+            self._weights = (key, weight, bias)
+        return self._weights[1], self._weights[2]
+
+
+class _MixedLoraGroup(torch.autograd.Function):
+    """:class:`_MixedLora` for n layers that share their input: ``y_i = (x_h W_i^T + c_i) + (s_i x_h
+    A_{i,h}^T) B_i^T``, computed as ``x_h [W_1; ...; W_n]^T`` and ``x_h [A_1; ...; A_n]_h^T`` (one
+    product each) and n rank-r products. Backward: ``dB_i = g_i^T low_i``, ``d_low = [s_i g_i B_i]``
+    (bf16), ``dx = [g_1 ... g_n]_h [W_1; ...; W_n] + d_low [A_1; ...; A_n]_h``, ``dA = d_low^T x_h``
+    split by rows: the products of n :class:`_MixedLora` nodes, with the shared ones joined."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                scalings: tuple[float, ...], n: int, *adapters: torch.Tensor) -> tuple[torch.Tensor, ...]:  # fmt: skip
+        half = torch.bfloat16
+        a, b = adapters[:n], adapters[n:]
+        ranks = [t.shape[0] for t in a]
+        outs = [t.shape[0] for t in b]
+        with _no_autocast(x.device.type):
+            xh = _bf16_input(x)  # [tokens, in]
+            ah = torch.cat(a).to(half)  # [R, in]
+            low = (xh @ ah.t()).float()  # [tokens, R]
+            if len(set(scalings)) == 1:
+                low.mul_(scalings[0])
+            else:  # per-layer scalings (an alpha or rank pattern): one per column of its block
+                low.mul_(torch.tensor(scalings).repeat_interleave(torch.tensor(ranks)).to(low.device))
+            base = torch.nn.functional.linear(xh, weight, bias).float()  # [tokens, O]
+            results = tuple(
+                torch.addmm(base_i, low_i, b_i.t())
+                for base_i, low_i, b_i in zip(base.split(outs, 1), low.split(ranks, 1), b)
+            )
+        ctx.save_for_backward(xh, weight, ah, low, *b)
+        ctx.scalings, ctx.ranks, ctx.x_dtype, ctx.x_shape = scalings, ranks, x.dtype, x.shape
+        ctx.a_dtypes = [t.dtype for t in a]
+        return results
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        xh, weight, ah, low, *b = ctx.saved_tensors
+        half, n = torch.bfloat16, len(b)
+        with _no_autocast(xh.device.type):
+            g = [t.reshape(-1, t.shape[-1]).float() for t in grads]  # [tokens, out_i]
+            lows = low.split(ctx.ranks, 1)
+            grad_b = [g_i.t() @ low_i if ctx.needs_input_grad[5 + n + i] else None
+                      for i, (g_i, low_i) in enumerate(zip(g, lows))]  # fmt: skip
+            d_low = torch.cat([(g_i @ b_i).mul_(s) for g_i, b_i, s in zip(g, b, ctx.scalings)], 1).to(half)
+            grad_x = None
+            if ctx.needs_input_grad[0]:
+                grad_x = torch.addmm(torch.cat(g, 1).to(half) @ weight, d_low, ah)
+                grad_x = grad_x.to(ctx.x_dtype).view(ctx.x_shape)
+            grad_a: list[Any] = [None] * n
+            if any(ctx.needs_input_grad[5 : 5 + n]):
+                grad_a = [t.to(dt) for t, dt in zip((d_low.t() @ xh).split(ctx.ranks, 0), ctx.a_dtypes)]
+        return (grad_x, None, None, None, None, *grad_a, *grad_b)
+
+
 def _mixed_autograd(
     layer: LoraLinear, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float
 ) -> torch.Tensor:
@@ -160,7 +294,19 @@ def fuse_lora_linears(model: torch.nn.Module) -> int:
         if type(module) is LoraLinear:
             module.__class__ = FusedLoraLinear
             count += 1
+    _group_siblings(model)
     return count
+
+
+def _group_siblings(model: torch.nn.Module) -> None:
+    """Give each set of :data:`SIBLINGS` that are all fused LoRA layers one :class:`_Siblings`."""
+    for parent in model.modules():
+        for names in SIBLINGS:
+            members = [getattr(parent, n, None) for n in names]
+            if all(type(m) is FusedLoraLinear and not hasattr(m, "_veriloop_group") for m in members):
+                group = _Siblings(members)  # type: ignore[arg-type]
+                for member in members:
+                    member._veriloop_group = group  # type: ignore[union-attr]
 
 
 def _plain_adapter(layer: LoraLinear, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float] | None:

@@ -278,7 +278,9 @@ class VLLMServerBackend:
         assert self._dir is not None
         path = self._dir / f"{name}.safetensors"
         partial = path.with_suffix(".partial")
-        save_file({name: w.contiguous() for name, w in weights}, str(partial))
+        # a tensor that is part of a larger storage (the fused LoRA layers keep sibling projections'
+        # frozen weights as blocks of one matrix) gets its own: safetensors refuses shared storage
+        save_file({name: _own_storage(w) for name, w in weights}, str(partial))
         partial.rename(path)  # a server never reads a half-written file
         for server in self.servers:
             server.post("/collective_rpc", {"method": LOAD_METHOD, "args": [str(path)]})
@@ -493,3 +495,10 @@ def _has_weight_transfer() -> bool:
         return importlib.util.find_spec("vllm.distributed.weight_transfer.factory") is not None
     except ModuleNotFoundError:  # no vllm at all
         return False
+
+
+def _own_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` contiguous and alone in its storage (a copy only when it shares one)."""
+    if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+        return tensor.clone()
+    return tensor.contiguous()

@@ -402,3 +402,85 @@ def test_bf16_lora_lets_go_of_the_fp32_checkpoint_file(tmp_path):
             assert mapped > 0
         else:
             assert mapped == 0
+
+
+def _attention(policy):  # type: ignore[no-untyped-def]
+    from veriloop.agents.lora_fused import FusedLoraLinear
+
+    return next(m for m in policy.model.modules() if isinstance(getattr(m, "q_proj", None), FusedLoraLinear))
+
+
+def test_sibling_projections_run_as_one_node_with_the_per_layer_results():
+    """q/k/v of one attention (and gate/up of one MLP) take the same input: their mixed products run
+    as one node over the concatenated weights, whose outputs and gradients are the per-layer ones;
+    the members' weights become row blocks of the one matrix (no memory of its own)."""
+    from veriloop.agents.lora_fused import _mixed
+
+    _, policy = precision_pair(lora=True)
+    attn = _attention(policy)
+    layers = [attn.q_proj, attn.k_proj, attn.v_proj]
+    attn.k_proj.scaling[attn.k_proj.active_adapters[0]] *= 3.0  # one scaling per layer (an alpha pattern)
+    x0 = torch.randn(2, 5, layers[0].in_features, generator=torch.Generator().manual_seed(4))
+    upstream = [torch.randn(2, 5, m.out_features, generator=torch.Generator().manual_seed(5 + i))
+                for i, m in enumerate(layers)]  # fmt: skip
+    params = [p for m in layers for p in m.parameters() if p.requires_grad]
+    results = []
+    for grouped in (True, False):
+        x = x0.clone().requires_grad_(True)
+        outs = [m(x) if grouped else _mixed(m, x, *_adapter(m)) for m in layers]
+        if grouped:
+            assert len({o.grad_fn.next_functions[0][0] for o in outs}) == 1  # one node (under the views)
+            assert "Group" in type(outs[0].grad_fn.next_functions[0][0]).__name__
+        loss = sum((o * u).sum() for o, u in zip(outs, upstream))
+        results.append((*outs, *torch.autograd.grad(loss, [x, *params])))
+    for got, want in zip(*results, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    storages = {m.base_layer.weight.untyped_storage().data_ptr() for m in layers}
+    assert len(storages) == 1
+
+
+def _adapter(layer):  # type: ignore[no-untyped-def]
+    from veriloop.agents.lora_fused import _plain_adapter
+
+    return _plain_adapter(layer, torch.zeros(1, layer.in_features))
+
+
+def test_a_sibling_called_on_another_input_gets_its_own_result():
+    from veriloop.agents.lora_fused import _mixed
+
+    _, policy = precision_pair(lora=True)
+    attn = _attention(policy)
+    gen = torch.Generator().manual_seed(6)
+    x, y = (torch.randn(3, attn.q_proj.in_features, generator=gen) for _ in range(2))
+    with torch.no_grad():
+        attn.q_proj(x)  # computes k and v for x too
+        got = attn.k_proj(y)
+        torch.testing.assert_close(got, _mixed(attn.k_proj, y, *_adapter(attn.k_proj)), atol=1e-2, rtol=1e-2)
+        x.add_(1.0)  # the same tensor, changed: not the pending result for the old values
+        torch.testing.assert_close(attn.v_proj(x), _mixed(attn.v_proj, x, *_adapter(attn.v_proj)),
+                                   atol=1e-2, rtol=1e-2)  # fmt: skip
+
+
+def test_a_bf16_policy_with_fused_siblings_copies_and_saves(tmp_path):
+    """After a forward pass the siblings' weights share one storage: a copy, a merged save
+    (safetensors refuses shared storage unless each tensor gets its own) and a reload still work."""
+    from veriloop.agents.backends.vllm_server import _own_storage
+    from veriloop.agents.loading import save_policy
+
+    _, policy = precision_pair(lora=True)
+    ids = torch.randint(0, 100, (2, 6))
+    with torch.no_grad():
+        before = policy.model(input_ids=ids).logits
+    weight = _attention(policy).k_proj.base_layer.weight
+    own = _own_storage(weight)
+    assert own.untyped_storage().nbytes() == own.numel() * own.element_size() and torch.equal(own, weight)
+    copied = copy.deepcopy(policy)
+    with torch.no_grad():
+        torch.testing.assert_close(copied.model(input_ids=ids).logits, before)
+    path = save_policy(policy, tmp_path / "merged", merge=True)
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, before.float(), atol=0.1, rtol=0.05)
