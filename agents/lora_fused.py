@@ -124,8 +124,14 @@ class _Siblings:
     its row blocks) and rebuilt when a member's weight is replaced or changed."""
 
     def __init__(self, members: list[LoraLinear]) -> None:
-        self.members = members
+        # weak references: each member holds the group, and a cycle would keep a dropped model's
+        # memory until the garbage collector's next full pass
+        self._members = [weakref.ref(m) for m in members]
         self._reset()
+
+    @property
+    def members(self) -> list[LoraLinear]:
+        return [ref() for ref in self._members]  # type: ignore[misc]
 
     def _reset(self) -> None:
         self._weights: tuple[Any, torch.Tensor, torch.Tensor | None] | None = None
@@ -135,12 +141,13 @@ class _Siblings:
         return {"members": self.members}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.members = state["members"]
+        self._members = [weakref.ref(m) for m in state["members"]]
         self._reset()
 
     def output(self, layer: LoraLinear, x: torch.Tensor) -> torch.Tensor | None:
         """``layer``'s output for ``x``, or None when the group cannot run (the caller runs it alone)."""
-        index = self.members.index(layer)
+        members = self.members
+        index = next(i for i, m in enumerate(members) if m is layer)
         pending = self._pending
         fresh = pending is not None and pending[0]() is x and pending[1] == x._version
         if fresh and pending[2][index] is not None:  # type: ignore[index]
@@ -149,10 +156,10 @@ class _Siblings:
             if all(o is None for o in pending[2]):
                 self._pending = None
             return out
-        adapters = [_plain_adapter(m, x) for m in self.members]
-        if any(p is None or not _is_mixed(m.base_layer.weight, p[0]) for m, p in zip(self.members, adapters)):
+        adapters = [_plain_adapter(m, x) for m in members]
+        if any(p is None or not _is_mixed(m.base_layer.weight, p[0]) for m, p in zip(members, adapters)):
             return None
-        bases = [m.base_layer for m in self.members]
+        bases = [m.base_layer for m in members]
         if any(b.weight.requires_grad or (b.bias is not None and b.bias.requires_grad) for b in bases):
             return None
         weight, bias = self._concatenated(bases)

@@ -48,10 +48,23 @@ def test_first_loss_position():
 
 
 @pytest.mark.parametrize("lora", [False, True])
-def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora):
-    """A group's prompt run once (its K/V expanded to every row) = every row run in full."""
+@pytest.mark.parametrize("path", ["packed", "kv_cache"])
+def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora, path, monkeypatch):
+    """A group's prompt run once = every row run in full, both ways of sharing it: one packed
+    sequence (the prompt, then each row's continuation behind a mask) and the prompt's K/V
+    expanded to every row (what a batch longer than ``PACKED_MAX_TOKENS`` takes)."""
+    from veriloop.agents import forward
     from veriloop.agents.forward import shared_prefix_length
     from veriloop.agents.testing import tiny_policy
+
+    if path == "kv_cache":
+        monkeypatch.setattr(forward, "PACKED_MAX_TOKENS", 0)
+    taken = []
+    for name in ("_packed_prefix_logits", "_shared_prefix_logits"):
+        real = getattr(forward, name)
+        monkeypatch.setattr(
+            forward, name, lambda *a, _real=real, _name=name, **k: taken.append(_name) or _real(*a, **k)
+        )
 
     policy = tiny_policy(seed=3, lora=lora)
     model = policy.model
@@ -67,6 +80,7 @@ def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora):
     mask = torch.ones_like(ids)
     mask[1, -2:] = 0  # right padding on two rows
     mask[3, -4:] = 0
+    mask[2, 12] = 0  # and a hole in one row's continuation
     prefix = shared_prefix_length(ids, mask, limit=10)
     assert prefix == 9
     params = [p for p in model.parameters() if p.requires_grad]
@@ -79,6 +93,7 @@ def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora):
 
     lp0, ent0, g0 = run(0)
     lp1, ent1, g1 = run(prefix)
+    assert taken == ["_packed_prefix_logits" if path == "packed" else "_shared_prefix_logits"]
     m = mask.bool()
     torch.testing.assert_close(lp1[m], lp0[m], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ent1[m], ent0[m], atol=1e-5, rtol=1e-5)
@@ -162,3 +177,24 @@ def test_half_precision_logits_get_a_half_precision_gradient_computed_in_fp32():
     F._picked_logprobs(full, targets, 1.0, True)[0].sum().backward()
     assert half.grad.dtype == torch.float16
     torch.testing.assert_close(half.grad.float(), full.grad, atol=1e-3, rtol=1e-3)
+
+
+def test_a_shared_prompt_is_packed_only_where_the_packed_mask_is_exact(monkeypatch):
+    """Packing needs SDPA (a boolean mask taken as is), no sliding window the positions reach, and
+    a short batch; anything else takes the KV-cache path."""
+    from types import SimpleNamespace
+
+    from veriloop.agents import forward
+
+    ids = torch.zeros(4, 40, dtype=torch.long)  # packed: 9 + 4 x 31 = 133 tokens
+    model = SimpleNamespace(config=SimpleNamespace(_attn_implementation="sdpa"))
+    assert forward._can_pack(model, ids, prefix=10)
+    model.config._attn_implementation = "eager"  # adds a float mask: a boolean one would be wrong
+    assert not forward._can_pack(model, ids, prefix=10)
+    model.config._attn_implementation = "veriloop_sdpa_fp32"
+    model.config.sliding_window = 32  # positions up to 39 would leave the window
+    assert not forward._can_pack(model, ids, prefix=10)
+    model.config.sliding_window = 64
+    assert forward._can_pack(model, ids, prefix=10)
+    monkeypatch.setattr(forward, "PACKED_MAX_TOKENS", 132)
+    assert not forward._can_pack(model, ids, prefix=10)

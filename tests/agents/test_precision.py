@@ -484,3 +484,21 @@ def test_a_bf16_policy_with_fused_siblings_copies_and_saves(tmp_path):
     reloaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=ids).logits, before.float(), atol=0.1, rtol=0.05)
+
+
+def test_a_dropped_bf16_policy_is_freed_without_waiting_for_the_garbage_collector():
+    """The sibling groups refer to their layers weakly: no reference cycle keeps a dropped model
+    (and the checkpoint mapping or memory it holds) alive until the collector's next pass."""
+    import gc
+    import weakref
+
+    _, policy = precision_pair(lora=True)
+    with torch.no_grad():
+        policy.model(input_ids=torch.randint(0, 100, (2, 6)))  # the groups' concatenated weights exist
+    gone = weakref.ref(_attention(policy).q_proj)
+    gc.disable()
+    try:
+        del policy
+        assert gone() is None
+    finally:
+        gc.enable()
