@@ -34,12 +34,10 @@ def token_logprobs(
             token of the batch). Logits are computed only from there on (``logits_to_keep``): the
             vocabulary projection over a long prompt is most of the cost. Earlier positions are 0.
         shared_prefix: The first ``shared_prefix`` tokens are the same real tokens in every row
-            (a GRPO group's prompt; see :func:`shared_prefix_length`). They are run once, and
-            every row's continuation attends to them: the same numbers (up to float rounding)
-            and gradients for a fraction of the compute. A short batch runs as one packed
-            sequence (:func:`_packed_prefix_logits`), a long one from the prompt's KV cache
-            (:func:`_shared_prefix_logits`). Used only for text models (no ``model_inputs``)
-            and when ``shared_prefix <= first_position``.
+            (a GRPO group's prompt; see :func:`shared_prefix_length`). They are run once for
+            every row (packed into one sequence, or a long batch from their KV cache): the same
+            numbers (up to float rounding) and gradients for a fraction of the compute. Used only
+            for text models (no ``model_inputs``) and when ``shared_prefix <= first_position``.
         **model_inputs: Extra inputs (e.g. ``pixel_values``) passed to the model.
 
     Returns:
@@ -59,10 +57,8 @@ def token_logprobs(
         # the last token predicts nothing we score: leave it out, and the logits come contiguous
         ids, mask = input_ids[:, :-1], attention_mask[:, :-1]
         if 1 < shared_prefix <= first and input_ids.shape[0] > 1:
-            if _can_pack(model, ids, shared_prefix):
-                logits = _packed_prefix_logits(model, ids, mask, shared_prefix, keep)
-            else:
-                logits = _shared_prefix_logits(model, ids, mask, shared_prefix, keep)
+            share = _packed_prefix_logits if _can_pack(model, ids, shared_prefix) else _shared_prefix_logits
+            logits = share(model, ids, mask, shared_prefix, keep)
         else:
             logits = _logits(model, ids, mask, keep, model_inputs)
         logits = logits[:, -keep:]  # [B, T-first, V]; a view of the whole when the model kept only these
