@@ -149,13 +149,13 @@ class _Siblings:
         members = self.members
         index = next(i for i, m in enumerate(members) if m is layer)
         pending = self._pending
-        fresh = pending is not None and pending[0]() is x and pending[1] == x._version
-        if fresh and pending[2][index] is not None:  # type: ignore[index]
-            out = pending[2][index]  # type: ignore[index]
-            pending[2][index] = None
-            if all(o is None for o in pending[2]):
-                self._pending = None
-            return out
+        if pending is not None and pending[0]() is x and pending[1] == x._version:
+            outs = pending[2]
+            out, outs[index] = outs[index], None
+            if out is not None:
+                if all(o is None for o in outs):
+                    self._pending = None
+                return out
         adapters = [_plain_adapter(m, x) for m in members]
         if any(p is None or not _is_mixed(m.base_layer.weight, p[0]) for m, p in zip(members, adapters)):
             return None
@@ -166,12 +166,11 @@ class _Siblings:
         a = [p[0] for p in adapters]  # type: ignore[index]
         b = [p[1] for p in adapters]  # type: ignore[index]
         scalings = tuple(p[2] for p in adapters)  # type: ignore[index]
-        outs = list(_MixedLoraGroup.apply(x, weight, bias, scalings, len(a), *a, *b))
-        outs = [o.view(*x.shape[:-1], o.shape[-1]) for o in outs]
-        out = outs[index]
-        outs[index] = None
-        self._pending = (weakref.ref(x), x._version, outs)
-        return out
+        flat = _MixedLoraGroup.apply(x, weight, bias, scalings, len(a), *a, *b)
+        results: list[torch.Tensor | None] = [o.view(*x.shape[:-1], o.shape[-1]) for o in flat]
+        mine, results[index] = results[index], None
+        self._pending = (weakref.ref(x), x._version, results)
+        return mine
 
     def _concatenated(self, bases: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The members' base weights as one [sum of outs, in] matrix (and their biases as one
