@@ -18,6 +18,10 @@ overhead  (``--overhead``) the per-operation cost of a training micro-batch: the
           at tiny widths (hidden 64, vocabulary 512, so the products cost almost nothing) against the
           default model, fp32 and bf16, ``--rows`` completions of ``--scored`` tokens after a shared
           prompt (``--tokens`` in all), alternating; and the operator calls of one tiny micro-batch.
+paths     (``--paths``) the same micro-batch as ``--overhead`` on the default model, fp32 and bf16, with
+          each of two ways of running it switched off in turn: the sibling projections' joined node
+          (``agents/lora_fused.py``, bf16 only) and the prompt packed with the rows
+          (``agents/forward.py``; off: the prompt's KV-cache path); alternating, median ms.
 warmup    (``--warmup``) the quickstart's SFT warm-up, ``--sft-steps`` steps in fp32 and in bf16 from the
           same zero adapter, each trained adapter then scored in fp32 on the same batches.
 
@@ -26,6 +30,7 @@ warmup    (``--warmup``) the quickstart's SFT warm-up, ``--sft-steps`` steps in 
     python benchmarks/bench_precision.py --memory
     python benchmarks/bench_precision.py --warmup [--sft-steps 6] [--seed 1]
     OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_precision.py --overhead --threads 2 --tokens 144 --scored 64
+    OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_precision.py --paths --threads 2 --tokens 144 --scored 64
 
 Writes benchmarks/results/precision.json (the parts run are replaced, the others kept).
 """
@@ -214,6 +219,46 @@ def bench_overhead(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def bench_paths(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--overhead`` micro-batch on the default model with the sibling groups and the packed
+    prompt each switched off, alternating arms (see the module docstring)."""
+    from veriloop.agents import forward, lora_fused
+
+    pols = policies()
+    ids = batch(pols["fp32"], args.rows, args.tokens, args.scored)
+    prompt = args.tokens - args.scored
+    grouped, packed_max = lora_fused._Siblings.output, forward.PACKED_MAX_TOKENS
+    arms = {"fp32": ("fp32", True, True), "fp32_kv_cache_prompt": ("fp32", True, False),
+            "bf16": ("bf16", True, True), "bf16_kv_cache_prompt": ("bf16", True, False),
+            "bf16_per_layer_lora": ("bf16", False, True)}  # fmt: skip
+
+    def micro_batch(precision: str, groups: bool, packed: bool) -> None:
+        lora_fused._Siblings.output = grouped if groups else lambda *_: None  # type: ignore[method-assign]
+        forward.PACKED_MAX_TOKENS = packed_max if packed else 0
+        train_pass(pols[precision].model, ids, args.scored, shared_prefix=prompt)
+
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    try:
+        for arm in arms.values():
+            micro_batch(*arm)  # warm-up
+        for rep in range(args.reps):
+            for name in list(arms) if rep % 2 == 0 else list(arms)[::-1]:
+                t0 = time.perf_counter()
+                micro_batch(*arms[name])
+                times[name].append(time.perf_counter() - t0)
+            print(f"rep {rep}: " + ", ".join(f"{k} {v[-1] * 1e3:.0f} ms" for k, v in times.items()))
+    finally:
+        lora_fused._Siblings.output, forward.PACKED_MAX_TOKENS = grouped, packed_max  # type: ignore[method-assign]
+    return {
+        "what": f"LoRA forward+backward, {args.rows} completions x {args.scored} tokens after a shared "
+        f"{prompt}-token prompt; each of the two paths off in turn",
+        "threads": torch.get_num_threads(),
+        "median_ms": {k: 1e3 * statistics.median(v) for k, v in times.items()},
+        "all_ms": {k: [1e3 * t for t in v] for k, v in times.items()},
+        "load_1min_at_end": os.getloadavg()[0],
+    }
+
+
 def bench_warmup(args: argparse.Namespace) -> dict[str, Any]:
     """The quickstart's SFT warm-up (seed ``--seed``) for ``--sft-steps`` steps in each precision from
     the same zero adapter; then each trained adapter scored in fp32 (lr ~0) on the same batches and
@@ -299,6 +344,9 @@ def main() -> None:
     parser.add_argument("--mem-scored", type=int, default=260)
     parser.add_argument("--warmup", action="store_true", help="the SFT warm-up part instead")
     parser.add_argument("--overhead", action="store_true", help="the per-operation cost part instead")
+    parser.add_argument(
+        "--paths", action="store_true", help="the joined-siblings / packed-prompt part instead"
+    )
     parser.add_argument("--sft-steps", type=int, default=6)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--memory-child", choices=["fp32", "bf16"], help=argparse.SUPPRESS)
@@ -309,12 +357,12 @@ def main() -> None:
         print(json.dumps(memory_child(args)))
         return
     report = json.loads(args.out.read_text()) if args.out.exists() else {}
-    chosen = [name for name in ("mismatch", "memory", "warmup", "overhead") if getattr(args, name)]
+    chosen = [name for name in ("mismatch", "memory", "warmup", "overhead", "paths") if getattr(args, name)]
     if len(chosen) > 1:
         parser.error(f"one part at a time, not {chosen}")
     part = chosen[0] if chosen else "speed"
     parts = {"mismatch": bench_mismatch, "memory": bench_memory, "warmup": bench_warmup,
-             "overhead": bench_overhead, "speed": bench_speed}  # fmt: skip
+             "overhead": bench_overhead, "paths": bench_paths, "speed": bench_speed}  # fmt: skip
     run = parts[part]
     report[part] = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_avg_at_start": list(os.getloadavg()),
                     **run(args)}  # fmt: skip
