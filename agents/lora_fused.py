@@ -118,7 +118,7 @@ class _Siblings:
     weights, one projection onto the concatenated rank spaces, one gradient for the input.
 
     The first member called with an input computes every member's output; the others take theirs
-    while that input is the same tensor, unchanged, and alive. Anything else (another input, a
+    while that input is the same tensor, unchanged, and alive, and gradient mode is as it was. Anything else (another input, a
     member that is not plain mixed LoRA) falls back to the per-layer path, so the result is the same
     either way. The concatenated base weights are built on first use (the members' weights become
     its row blocks) and rebuilt when a member's weight is replaced or changed."""
@@ -135,7 +135,7 @@ class _Siblings:
 
     def _reset(self) -> None:
         self._weights: tuple[Any, torch.Tensor, torch.Tensor | None] | None = None
-        self._pending: tuple[Any, int, list[torch.Tensor | None]] | None = None
+        self._pending: tuple[int, bool, Any, list[torch.Tensor | None]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:  # copies and pickles drop the caches
         return {"members": self.members}
@@ -149,8 +149,8 @@ class _Siblings:
         members = self.members
         index = next(i for i, m in enumerate(members) if m is layer)
         pending = self._pending
-        if pending is not None and pending[0]() is x and pending[1] == x._version:
-            outs = pending[2]
+        if pending is not None and pending[:2] == (x._version, torch.is_grad_enabled()) and pending[2]() is x:
+            outs = pending[3]
             out, outs[index] = outs[index], None
             if out is not None:
                 if all(o is None for o in outs):
@@ -169,7 +169,7 @@ class _Siblings:
         flat = _MixedLoraGroup.apply(x, weight, bias, scalings, len(a), *a, *b)
         results: list[torch.Tensor | None] = [o.view(*x.shape[:-1], o.shape[-1]) for o in flat]
         mine, results[index] = results[index], None
-        self._pending = (weakref.ref(x), x._version, results)
+        self._pending = (x._version, torch.is_grad_enabled(), weakref.ref(x), results)
         return mine
 
     def _concatenated(self, bases: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:

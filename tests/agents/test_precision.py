@@ -454,7 +454,10 @@ def test_a_sibling_called_on_another_input_gets_its_own_result():
     gen = torch.Generator().manual_seed(6)
     x, y = (torch.randn(3, attn.q_proj.in_features, generator=gen) for _ in range(2))
     with torch.no_grad():
-        attn.q_proj(x)  # computes k and v for x too
+        attn.q_proj(x.requires_grad_(True))  # computes k and v for x too, without a graph
+    assert attn.k_proj(x).requires_grad  # with gradients on: computed anew, not the graphless one
+    with torch.no_grad():
+        attn.q_proj(x)
         got = attn.k_proj(y)
         torch.testing.assert_close(got, _mixed(attn.k_proj, y, *_adapter(attn.k_proj)), atol=1e-2, rtol=1e-2)
         x.add_(1.0)  # the same tensor, changed: not the pending result for the old values
