@@ -158,6 +158,21 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def alternate(arms: dict[str, tuple[Any, ...]], run: Any, reps: int) -> dict[str, list[float]]:
+    """Seconds of ``run(*arms[name])`` per arm: one warm-up each, then ``reps`` rounds, the order
+    reversed every other round."""
+    for arm in arms.values():
+        run(*arm)
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    for rep in range(reps):
+        for name in list(arms) if rep % 2 == 0 else list(arms)[::-1]:
+            t0 = time.perf_counter()
+            run(*arms[name])
+            times[name].append(time.perf_counter() - t0)
+        print(f"rep {rep}: " + ", ".join(f"{k} {v[-1] * 1e3:.0f} ms" for k, v in times.items()))
+    return times
+
+
 def overhead_policies(seed: int = 0) -> dict[str, Any]:
     """The default model's architecture (30 layers, LoRA r = 16 on every linear layer) at tiny widths
     (hidden 64, one head, vocabulary 512), random weights, in fp32 and bf16: its micro-batch costs
@@ -195,15 +210,7 @@ def bench_overhead(args: argparse.Namespace) -> dict[str, Any]:
 
     arms = {f"{size}_{p}": (pols[p], t) for size, pols, t in (("tiny", tiny, small_ids), ("default", full, ids))
             for p in ("fp32", "bf16")}  # fmt: skip
-    for policy, tokens in arms.values():
-        micro_batch(policy, tokens)  # warm-up
-    times: dict[str, list[float]] = {k: [] for k in arms}
-    for rep in range(args.reps):
-        for name in list(arms) if rep % 2 == 0 else list(arms)[::-1]:
-            t0 = time.perf_counter()
-            micro_batch(*arms[name])
-            times[name].append(time.perf_counter() - t0)
-        print(f"rep {rep}: " + ", ".join(f"{k} {v[-1] * 1e3:.0f} ms" for k, v in times.items()))
+    times = alternate(arms, micro_batch, args.reps)
     calls = {}
     for p in ("fp32", "bf16"):
         with profile() as prof:
@@ -237,16 +244,8 @@ def bench_paths(args: argparse.Namespace) -> dict[str, Any]:
         forward.PACKED_MAX_TOKENS = packed_max if packed else 0
         train_pass(pols[precision].model, ids, args.scored, shared_prefix=prompt)
 
-    times: dict[str, list[float]] = {k: [] for k in arms}
     try:
-        for arm in arms.values():
-            micro_batch(*arm)  # warm-up
-        for rep in range(args.reps):
-            for name in list(arms) if rep % 2 == 0 else list(arms)[::-1]:
-                t0 = time.perf_counter()
-                micro_batch(*arms[name])
-                times[name].append(time.perf_counter() - t0)
-            print(f"rep {rep}: " + ", ".join(f"{k} {v[-1] * 1e3:.0f} ms" for k, v in times.items()))
+        times = alternate(arms, micro_batch, args.reps)
     finally:
         lora_fused._Siblings.output, forward.PACKED_MAX_TOKENS = grouped, packed_max  # type: ignore[method-assign]
     return {
