@@ -252,10 +252,12 @@ def _can_pack(model: Any, input_ids: torch.Tensor, prefix: int) -> bool:
     if prefix - 1 + b * (t - prefix + 1) > PACKED_MAX_TOKENS:
         return False
     config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) not in _PACKABLE_ATTENTION:
+    get_text = getattr(config, "get_text_config", None)
+    configs = [config, get_text() if callable(get_text) else config]  # a VLM's language model has its own
+    if any(getattr(c, "_attn_implementation", None) not in _PACKABLE_ATTENTION for c in configs):
         return False
-    window = getattr(config, "sliding_window", None)
-    return window is None or t <= window
+    windows = [w for c in configs if (w := getattr(c, "sliding_window", None)) is not None]
+    return all(t <= w for w in windows)
 
 
 def _packed_prefix_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int,

@@ -196,5 +196,10 @@ def test_a_shared_prompt_is_packed_only_where_the_packed_mask_is_exact(monkeypat
     assert not forward._can_pack(model, ids, prefix=10)
     model.config.sliding_window = 64
     assert forward._can_pack(model, ids, prefix=10)
+    text = SimpleNamespace(_attn_implementation="sdpa", sliding_window=16)  # a VLM's language model
+    model.config.get_text_config = lambda: text
+    assert not forward._can_pack(model, ids, prefix=10)
+    text.sliding_window = None
+    assert forward._can_pack(model, ids, prefix=10)
     monkeypatch.setattr(forward, "PACKED_MAX_TOKENS", 132)
     assert not forward._can_pack(model, ids, prefix=10)
