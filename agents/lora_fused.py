@@ -17,6 +17,10 @@ arrives in fp32); the rank-r product is added to the upcast base output in fp32 
 returns fp32. Rounding that sum to bf16 lost what the adapter contributed while it was small: a
 bf16 SFT warm-up of the default model trailed fp32's from its second step, and with the fp32 sum
 it follows fp32's losses (docs/precision.md has the measurement).
+
+Sibling layers that take one input (q/k/v, gate/up; :data:`SIBLINGS`) run as one node over their
+concatenated frozen weights, in both precisions (:class:`_Siblings`): fewer, larger products, and
+fewer operator calls, whose fixed cost is a large share of a small model's step on a CPU.
 """
 
 from __future__ import annotations
@@ -34,17 +38,17 @@ from peft.tuners.lora.layer import Linear as LoraLinear
 class FusedLoraLinear(LoraLinear):
     """peft's ``lora.Linear`` with the fused forward; existing layers get it as their class."""
 
+    #: The :class:`_Siblings` this layer runs with (q/k/v, gate/up), if any.
+    _veriloop_group: _Siblings | None = None
+
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         plain = _plain_adapter(self, x) if not (args or kwargs) else None
         if plain is None:
             return super().forward(x, *args, **kwargs)
         a, b, scaling = plain
+        if self._veriloop_group is not None and (out := self._veriloop_group.output(self, x)) is not None:
+            return out
         if _is_mixed(self.base_layer.weight, a):  # fp32 adapter over a bf16 base: mixed precision
-            group = getattr(self, "_veriloop_group", None)
-            if group is not None:
-                out = group.output(self, x)
-                if out is not None:
-                    return out
             return _mixed(self, x, a, b, scaling)
         a, b = a.to(x.dtype), b.to(x.dtype)  # no-ops unless the adapter's dtype is not the base's
         base = self.base_layer(x)
@@ -113,9 +117,10 @@ SIBLINGS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_
 
 
 class _Siblings:
-    """LoRA layers with frozen bf16 bases that take the same input (an attention's q/k/v, an MLP's
+    """LoRA layers with frozen bases that take the same input (an attention's q/k/v, an MLP's
     gate/up), run as one :class:`_MixedLoraGroup` node: one base product with the concatenated
-    weights, one projection onto the concatenated rank spaces, one gradient for the input.
+    weights, one projection onto the concatenated rank spaces, one gradient for the input. In
+    mixed precision (bf16 bases, fp32 adapters) and in fp32 (everything fp32).
 
     The first member called with an input computes every member's output; the others take theirs
     while that input is the same tensor, unchanged, and alive, and gradient mode is as it was. Anything else (another input, a
@@ -157,7 +162,7 @@ class _Siblings:
                     self._pending = None
                 return out
         adapters = [_plain_adapter(m, x) for m in members]
-        if any(p is None or not _is_mixed(m.base_layer.weight, p[0]) for m, p in zip(members, adapters)):
+        if any(p is None or not _groupable(m.base_layer.weight, p[0], x) for m, p in zip(members, adapters)):
             return None
         bases = [m.base_layer for m in members]
         if any(b.weight.requires_grad or (b.bias is not None and b.bias.requires_grad) for b in bases):
@@ -200,12 +205,12 @@ class _MixedLoraGroup(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 scalings: tuple[float, ...], n: int, *adapters: torch.Tensor) -> tuple[torch.Tensor, ...]:  # fmt: skip
-        half = torch.bfloat16
+        half = weight.dtype  # bf16 (mixed precision) or fp32
         a, b = adapters[:n], adapters[n:]
         ranks = [t.shape[0] for t in a]
         outs = [t.shape[0] for t in b]
         with _no_autocast(x.device.type):
-            xh = _bf16_input(x)  # [tokens, in]
+            xh = _bf16_input(x) if half == torch.bfloat16 else x.reshape(-1, x.shape[-1])  # [tokens, in]
             ah = torch.cat(a).to(half)  # [R, in]
             low = (xh @ ah.t()).float()  # [tokens, R]
             if len(set(scalings)) == 1:
@@ -225,7 +230,7 @@ class _MixedLoraGroup(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
         xh, weight, ah, low, *b = ctx.saved_tensors
-        half, n = torch.bfloat16, len(b)
+        half, n = weight.dtype, len(b)
         with _no_autocast(xh.device.type):
             g = [t.reshape(-1, t.shape[-1]).float() for t in grads]  # [tokens, out_i]
             lows = low.split(ctx.ranks, 1)
@@ -288,6 +293,14 @@ def _bf16_input(x: torch.Tensor) -> torch.Tensor:
     return xh
 
 
+def _groupable(base_weight: Any, adapter_weight: Any, x: torch.Tensor) -> bool:
+    """Whether :class:`_MixedLoraGroup` computes this layer: mixed precision, or all of it fp32."""
+    fp32 = torch.float32
+    return (
+        _is_mixed(base_weight, adapter_weight) or base_weight.dtype == adapter_weight.dtype == x.dtype == fp32
+    )
+
+
 def _is_mixed(base_weight: Any, adapter_weight: Any) -> bool:
     """A bf16 base with an fp32 adapter: ``policy.precision: bf16``."""
     return bool(base_weight.dtype == torch.bfloat16 and adapter_weight.dtype == torch.float32)
@@ -309,7 +322,7 @@ def _group_siblings(model: torch.nn.Module) -> None:
     for parent in model.modules():
         for names in SIBLINGS:
             members = [getattr(parent, n, None) for n in names]
-            if all(type(m) is FusedLoraLinear and not hasattr(m, "_veriloop_group") for m in members):
+            if all(type(m) is FusedLoraLinear and m._veriloop_group is None for m in members):  # type: ignore[union-attr]
                 group = _Siblings(members)  # type: ignore[arg-type]
                 for member in members:
                     member._veriloop_group = group  # type: ignore[union-attr]

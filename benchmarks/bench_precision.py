@@ -20,7 +20,7 @@ overhead  (``--overhead``) the per-operation cost of a training micro-batch: the
           prompt (``--tokens`` in all), alternating; and the operator calls of one tiny micro-batch.
 paths     (``--paths``) the same micro-batch as ``--overhead`` on the default model, fp32 and bf16, with
           each of two ways of running it switched off in turn: the sibling projections' joined node
-          (``agents/lora_fused.py``, bf16 only) and the prompt packed with the rows
+          (``agents/lora_fused.py``) and the prompt packed with the rows
           (``agents/forward.py``; off: the prompt's KV-cache path); alternating, median ms.
 warmup    (``--warmup``) the quickstart's SFT warm-up, ``--sft-steps`` steps in fp32 and in bf16 from the
           same zero adapter, each trained adapter then scored in fp32 on the same batches.
@@ -236,6 +236,7 @@ def bench_paths(args: argparse.Namespace) -> dict[str, Any]:
     prompt = args.tokens - args.scored
     grouped, packed_max = lora_fused._Siblings.output, forward.PACKED_MAX_TOKENS
     arms = {"fp32": ("fp32", True, True), "fp32_kv_cache_prompt": ("fp32", True, False),
+            "fp32_per_layer_lora": ("fp32", False, True),
             "bf16": ("bf16", True, True), "bf16_kv_cache_prompt": ("bf16", True, False),
             "bf16_per_layer_lora": ("bf16", False, True)}  # fmt: skip
 

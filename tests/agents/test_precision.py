@@ -410,13 +410,13 @@ def _attention(policy):  # type: ignore[no-untyped-def]
     return next(m for m in policy.model.modules() if isinstance(getattr(m, "q_proj", None), FusedLoraLinear))
 
 
-def test_sibling_projections_run_as_one_node_with_the_per_layer_results():
-    """q/k/v of one attention (and gate/up of one MLP) take the same input: their mixed products run
-    as one node over the concatenated weights, whose outputs and gradients are the per-layer ones;
-    the members' weights become row blocks of the one matrix (no memory of its own)."""
-    from veriloop.agents.lora_fused import _mixed
-
-    _, policy = precision_pair(lora=True)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_sibling_projections_run_as_one_node_with_the_per_layer_results(precision):
+    """q/k/v of one attention (and gate/up of one MLP) take the same input: their products run as
+    one node over the concatenated frozen weights, whose outputs and gradients are the per-layer
+    ones; the members' weights become row blocks of the one matrix (no memory of its own)."""
+    fp32, bf16 = precision_pair(lora=True)
+    policy = {"fp32": fp32, "bf16": bf16}[precision]
     attn = _attention(policy)
     layers = [attn.q_proj, attn.k_proj, attn.v_proj]
     attn.k_proj.scaling[attn.k_proj.active_adapters[0]] *= 3.0  # one scaling per layer (an alpha pattern)
@@ -424,18 +424,22 @@ def test_sibling_projections_run_as_one_node_with_the_per_layer_results():
     upstream = [torch.randn(2, 5, m.out_features, generator=torch.Generator().manual_seed(5 + i))
                 for i, m in enumerate(layers)]  # fmt: skip
     params = [p for m in layers for p in m.parameters() if p.requires_grad]
+    group = attn.q_proj._veriloop_group
     results = []
     for grouped in (True, False):
+        for m in layers:
+            m._veriloop_group = group if grouped else None  # None: each layer's own node
         x = x0.clone().requires_grad_(True)
-        outs = [m(x) if grouped else _mixed(m, x, *_adapter(m)) for m in layers]
-        if grouped:
-            assert len({o.grad_fn.next_functions[0][0] for o in outs}) == 1  # one node (under the views)
-            assert "Group" in type(outs[0].grad_fn.next_functions[0][0]).__name__
+        outs = [m(x) for m in layers]
+        nodes = {o.grad_fn.next_functions[0][0] for o in outs}  # under the views
+        assert len(nodes) == (1 if grouped else 3)
+        assert ("Group" in type(next(iter(nodes))).__name__) == grouped
         loss = sum((o * u).sum() for o, u in zip(outs, upstream))
         results.append((*outs, *torch.autograd.grad(loss, [x, *params])))
+    tol = 1e-5 if precision == "fp32" else 2e-2
     for got, want in zip(*results, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
-        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
     storages = {m.base_layer.weight.untyped_storage().data_ptr() for m in layers}
     assert len(storages) == 1
 
