@@ -154,8 +154,13 @@ SUITES: dict[str, dict] = {
                     "policy.precision=bf16",
                 ],
             ),
-            # the same, re-run once a micro-batch's shared prompt was packed with its rows and the q/k/v and
+            # both, re-run once a micro-batch's shared prompt was packed with its rows and the q/k/v and
             # gate/up products joined (bf16 rounding differs from the runs above; does learning?)
+            (
+                "grpo_p16_v2_rerun",
+                "quickstart",
+                ["rollout.prompts_per_step=16", "eval.num_problems=1024", "train.steps=16", "eval.every=8"],
+            ),
             (
                 "grpo_p16_v2_bf16_rerun",
                 "quickstart",
