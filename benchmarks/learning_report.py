@@ -260,6 +260,11 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]], start_arm: str |
         # before the LoRA layers summed the adapter in fp32 are kept under their own label)
         precisions = {label: r for label, r in runs.items() if label.startswith("grpo_p16_v2")}
         out["bf16_vs_fp32"] = arm_differences(precisions, reference="grpo_p16_v2")
+        # and the two re-run after the packed prompt and joined siblings, bf16 against fp32 of the same code
+        reruns = {
+            label: r for label, r in runs.items() if label in ("grpo_p16_v2_rerun", "grpo_p16_v2_bf16_rerun")
+        }
+        out["bf16_vs_fp32_rerun"] = arm_differences(reruns, reference="grpo_p16_v2_rerun")
     if suite == "points24_easy" and start_arm:
         out["matched"] = matched_table(runs, start_arm, ["id", "rule_ood"])
     return out
