@@ -156,22 +156,8 @@ SUITES: dict[str, dict] = {
             ),
             # both, re-run once a micro-batch's shared prompt was packed with its rows and the q/k/v and
             # gate/up products joined (bf16 rounding differs from the runs above; does learning?)
-            (
-                "grpo_p16_v2_rerun",
-                "quickstart",
-                ["rollout.prompts_per_step=16", "eval.num_problems=1024", "train.steps=16", "eval.every=8"],
-            ),
-            (
-                "grpo_p16_v2_bf16_rerun",
-                "quickstart",
-                [
-                    "rollout.prompts_per_step=16",
-                    "eval.num_problems=1024",
-                    "train.steps=16",
-                    "eval.every=8",
-                    "policy.precision=bf16",
-                ],
-            ),
+            ("grpo_p16_v2_rerun", "quickstart", P16),
+            ("grpo_p16_v2_bf16_rerun", "quickstart", [*P16, "policy.precision=bf16"]),
             # learning more per sample, each against grpo_p16_v2 (same warm-up, steps, held-out set): the
             # difficulty pools + the gate that refills zero-advantage groups (it pays for extra rollouts:
             # curriculum/paid_episodes), self-distillation with the gold answer in the teacher's prompt, both

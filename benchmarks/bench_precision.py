@@ -173,6 +173,14 @@ def alternate(arms: dict[str, tuple[Any, ...]], run: Any, reps: int) -> dict[str
     return times
 
 
+def milliseconds(times: dict[str, list[float]]) -> dict[str, Any]:
+    """:func:`alternate`'s seconds as the report's median and every round, in ms."""
+    return {
+        "median_ms": {k: 1e3 * statistics.median(v) for k, v in times.items()},
+        "all_ms": {k: [1e3 * t for t in v] for k, v in times.items()},
+    }
+
+
 def overhead_policies(seed: int = 0) -> dict[str, Any]:
     """The default model's architecture (30 layers, LoRA r = 16 on every linear layer) at tiny widths
     (hidden 64, one head, vocabulary 512), random weights, in fp32 and bf16: its micro-batch costs
@@ -220,8 +228,7 @@ def bench_overhead(args: argparse.Namespace) -> dict[str, Any]:
         "what": f"LoRA forward+backward, {args.rows} completions x {args.scored} tokens after a shared "
         f"{prompt}-token prompt; tiny: the default architecture at hidden 64 / vocabulary 512",
         "threads": torch.get_num_threads(),
-        "median_ms": {k: 1e3 * statistics.median(v) for k, v in times.items()},
-        "all_ms": {k: [1e3 * t for t in v] for k, v in times.items()},
+        **milliseconds(times),
         "aten_calls_tiny_micro_batch": calls,
     }
 
@@ -253,8 +260,7 @@ def bench_paths(args: argparse.Namespace) -> dict[str, Any]:
         "what": f"LoRA forward+backward, {args.rows} completions x {args.scored} tokens after a shared "
         f"{prompt}-token prompt; each of the two paths off in turn",
         "threads": torch.get_num_threads(),
-        "median_ms": {k: 1e3 * statistics.median(v) for k, v in times.items()},
-        "all_ms": {k: [1e3 * t for t in v] for k, v in times.items()},
+        **milliseconds(times),
         "load_1min_at_end": os.getloadavg()[0],
     }
 
