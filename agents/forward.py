@@ -240,9 +240,6 @@ CACHE_ARG = _cache_argument()
 #: the packed length, so a longer batch takes the KV-cache path, whose attention grows only with
 #: each row's own length.
 PACKED_MAX_TOKENS = 2048
-#: Attention implementations that take a boolean [B, 1, Q, K] mask as it is (SDPA, and the
-#: fp32-upcast SDPA of :mod:`veriloop.agents.precision`).
-_PACKABLE_ATTENTION = ("sdpa", "veriloop_sdpa_fp32")
 
 
 def _can_pack(model: Any, input_ids: torch.Tensor, prefix: int) -> bool:
@@ -251,10 +248,13 @@ def _can_pack(model: Any, input_ids: torch.Tensor, prefix: int) -> bool:
     b, t = input_ids.shape
     if prefix - 1 + b * (t - prefix + 1) > PACKED_MAX_TOKENS:
         return False
+    from veriloop.agents.precision import FP32_ATTENTION  # SDPA with q, k, v upcast: the same mask
+
+    packable = ("sdpa", FP32_ATTENTION)  # they take a boolean [B, 1, Q, K] mask as it is
     config = getattr(model, "config", None)
     get_text = getattr(config, "get_text_config", None)
     configs = [config, get_text() if callable(get_text) else config]  # a VLM's language model has its own
-    if any(getattr(c, "_attn_implementation", None) not in _PACKABLE_ATTENTION for c in configs):
+    if any(getattr(c, "_attn_implementation", None) not in packable for c in configs):
         return False
     windows = [w for c in configs if (w := getattr(c, "sliding_window", None)) is not None]
     return all(t <= w for w in windows)
