@@ -20,6 +20,7 @@ def token_logprobs(
     with_entropy: bool = False,
     first_position: int = 1,
     shared_prefix: int = 0,
+    packed_only: bool = False,
     **model_inputs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probability of each token given the tokens before it.
@@ -38,6 +39,9 @@ def token_logprobs(
             every row (packed into one sequence, or a long batch from their KV cache): the same
             numbers (up to float rounding) and gradients for a fraction of the compute. Used only
             for text models (no ``model_inputs``) and when ``shared_prefix <= first_position``.
+        packed_only: Share the prompt only where it packs into the rows' one forward pass, never
+            through the KV cache's two (a sharded model: each of its forward passes must be
+            followed by its own backward, see ``veriloop.algos.run.fsdp.is_sharded``).
         **model_inputs: Extra inputs (e.g. ``pixel_values``) passed to the model.
 
     Returns:
@@ -56,8 +60,10 @@ def token_logprobs(
     if T > 1 and not model_inputs:
         # the last token predicts nothing we score: leave it out, and the logits come contiguous
         ids, mask = input_ids[:, :-1], attention_mask[:, :-1]
-        if 1 < shared_prefix <= first and input_ids.shape[0] > 1:
-            share = _packed_prefix_logits if _can_pack(model, ids, shared_prefix) else _shared_prefix_logits
+        shares = 1 < shared_prefix <= first and input_ids.shape[0] > 1
+        packed = shares and _can_pack(model, ids, shared_prefix)
+        if packed or (shares and not packed_only):
+            share = _packed_prefix_logits if packed else _shared_prefix_logits
             logits = share(model, ids, mask, shared_prefix, keep)
         else:
             logits = _logits(model, ids, mask, keep, model_inputs)

@@ -304,11 +304,12 @@ def policy_loss(
     """
     mask = batch.loss_mask  # [B, T]
     first = first_loss_position(mask)
-    # a group's rows share their prompt: run it once (same numbers, less compute; never sharded: fsdp.is_sharded)
-    prefix = 0 if is_sharded(model) else usable_shared_prefix(batch.input_ids, batch.attention_mask, first)
+    # a group's rows share their prompt: run it once (same numbers, less compute; a sharded model
+    # only packed with the rows, in one forward pass: fsdp.is_sharded)
+    prefix = usable_shared_prefix(batch.input_ids, batch.attention_mask, first)
     logp, ent = token_logprobs(model, batch.input_ids, batch.attention_mask, with_entropy=True,
                                temperature=temperature, first_position=first, shared_prefix=prefix,
-                               **batch.extras)  # fmt: skip
+                               packed_only=is_sharded(model), **batch.extras)  # fmt: skip
     assert ent is not None  # [B, T] like logp
     if mismatch is not None:  # sampler (mu) vs this forward pass, before any update (the caller's choice)
         mismatch.append(_mismatch(batch, logp))

@@ -56,8 +56,9 @@ BLOCK_LISTS = ("layers", "layer", "h", "blocks")
 def is_sharded(model: Any) -> bool:
     """Whether ``model`` was sharded by :func:`shard`. Its forward passes must then each be
     followed by their own backward: running a group's shared prompt once and the rows from its
-    KV cache (``token_logprobs(shared_prefix=...)``) would free the gathered weights the prompt's
-    backward still needs, so the update does not share prefixes of a sharded model."""
+    KV cache would free the gathered weights the prompt's backward still needs, so the update
+    shares a sharded model's prompts only packed with the rows into one forward pass
+    (``token_logprobs(shared_prefix=..., packed_only=True)``)."""
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)

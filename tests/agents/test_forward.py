@@ -48,16 +48,17 @@ def test_first_loss_position():
 
 
 @pytest.mark.parametrize("lora", [False, True])
-@pytest.mark.parametrize("path", ["packed", "kv_cache"])
+@pytest.mark.parametrize("path", ["packed", "kv_cache", "packed_only"])
 def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora, path, monkeypatch):
     """A group's prompt run once = every row run in full, both ways of sharing it: one packed
     sequence (the prompt, then each row's continuation behind a mask) and the prompt's K/V
-    expanded to every row (what a batch longer than ``PACKED_MAX_TOKENS`` takes)."""
+    expanded to every row (what a batch longer than ``PACKED_MAX_TOKENS`` takes). With
+    ``packed_only`` (a sharded model) such a batch runs every row in full instead."""
     from veriloop.agents import forward
     from veriloop.agents.forward import shared_prefix_length
     from veriloop.agents.testing import tiny_policy
 
-    if path == "kv_cache":
+    if path in ("kv_cache", "packed_only"):
         monkeypatch.setattr(forward, "PACKED_MAX_TOKENS", 0)
     taken = []
     for name in ("_packed_prefix_logits", "_shared_prefix_logits"):
@@ -86,14 +87,20 @@ def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora, path, monkeyp
     params = [p for p in model.parameters() if p.requires_grad]
 
     def run(shared):
-        lp, ent = token_logprobs(model, ids, mask, with_entropy=True, first_position=10, shared_prefix=shared)
+        lp, ent = token_logprobs(model, ids, mask, with_entropy=True, first_position=10, shared_prefix=shared,
+                                 packed_only=path == "packed_only")  # fmt: skip
         loss = (lp * mask).sum() + 0.1 * (ent * mask).sum()
         grads = torch.autograd.grad(loss, params)
         return lp.detach(), ent.detach(), grads
 
     lp0, ent0, g0 = run(0)
     lp1, ent1, g1 = run(prefix)
-    assert taken == ["_packed_prefix_logits" if path == "packed" else "_shared_prefix_logits"]
+    assert (
+        taken
+        == {"packed": ["_packed_prefix_logits"], "kv_cache": ["_shared_prefix_logits"], "packed_only": []}[
+            path
+        ]
+    )
     m = mask.bool()
     torch.testing.assert_close(lp1[m], lp0[m], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ent1[m], ent0[m], atol=1e-5, rtol=1e-5)

@@ -39,7 +39,20 @@ import veriloop.algos.run.setup as S
 from veriloop.algos.run import fsdp
 from veriloop.algos.run.distributed import init_distributed, shutdown_distributed
 from veriloop.configs.loader import load_config
+from veriloop.agents import forward
 
+paths = {"packed": 0, "kv_cache": 0}  # how the update ran shared prompts
+
+
+def counted(name, run):
+    def call(*args, **kwargs):
+        paths[name] += 1
+        return run(*args, **kwargs)
+    return call
+
+
+forward._packed_prefix_logits = counted("packed", forward._packed_prefix_logits)
+forward._shared_prefix_logits = counted("kv_cache", forward._shared_prefix_logits)
 out, single = sys.argv[1], sys.argv[2] == "single"
 cfg = load_config(None, sys.argv[3:])
 dist = T.SINGLE_PROCESS if single else dataclasses.replace(init_distributed(), sharded=True)
@@ -65,7 +78,7 @@ else:
     after = fsdp.full_trainable_state(policy, critic)
 name = "single" if single else str(dist.rank)
 torch.save({"start": start, "after": after, "grad_norm": m["grad_norm"], "memory": memory,
-            "seeds": [t.seed for t in trajs]}, os.path.join(out, name + ".pt"))
+            "seeds": [t.seed for t in trajs], "paths": paths}, os.path.join(out, name + ".pt"))
 shutdown_distributed(dist)
 """
 )
@@ -128,7 +141,7 @@ def _report(name: str, numbers: dict[str, object]) -> None:
     [
         # 6 episodes in mini-batches of 3: rank 0 trains 2 rows, rank 1 one and a padding micro-batch
         ["policy.lora=false", "rollout.prompts_per_step=3", "train.mini_batch_size=3"],
-        # a group's two rows in one micro-batch (a shared prompt, which the sharded update runs per row)
+        # a group's two rows in one micro-batch: a shared prompt, packed with the rows in both
         ["policy.lora=true", "train.micro_batch_size=2"],
         pytest.param(["policy.lora=false", *CRITIC], marks=pytest.mark.slow),  # ~1 min more
     ],
@@ -142,6 +155,11 @@ def test_sharded_update_matches_single_process_and_halves_memory(tmp_path: Path,
     # rank 0 played seeds 0, 2, ..., rank 1 seeds 1, 3, ...; both hold every group, in seed order
     assert r0["seeds"] == r1["seeds"] == [s for s in range(len(r0["seeds"]) // 2) for _ in range(2)]
     assert one["grad_norm"] == pytest.approx(r0["grad_norm"], rel=1e-4) and r0["grad_norm"] == r1["grad_norm"]
+    # a sharded model never runs a prompt from its KV cache (its gathered weights would be freed)
+    assert r0["paths"]["kv_cache"] == r1["paths"]["kv_cache"] == 0
+    shared = "train.micro_batch_size=2" in extra
+    assert (r0["paths"]["packed"] > 0 and r1["paths"]["packed"] > 0) == shared, (r0["paths"], r1["paths"])
+    assert (one["paths"]["packed"] > 0) == shared, one["paths"]
     assert set(one["after"]) <= set(r0["after"])
     moved = [k for k in one["after"] if not torch.equal(one["after"][k], one["start"][k])]
     assert moved, "the update changed no weight"
