@@ -60,13 +60,8 @@ def token_logprobs(
     if T > 1 and not model_inputs:
         # the last token predicts nothing we score: leave it out, and the logits come contiguous
         ids, mask = input_ids[:, :-1], attention_mask[:, :-1]
-        shares = 1 < shared_prefix <= first and input_ids.shape[0] > 1
-        packed = shares and _can_pack(model, ids, shared_prefix)
-        if packed or (shares and not packed_only):
-            share = _packed_prefix_logits if packed else _shared_prefix_logits
-            logits = share(model, ids, mask, shared_prefix, keep)
-        else:
-            logits = _logits(model, ids, mask, keep, model_inputs)
+        prefix = shared_prefix if 1 < shared_prefix <= first and input_ids.shape[0] > 1 else 0
+        logits = _text_logits(model, ids, mask, keep, prefix, packed_only)
         logits = logits[:, -keep:]  # [B, T-first, V]; a view of the whole when the model kept only these
     else:  # multimodal inputs may be laid out per token: keep every column
         logits = _logits(model, input_ids, attention_mask, keep + 1 if first > 1 else 0, model_inputs)
@@ -192,6 +187,17 @@ def first_loss_position(loss_mask: torch.Tensor) -> int:
     """The first column where any row of ``loss_mask`` [B, T] is set (1 if none is)."""
     cols = loss_mask.bool().any(0).nonzero()
     return int(cols[0]) if len(cols) else 1
+
+
+def _text_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int, prefix: int,
+                 packed_only: bool) -> torch.Tensor:  # fmt: skip
+    """A text model's logits of the last ``keep`` positions, with the rows' common ``prefix`` run
+    once (packed with the rows, or through the KV cache unless ``packed_only``) when it is > 0."""
+    packed = prefix > 0 and _can_pack(model, input_ids, prefix)
+    if packed or (prefix > 0 and not packed_only):
+        share = _packed_prefix_logits if packed else _shared_prefix_logits
+        return share(model, input_ids, attention_mask, prefix, keep)
+    return _logits(model, input_ids, attention_mask, keep, {})
 
 
 def _logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int,

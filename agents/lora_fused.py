@@ -65,50 +65,13 @@ def _mixed(
     added to the upcast base output in fp32, and the result fp32. A bf16 result would round away
     the adapter's contribution while it is smaller than the rounding step of the base output (2^-8
     of it), as it is early in training; the model's residual stream stays fp32 (its forward runs
-    under autocast, see :mod:`veriloop.agents.precision`). One autograd node (:class:`_MixedLora`)
-    instead of the ~10 that the same products written with tensor operations record."""
+    under autocast, see :mod:`veriloop.agents.precision`). One autograd node (:class:`_MixedLora`,
+    n = 1) instead of the ~10 that the same products written with tensor operations record."""
     weight, bias = layer.base_layer.weight, layer.base_layer.bias
     if weight.requires_grad or (bias is not None and bias.requires_grad):  # a trained base: autograd's path
         return _mixed_autograd(layer, x, a, b, scaling)
-    out = _MixedLora.apply(x, weight, bias, a, b, scaling)
+    (out,) = _MixedLora.apply(x, weight, bias, (scaling,), 1, a, b)
     return out.view(*x.shape[:-1], out.shape[-1])
-
-
-class _MixedLora(torch.autograd.Function):
-    """The mixed-precision LoRA product with a frozen bf16 base ``W`` (and bias ``c``):
-    ``y = (x_h W^T + c) + (s x_h A_h^T) B^T`` with ``x_h``, ``A_h`` the bf16 casts, the first
-    term bf16, the second and the sum fp32. Backward, for the fp32 gradient ``g`` of ``y``:
-    ``dB = g^T (s x_h A_h^T)`` (fp32), ``d_low = s g B`` cast to bf16, ``dx = g_h W + d_low A_h``
-    and ``dA = d_low^T x_h`` (bf16 products, returned in the input's and the adapter's dtype):
-    the same products autograd runs for the unfused expression, less its casts and adds."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:  # fmt: skip
-        half = torch.bfloat16
-        with _no_autocast(x.device.type):
-            xh = _bf16_input(x)  # [tokens, in]
-            ah = a.to(half)
-            low = (xh @ ah.t()).float().mul_(scaling)  # [tokens, r], fp32
-            out = low @ b.t()  # [tokens, out], fp32
-            out.add_(torch.nn.functional.linear(xh, weight, bias))  # + the bf16 base product
-        ctx.save_for_backward(xh, weight, ah, b, low)
-        ctx.scaling, ctx.x_dtype, ctx.x_shape, ctx.a_dtype = scaling, x.dtype, x.shape, a.dtype
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        xh, weight, ah, b, low = ctx.saved_tensors
-        half = torch.bfloat16
-        with _no_autocast(grad.device.type):
-            g = grad.reshape(-1, grad.shape[-1]).float()  # [tokens, out]
-            grad_b = g.t() @ low if ctx.needs_input_grad[4] else None  # [out, r], fp32
-            d_low = (g @ b).mul_(ctx.scaling).to(half)  # [tokens, r]
-            grad_x = None
-            if ctx.needs_input_grad[0]:  # [..., in]
-                grad_x = torch.addmm(g.to(half) @ weight, d_low, ah).to(ctx.x_dtype).view(ctx.x_shape)
-            grad_a = (d_low.t() @ xh).to(ctx.a_dtype) if ctx.needs_input_grad[3] else None  # [r, in]
-        return grad_x, None, None, grad_a, grad_b, None
 
 
 #: Sibling projections that transformers' decoder layers apply to one input (Llama, Qwen, Mistral,
@@ -118,7 +81,7 @@ SIBLINGS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_
 
 class _Siblings:
     """LoRA layers with frozen bases that take the same input (an attention's q/k/v, an MLP's
-    gate/up), run as one :class:`_MixedLoraGroup` node: one base product with the concatenated
+    gate/up), run as one :class:`_MixedLora` node: one base product with the concatenated
     weights, one projection onto the concatenated rank spaces, one gradient for the input. In
     mixed precision (bf16 bases, fp32 adapters) and in fp32 (everything fp32).
 
@@ -171,7 +134,7 @@ class _Siblings:
         a = [p[0] for p in adapters]  # type: ignore[index]
         b = [p[1] for p in adapters]  # type: ignore[index]
         scalings = tuple(p[2] for p in adapters)  # type: ignore[index]
-        flat = _MixedLoraGroup.apply(x, weight, bias, scalings, len(a), *a, *b)
+        flat = _MixedLora.apply(x, weight, bias, scalings, len(a), *a, *b)
         results: list[torch.Tensor | None] = [o.view(*x.shape[:-1], o.shape[-1]) for o in flat]
         mine, results[index] = results[index], None
         self._pending = (x._version, torch.is_grad_enabled(), weakref.ref(x), results)
@@ -195,12 +158,17 @@ class _Siblings:
         return self._weights[1], self._weights[2]
 
 
-class _MixedLoraGroup(torch.autograd.Function):
-    """:class:`_MixedLora` for n layers that share their input: ``y_i = (x_h W_i^T + c_i) + (s_i x_h
-    A_{i,h}^T) B_i^T``, computed as ``x_h [W_1; ...; W_n]^T`` and ``x_h [A_1; ...; A_n]_h^T`` (one
-    product each) and n rank-r products. Backward: ``dB_i = g_i^T low_i``, ``d_low = [s_i g_i B_i]``
-    (bf16), ``dx = [g_1 ... g_n]_h [W_1; ...; W_n] + d_low [A_1; ...; A_n]_h``, ``dA = d_low^T x_h``
-    split by rows: the products of n :class:`_MixedLora` nodes, with the shared ones joined."""
+class _MixedLora(torch.autograd.Function):
+    """The LoRA products of n layers that share their input ``x`` (n = 1: one layer), with frozen
+    bases ``W_i`` (biases ``c_i``): ``y_i = (x_h W_i^T + c_i) + (s_i x_h A_{i,h}^T) B_i^T``, computed
+    as ``x_h [W_1; ...; W_n]^T`` and ``x_h [A_1; ...; A_n]_h^T`` (one product each) and n rank-r
+    products. In mixed precision (bf16 ``W``) ``x_h``, ``A_h`` are the bf16 casts and the base
+    product is bf16, while the rank-r products, the sums and the outputs are fp32; in fp32 every
+    term is fp32. Backward, for the fp32 gradients ``g_i`` of ``y_i``: ``dB_i = g_i^T low_i`` (fp32,
+    ``low_i = s_i x_h A_{i,h}^T``), ``d_low = [s_i g_i B_i]`` (cast to ``W``'s dtype), ``dx = [g_1
+    ... g_n]_h [W_1; ...; W_n] + d_low [A_1; ...; A_n]_h`` and ``dA = d_low^T x_h`` split by rows
+    (returned in the input's and the adapters' dtypes): the products autograd runs for the unfused
+    expression, less its casts and adds, with the products the layers share joined."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -211,7 +179,7 @@ class _MixedLoraGroup(torch.autograd.Function):
         outs = [t.shape[0] for t in b]
         with _no_autocast(x.device.type):
             xh = _bf16_input(x) if half == torch.bfloat16 else x.reshape(-1, x.shape[-1])  # [tokens, in]
-            ah = torch.cat(a).to(half)  # [R, in]
+            ah = _joined(a, 0).to(half)  # [R, in]
             low = (xh @ ah.t()).float()  # [tokens, R]
             if len(set(scalings)) == 1:
                 low.mul_(scalings[0])
@@ -236,15 +204,20 @@ class _MixedLoraGroup(torch.autograd.Function):
             lows = low.split(ctx.ranks, 1)
             grad_b = [g_i.t() @ low_i if ctx.needs_input_grad[5 + n + i] else None
                       for i, (g_i, low_i) in enumerate(zip(g, lows))]  # fmt: skip
-            d_low = torch.cat([(g_i @ b_i).mul_(s) for g_i, b_i, s in zip(g, b, ctx.scalings)], 1).to(half)
+            d_low = _joined([(g_i @ b_i).mul_(s) for g_i, b_i, s in zip(g, b, ctx.scalings)], 1).to(half)
             grad_x = None
             if ctx.needs_input_grad[0]:
-                grad_x = torch.addmm(torch.cat(g, 1).to(half) @ weight, d_low, ah)
+                grad_x = torch.addmm(_joined(g, 1).to(half) @ weight, d_low, ah)
                 grad_x = grad_x.to(ctx.x_dtype).view(ctx.x_shape)
             grad_a: list[Any] = [None] * n
             if any(ctx.needs_input_grad[5 : 5 + n]):
                 grad_a = [t.to(dt) for t, dt in zip((d_low.t() @ xh).split(ctx.ranks, 0), ctx.a_dtypes)]
         return (grad_x, None, None, None, None, *grad_a, *grad_b)
+
+
+def _joined(tensors: list[torch.Tensor] | tuple[torch.Tensor, ...], dim: int) -> torch.Tensor:
+    """``torch.cat(tensors, dim)``, without the copy for one tensor."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim)
 
 
 def _mixed_autograd(
@@ -294,7 +267,7 @@ def _bf16_input(x: torch.Tensor) -> torch.Tensor:
 
 
 def _groupable(base_weight: Any, adapter_weight: Any, x: torch.Tensor) -> bool:
-    """Whether :class:`_MixedLoraGroup` computes this layer: mixed precision, or all of it fp32."""
+    """Whether :class:`_MixedLora` computes this layer: mixed precision, or all of it fp32."""
     fp32 = torch.float32
     return (
         _is_mixed(base_weight, adapter_weight) or base_weight.dtype == adapter_weight.dtype == x.dtype == fp32

@@ -304,8 +304,7 @@ def policy_loss(
     """
     mask = batch.loss_mask  # [B, T]
     first = first_loss_position(mask)
-    # a group's rows share their prompt: run it once (same numbers, less compute; a sharded model
-    # only packed with the rows, in one forward pass: fsdp.is_sharded)
+    # a group's rows share their prompt: run it once (same numbers, less compute; sharded: packed only)
     prefix = usable_shared_prefix(batch.input_ids, batch.attention_mask, first)
     logp, ent = token_logprobs(model, batch.input_ids, batch.attention_mask, with_entropy=True,
                                temperature=temperature, first_position=first, shared_prefix=prefix,

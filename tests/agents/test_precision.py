@@ -433,7 +433,8 @@ def test_sibling_projections_run_as_one_node_with_the_per_layer_results(precisio
         outs = [m(x) for m in layers]
         nodes = {o.grad_fn.next_functions[0][0] for o in outs}  # under the views
         assert len(nodes) == (1 if grouped else 3)
-        assert ("Group" in type(next(iter(nodes))).__name__) == grouped
+        # our node (in bf16 also for a layer alone; an fp32 layer alone records autograd's operations)
+        assert ("MixedLora" in type(next(iter(nodes))).__name__) == (grouped or precision == "bf16")
         loss = sum((o * u).sum() for o, u in zip(outs, upstream))
         results.append((*outs, *torch.autograd.grad(loss, [x, *params])))
     tol = 1e-5 if precision == "fp32" else 2e-2
