@@ -22,6 +22,10 @@ paths     (``--paths``) the same micro-batch as ``--overhead`` on the default mo
           each of two ways of running it switched off in turn: the sibling projections' joined node
           (``agents/lora_fused.py``) and the prompt packed with the rows
           (``agents/forward.py``; off: the prompt's KV-cache path); alternating, median ms.
+breakdown (``--breakdown``) where the ``--paths`` micro-batch's time goes, fp32 and bf16: torch.profiler's
+          self time of each operator, summed by kind (matrix products, attention, casts and copies,
+          everything else), and the matrix products' GFLOP/s (the profiler's FLOP count) against
+          the matmul peak of each dtype measured in the same run (``bench_matmul_peak.py``'s way).
 warmup    (``--warmup``) the quickstart's SFT warm-up, ``--sft-steps`` steps in fp32 and in bf16 from the
           same zero adapter, each trained adapter then scored in fp32 on the same batches.
 
@@ -31,6 +35,7 @@ warmup    (``--warmup``) the quickstart's SFT warm-up, ``--sft-steps`` steps in 
     python benchmarks/bench_precision.py --warmup [--sft-steps 6] [--seed 1]
     OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_precision.py --overhead --threads 2 --tokens 144 --scored 64
     OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_precision.py --paths --threads 2 --tokens 144 --scored 64
+    OMP_PROC_BIND=true OMP_PLACES=cores python benchmarks/bench_precision.py --breakdown --threads 2 --tokens 144 --scored 64
 
 Writes benchmarks/results/precision.json (the parts run are replaced, the others kept).
 """
@@ -42,6 +47,7 @@ import copy
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -265,6 +271,72 @@ def bench_paths(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+#: torch.profiler operator names by kind, for ``--breakdown`` (the rest is "other": elementwise
+#: operations, reductions, views, the optimizer-free autograd bookkeeping).
+KINDS = {
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul"),
+    "attention": ("aten::_scaled_dot_product",),
+    "casts_copies": (
+        "aten::copy_",
+        "aten::_to_copy",
+        "aten::to",
+        "aten::cat",
+        "aten::clone",
+        "aten::contiguous",
+    ),
+}
+
+
+def kind_of(name: str) -> str:
+    """The :data:`KINDS` entry that ``name`` (a profiler key) starts with, else "other"."""
+    return next((k for k, prefixes in KINDS.items() if name.startswith(prefixes)), "other")
+
+
+def bench_breakdown(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--paths`` micro-batch (shared prompt packed, siblings joined) profiled once per
+    precision after a warm-up; self time by operator kind and the products' GFLOP/s against
+    this run's matmul peaks (see the module docstring)."""
+    from torch.profiler import profile
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_vs_trl import matmul_peaks
+
+    pols = policies()
+    ids = batch(pols["fp32"], args.rows, args.tokens, args.scored)
+    prompt = args.tokens - args.scored
+    peaks = matmul_peaks(torch.get_num_threads())
+    out: dict[str, Any] = {}
+    for name, dtype in (("fp32", "float32"), ("bf16", "bfloat16")):
+        model = pols[name].model
+        for _ in range(2):
+            train_pass(model, ids, args.scored, shared_prefix=prompt)
+        t0 = time.perf_counter()
+        with profile(with_flops=True) as prof:
+            train_pass(model, ids, args.scored, shared_prefix=prompt)
+        wall = time.perf_counter() - t0
+        ms: dict[str, float] = {k: 0.0 for k in (*KINDS, "other")}
+        flops = 0
+        for e in prof.key_averages():
+            if e.key.startswith("aten::"):
+                ms[kind_of(e.key)] += e.self_cpu_time_total / 1e3
+                flops += e.flops if kind_of(e.key) == "matmul" else 0
+        total = sum(ms.values())
+        gflops = flops / 1e9 / (ms["matmul"] / 1e3)
+        out[name] = {"wall_ms_profiled": 1e3 * wall, "self_ms": ms, "share": {k: v / total for k, v in ms.items()},
+                     "matmul_gflop": flops / 1e9, "matmul_gflops_per_s": gflops,
+                     "matmul_fraction_of_peak": gflops / peaks[dtype]}  # fmt: skip
+        print(f"{name}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in ms.items())
+              + f"; products {gflops:.0f} GFLOP/s = {gflops / peaks[dtype]:.0%} of {peaks[dtype]:.0f}")  # fmt: skip
+    return {
+        "what": f"LoRA forward+backward, {args.rows} completions x {args.scored} tokens after a shared "
+        f"{prompt}-token prompt; profiler self time by operator kind",
+        "threads": torch.get_num_threads(),
+        "matmul_peak_gflops": peaks,
+        **out,
+        "load_1min_at_end": os.getloadavg()[0],
+    }
+
+
 def bench_warmup(args: argparse.Namespace) -> dict[str, Any]:
     """The quickstart's SFT warm-up (seed ``--seed``) for ``--sft-steps`` steps in each precision from
     the same zero adapter; then each trained adapter scored in fp32 (lr ~0) on the same batches and
@@ -353,6 +425,7 @@ def main() -> None:
     parser.add_argument(
         "--paths", action="store_true", help="the joined-siblings / packed-prompt part instead"
     )
+    parser.add_argument("--breakdown", action="store_true", help="where the micro-batch's time goes, instead")
     parser.add_argument("--sft-steps", type=int, default=6)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--memory-child", choices=["fp32", "bf16"], help=argparse.SUPPRESS)
@@ -363,12 +436,17 @@ def main() -> None:
         print(json.dumps(memory_child(args)))
         return
     report = json.loads(args.out.read_text()) if args.out.exists() else {}
-    chosen = [name for name in ("mismatch", "memory", "warmup", "overhead", "paths") if getattr(args, name)]
+    chosen = [
+        name
+        for name in ("mismatch", "memory", "warmup", "overhead", "paths", "breakdown")
+        if getattr(args, name)
+    ]
     if len(chosen) > 1:
         parser.error(f"one part at a time, not {chosen}")
     part = chosen[0] if chosen else "speed"
     parts = {"mismatch": bench_mismatch, "memory": bench_memory, "warmup": bench_warmup,
-             "overhead": bench_overhead, "paths": bench_paths, "speed": bench_speed}  # fmt: skip
+             "overhead": bench_overhead, "paths": bench_paths, "breakdown": bench_breakdown,
+             "speed": bench_speed}  # fmt: skip
     run = parts[part]
     report[part] = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_avg_at_start": list(os.getloadavg()),
                     **run(args)}  # fmt: skip
