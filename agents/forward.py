@@ -10,6 +10,10 @@ from typing import Any
 
 import torch
 
+from veriloop.agents.packed_attention import KWARG as PACKED_KWARG
+from veriloop.agents.packed_attention import PackedRows, row_mask
+from veriloop.agents.packed_attention import install as install_packed_attention
+
 
 def token_logprobs(
     model: Any,
@@ -277,7 +281,9 @@ def _packed_prefix_logits(model: Any, input_ids: torch.Tensor, attention_mask: t
     """:func:`_shared_prefix_logits` as one forward pass: columns ``0 .. prefix-2`` once, then each
     row's columns from ``prefix - 1`` on, in one sequence [1, prefix - 1 + B n]. Each token keeps
     its row's position id and attends to the prompt and to its own row's earlier real tokens; the
-    logits of each row's last ``keep`` positions come back as [B, keep, V]."""
+    logits of each row's last ``keep`` positions come back as [B, keep, V]. The mask over the whole
+    sequence is what any attention would need; SDPA is also told the layout and computes only the
+    blocks it lets through (:mod:`veriloop.agents.packed_attention`)."""
     b, t = input_ids.shape
     head, n = prefix - 1, t - prefix + 1  # the prompt run once; each row's continuation
     dev = input_ids.device
@@ -297,8 +303,10 @@ def _packed_prefix_logits(model: Any, input_ids: torch.Tensor, attention_mask: t
     kept = (
         head + torch.arange(b, device=dev)[:, None] * n + torch.arange(n - keep, n, device=dev)
     )  # [B, keep]
+    install_packed_attention()  # SDPA computes only the blocks the mask lets through
+    rows = PackedRows(head, b, n, row_mask(attention_mask, head))
     out = model(input_ids=ids, attention_mask=sees[None, None], position_ids=positions[None], use_cache=False,
-                logits_to_keep=kept.reshape(-1))  # fmt: skip
+                logits_to_keep=kept.reshape(-1), **{PACKED_KWARG: rows})  # fmt: skip
     return out.logits.view(b, keep, -1)
 
 

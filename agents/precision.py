@@ -168,15 +168,15 @@ def _contiguous_head(model: torch.nn.Module) -> None:
 def _fp32_attention_name() -> str:
     """Register (once) transformers' SDPA attention with q, k, v upcast to fp32, and return its name."""
     from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:  # fmt: skip
         dtype = query.dtype
+        sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]  # transformers' (a packed sequence's blocks: packed_attention)
         with torch.autocast(query.device.type, enabled=False):
-            out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(),
-                                                  attention_mask, **kwargs)  # fmt: skip
+            out, weights = sdpa(module, query.float(), key.float(), value.float(), attention_mask, **kwargs)
         return out.to(dtype), weights
 
     AttentionInterface.register(FP32_ATTENTION, attention)

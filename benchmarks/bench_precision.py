@@ -19,9 +19,10 @@ overhead  (``--overhead``) the per-operation cost of a training micro-batch: the
           default model, fp32 and bf16, ``--rows`` completions of ``--scored`` tokens after a shared
           prompt (``--tokens`` in all), alternating; and the operator calls of one tiny micro-batch.
 paths     (``--paths``) the same micro-batch as ``--overhead`` on the default model, fp32 and bf16, with
-          each of two ways of running it switched off in turn: the sibling projections' joined node
-          (``agents/lora_fused.py``) and the prompt packed with the rows
-          (``agents/forward.py``; off: the prompt's KV-cache path); alternating, median ms.
+          each of three ways of running it switched off in turn: the sibling projections' joined node
+          (``agents/lora_fused.py``), the prompt packed with the rows (``agents/forward.py``; off:
+          the prompt's KV-cache path) and the packed sequence's block attention
+          (``agents/packed_attention.py``; off: SDPA over the dense mask); alternating, median ms.
 breakdown (``--breakdown``) where the ``--paths`` micro-batch's time goes, fp32 and bf16: torch.profiler's
           self time of each operator, summed by kind (matrix products, attention, casts and copies,
           everything else), and the matrix products' GFLOP/s (the profiler's FLOP count) against
@@ -240,31 +241,32 @@ def bench_overhead(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def bench_paths(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``--overhead`` micro-batch on the default model with the sibling groups and the packed
-    prompt each switched off, alternating arms (see the module docstring)."""
+    """The ``--overhead`` micro-batch on the default model with the sibling groups, the packed
+    prompt and its block attention each switched off, alternating arms (see the module docstring)."""
     from veriloop.agents import forward, lora_fused
 
     pols = policies()
     ids = batch(pols["fp32"], args.rows, args.tokens, args.scored)
     prompt = args.tokens - args.scored
-    grouped, packed_max = lora_fused._Siblings.output, forward.PACKED_MAX_TOKENS
-    arms = {"fp32": ("fp32", True, True), "fp32_kv_cache_prompt": ("fp32", True, False),
-            "fp32_per_layer_lora": ("fp32", False, True),
-            "bf16": ("bf16", True, True), "bf16_kv_cache_prompt": ("bf16", True, False),
-            "bf16_per_layer_lora": ("bf16", False, True)}  # fmt: skip
+    grouped, packed_max, kwarg = lora_fused._Siblings.output, forward.PACKED_MAX_TOKENS, forward.PACKED_KWARG
+    arms = {f"{p}{suffix}": (p, *switches) for p in ("fp32", "bf16") for suffix, switches in (
+        ("", (True, True, True)), ("_dense_packed_attention", (True, True, False)),
+        ("_kv_cache_prompt", (True, False, True)), ("_per_layer_lora", (False, True, True)))}  # fmt: skip
 
-    def micro_batch(precision: str, groups: bool, packed: bool) -> None:
+    def micro_batch(precision: str, groups: bool, packed: bool, blocks: bool) -> None:
         lora_fused._Siblings.output = grouped if groups else lambda *_: None  # type: ignore[method-assign]
         forward.PACKED_MAX_TOKENS = packed_max if packed else 0
+        forward.PACKED_KWARG = kwarg if blocks else "unused_by_attention"  # SDPA then takes the dense mask
         train_pass(pols[precision].model, ids, args.scored, shared_prefix=prompt)
 
     try:
         times = alternate(arms, micro_batch, args.reps)
     finally:
         lora_fused._Siblings.output, forward.PACKED_MAX_TOKENS = grouped, packed_max  # type: ignore[method-assign]
+        forward.PACKED_KWARG = kwarg
     return {
         "what": f"LoRA forward+backward, {args.rows} completions x {args.scored} tokens after a shared "
-        f"{prompt}-token prompt; each of the two paths off in turn",
+        f"{prompt}-token prompt; each of the three paths off in turn",
         "threads": torch.get_num_threads(),
         **milliseconds(times),
         "load_1min_at_end": os.getloadavg()[0],

@@ -54,7 +54,7 @@ def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora, path, monkeyp
     sequence (the prompt, then each row's continuation behind a mask) and the prompt's K/V
     expanded to every row (what a batch longer than ``PACKED_MAX_TOKENS`` takes). With
     ``packed_only`` (a sharded model) such a batch runs every row in full instead."""
-    from veriloop.agents import forward
+    from veriloop.agents import forward, packed_attention
     from veriloop.agents.forward import shared_prefix_length
     from veriloop.agents.testing import tiny_policy
 
@@ -66,6 +66,9 @@ def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora, path, monkeyp
         monkeypatch.setattr(
             forward, name, lambda *a, _real=real, _name=name, **k: taken.append(_name) or _real(*a, **k)
         )
+    blocks = []  # SDPA over the packed sequence's seen blocks only, not its dense mask
+    real_blocks = packed_attention.block_attention
+    monkeypatch.setattr(packed_attention, "block_attention", lambda *a: blocks.append(1) or real_blocks(*a))
 
     policy = tiny_policy(seed=3, lora=lora)
     model = policy.model
@@ -101,6 +104,7 @@ def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora, path, monkeyp
             path
         ]
     )
+    assert len(blocks) == (model.config.num_hidden_layers if path == "packed" else 0)
     m = mask.bool()
     torch.testing.assert_close(lp1[m], lp0[m], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ent1[m], ent0[m], atol=1e-5, rtol=1e-5)
@@ -210,3 +214,38 @@ def test_a_shared_prompt_is_packed_only_where_the_packed_mask_is_exact(monkeypat
     assert forward._can_pack(model, ids, prefix=10)
     monkeypatch.setattr(forward, "PACKED_MAX_TOKENS", 132)
     assert not forward._can_pack(model, ids, prefix=10)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2"])
+def test_packed_block_attention_matches_full_passes_on_other_architectures(arch, monkeypatch):
+    """The packed prompt's block attention on Gemma 3 (its own attention scale, sliding-window
+    layers) and Qwen2 (q/k/v biases), grouped-query heads: every row's log-probs as a full pass gives."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from veriloop.agents import packed_attention
+
+    shape = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, attn_implementation="sdpa")  # fmt: skip
+    torch.manual_seed(0)
+    if arch == "gemma3":
+        model = Gemma3ForCausalLM(
+            Gemma3TextConfig(**shape, head_dim=8, sliding_window=64, query_pre_attn_scalar=16)
+        )
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**shape))
+    blocks = []
+    real = packed_attention.block_attention
+    monkeypatch.setattr(packed_attention, "block_attention", lambda *a: blocks.append(1) or real(*a))
+    g = torch.Generator().manual_seed(0)
+    ids = torch.cat(
+        [torch.randint(3, 60, (1, 9), generator=g).expand(4, -1), torch.randint(3, 60, (4, 6), generator=g)],
+        1,
+    )
+    mask = torch.ones_like(ids)
+    mask[1, -2:] = 0
+    mask[2, 12] = 0
+    with torch.no_grad():
+        packed, _ = token_logprobs(model, ids, mask, first_position=10, shared_prefix=9)
+        full, _ = token_logprobs(model, ids, mask, first_position=10)
+    assert len(blocks) == 2  # one per layer
+    torch.testing.assert_close(packed[mask.bool()], full[mask.bool()], atol=1e-5, rtol=1e-5)
