@@ -252,9 +252,10 @@ CACHE_ARG = _cache_argument()
 #: continuation, as one sequence with a mask that keeps the rows apart). Packed, the model runs
 #: once instead of twice (the prompt, then the rows from its KV cache): on a CPU, where each
 #: operator call has a fixed cost, that made the default model's bf16 micro-batch of the GRPO
-#: benchmark (4 rows x 64 tokens after an 80-token prompt) ~8% faster. Its attention is dense over
-#: the packed length, so a longer batch takes the KV-cache path, whose attention grows only with
-#: each row's own length.
+#: benchmark (4 rows x 64 tokens after an 80-token prompt) ~8% faster. SDPA computes only the
+#: attention blocks the rows see (:mod:`veriloop.agents.packed_attention`), but the dense [L, L]
+#: mask is still built (for an attention that is not told the layout), so a longer batch takes the
+#: KV-cache path.
 PACKED_MAX_TOKENS = 2048
 
 
