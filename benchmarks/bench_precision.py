@@ -320,8 +320,9 @@ def bench_breakdown(args: argparse.Namespace) -> dict[str, Any]:
         flops = 0
         for e in prof.key_averages():
             if e.key.startswith("aten::"):
-                ms[kind_of(e.key)] += e.self_cpu_time_total / 1e3
-                flops += e.flops if kind_of(e.key) == "matmul" else 0
+                kind = kind_of(e.key)
+                ms[kind] += e.self_cpu_time_total / 1e3
+                flops += e.flops if kind == "matmul" else 0
         total = sum(ms.values())
         gflops = flops / 1e9 / (ms["matmul"] / 1e3)
         out[name] = {"wall_ms_profiled": 1e3 * wall, "self_ms": ms, "share": {k: v / total for k, v in ms.items()},

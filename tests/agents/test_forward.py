@@ -47,6 +47,16 @@ def test_first_loss_position():
     assert first_loss_position(torch.zeros(2, 4)) == 1
 
 
+def _count_block_attention(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    """A list that gets one entry per call of the packed sequence's block attention."""
+    from veriloop.agents import packed_attention
+
+    calls: list[int] = []
+    real = packed_attention.block_attention
+    monkeypatch.setattr(packed_attention, "block_attention", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
 @pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("path", ["packed", "kv_cache", "packed_only"])
 def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora, path, monkeypatch):
@@ -54,7 +64,7 @@ def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora, path, monkeyp
     sequence (the prompt, then each row's continuation behind a mask) and the prompt's K/V
     expanded to every row (what a batch longer than ``PACKED_MAX_TOKENS`` takes). With
     ``packed_only`` (a sharded model) such a batch runs every row in full instead."""
-    from veriloop.agents import forward, packed_attention
+    from veriloop.agents import forward
     from veriloop.agents.forward import shared_prefix_length
     from veriloop.agents.testing import tiny_policy
 
@@ -66,9 +76,7 @@ def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora, path, monkeyp
         monkeypatch.setattr(
             forward, name, lambda *a, _real=real, _name=name, **k: taken.append(_name) or _real(*a, **k)
         )
-    blocks = []  # SDPA over the packed sequence's seen blocks only, not its dense mask
-    real_blocks = packed_attention.block_attention
-    monkeypatch.setattr(packed_attention, "block_attention", lambda *a: blocks.append(1) or real_blocks(*a))
+    blocks = _count_block_attention(monkeypatch)  # SDPA over the seen blocks only, not the dense mask
 
     policy = tiny_policy(seed=3, lora=lora)
     model = policy.model
@@ -222,8 +230,6 @@ def test_packed_block_attention_matches_full_passes_on_other_architectures(arch,
     layers) and Qwen2 (q/k/v biases), grouped-query heads: every row's log-probs as a full pass gives."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from veriloop.agents import packed_attention
-
     shape = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, attn_implementation="sdpa")  # fmt: skip
     torch.manual_seed(0)
@@ -233,9 +239,7 @@ def test_packed_block_attention_matches_full_passes_on_other_architectures(arch,
         )
     else:
         model = Qwen2ForCausalLM(Qwen2Config(**shape))
-    blocks = []
-    real = packed_attention.block_attention
-    monkeypatch.setattr(packed_attention, "block_attention", lambda *a: blocks.append(1) or real(*a))
+    blocks = _count_block_attention(monkeypatch)
     g = torch.Generator().manual_seed(0)
     ids = torch.cat(
         [torch.randint(3, 60, (1, 9), generator=g).expand(4, -1), torch.randint(3, 60, (4, 6), generator=g)],
