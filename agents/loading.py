@@ -389,7 +389,13 @@ def _write_policy(policy: Policy, path: Path, *, merge: bool) -> None:
         config["base_model_name_or_path"] = portable_base_name(base)
         adapter_config.write_text(json.dumps(config, indent=2) + "\n")
     else:
-        model = copy.deepcopy(policy.model).merge_and_unload() if policy.is_lora else policy.model
+        model = policy.model
+        if policy.is_lora:  # a copy, merged; into bf16 bases with dithered rounding (precision.merge_delta)
+            from veriloop.agents.precision import fold_bf16_lora
+
+            model = copy.deepcopy(model)
+            fold_bf16_lora(model)
+            model = model.merge_and_unload()
         model.save_pretrained(path)
         meta.update(kind="merged" if policy.is_lora else "full")
     (policy.processor or policy.tokenizer).save_pretrained(path)

@@ -25,15 +25,19 @@ inside the kernels, while everything that is trained or summed stays float32:
   kernel is ~2.6x slower in bf16 than in fp32 on AVX-512 machines (tests/agents/test_precision.py
   states the measurement); on GPUs it stays bf16 (FlashAttention's own dtype).
 * The sampler uses the same dtype by default (:attr:`Policy.sampler_dtype`), so the
-  sampler-trainer gap measures the engines, not two precisions.
+  sampler-trainer gap measures the engines, not two precisions. A LoRA adapter reaches a sampler
+  folded into the bf16 base weights by :func:`merge_delta`, whose rounding is dithered: rounded to
+  nearest, every adapter change smaller than half a bf16 step of its weight would be dropped.
 
 Saved adapters and checkpoints hold the fp32 parameters (the adapters, or the full fp32 weights).
-A saved merged model (``save_policy(merge=True)``) of a bf16 LoRA policy is bf16, like its base.
+A saved merged model (``save_policy(merge=True)``) of a bf16 LoRA policy is bf16, like its base,
+with the adapter folded in by :func:`merge_delta`.
 """
 
 from __future__ import annotations
 
 import functools
+import zlib
 from typing import Any, Literal
 
 import torch
@@ -80,7 +84,7 @@ def apply_precision(policy: Policy, precision: str) -> Policy:
     # full fine-tuning: bf16 compute over the fp32 master weights comes from autocast; LoRA: the
     # adapted layers return fp32 (lora_fused), so the residual stream stays fp32 and autocast
     # casts the inputs of every other bf16 product (the head, layers without an adapter)
-    _autocast_forward(_causal_lm(policy.model), device_type)
+    _autocast_forward(causal_lm(policy.model), device_type)
     for model in (policy.model, policy.frozen_reference):
         if model is None:
             continue
@@ -91,6 +95,64 @@ def apply_precision(policy: Policy, precision: str) -> Policy:
             _set_attention(model, _fp32_attention_name())
     policy.precision = "bf16"
     return policy
+
+
+def merge_delta(weight: torch.Tensor, delta: torch.Tensor, *, key: str) -> torch.Tensor:
+    """``weight + delta`` as a new tensor in ``weight``'s dtype: a LoRA adapter's ``delta`` (its
+    scaled ``B A``, or a sum of them) folded into a frozen base weight for a sampler.
+
+    Into a float32 (or other) weight the sum is plain. Into a **bf16** weight it is computed in
+    fp32 and rounded with a fixed dither: each element rounds up (away from zero) when the fp32
+    sum's 16 bits below bf16's mantissa, plus a pseudo-random 16-bit offset of its own, carry into
+    bf16's last bit. An element whose delta is 0 keeps its bf16 value bit-exactly (its low bits are
+    0); a change of a fraction f of a bf16 step moves it one step with probability f, so over the
+    elements the merged weight equals ``weight + delta`` in expectation.
+
+    Why: the base weight already lies on bf16's grid, so rounding to nearest maps ``weight + delta``
+    back to ``weight`` wherever ``|delta|`` is under half a step (2^-9 of the weight) -- for a
+    trained LoRA adapter of the default model, half of the elements. The sampler then misses a
+    systematic part of the update: measured on a GRPO run's adapter, its log-probs against the
+    trainer's exact policy gave k3 KL 0.0020 rounded to nearest and 0.00017 dithered (an fp32 base
+    rounded by a bf16 sampler, whose own low bits dither: 0.00046); docs/precision.md has the run.
+
+    The offsets are drawn from a generator seeded by ``key`` (the weight's name), not from the
+    global random state: the same weight gets the same pattern at every sync, so the sampler's
+    policy moves only where the adapter does, and a resumed run samples with the same weights.
+    """
+    if weight.dtype != torch.bfloat16:
+        return weight + delta.to(weight.dtype)
+    total = weight.float() + delta.float()  # a new fp32 tensor: its bits are ours to edit
+    generator = torch.Generator(device=total.device).manual_seed(zlib.crc32(key.encode()))
+    offset = torch.randint(
+        0, 1 << 16, total.shape, generator=generator, dtype=torch.int32, device=total.device
+    )
+    bits = total.view(torch.int32)
+    bits.add_(offset).bitwise_and_(-(1 << 16))  # sign-magnitude: a carry moves away from zero
+    return total.to(torch.bfloat16)  # exact: the low 16 bits are 0
+
+
+def lora_delta(layer: Any) -> torch.Tensor | None:
+    """The sum of a peft LoRA layer's active adapters' ``scale * B A`` (in the adapters' dtype),
+    or None when it has none active."""
+    deltas = [layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A]
+    return functools.reduce(torch.add, deltas) if deltas else None
+
+
+@torch.no_grad()
+def fold_bf16_lora(peft_model: Any) -> None:
+    """Fold every active adapter over a bf16 base weight into that weight with :func:`merge_delta`,
+    in place, and zero the adapter's ``B`` (so peft's ``merge_and_unload`` then adds nothing and
+    rounds nothing): for a merged copy of a bf16 LoRA policy. One layer's delta at a time."""
+    for name, layer in causal_lm(peft_model).named_modules():
+        if not hasattr(layer, "lora_A") or layer.merged or getattr(layer, "disable_adapters", False):
+            continue
+        weight = layer.get_base_layer().weight
+        if weight.dtype != torch.bfloat16 or (delta := lora_delta(layer)) is None:
+            continue
+        weight.copy_(merge_delta(weight, delta, key=f"{name}.weight"))
+        for adapter in layer.active_adapters:
+            if adapter in layer.lora_B:
+                layer.lora_B[adapter].weight.zero_()
 
 
 def _frozen_to_bf16(model: torch.nn.Module) -> None:
@@ -120,7 +182,7 @@ def _is_norm(module: torch.nn.Module) -> bool:
     return isinstance(module, norms) or type(module).__name__.endswith("Norm")
 
 
-def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+def causal_lm(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model inside a peft wrapper (whose ``generate`` calls it directly), else ``model``."""
     get = getattr(model, "get_base_model", None)
     return get() if callable(get) else model

@@ -158,6 +158,10 @@ SUITES: dict[str, dict] = {
             # gate/up products joined (bf16 rounding differs from the runs above; does learning?)
             ("grpo_p16_v2_rerun", "quickstart", P16),
             ("grpo_p16_v2_bf16_rerun", "quickstart", [*P16, "policy.precision=bf16"]),
+            # bf16 again once the adapter reached the sampler with dithered rounding (precision.merge_delta):
+            # rounded to nearest onto the bf16 base, every change under half a bf16 step was dropped, and
+            # the bf16 arm's sampler-trainer mismatch was ~4x the fp32 arm's (whose base is off bf16's grid)
+            ("grpo_p16_v2_bf16_dither", "quickstart", [*P16, "policy.precision=bf16"]),
             # learning more per sample, each against grpo_p16_v2 (same warm-up, steps, held-out set): the
             # difficulty pools + the gate that refills zero-advantage groups (it pays for extra rollouts:
             # curriculum/paid_episodes), self-distillation with the gold answer in the teacher's prompt, both

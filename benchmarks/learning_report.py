@@ -261,8 +261,11 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]], start_arm: str |
         precisions = {label: r for label, r in runs.items() if label.startswith("grpo_p16_v2")}
         out["bf16_vs_fp32"] = arm_differences(precisions, reference="grpo_p16_v2")
         # and the two re-run after the packed prompt and joined siblings, bf16 against fp32 of the same code
+        # (and the bf16 arm with the sampler's dithered merge, against the same fp32 runs)
         reruns = {
-            label: r for label, r in runs.items() if label in ("grpo_p16_v2_rerun", "grpo_p16_v2_bf16_rerun")
+            label: r
+            for label, r in runs.items()
+            if label in ("grpo_p16_v2_rerun", "grpo_p16_v2_bf16_rerun", "grpo_p16_v2_bf16_dither")
         }
         out["bf16_vs_fp32_rerun"] = arm_differences(reruns, reference="grpo_p16_v2_rerun")
     if suite == "points24_easy" and start_arm:

@@ -38,6 +38,7 @@ from transformers.cache_utils import DynamicLayer
 from veriloop.agents.backends.base import GenRequest, GenResult, eos_token_ids, hit_stop
 from veriloop.agents.forward import CACHE_ARG
 from veriloop.agents.policy import Policy
+from veriloop.agents.precision import causal_lm, lora_delta, merge_delta
 from veriloop.agents.sampling_params import SamplingParams, sample_next
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [H, L, D]
@@ -150,10 +151,14 @@ def merged_lora(model: torch.nn.Module) -> Iterator[None]:
     adapters) would diverge. So the base weights of the adapted layers are copied before the merge
     and restored exactly afterwards (memory: one copy of those layers' weights while sampling).
     Anything that is not a peft model, or is already merged, or has its adapters disabled, is left
-    alone.
+    alone. Into bf16 base weights the adapters are folded by
+    :func:`~veriloop.agents.precision.merge_delta` (dithered rounding), as for a vLLM sampler.
     """
     merge = getattr(model, "merge_adapter", None)
-    layers = [m for m in model.modules() if hasattr(m, "merged") and hasattr(m, "lora_A")]
+    named = [
+        (n, m) for n, m in causal_lm(model).named_modules() if hasattr(m, "merged") and hasattr(m, "lora_A")
+    ]
+    layers = [m for _, m in named]
     # adapters switched off (``disable_adapter()``, e.g. sampling the reference) must stay off
     if merge is None or not layers or any(m.merged or getattr(m, "disable_adapters", False) for m in layers):
         yield
@@ -162,6 +167,9 @@ def merged_lora(model: torch.nn.Module) -> Iterator[None]:
     with torch.no_grad():
         saved = [w.detach().clone() for w in bases]
         merge()
+        for (name, layer), w, exact in zip(named, bases, saved, strict=True):
+            if w.dtype == torch.bfloat16 and (delta := lora_delta(layer)) is not None:
+                w.copy_(merge_delta(exact, delta, key=f"{name}.weight"))  # peft's sum rounds to nearest
     try:
         yield
     finally:

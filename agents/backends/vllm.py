@@ -82,6 +82,7 @@ import torch
 from veriloop.agents.backends.base import FinishReason, GenRequest, GenResult, eos_token_ids
 from veriloop.agents.backends.vllm_worker import reload_weights
 from veriloop.agents.policy import Policy
+from veriloop.agents.precision import lora_delta, merge_delta
 from veriloop.agents.sampling_params import SamplingParams
 
 INSTALL_HINT = "pip install veriloop[vllm]` on a CUDA machine, or `make setup-vllm` for vLLM's CPU build"
@@ -139,9 +140,10 @@ def merged_lora_weights(peft_model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """The base model's HF-named weights with every active LoRA adapter folded in.
 
     Each adapted linear layer yields ``W + sum_a scale_a * B_a A_a`` (peft's ``get_delta_weight``)
-    as a new tensor, one layer at a time, so the trainer's weights are never touched and at most
-    one merged layer is alive at once; everything else is yielded as is. Adapter weights
-    themselves (``lora_A`` / ``lora_B``) are not yielded.
+    as a new tensor (into a bf16 ``W`` with dithered rounding:
+    :func:`~veriloop.agents.precision.merge_delta`), one layer at a time, so the trainer's weights
+    are never touched and at most one merged layer is alive at once; everything else is yielded as
+    is. Adapter weights themselves (``lora_A`` / ``lora_B``) are not yielded.
     """
     from peft.tuners.lora import LoraLayer
 
@@ -161,10 +163,9 @@ def merged_lora_weights(peft_model: Any) -> Iterator[tuple[str, torch.Tensor]]:
             layer_name = owner.removesuffix(".base_layer")
             layer = lora_layers[layer_name]
             w = p.detach()
-            if leaf == "weight" and not layer.merged and not layer.disable_adapters:
-                for adapter in layer.active_adapters:
-                    if adapter in layer.lora_A:
-                        w = w + layer.get_delta_weight(adapter).to(w.dtype)
+            live = leaf == "weight" and not layer.merged and not layer.disable_adapters
+            if live and (delta := lora_delta(layer)) is not None:
+                w = merge_delta(w, delta, key=f"{layer_name}.{leaf}")
             yield f"{layer_name}.{leaf}", w
         else:
             yield name, p.detach()
