@@ -109,15 +109,16 @@ def merge_delta(weight: torch.Tensor, delta: torch.Tensor, *, key: str) -> torch
     fp32 and rounded with a fixed dither: each element rounds up (away from zero) when the fp32
     sum's 16 bits below bf16's mantissa, plus a pseudo-random 16-bit offset of its own, carry into
     bf16's last bit. An element whose delta is 0 keeps its bf16 value bit-exactly (its low bits are
-    0); a change of a fraction f of a bf16 step moves it one step with probability f, so over the
-    elements the merged weight equals ``weight + delta`` in expectation.
+    0); of the elements changed by a fraction f of a bf16 step, a fraction f moves one step, so
+    over the elements the merged weight equals ``weight + delta`` on average.
 
     Why: the base weight already lies on bf16's grid, so rounding to nearest maps ``weight + delta``
     back to ``weight`` wherever ``|delta|`` is under half a step (2^-9 of the weight) -- for a
     trained LoRA adapter of the default model, half of the elements. The sampler then misses a
-    systematic part of the update: measured on a GRPO run's adapter, its log-probs against the
-    trainer's exact policy gave k3 KL 0.0020 rounded to nearest and 0.00017 dithered (an fp32 base
-    rounded by a bf16 sampler, whose own low bits dither: 0.00046); docs/precision.md has the run.
+    systematic part of the update: on two GRPO runs' adapters (benchmarks/bench_merge_rounding.py),
+    the sampler's log-probs against the trainer's exact policy gave k3 KL 1.6-3.1e-3 rounded to
+    nearest and 1.2-1.3e-4 dithered (an fp32 base rounded by a bf16 sampler, whose own low bits
+    dither: 3.5-4.9e-4); docs/precision.md has the runs.
 
     The offsets are a golden-ratio (Weyl) sequence over the flattened elements, started at a hash
     of ``key`` (the weight's name): evenly spread (any run of elements gets offsets spread over the
