@@ -28,7 +28,7 @@ def test_merge_delta_keeps_untouched_weights_and_moves_by_the_delta_on_average()
     merged = merge_delta(weight, delta, key="w")
     moved = merged.float() - weight.float()
     assert merged.dtype == torch.bfloat16
-    assert 0.09 < (moved != 0).float().mean() < 0.11  # each element moves one step w.p. 0.1
+    assert 0.09 < (moved != 0).float().mean() < 0.11  # a tenth of the elements move one step
     assert torch.all((moved == 0) | (moved.sign() == delta.sign()))  # only in the delta's direction
     for part in (delta > 0, delta < 0):  # unbiased: it moves by the delta on average, both ways
         assert abs(moved[part].sum() / delta[part].sum() - 1) < 0.05
