@@ -16,7 +16,7 @@ adapter's rank-r space run in bf16 (the adapter matrix cast to bf16 by autograd,
 arrives in fp32); the rank-r product is added to the upcast base output in fp32 and the layer
 returns fp32. Rounding that sum to bf16 lost what the adapter contributed while it was small: a
 bf16 SFT warm-up of the default model trailed fp32's from its second step, and with the fp32 sum
-it follows fp32's losses (docs/precision.md has the measurement).
+it follows fp32's losses (docs/results/precision.md has the measurement).
 
 Sibling layers that take one input (q/k/v, gate/up; :data:`SIBLINGS`) run as one node over their
 concatenated frozen weights, in both precisions (:class:`_Siblings`): fewer, larger products, and

@@ -118,7 +118,7 @@ def merge_delta(weight: torch.Tensor, delta: torch.Tensor, *, key: str) -> torch
     systematic part of the update: on two GRPO runs' adapters (benchmarks/bench_merge_rounding.py),
     the sampler's log-probs against the trainer's exact policy gave k3 KL 1.6-3.1e-3 rounded to
     nearest and 1.2-1.3e-4 dithered (an fp32 base rounded by a bf16 sampler, whose own low bits
-    dither: 3.5-4.9e-4); docs/precision.md has the runs.
+    dither: 3.5-4.9e-4); docs/results/precision.md has the runs.
 
     The offsets are a golden-ratio (Weyl) sequence over the flattened elements, started at a hash
     of ``key`` (the weight's name): evenly spread (any run of elements gets offsets spread over the

@@ -59,7 +59,8 @@ class PolicyConfig:
             training: ``dtype: bfloat16`` alone trains every parameter in bf16 (full fine-tuning included).
         precision: ``fp32`` (everything float32) or ``bf16`` (mixed precision: bf16 matmuls, with the
             trained weights -- LoRA adapters or the full fp32 master weights --, gradients and AdamW state in
-            fp32, log-softmax in fp32, and the sampler in bf16). docs/precision.md has the numbers.
+            fp32, log-softmax in fp32, and the sampler in bf16). docs/precision.md says which to use;
+            docs/results/precision.md has the numbers.
         keep_reference: Keep a reference policy for the KL term; None = only when
             ``algo.kl_coef > 0`` (see ``ExperimentConfig.keep_reference``).
         device: Where the trained policy lives: ``auto`` (the GPU when torch sees one -- under
