@@ -132,7 +132,7 @@ def kl_cov(c: AlgoConfig) -> Objective:
 def dppo(c: AlgoConfig) -> Objective:
     return _weighted(lambda lp, old, adv, m, seg, x: L.dppo_loss(
         lp, _sampler(x), adv, m, divergence=c.dppo_divergence, delta_low=c.dppo_low,
-        delta_high=c.dppo_high, tau=c.dppo_tau))  # fmt: skip
+        delta_high=c.dppo_high, tau=c.dppo_tau, ratio_cap=c.dppo_ratio_cap))  # fmt: skip
 
 
 # Token selectors (a row's ``selector``): objectives that act on a share of the batch's tokens,

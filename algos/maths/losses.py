@@ -15,9 +15,24 @@ from veriloop.configs.algo import KLEstimator, LossAgg
 
 #: Token log-ratios are clamped to [-MAX_LOG_RATIO, MAX_LOG_RATIO] before exp (verl's 20): a ratio of
 #: e^20 = 4.9e8 already means the token is off-policy, and past a log-ratio of 88 float32's exp is
-#: inf (GSPO's and SAPO's loss, then their gradient, become inf / NaN). Inside the range the clamp is
-#: the identity, value and gradient; outside it the token's log-ratio gets no gradient.
+#: inf (GSPO's and SAPO's loss, then their gradient, become inf / NaN). The clamp acts on the value
+#: only (``clamp_log_ratio``): inside the range it is the identity, value and gradient; outside it
+#: the value is +-MAX_LOG_RATIO and the gradient still 1, so such a token keeps the gradient of a
+#: token at the bound (-A e^20 for PPO's unclipped side, DPPO's 2 tau 20 pull-back) instead of none.
 MAX_LOG_RATIO = 20.0
+
+
+def clamp_log_ratio(log_ratio: torch.Tensor, bound: float = MAX_LOG_RATIO) -> torch.Tensor:
+    """clip(x, -bound, bound) in value, identity in gradient (a straight-through clamp), [B, T].
+
+    x_c = x where |x| <= bound, else sg(clip(x)) + (x - sg(x)): d x_c / d x = 1 everywhere, so the
+    objective's gradient is taken at the clamped ratio (verl clamps the detached weight the same
+    way for DPPO) and a token far off-policy is not silently dropped. Inside the range the output
+    is ``log_ratio`` itself, bit for bit.
+    """
+    inside = log_ratio.abs() <= bound
+    outside = log_ratio.detach().clamp(-bound, bound) + (log_ratio - log_ratio.detach())
+    return torch.where(inside, log_ratio, outside)
 
 
 def _check_same(names: tuple[str, ...], *xs: torch.Tensor) -> None:
@@ -72,8 +87,7 @@ def clipped_pg_loss(
     # Off the mask the log-ratio and advantage are set to 0 *before* exp: a masked-out position
     # with an extreme old log-prob (padding, an environment token) would otherwise give
     # exp(...) = inf and a 0 * inf = NaN gradient through the torch.where below.
-    log_ratio = torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
-    log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    log_ratio = clamp_log_ratio(torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs)))
     ratio = torch.exp(log_ratio)
     adv = torch.where(m, advantages.detach(), torch.zeros_like(advantages))
     surr = -adv * ratio
@@ -297,12 +311,11 @@ def _base_stats(log_ratio: torch.Tensor, m: torch.Tensor, low: torch.Tensor, hig
 
 
 def _masked_inputs(logprobs, old_logprobs, advantages, mask):  # type: ignore[no-untyped-def]
-    """(bool mask, log-ratio with grad clamped to +-MAX_LOG_RATIO, detached advantages), both 0 off
-    the mask (no inf * 0)."""
+    """(bool mask, log-ratio with grad, its value clamped to +-MAX_LOG_RATIO (``clamp_log_ratio``),
+    detached advantages), both 0 off the mask (no inf * 0)."""
     _check_same(("logprobs", "old_logprobs", "advantages", "mask"), logprobs, old_logprobs, advantages, mask)
     m = mask.bool()
-    log_ratio = torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
-    log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    log_ratio = clamp_log_ratio(torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs)))
     adv = torch.where(m, advantages.detach(), torch.zeros_like(advantages))
     return m, log_ratio, adv
 
@@ -648,6 +661,7 @@ def dppo_loss(
     delta_low: float,
     delta_high: float,
     tau: float,
+    ratio_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """DPPO, divergence proximal policy optimisation (Qi et al. 2026, "Rethinking the trust region
     in LLM reinforcement learning", arXiv 2602.04879; the Binary-TV / Binary-KL variants).
@@ -666,14 +680,24 @@ def dppo_loss(
     its advantage pushes* (as PPO's clip: a token pushed back towards mu keeps its gradient), and
     the small squared log-ratio penalty (prime-rl's default tau = 1e-3, after Kimi K2.5) pulls
     every token back towards mu: d L_t / d log pi_t = -M_t A_t r_t + 2 tau log r_t. The mask is
-    detached (a 0/1 choice, no gradient through D_t). Log-ratios are clamped to +-MAX_LOG_RATIO.
+    detached (a 0/1 choice, no gradient through D_t). Log-ratios are clamped to +-MAX_LOG_RATIO in
+    value, not in gradient (``clamp_log_ratio``): a kept token past the clamp keeps -A e^20 and its
+    pull-back 2 tau (+-20).
+
+    ``ratio_cap`` = c (None = off, as prime-rl): the policy-gradient weight is min(r_t, c),
+    loss_t = -M_t min(r_t, c) A_t + tau (log r_t)^2 with d/d log pi = -M_t A_t min(r_t, c) +
+    2 tau log r_t (the weight detached where r_t > c, as verl's ``dppo_tv`` with its
+    ``clip_ratio_c`` = 20, the paper's section 5.4 truncated importance sampling). A rare token can
+    rise far inside the TV region (mu = 0.001, pi = 0.05: r = 50, D = 0.049) and otherwise carries
+    50 A. The penalty is not capped.
     The sampler's log-probs must be of the distribution sampled from *and* of the trainer's (no
     top-p / top-k: the config check refuses them), from either backend.
 
     Args:
         logprobs: [B, T] log pi_theta (with grad); sampler_logprobs: [B, T] log mu (recorded);
         advantages: [B, T]; mask: [B, T]; divergence: ``tv`` or ``kl``; delta_low / delta_high:
-        the bounds for A < 0 / A > 0 (prime-rl: TV 0.2 / 0.2); tau: the penalty weight.
+        the bounds for A < 0 / A > 0 (prime-rl: TV 0.2 / 0.2); tau: the penalty weight;
+        ratio_cap: the cap c on the weight (verl 20), or None.
 
     Returns:
         per_token_loss [B, T] (0 off the mask) and stats: ``clip_frac_low`` / ``clip_frac_high``
@@ -682,9 +706,10 @@ def dppo_loss(
     """
     if divergence not in ("tv", "kl"):
         raise ValueError(f"dppo divergence must be 'tv' or 'kl', got {divergence!r}")
-    if delta_low <= 0 or delta_high <= 0 or tau < 0:
+    if delta_low <= 0 or delta_high <= 0 or tau < 0 or (ratio_cap is not None and ratio_cap <= 0):
         raise ValueError(
-            f"dppo needs delta_low, delta_high > 0 and tau >= 0, got {delta_low}, {delta_high}, {tau}"
+            f"dppo needs delta_low, delta_high > 0, tau >= 0 and ratio_cap > 0 or None, got {delta_low}, "
+            f"{delta_high}, {tau}, {ratio_cap}"
         )
     m, log_ratio, adv = _masked_inputs(logprobs, sampler_logprobs, advantages, mask)
     d = dppo_divergence(logprobs, sampler_logprobs, m, divergence)
@@ -692,6 +717,9 @@ def dppo_loss(
     low = m & (adv < 0) & (d < -delta_low)
     keep = ~(high | low)
     ratio = torch.exp(log_ratio)
+    if ratio_cap is not None:  # value min(r, c); gradient min(r, c) d log pi (the factor is 1 below c)
+        r = ratio.detach()
+        ratio = ratio * (r.clamp(max=ratio_cap) / r)
     pg = torch.where(keep, -adv * ratio, torch.zeros_like(ratio))
     loss = torch.where(m, pg + tau * log_ratio * log_ratio, torch.zeros_like(ratio))
     return loss, _base_stats(log_ratio.detach(), m, low, high)

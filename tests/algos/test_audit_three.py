@@ -1,0 +1,127 @@
+"""The third algorithm audit: split samples weigh as their episode, no gradient lost past the
+log-ratio clamp, DPPO's ratio cap, distillation on the trainer's numbers, GDPO with one component.
+Each value and gradient below is computed by hand in the comments."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from veriloop.algos.algorithm import ObjectiveExtras, resolve
+from veriloop.algos.maths import losses as L
+from veriloop.configs.algo import AlgoConfig
+
+E20 = math.exp(20.0)
+
+
+def _grad(fn, lp: torch.Tensor) -> torch.Tensor:
+    """d(sum of fn's per-token loss) / d log pi, [1, T]."""
+    x = lp.clone().requires_grad_(True)
+    loss, _ = fn(x)
+    loss.sum().backward()
+    assert x.grad is not None
+    return x.grad
+
+
+# ------------------------------------------------------------- 2. past the +-20 log-ratio clamp
+
+
+def test_clamp_log_ratio_is_the_identity_inside_and_straight_through_outside():
+    x = torch.tensor([[-25.0, -19.5, 0.25, 19.5, 25.0]], requires_grad=True)
+    y = L.clamp_log_ratio(x)
+    assert y.tolist() == [[-20.0, -19.5, 0.25, 19.5, 20.0]]
+    (y * torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0]])).sum().backward()
+    assert x.grad.tolist() == [[1.0, 2.0, 3.0, 4.0, 5.0]]  # the old clamp gave 0 at +-25
+
+
+@pytest.mark.parametrize("log_r", [19.5, 20.5, 30.0])
+def test_ppo_clip_unclipped_side_keeps_its_gradient_past_the_clamp(log_r):
+    """A = -1, r = e^log_r >> 1 + 0.2: the unclipped side, loss = -A r = r, d/d log pi = r, with r
+    taken at the clamp past it: e^19.5 inside, e^20 at 20.5 and 30 (the old clamp gave 0 there)."""
+    fn = lambda x: L.clipped_pg_loss(x, torch.zeros(1, 1), -torch.ones(1, 1), torch.ones(1, 1),  # noqa: E731
+                                     clip_low=0.2, clip_high=0.2)  # fmt: skip
+    g = _grad(fn, torch.full((1, 1), log_r))
+    assert float(g) == pytest.approx(math.exp(min(log_r, 20.0)), rel=1e-5)
+
+
+def test_ppo_clip_keeps_the_gradient_below_the_lower_clamp():
+    """A = +1, log r = -20.5: r < 1 - 0.2 is the unclipped side for A > 0 (still pushed up), loss =
+    -r, gradient -r at the clamp = -e^-20 (the old clamp: 0); at -19.5 it is -e^-19.5."""
+    fn = lambda x: L.clipped_pg_loss(x, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2),  # noqa: E731
+                                     clip_low=0.2, clip_high=0.2)  # fmt: skip
+    g = _grad(fn, torch.tensor([[-19.5, -20.5]]))
+    assert g[0].tolist() == pytest.approx([-math.exp(-19.5), -math.exp(-20.0)], rel=1e-5)
+
+
+def test_dppo_keeps_policy_gradient_and_pull_back_past_the_clamp():
+    """A = +1, tau = 1e-3, both tokens kept by the TV mask (D = pi - mu < 0.2):
+    token 0: log mu = -30, log pi = -9.5, log r = 20.5 -> clamped to 20: d/d log pi = -A e^20 + 2 tau 20;
+    token 1: log mu = -0.1, log pi = -20.6, log r = -20.5 -> -20: -A e^-20 + 2 tau (-20) = -0.04.
+    The old clamp gave both 0 (not even the tau log^2 pull-back)."""
+    mu = torch.tensor([[-30.0, -0.1]])
+    fn = lambda x: L.dppo_loss(x, mu, torch.ones(1, 2), torch.ones(1, 2), divergence="tv",  # noqa: E731
+                               delta_low=0.2, delta_high=0.2, tau=1e-3)  # fmt: skip
+    g = _grad(fn, torch.tensor([[-9.5, -20.6]]))
+    assert float(g[0, 0]) == pytest.approx(-E20 + 2e-3 * 20, rel=1e-5)
+    assert float(g[0, 1]) == pytest.approx(-math.exp(-20.0) - 2e-3 * 20, rel=1e-5)
+    inside = _grad(fn, torch.tensor([[-10.6, -19.7]]))  # log r = 19.4 and -19.6: the plain formula
+    assert float(inside[0, 0]) == pytest.approx(-math.exp(19.4) + 2e-3 * 19.4, rel=1e-5)
+    assert float(inside[0, 1]) == pytest.approx(-math.exp(-19.6) - 2e-3 * 19.6, rel=1e-5)
+
+
+@pytest.mark.parametrize("log_r", [-19.5, -20.5])
+def test_sapo_keeps_its_gradient_below_the_clamp(log_r):
+    """A = +1, tau = 1: d loss / d log pi = -A r 4 sigma(r - 1)(1 - sigma(r - 1)) at r = e^max(log_r, -20)
+    (about -4.1e-9 at the clamp; the old clamp gave 0). Above +20 the gate is saturated in float32
+    (sigma = 1): 0 with either clamp, so only the lower side can tell them apart."""
+    fn = lambda x: L.sapo_loss(x, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1),  # noqa: E731
+                               tau_pos=1.0, tau_neg=1.05)  # fmt: skip
+    r = math.exp(max(log_r, -20.0))
+    s = 1 / (1 + math.exp(-(r - 1)))
+    assert float(_grad(fn, torch.full((1, 1), log_r))) == pytest.approx(-r * 4 * s * (1 - s), rel=1e-4)
+
+
+@pytest.mark.parametrize("log_r", [-20.5, -19.5, 19.5, 20.5])
+def test_cispo_gradient_is_the_clipped_weight_on_both_sides_of_the_clamp(log_r):
+    """CISPO's weight is detached, so its gradient -clip(r, 0.8, 1.2) A never went through the
+    clamp: A = 1 gives -0.8 below 1 and -1.2 above (this one held before the change too)."""
+    fn = lambda x: L.cispo_loss(x, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1),  # noqa: E731
+                                clip_low=0.2, clip_high=0.2)  # fmt: skip
+    assert float(_grad(fn, torch.full((1, 1), log_r))) == pytest.approx(-0.8 if log_r < 0 else -1.2)
+
+
+# ------------------------------------------------------------------------- 3. DPPO's ratio cap
+
+
+def test_dppo_ratio_cap_bounds_the_weight_of_a_rare_token():
+    """mu = 0.001, pi = 0.05: r = 50, D = 0.049 inside the TV region, A = 1, tau = 1e-3.
+    No cap (prime-rl): loss -50 + tau log^2 50, d/d log pi = -50 + 2 tau log 50.
+    Cap 20 (verl, the paper's section 5.4): loss -20 + tau log^2 50, d/d log pi = -20 + 2 tau log 50."""
+    lp, mu = torch.tensor([[math.log(0.05)]]), torch.tensor([[math.log(0.001)]])
+    one = torch.ones(1, 1)
+    kw = dict(divergence="tv", delta_low=0.2, delta_high=0.2, tau=1e-3)
+    pen = 1e-3 * math.log(50) ** 2
+    for cap, w in ((None, 50.0), (20.0, 20.0)):
+        fn = lambda x, cap=cap: L.dppo_loss(x, mu, one, one, ratio_cap=cap, **kw)  # noqa: E731
+        assert float(fn(lp)[0]) == pytest.approx(-w + pen, rel=1e-5)
+        assert float(_grad(fn, lp)) == pytest.approx(-w + 2e-3 * math.log(50), rel=1e-5)
+
+
+def test_dppo_ratio_cap_below_the_cap_is_bit_identical_and_reaches_the_objective():
+    """r = 5 < 20: the capped loss and gradient are the uncapped ones bit for bit; the config's
+    ``dppo_ratio_cap`` reaches the objective (off by default, as prime-rl)."""
+    lp, mu = torch.tensor([[math.log(0.05), math.log(0.05)]]), torch.tensor([[math.log(0.01), math.log(0.001)]])
+    adv, m = torch.ones(1, 2), torch.ones(1, 2)
+    kw = dict(divergence="tv", delta_low=0.2, delta_high=0.2, tau=1e-3)
+    free = lambda x: L.dppo_loss(x, mu, adv, m, **kw)  # noqa: E731
+    capped = lambda x: L.dppo_loss(x, mu, adv, m, ratio_cap=20.0, **kw)  # noqa: E731
+    assert torch.equal(free(lp)[0][0, 0], capped(lp)[0][0, 0])
+    assert torch.equal(_grad(free, lp)[0, 0], _grad(capped, lp)[0, 0])
+    assert AlgoConfig().dppo_ratio_cap is None
+    obj = resolve(AlgoConfig(policy_loss="dppo", dppo_ratio_cap=20.0)).objective
+    g = _grad(lambda x: obj(x, torch.zeros(1, 2), adv, m, None, ObjectiveExtras(sampler_logprobs=mu)), lp)
+    assert float(g[0, 1]) == pytest.approx(-20.0 + 2e-3 * math.log(50), rel=1e-5)
+    with pytest.raises(ValueError, match="dppo_ratio_cap"):
+        AlgoConfig(policy_loss="dppo", dppo_ratio_cap=0.0).validate()
