@@ -112,7 +112,10 @@ def test_dppo_ratio_cap_bounds_the_weight_of_a_rare_token():
 def test_dppo_ratio_cap_below_the_cap_is_bit_identical_and_reaches_the_objective():
     """r = 5 < 20: the capped loss and gradient are the uncapped ones bit for bit; the config's
     ``dppo_ratio_cap`` reaches the objective (off by default, as prime-rl)."""
-    lp, mu = torch.tensor([[math.log(0.05), math.log(0.05)]]), torch.tensor([[math.log(0.01), math.log(0.001)]])
+    lp, mu = (
+        torch.tensor([[math.log(0.05), math.log(0.05)]]),
+        torch.tensor([[math.log(0.01), math.log(0.001)]]),
+    )
     adv, m = torch.ones(1, 2), torch.ones(1, 2)
     kw = dict(divergence="tv", delta_low=0.2, delta_high=0.2, tau=1e-3)
     free = lambda x: L.dppo_loss(x, mu, adv, m, **kw)  # noqa: E731
