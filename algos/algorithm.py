@@ -382,7 +382,9 @@ def episode_components(trajs: Sequence[Trajectory], rewards: torch.Tensor, level
 
 
 def gdpo(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """GDPO: each reward component normalised in its group, summed, whitened over the batch."""
+    """GDPO: each reward component normalised in its group, summed, whitened over the batch; an
+    environment that gives a single component (and no shaping) gets GRPO with the authors' eps
+    1e-4 (``component_normalized``)."""
     r = A.episode_rewards(x.turn_rewards, x.turn_mask, cfg.reward_level)  # type: ignore[arg-type]
     comp = episode_components(x.trajectories, r, cfg.reward_level)
     per = component_normalized(comp, x.groups, valid=x.valid)

@@ -131,7 +131,8 @@ class AlgoConfig:
             ``group_mean_batch_norm`` = REINFORCE++-baseline (reward minus the group mean, then
             whitened over the batch's tokens); ``gae`` = PPO with a critic; ``gdpo`` = GDPO: each
             reward component (``info["reward_components"]``, plus the trainer's own shaping as
-            one more) normalised within its group, summed, then whitened over the batch;
+            one more) normalised within its group, summed, then whitened over the batch (with
+            one component: GRPO, as the authors' code);
             ``process`` = S2R process-level (per-action rewards, per-action baselines).
         reward_level: How per-turn rewards become the learning signal. ``outcome``: the last
             turn's reward for the whole episode (its ``info["outcome_reward"]`` when the

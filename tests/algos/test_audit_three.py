@@ -128,3 +128,34 @@ def test_dppo_ratio_cap_below_the_cap_is_bit_identical_and_reaches_the_objective
     assert float(g[0, 1]) == pytest.approx(-20.0 + 2e-3 * math.log(50), rel=1e-5)
     with pytest.raises(ValueError, match="dppo_ratio_cap"):
         AlgoConfig(policy_loss="dppo", dppo_ratio_cap=0.0).validate()
+
+
+# ------------------------------------------------------------------ 5. GDPO with one component
+
+
+def test_gdpo_with_one_component_is_grpo_with_the_authors_eps():
+    """Two groups of three, one reward component: [1, 0, 0] and [1, 1, 0]. Group mean 1/3 (2/3),
+    Bessel std sqrt(1/3) = 0.57735 in both, eps 1e-4: (2/3) / 0.57745 = 1.15450 and (1/3) / 0.57745
+    = 0.57725. No batch whitening (the authors' fallback to GRPO); the old code whitened these by
+    their batch std sqrt(4/5) into +-1.29 / +-0.645."""
+    from veriloop.algos.maths.multi_reward import component_normalized
+
+    r = torch.tensor([[1.0], [0.0], [0.0], [1.0], [1.0], [0.0]])
+    g = torch.tensor([0, 0, 0, 1, 1, 1])
+    hi, lo = (2 / 3) / (math.sqrt(1 / 3) + 1e-4), (1 / 3) / (math.sqrt(1 / 3) + 1e-4)
+    got = component_normalized(r, g)
+    assert got.tolist() == pytest.approx([hi, -lo, -lo, lo, lo, -hi], abs=1e-6)
+
+
+def test_gdpo_estimator_falls_back_to_grpo_for_a_single_reward(make_traj):
+    """Episodes without ``reward_components``: one component (the reward itself); advantage=gdpo
+    then gives group_norm's advantages up to eps (1e-4 against 1e-6), not their batch whitening."""
+    from veriloop.algos.update import compute_advantages
+
+    trajs = [
+        make_traj([([10 + i], [], r)], group_id=i // 3) for i, r in enumerate([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    ]
+    gdpo = compute_advantages(trajs, resolve(AlgoConfig(advantage="gdpo"))).advantages
+    grpo = compute_advantages(trajs, resolve(AlgoConfig(advantage="group_norm"))).advantages
+    assert torch.allclose(gdpo, grpo, atol=1e-3)
+    assert float(gdpo[0].sum()) == pytest.approx((2 / 3) / (math.sqrt(1 / 3) + 1e-4), abs=1e-5)
