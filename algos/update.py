@@ -332,8 +332,9 @@ def _with_distillation(
     pg: torch.Tensor, stats: dict[str, Any], logp: torch.Tensor, batch: TokenBatch, algo: Algorithm, agg: Any
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The aggregated policy term: ``rl_coef`` x the RL objective + ``distill_coef`` x the per-token
-    reverse KL to the teacher (``maths.distill``, on ``batch.teacher_logprobs``); without
-    distillation, the RL objective alone."""
+    reverse KL to the teacher (``maths.distill``, on ``batch.teacher_logprobs``; its advantage is
+    log pi_T - log pi_theta of this forward pass, its weight pi_theta / mu, with the trust region
+    ``distill_trust_low`` / ``distill_tau``); without distillation, the RL objective alone."""
     c = algo.cfg
     if c.distill_coef == 0:
         return agg(pg), stats
@@ -341,7 +342,10 @@ def _with_distillation(
         raise ValueError(
             "algo.distill_coef > 0 needs the teacher's log-probs: attach them with batch.with_teacher"
         )
-    kd, kd_stats = reverse_kl_distill_loss(logp, batch.old_logprobs, batch.teacher_logprobs, batch.loss_mask)
+    # mu: the sampler's record (kept beside a recomputed pi_old), else what old_logprobs hold
+    mu = batch.sampler_logprobs if batch.sampler_logprobs is not None else batch.old_logprobs
+    kd, kd_stats = reverse_kl_distill_loss(logp, mu, batch.teacher_logprobs, batch.loss_mask,
+                                           trust_low=c.distill_trust_low, tau=c.distill_tau)  # fmt: skip
     return c.rl_coef * agg(pg) + c.distill_coef * agg(kd), {**stats, **kd_stats}
 
 
@@ -411,6 +415,7 @@ def _loss_metrics(
     if "reverse_kl" in stats:  # on-policy distillation: the student's KL to the teacher, per token
         metrics["distill/reverse_kl"] = float(stats["reverse_kl"])
         metrics["distill/teacher_better_frac"] = float(stats["teacher_better_frac"])
+        metrics["distill/trust_masked_frac"] = float(stats["trust_masked_frac"])
     return metrics
 
 

@@ -5,6 +5,7 @@ Each value and gradient below is computed by hand in the comments."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -159,3 +160,75 @@ def test_gdpo_estimator_falls_back_to_grpo_for_a_single_reward(make_traj):
     grpo = compute_advantages(trajs, resolve(AlgoConfig(advantage="group_norm"))).advantages
     assert torch.allclose(gdpo, grpo, atol=1e-3)
     assert float(gdpo[0].sum()) == pytest.approx((2 / 3) / (math.sqrt(1 / 3) + 1e-4), abs=1e-5)
+
+
+# ------------------------------------------------- 4. self-distillation on the trainer's numbers
+
+
+def test_distillation_advantage_is_trainer_against_trainer():
+    """The sampler recorded log mu = -1.1 for a token the trainer gives log pi = -1.0 (a bf16-size
+    mismatch, 0.1 here to be seen); the teacher (a trainer forward pass) gives -0.5.
+    New: A = -0.5 - (-1.0) = 0.5, weight r = e^0.1: loss -0.5 e^0.1, d/d log pi = -0.5 e^0.1.
+    Old: A = -0.5 - (-1.1) = 0.6 (the mismatch inside the advantage): -0.6 e^0.1."""
+    from veriloop.algos.maths.distill import reverse_kl_distill_loss
+
+    mu, teacher, one = torch.tensor([[-1.1]]), torch.tensor([[-0.5]]), torch.ones(1, 1)
+    fn = lambda x: reverse_kl_distill_loss(x, mu, teacher, one)  # noqa: E731
+    lp = torch.tensor([[-1.0]])
+    loss, stats = fn(lp)
+    assert float(loss) == pytest.approx(-0.5 * math.exp(0.1), rel=1e-6)
+    assert float(_grad(fn, lp)) == pytest.approx(-0.5 * math.exp(0.1), rel=1e-6)
+    assert float(stats["reverse_kl"]) == pytest.approx(-0.5)  # log pi_theta - log pi_T
+
+
+def test_distillation_trust_region_as_prime_rl():
+    """prime-rl's opsd trust region, trust_low 0.2, tau 1e-3; teacher log 0.4 on both tokens.
+    Token 0: pi = 0.3, mu = 0.6, pi - mu = -0.3 < -0.2: dropped, gradient only 2 tau log(0.5).
+    Token 1: pi = 0.5, mu = 0.6, pi - mu = -0.1: kept, -(5/6) log(0.4 / 0.5) + 2 tau log(5/6)."""
+    from veriloop.algos.maths.distill import reverse_kl_distill_loss
+
+    mu, teacher, m = (
+        torch.log(torch.tensor([[0.6, 0.6]])),
+        torch.log(torch.tensor([[0.4, 0.4]])),
+        torch.ones(1, 2),
+    )
+    fn = lambda x: reverse_kl_distill_loss(x, mu, teacher, m, trust_low=0.2, tau=1e-3)  # noqa: E731
+    lp = torch.log(torch.tensor([[0.3, 0.5]]))
+    g = _grad(fn, lp)
+    assert g[0].tolist() == pytest.approx(
+        [2e-3 * math.log(0.5), -(5 / 6) * math.log(0.8) + 2e-3 * math.log(5 / 6)], rel=1e-5
+    )
+    assert float(fn(lp)[1]["trust_masked_frac"]) == 0.5
+    off = _grad(lambda x: reverse_kl_distill_loss(x, mu, teacher, m), lp)  # the default: no trust region
+    assert off[0].tolist() == pytest.approx([-0.5 * math.log(0.4 / 0.3), -(5 / 6) * math.log(0.8)], rel=1e-5)
+
+
+def test_distillation_settings_reach_the_update(tiny_llama, make_traj):
+    """``distill_trust_low`` / ``distill_tau`` reach the update's loss: a teacher far below the
+    student and a sampler record far above it drop every token, so the trust region's loss is
+    the penalty alone, tau (log pi / mu)^2 > 0, where without it the loss is the KD surrogate."""
+    from veriloop.agents.forward import token_logprobs
+    from veriloop.algos.batch import collate, with_teacher
+    from veriloop.algos.update import policy_loss
+
+    trajs = [make_traj([((10, 11, 12), [], 1.0)], group_id=0), make_traj([((20, 21), [], 0.0)], group_id=0)]
+    batch = collate(trajs, [[0.0] * len(t.token_ids) for t in trajs])
+    with torch.no_grad():
+        lp, _ = token_logprobs(tiny_llama, batch.input_ids, batch.attention_mask)
+    m = batch.loss_mask
+    # mu = 1 (log 0): pi - mu < -0.2 wherever pi < 0.8, as on a random tiny model
+    batch = with_teacher(
+        replace(batch, old_logprobs=torch.zeros_like(lp) * m), [(lp[i] - 1.0).tolist() for i in range(2)]
+    )
+    out = {}
+    for trust in (None, 0.2):
+        cfg = AlgoConfig(
+            distill_coef=1.0, rl_coef=0.0, loss_agg="token_mean", distill_trust_low=trust, distill_tau=1e-3
+        )
+        loss, metrics = policy_loss(tiny_llama, batch, resolve(cfg))
+        out[trust] = (float(loss.detach()), metrics["distill/trust_masked_frac"])
+    tok = lp[m.bool()]
+    assert out[0.2][1] == 1.0 and out[None][1] == 0.0
+    assert out[0.2][0] == pytest.approx(float((1e-3 * tok**2).mean()), rel=1e-4)
+    # no trust region: -(pi / mu) (log pi_T - log pi) + tau log^2 = pi + tau log^2 pi per token
+    assert out[None][0] == pytest.approx(float((tok.exp() + 1e-3 * tok**2).mean()), rel=1e-4)
