@@ -314,8 +314,9 @@ def policy_loss(
         mismatch.append(_mismatch(batch, logp))
     segments = batch.turn_index if algo.per_turn_segments else None
     agg = partial(algo.aggregation, mask=mask, constant=algo.cfg.loss_agg_constant or agg_constant,
-                  total_tokens=total_tokens, total_seqs=total_seqs, segments=segments)  # fmt: skip
-    extras = ObjectiveExtras(batch.is_weights, batch.sampler_logprobs, batch.cov_select)
+                  total_tokens=total_tokens, total_seqs=total_seqs, segments=segments,
+                  episodes=batch.episode_index)  # fmt: skip
+    extras = ObjectiveExtras(batch.is_weights, batch.sampler_logprobs, batch.cov_select, batch.episode_index)
     pg, stats = algo.objective(logp, batch.old_logprobs, batch.advantages, mask, segments, extras)  # [B, T]
     loss_pg, stats = _with_distillation(pg, stats, logp, batch, algo, agg)
     zero = loss_pg.new_zeros(())
@@ -425,11 +426,12 @@ def loss_normalisers(batch: TokenBatch, algo: Algorithm | None = None) -> dict[s
     in the mini-batch's units and the ranks' gradients are simply summed (``grad_sync(1.0)``).
     Weighting each rank by one share instead cannot be right for both the sequence-normalised
     policy loss and the token-normalised value loss at once. With ``algo``'s ``sequence_unit="turn"``
-    a sequence is an (episode, turn) pair."""
+    a sequence is an (episode, turn) pair; with ``batch.episode_index`` the rows of one episode count
+    once (``split_weight="episode"``)."""
     segments = batch.turn_index if algo is not None and algo.per_turn_segments else None
     return {
         "global_tokens": float(batch.loss_mask.sum()),
-        "global_seqs": float(sequence_count(batch.loss_mask, segments)),
+        "global_seqs": float(sequence_count(batch.loss_mask, segments, batch.episode_index)),
     }
 
 
@@ -644,15 +646,20 @@ def _row_advantages(
 ) -> tuple[TokenBatch, Advantages]:  # fmt: skip
     """Advantages computed per episode (on the episode view ``[N, T_ep]``, the samples end to end,
     so per-turn credit follows ``turn_index``) and moved onto the sample rows ``base`` ``[R, T]``,
-    with the critic values and reference log-probs of the rows. A row is kept with its episode."""
+    with the critic values and reference log-probs of the rows. A row is kept with its episode.
+    ``split_weight="episode"`` with a split episode: ``episode_index`` says which rows are one."""
     episodes = rows.episode_view(base, trajectories, pad_id)  # [N, T_ep]
     n, t_ep = episodes.loss_mask.shape
     shape, width = (int(n), int(t_ep)), base.loss_mask.shape[1]
     adv = compute_advantages(trajectories, algo, values=rows.to_episodes(old_v, shape),
                              ref_logprobs=rows.to_episodes(ref, shape), tokens=episodes)  # fmt: skip
     keep = adv.sample_mask[list(rows.episode)]  # [R]
+    episode = None  # [R, T] the episode of each row, when split rows weigh as their one episode
+    if algo.cfg.split_weight == "episode" and not rows.identity:
+        episode = torch.tensor(rows.episode, dtype=torch.long).unsqueeze(1).expand(-1, width).contiguous()
     batch = replace(with_advantages(base, rows.to_rows(adv.advantages, width), keep),
-                    returns=rows.to_rows(adv.returns, width), old_values=old_v, ref_logprobs=ref)  # fmt: skip
+                    returns=rows.to_rows(adv.returns, width), old_values=old_v, ref_logprobs=ref,
+                    episode_index=episode)  # fmt: skip
     return batch, adv
 
 
@@ -687,7 +694,7 @@ def _correct_rollout(
         batch.old_logprobs, sampler_lp * batch.loss_mask, batch.loss_mask, token=c.rollout_is,
         cap=c.rollout_is_cap, low=c.rollout_is_low, high=c.rollout_is_high, seq_mask=c.rollout_seq_mask,
         seq_low=c.rollout_seq_low, seq_high=c.rollout_seq_high,
-        segments=batch.turn_index if c.sequence_unit == "turn" else None,
+        segments=batch.turn_index if c.sequence_unit == "turn" else None, episodes=batch.episode_index,
     )  # fmt: skip
     kept = keep.to(batch.loss_mask.dtype)
     batch = replace(batch, loss_mask=batch.loss_mask * kept, advantages=batch.advantages * kept,

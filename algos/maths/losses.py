@@ -181,6 +181,7 @@ def aggregate(
     total_tokens: float | None = None,
     total_seqs: float | None = None,
     segments: torch.Tensor | None = None,
+    episodes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce a [B, T] per-token loss to a scalar (verl-style aggregation).
 
@@ -191,7 +192,11 @@ def aggregate(
 
     A sequence is a row, or with ``segments`` [B, T] (``sequence_unit="turn"``: the turn index) one
     (row, segment) pair: two turns of one episode are two sequences, each weighing 1/B' whatever
-    its length (``sequence_count`` counts them).
+    its length (``sequence_count`` counts them). With ``episodes`` [B, T] (the episode of each
+    token's row: rows split from one episode share it) a sequence is an (episode, segment) pair
+    instead, so the samples of a split episode are one sequence: each token of episode i weighs
+    1 / (B' |o_i|) with |o_i| all its samples' tokens, i.e. a sample weighs its share |o_i^s| / |o_i|
+    of the episode's 1 / B' (``split_weight="episode"``; every row of the episode must be here).
 
     For gradient accumulation, pass the whole batch's ``total_tokens`` (token_mean) or
     ``total_seqs`` (sequence modes) so that the micro-batch losses sum to the full-batch loss.
@@ -202,8 +207,8 @@ def aggregate(
         per_token: [B, T] per-token loss; mask: [B, T] 1 on tokens that count.
     """
     _check_same(("per_token", "mask"), per_token, mask)
-    if segments is not None and mode != "token_mean":
-        return _aggregate_segments(per_token, mask, mode, constant, total_seqs, segments)
+    if (segments is not None or episodes is not None) and mode != "token_mean":
+        return _aggregate_segments(per_token, mask, mode, constant, total_seqs, segments, episodes)
     m = mask.to(per_token.dtype)
     lm = torch.where(mask.bool(), per_token, torch.zeros_like(per_token))
     if mode == "token_mean":
@@ -232,10 +237,11 @@ def _aggregate_segments(
     mode: LossAgg,
     constant: float | None,
     total_seqs: float | None,
-    segments: torch.Tensor,
+    segments: torch.Tensor | None,
+    episodes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``aggregate``'s sequence modes with one sequence per (row, segment)."""
-    ids, n = _seq_ids(mask, segments)
+    """``aggregate``'s sequence modes with one sequence per (row or episode, segment)."""
+    ids, n = _seq_ids(mask, segments, episodes)
     m = mask.to(per_token.dtype)
     lm = torch.where(mask.bool(), per_token, torch.zeros_like(per_token))
     sums = per_token.new_zeros(n).index_add(0, ids.flatten(), lm.flatten())  # [S]
@@ -254,11 +260,14 @@ def _aggregate_segments(
     )
 
 
-def sequence_count(mask: torch.Tensor, segments: torch.Tensor | None = None) -> int:
-    """How many sequences hold >= 1 masked token: rows, or (row, segment) pairs (``aggregate``)."""
-    if segments is None:
+def sequence_count(
+    mask: torch.Tensor, segments: torch.Tensor | None = None, episodes: torch.Tensor | None = None
+) -> int:
+    """How many sequences hold >= 1 masked token: rows, or (row, segment) pairs, or with
+    ``episodes`` (episode, segment) pairs (``aggregate``)."""
+    if segments is None and episodes is None:
         return int((mask.sum(1) > 0).sum())
-    ids, n = _seq_ids(mask, segments)
+    ids, n = _seq_ids(mask, segments, episodes)
     cnt = torch.zeros(n, dtype=torch.float64, device=mask.device).index_add(
         0, ids.flatten(), mask.double().flatten()
     )
@@ -268,31 +277,44 @@ def sequence_count(mask: torch.Tensor, segments: torch.Tensor | None = None) -> 
 # ------------------------------------------------------------------ objectives since DAPO (2025-26)
 # Shared conventions: inputs are [B, T]; ``segments`` [B, T] (long, optional) splits a row into
 # several sequences (``algo.sequence_unit="turn"`` passes the turn index); None = one sequence per
-# row (the episode's sampled tokens, every turn, environment tokens excluded). Sequence-level
+# row (the episode's sampled tokens, every turn, environment tokens excluded); ``episodes`` [B, T]
+# (long, optional: the episode of each token's row) makes the rows split from one episode one
+# sequence (``split_weight="episode"``), so GSPO / GMPO take one ratio per episode. Sequence-level
 # objectives put the sequence's loss L_i on every one of its tokens, so ``seq_mean_token_mean``
 # aggregation with the same ``segments`` gives (1/G) sum_i L_i, the papers' sample mean (the
 # config check refuses a length-weighted aggregation for them).
 
 
-def _seq_ids(mask: torch.Tensor, segments: torch.Tensor | None) -> tuple[torch.Tensor, int]:
-    """[B, T] id of each token's sequence (row, segment), dense 0..S-1, and S."""
+def _seq_ids(
+    mask: torch.Tensor, segments: torch.Tensor | None, episodes: torch.Tensor | None = None
+) -> tuple[torch.Tensor, int]:
+    """[B, T] id of each token's sequence (row, segment), or (episode, segment) with ``episodes``,
+    dense 0..S-1, and S."""
     b, t = mask.shape
     seg = torch.zeros_like(mask, dtype=torch.long) if segments is None else segments.long().clamp(min=0)
     if seg.shape != mask.shape:
         raise ValueError(f"segments {tuple(seg.shape)} must match mask {tuple(mask.shape)}")
-    key = torch.arange(b, device=mask.device).unsqueeze(1) * (int(seg.max()) + 1 if seg.numel() else 1) + seg
+    if episodes is not None and episodes.shape != mask.shape:
+        raise ValueError(f"episodes {tuple(episodes.shape)} must match mask {tuple(mask.shape)}")
+    unit = torch.arange(b, device=mask.device).unsqueeze(1) if episodes is None else episodes.long()
+    key = unit * (int(seg.max()) + 1 if seg.numel() else 1) + seg
     _, inv = torch.unique(key, return_inverse=True)
     return inv.view(b, t), int(inv.max()) + 1 if inv.numel() else 0
 
 
-def sequence_mean(x: torch.Tensor, mask: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
+def sequence_mean(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    segments: torch.Tensor | None = None,
+    episodes: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Mean of ``x`` over the masked tokens of each token's sequence, broadcast back to [B, T].
 
     (1/|y_i|) sum_{t in y_i} x_t for every token of sequence y_i; differentiable; 0 for a sequence
-    with no masked token. ``segments`` as above (None = one sequence per row).
+    with no masked token. ``segments`` and ``episodes`` as above (None = one sequence per row).
     """
     _check_same(("x", "mask"), x, mask)
-    ids, n = _seq_ids(mask, segments)
+    ids, n = _seq_ids(mask, segments, episodes)
     m = mask.to(x.dtype)
     xm = torch.where(mask.bool(), x, torch.zeros_like(x))
     sums = torch.zeros(n, dtype=x.dtype, device=x.device).index_add(0, ids.flatten(), xm.flatten())
@@ -331,6 +353,7 @@ def gspo_loss(
     level: Literal["sequence", "token"] = "sequence",
     segments: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
+    episodes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO, group sequence policy optimisation (Zheng et al. 2025, Qwen; eqs. 5-7 and 10-11).
 
@@ -344,6 +367,8 @@ def gspo_loss(
     but whose gradient reaches token t only through rho_t, so A_{i,t} may differ per token (turn-
     level credit); with a constant A_i it gives exactly GSPO's gradient under seq-mean aggregation.
 
+    ``episodes`` [B, T]: rows split from one episode are one sequence y_i (one s_i per episode).
+
     ``is_weights`` [B, T] (rollout correction, pi_old / mu per token, detached): as verl does, each
     token's term of the token form is multiplied by its own weight, so token t's gradient is
     -A_i s_i w_t / |y_i| grad log pi_t (both levels: the value is unchanged, w_t L_i per token).
@@ -355,9 +380,9 @@ def gspo_loss(
         ``clipped_pg_loss`` (clip fractions count tokens of clipped sequences).
     """
     m, log_ratio, adv = _masked_inputs(logprobs, old_logprobs, advantages, mask)
-    seq_log = sequence_mean(log_ratio, mask, segments)  # [B, T] log s_i on each token of y_i
+    seq_log = sequence_mean(log_ratio, mask, segments, episodes)  # [B, T] log s_i on each token of y_i
     if level == "sequence":
-        spread = sequence_mean(adv, mask, segments)
+        spread = sequence_mean(adv, mask, segments, episodes)
         if bool(((adv - spread).abs() > 1e-5 * (1 + spread.abs()))[m].any()):
             raise ValueError(
                 "gspo (sequence level) needs one advantage per sequence, but they vary within a "
@@ -460,6 +485,7 @@ def gmpo_loss(
     clip_high: float,
     segments: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
+    episodes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GMPO, geometric-mean policy optimisation (Zhao et al. 2025, eq. 4): clip in log space.
 
@@ -472,6 +498,8 @@ def gmpo_loss(
     clipped surrogate on r with bounds [e^-clip_low, e^clip_high]. The advantage must be one
     number per sequence (as GSPO's sequence level).
 
+    ``episodes`` [B, T]: rows split from one episode are one sequence y_i (one ratio per episode).
+
     ``is_weights`` [B, T] (rollout correction, detached): the sequence's loss is multiplied by the
     geometric mean of its tokens' weights, W_i = exp((1/|y_i|) sum_t log w_t), as verl does, the
     same kind of mean as the objective's ratio (not their arithmetic mean).
@@ -480,16 +508,16 @@ def gmpo_loss(
         per_token_loss [B, T] (L_i on every token of y_i) and stats (token clip fractions).
     """
     m, log_ratio, adv = _masked_inputs(logprobs, old_logprobs, advantages, mask)
-    a_seq = sequence_mean(adv, mask, segments)
+    a_seq = sequence_mean(adv, mask, segments, episodes)
     if bool(((adv - a_seq).abs() > 1e-5 * (1 + a_seq.abs()))[m].any()):
         raise ValueError("gmpo needs one advantage per sequence: use sequence_unit=turn for per-turn credit")
     sgn = torch.sign(a_seq)
     clipped = torch.clamp(log_ratio, -clip_low, clip_high)
     kept = sgn * torch.minimum(sgn * log_ratio, sgn * clipped)  # [B, T] pessimistic log-ratio
-    loss = -a_seq * torch.exp(sequence_mean(kept, mask, segments))
+    loss = -a_seq * torch.exp(sequence_mean(kept, mask, segments, episodes))
     if is_weights is not None:
         log_w = torch.where(m, is_weights.detach().clamp(min=1e-30).log(), torch.zeros_like(loss))
-        loss = loss * torch.exp(sequence_mean(log_w, mask, segments))
+        loss = loss * torch.exp(sequence_mean(log_w, mask, segments, episodes))
     loss = torch.where(m, loss, torch.zeros_like(loss))
     lr = log_ratio.detach()
     stats = _base_stats(lr, m, (a_seq < 0) & (lr < -clip_low), (a_seq > 0) & (lr > clip_high))

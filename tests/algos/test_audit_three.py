@@ -232,3 +232,118 @@ def test_distillation_settings_reach_the_update(tiny_llama, make_traj):
     assert out[0.2][0] == pytest.approx(float((1e-3 * tok**2).mean()), rel=1e-4)
     # no trust region: -(pi / mu) (log pi_T - log pi) + tau log^2 = pi + tau log^2 pi per token
     assert out[None][0] == pytest.approx(float((tok.exp() + 1e-3 * tok**2).mean()), rel=1e-4)
+
+
+# ------------------------------------------------------- 1. a split episode weighs as one episode
+
+# Episode A: one sample of 2 tokens (row 0). Episode B: two samples, of 1 and 3 tokens (rows 1, 2).
+SPLIT_MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+SPLIT_EPISODES = torch.tensor([[0, 0, 0], [1, 1, 1], [1, 1, 1]])
+
+
+def _close(t: torch.Tensor, rows: list, rel: float = 1e-6) -> bool:
+    return torch.allclose(t.double(), torch.tensor(rows, dtype=torch.float64), rtol=rel, atol=1e-9)
+
+
+def _token_weights(mode, episodes, constant=None):
+    """d aggregate / d per-token loss: each token's weight, [3, 3]."""
+    x = torch.zeros(3, 3, requires_grad=True)
+    L.aggregate(x, SPLIT_MASK, mode, constant, episodes=episodes).backward()
+    return x.grad
+
+
+def test_seq_mean_weighs_a_split_episode_once():
+    """G = 2 episodes: A's tokens weigh 1 / (2 x 2) = 0.25; B's tokens 1 / (2 x 4) = 0.125, so
+    sample B1 carries 1/4 of B's 1/2 and B2 3/4 (their shares of B's tokens). The per-sample
+    rule (no ``episodes``): 3 sequences of 1/3 each, A 1/3 in total and B 2/3."""
+    w = _token_weights("seq_mean_token_mean", SPLIT_EPISODES)
+    assert _close(w, [[0.25, 0.25, 0], [0.125, 0, 0], [0.125] * 3])
+    assert float(w[0].sum()) == pytest.approx(0.5) and float(w[1:].sum()) == pytest.approx(0.5)
+    per_sample = _token_weights("seq_mean_token_mean", None)
+    assert _close(per_sample, [[1 / 6, 1 / 6, 0], [1 / 3, 0, 0], [1 / 9] * 3])
+    assert L.sequence_count(SPLIT_MASK, None, SPLIT_EPISODES) == 2 and L.sequence_count(SPLIT_MASK) == 3
+
+
+def test_seq_sum_constant_divides_by_episodes():
+    """Dr. GRPO, constant 4: every token 1 / (4 x 2 episodes) = 0.125 (per sample: 1 / (4 x 3))."""
+    assert _close(
+        _token_weights("seq_sum_constant", SPLIT_EPISODES, 4.0),
+        [[0.125, 0.125, 0], [0.125, 0, 0], [0.125] * 3],
+    )
+    assert _close(
+        _token_weights("seq_sum_constant", None, 4.0), [[1 / 12, 1 / 12, 0], [1 / 12, 0, 0], [1 / 12] * 3]
+    )
+
+
+def test_the_issues_example_one_sample_against_three():
+    """An episode of 1 sample and one of 3 (2 tokens each): 0.25 / 0.75 per sample, 0.5 / 0.5 per episode."""
+    mask = torch.ones(4, 2)
+    episodes = torch.tensor([0, 1, 1, 1]).unsqueeze(1).expand(4, 2)
+    for eps, want in ((episodes, (0.5, 0.5)), (None, (0.25, 0.75))):
+        x = torch.zeros(4, 2, requires_grad=True)
+        L.aggregate(x, mask, "seq_mean_token_mean", episodes=eps).backward()
+        assert (float(x.grad[0].sum()), float(x.grad[1:].sum())) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("loss", ["gspo", "gmpo"])
+def test_one_sequence_ratio_per_episode(loss):
+    """Log-ratios A: [0.0, 0.2]; B1: [0.3]; B2: [0.2, -0.1, 0.2]; A_A = +1, A_B = -1; clip wide
+    (GMPO, no clip active, is then GSPO's unclipped form). Per episode: s_A = e^0.1,
+    s_B = e^((0.3 + 0.3) / 4) = e^0.15; seq-mean over 2 episodes, so d/d log pi = -A s / (2 |o|):
+    A's tokens -e^0.1 / 4, B's tokens +e^0.15 / 8. Per sample: B1 s = e^0.3, B2 s = e^0.1, three
+    sequences: B1's token e^0.3 / 3, B2's tokens e^0.1 / 9, A's tokens -e^0.1 / 6."""
+    lr = torch.tensor([[0.0, 0.2, 0.0], [0.3, 0.0, 0.0], [0.2, -0.1, 0.2]])
+    adv = torch.tensor([[1.0, 1.0, 0.0], [-1.0, 0.0, 0.0], [-1.0, -1.0, -1.0]])
+    fn = L.gspo_loss if loss == "gspo" else L.gmpo_loss
+
+    def grads(episodes):
+        x = lr.clone().requires_grad_(True)
+        per, _ = fn(x, torch.zeros(3, 3), adv, SPLIT_MASK, clip_low=0.9, clip_high=9.0, episodes=episodes)
+        L.aggregate(per, SPLIT_MASK, "seq_mean_token_mean", episodes=episodes).backward()
+        return x.grad
+
+    a, b = -math.exp(0.1) / 4, math.exp(0.15) / 8
+    assert _close(grads(SPLIT_EPISODES), [[a, a, 0], [b, 0, 0], [b, b, b]], rel=1e-5)
+    a, b1, b2 = -math.exp(0.1) / 6, math.exp(0.3) / 3, math.exp(0.1) / 9
+    assert _close(grads(None), [[a, a, 0], [b1, 0, 0], [b2, b2, b2]], rel=1e-5)
+
+
+def _split_group(make_traj):
+    """One group of two episodes, rewards 1 and 0 (GRPO: A = +-0.5 / sqrt(1/2) = +-0.7071). The
+    first is split into two samples (the second re-reads the prompt, as a template rewrite)."""
+    split = make_traj([((10, 11), (1, 2, 3), 0.0), ((12, 13, 14), (), 1.0)], group_id=0)
+    split = replace(split, sample_starts=(0, 5), split_reasons=("template",))
+    return [split, make_traj([((20, 21, 22), (), 0.0)], group_id=0)]
+
+
+def test_prepare_batch_marks_split_rows_and_keeps_them_together(make_traj):
+    """Rows [split sample 0, split sample 1, other]: episode_index [0, 0, 1] per row (None under
+    ``split_weight=sample`` and without splits); mini-batches of one row and ranks keep rows 0, 1 together."""
+    from veriloop.algos.batch import minibatches, rank_rows
+    from veriloop.algos.update import loss_normalisers, prepare_batch
+
+    trajs = _split_group(make_traj)
+    batch, _ = prepare_batch(trajs, resolve(AlgoConfig()))
+    assert batch.episode_index is not None and batch.episode_index[:, 0].tolist() == [0, 0, 1]
+    assert loss_normalisers(batch, resolve(AlgoConfig()))["global_seqs"] == 2.0
+    assert prepare_batch(trajs, resolve(AlgoConfig(split_weight="sample")))[0].episode_index is None
+    assert prepare_batch(trajs[1:], resolve(AlgoConfig()))[0].episode_index is None
+    for chunks in (minibatches(batch, 1, by_length=True), minibatches(batch, 1, shuffle=torch.Generator())):
+        assert sorted(c.size for c in chunks) == [1, 2]
+    assert [rank_rows(batch, r, 2).episode_index[:, 0].tolist() for r in (0, 1)] == [[0, 0], [1]]
+
+
+@pytest.mark.parametrize("loss", ["ppo_clip", "gspo"])
+def test_grpo_loss_at_ratio_one_is_zero_when_episodes_weigh_alike(loss, make_traj, tiny_llama):
+    """At ratio 1 the loss is -(sum of sequence weights x A): per episode 1/2 (0.7071 - 0.7071) = 0;
+    per sample the split episode counts twice, -(2 x 0.7071 - 0.7071) / 3 = -0.2357."""
+    from veriloop.algos.update import policy_loss, prepare_batch
+
+    trajs = _split_group(make_traj)
+    got = {}
+    for rule in ("episode", "sample"):
+        algo = resolve(AlgoConfig(policy_loss=loss, split_weight=rule))
+        batch, _ = prepare_batch(trajs, algo, model=tiny_llama, recompute_old_logprobs=True)
+        got[rule] = float(policy_loss(tiny_llama, batch, algo)[0].detach())
+    assert got["episode"] == pytest.approx(0.0, abs=1e-5)
+    assert got["sample"] == pytest.approx(-0.5 / math.sqrt(0.5) / 3, abs=1e-5)
