@@ -347,3 +347,26 @@ def test_grpo_loss_at_ratio_one_is_zero_when_episodes_weigh_alike(loss, make_tra
         got[rule] = float(policy_loss(tiny_llama, batch, algo)[0].detach())
     assert got["episode"] == pytest.approx(0.0, abs=1e-5)
     assert got["sample"] == pytest.approx(-0.5 / math.sqrt(0.5) / 3, abs=1e-5)
+
+
+@pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "gspo"])
+def test_without_splits_both_rules_are_the_same_numbers(preset, make_traj, tiny_llama):
+    """No episode split (the quickstart): the batch carries no episode index and both rules give
+    the loss and every gradient bit for bit (the per-sample rule is the code path from before)."""
+    from veriloop.algos.update import policy_loss, prepare_batch
+    from veriloop.configs.presets import load_preset
+
+    trajs = [
+        make_traj([((10 + i, 11, 12 + i)[: 2 + i % 2], (), float(i % 2))], group_id=i // 2) for i in range(4)
+    ]
+    out = []
+    for rule in ("episode", "sample"):
+        algo = resolve(replace(load_preset(preset), split_weight=rule, kl_coef=0.0))
+        batch, _ = prepare_batch(trajs, algo)
+        assert batch.episode_index is None
+        tiny_llama.zero_grad()
+        loss, _ = policy_loss(tiny_llama, batch, algo, agg_constant=16)
+        loss.backward()
+        out.append((loss.detach(), [p.grad.clone() for p in tiny_llama.parameters()]))
+    assert torch.equal(out[0][0], out[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(out[0][1], out[1][1]))
