@@ -312,10 +312,7 @@ def policy_loss(
     assert ent is not None  # [B, T] like logp
     if mismatch is not None:  # sampler (mu) vs this forward pass, before any update (the caller's choice)
         mismatch.append(_mismatch(batch, logp))
-    segments = batch.turn_index if algo.per_turn_segments else None
-    agg = partial(algo.aggregation, mask=mask, constant=algo.cfg.loss_agg_constant or agg_constant,
-                  total_tokens=total_tokens, total_seqs=total_seqs, segments=segments,
-                  episodes=batch.episode_index)  # fmt: skip
+    segments, agg = _aggregation(batch, algo, agg_constant, total_tokens, total_seqs)
     extras = ObjectiveExtras(batch.is_weights, batch.sampler_logprobs, batch.cov_select, batch.episode_index)
     pg, stats = algo.objective(logp, batch.old_logprobs, batch.advantages, mask, segments, extras)  # [B, T]
     loss_pg, stats = _with_distillation(pg, stats, logp, batch, algo, agg)
@@ -327,6 +324,22 @@ def policy_loss(
     loss_v = _value_loss(batch, algo.cfg, critic, total_tokens) if critic is not None else zero
     loss = loss_pg + loss_kl + loss_ent + loss_v
     return loss, _loss_metrics(loss_pg, loss_kl, loss_ent, loss_v, stats, logp, ent, mask)
+
+
+def _aggregation(
+    batch: TokenBatch,
+    algo: Algorithm,
+    constant: float | None,
+    total_tokens: float | None,
+    total_seqs: float | None,
+) -> tuple[torch.Tensor | None, Callable[[torch.Tensor], torch.Tensor]]:
+    """The sequences (turn segments or None) and ``algo.aggregation`` bound to this batch's mask,
+    constant, normalisers, segments and episodes (the rows split from one episode are one)."""
+    segments = batch.turn_index if algo.per_turn_segments else None
+    agg = partial(algo.aggregation, mask=batch.loss_mask, constant=algo.cfg.loss_agg_constant or constant,
+                  total_tokens=total_tokens, total_seqs=total_seqs, segments=segments,
+                  episodes=batch.episode_index)  # fmt: skip
+    return segments, agg
 
 
 def _with_distillation(

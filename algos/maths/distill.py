@@ -45,15 +45,11 @@ def reverse_kl_distill_loss(
 
     with gradient d loss_t / d log pi_theta = -M_t r_t A_t + 2 tau log r_t: tokens the teacher
     finds likelier than the student are pushed up, the others down. Both sides of A_t are the
-    *trainer's* numbers (the teacher's forward pass and this one, the same kernels and precision:
-    prime-rl's ``ref_kl`` loss), so the sampler-trainer mismatch (about 1e-3 per token in bf16)
-    never enters the advantage, only the weight r_t; at the first update of a batch log pi_theta
-    is the trainer's recomputed log pi_old. ``trust_low`` and ``tau`` are prime-rl's ``opsd`` trust
-    region (0.2 and 1e-3 there): a token whose probability already fell more than 0.2 below mu's
-    keeps only the pull-back. Each token is credited with its own KL term only (no sum over later
-    tokens: a discount of 0, as in Thinking Machines' on-policy distillation). log r_t is clamped to
-    +-``MAX_LOG_RATIO`` in value only (``clamp_log_ratio``). Aggregate the [B, T] map with
-    ``losses.aggregate``; add it to an RL loss with a weight, or use it alone.
+    *trainer's* numbers (the teacher's forward pass and this one: prime-rl's ``ref_kl`` loss), so
+    the sampler-trainer mismatch (about 1e-3 per token in bf16) enters only the weight r_t, never
+    the advantage. ``trust_low`` / ``tau``: prime-rl's ``opsd`` trust region (0.2 / 1e-3 there).
+    Each token is credited with its own KL term only (a discount of 0, as Thinking Machines').
+    log r_t is clamped to +-``MAX_LOG_RATIO`` in value only (``clamp_log_ratio``).
 
     Args:
         logprobs: [B, T] log pi_theta (with grad).
@@ -82,10 +78,14 @@ def reverse_kl_distill_loss(
             dropped = m & (logprobs.exp() - sampler_logprobs.exp() < -trust_low)
     pg = torch.where(dropped, zero, -torch.exp(log_ratio) * adv)
     loss = torch.where(m, pg + tau * log_ratio * log_ratio, zero)
+    return loss, _stats(adv, m, dropped)
+
+
+def _stats(adv: torch.Tensor, m: torch.Tensor, dropped: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Means over the masked tokens: -A (the k1 reverse KL), A > 0, and the trust region's drops."""
     count = m.sum().clamp(min=1)
-    stats = {
+    return {
         "reverse_kl": (-adv).sum().detach() / count,
-        "teacher_better_frac": ((adv > 0) & m).sum().detach().to(logprobs.dtype) / count,
-        "trust_masked_frac": dropped.sum().detach().to(logprobs.dtype) / count,
+        "teacher_better_frac": ((adv > 0) & m).sum().detach().to(adv.dtype) / count,
+        "trust_masked_frac": dropped.sum().detach().to(adv.dtype) / count,
     }
-    return loss, stats

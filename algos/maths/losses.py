@@ -366,9 +366,7 @@ def gspo_loss(
     ``level="token"`` (GSPO-token, eq. 13): s_{i,t} = sg(s_i) rho_t / sg(rho_t), whose value is s_i
     but whose gradient reaches token t only through rho_t, so A_{i,t} may differ per token (turn-
     level credit); with a constant A_i it gives exactly GSPO's gradient under seq-mean aggregation.
-
-    ``episodes`` [B, T]: rows split from one episode are one sequence y_i (one s_i per episode).
-
+    ``episodes`` [B, T]: the rows split from one episode are one sequence y_i (one s_i per episode).
     ``is_weights`` [B, T] (rollout correction, pi_old / mu per token, detached): as verl does, each
     token's term of the token form is multiplied by its own weight, so token t's gradient is
     -A_i s_i w_t / |y_i| grad log pi_t (both levels: the value is unchanged, w_t L_i per token).
@@ -679,6 +677,16 @@ def dppo_divergence(
         return torch.sign(p - q) * kl
 
 
+def _check_dppo(divergence: str, delta_low: float, delta_high: float, tau: float, cap: float | None) -> None:
+    if divergence not in ("tv", "kl"):
+        raise ValueError(f"dppo divergence must be 'tv' or 'kl', got {divergence!r}")
+    if delta_low <= 0 or delta_high <= 0 or tau < 0 or (cap is not None and cap <= 0):
+        raise ValueError(
+            f"dppo needs delta_low, delta_high > 0, tau >= 0 and ratio_cap > 0 or None, got {delta_low}, "
+            f"{delta_high}, {tau}, {cap}"
+        )
+
+
 def dppo_loss(
     logprobs: torch.Tensor,
     sampler_logprobs: torch.Tensor,
@@ -709,17 +717,11 @@ def dppo_loss(
     the small squared log-ratio penalty (prime-rl's default tau = 1e-3, after Kimi K2.5) pulls
     every token back towards mu: d L_t / d log pi_t = -M_t A_t r_t + 2 tau log r_t. The mask is
     detached (a 0/1 choice, no gradient through D_t). Log-ratios are clamped to +-MAX_LOG_RATIO in
-    value, not in gradient (``clamp_log_ratio``): a kept token past the clamp keeps -A e^20 and its
-    pull-back 2 tau (+-20).
-
-    ``ratio_cap`` = c (None = off, as prime-rl): the policy-gradient weight is min(r_t, c),
-    loss_t = -M_t min(r_t, c) A_t + tau (log r_t)^2 with d/d log pi = -M_t A_t min(r_t, c) +
-    2 tau log r_t (the weight detached where r_t > c, as verl's ``dppo_tv`` with its
-    ``clip_ratio_c`` = 20, the paper's section 5.4 truncated importance sampling). A rare token can
-    rise far inside the TV region (mu = 0.001, pi = 0.05: r = 50, D = 0.049) and otherwise carries
-    50 A. The penalty is not capped.
-    The sampler's log-probs must be of the distribution sampled from *and* of the trainer's (no
-    top-p / top-k: the config check refuses them), from either backend.
+    value only (``clamp_log_ratio``): a kept token past it keeps -A e^20 and 2 tau (+-20).
+    ``ratio_cap`` = c (None = off, as prime-rl): the weight is min(r_t, c), detached above c (verl's
+    ``dppo_tv``, c = 20, the paper's section 5.4): d L_t / d log pi_t = -M_t A_t min(r_t, c) + 2 tau
+    log r_t; the penalty is not capped. (A rare token inside the TV region, mu = 0.001, pi = 0.05,
+    has r = 50.) mu must be the distribution sampled from *and* the trainer's (no top-p / top-k).
 
     Args:
         logprobs: [B, T] log pi_theta (with grad); sampler_logprobs: [B, T] log mu (recorded);
@@ -732,13 +734,7 @@ def dppo_loss(
         (shares of masked tokens dropped with A < 0 / A > 0), ``approx_kl`` = mean of r - 1 - log r
         (a k3 estimate of KL(mu || pi_theta): the tokens are drawn from mu).
     """
-    if divergence not in ("tv", "kl"):
-        raise ValueError(f"dppo divergence must be 'tv' or 'kl', got {divergence!r}")
-    if delta_low <= 0 or delta_high <= 0 or tau < 0 or (ratio_cap is not None and ratio_cap <= 0):
-        raise ValueError(
-            f"dppo needs delta_low, delta_high > 0, tau >= 0 and ratio_cap > 0 or None, got {delta_low}, "
-            f"{delta_high}, {tau}, {ratio_cap}"
-        )
+    _check_dppo(divergence, delta_low, delta_high, tau, ratio_cap)
     m, log_ratio, adv = _masked_inputs(logprobs, sampler_logprobs, advantages, mask)
     d = dppo_divergence(logprobs, sampler_logprobs, m, divergence)
     high = m & (adv > 0) & (d > delta_high)
