@@ -370,3 +370,17 @@ def test_without_splits_both_rules_are_the_same_numbers(preset, make_traj, tiny_
         out.append((loss.detach(), [p.grad.clone() for p in tiny_llama.parameters()]))
     assert torch.equal(out[0][0], out[1][0])
     assert all(torch.equal(a, b) for a, b in zip(out[0][1], out[1][1]))
+
+
+def test_geometric_rollout_mask_takes_a_split_episode_whole():
+    """log(pi_old / mu): A [0.0, 0.2], B1 [0.3], B2 [0.2, -0.1, 0.2]; bounds [0.9, 1.2]. Per episode
+    B's geometric mean is e^((0.3 + 0.3) / 4) = e^0.15 = 1.16: kept whole. Per sample B1's is
+    e^0.3 = 1.35 (dropped) and B2's e^0.1 (kept)."""
+    from veriloop.algos.maths.correction import geometric_sequence_mask
+
+    lw = torch.tensor([[0.0, 0.2, 0.0], [0.3, 0.0, 0.0], [0.2, -0.1, 0.2]])
+    kw = dict(low=0.9, high=1.2)
+    whole = geometric_sequence_mask(lw, torch.zeros(3, 3), SPLIT_MASK, episodes=SPLIT_EPISODES, **kw)
+    assert torch.equal(whole, SPLIT_MASK.bool())
+    apart = geometric_sequence_mask(lw, torch.zeros(3, 3), SPLIT_MASK, **kw)
+    assert apart[1, 0].item() is False and bool(apart[2].all()) and bool(apart[0, :2].all())
