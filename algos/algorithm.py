@@ -46,11 +46,14 @@ class ObjectiveExtras:
             as verl; GMPO as the geometric mean of the sequence's weights, as verl.
         sampler_logprobs: the sampler's recorded log mu (DPPO's ratio is pi_theta / mu).
         cov_select: Clip-Cov / KL-Cov tokens chosen once per mini-batch (``Algorithm.selector``).
+        episodes: the episode of each row (``TokenBatch.episode_index``): GSPO / GMPO take the
+            rows split from one episode as one sequence; None = each row its own.
     """
 
     is_weights: torch.Tensor | None = None
     sampler_logprobs: torch.Tensor | None = None
     cov_select: torch.Tensor | None = None
+    episodes: torch.Tensor | None = None
 
 
 def _weighted(fn: Objective) -> Objective:
@@ -80,6 +83,10 @@ def _weights(x: ObjectiveExtras | None) -> torch.Tensor | None:
     return None if x is None else x.is_weights
 
 
+def _episodes(x: ObjectiveExtras | None) -> torch.Tensor | None:
+    return None if x is None else x.episodes
+
+
 # ------------------------------------------------------------------------------ policy objectives
 
 # One builder per ``configs.algo.POLICY_LOSSES`` row: (cfg) -> fn(logp, old, adv, mask, segments,
@@ -94,13 +101,14 @@ def ppo_clip(c: AlgoConfig) -> Objective:
 
 def gspo(c: AlgoConfig) -> Objective:
     return lambda lp, old, adv, m, seg, x=None: L.gspo_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, segments=seg, is_weights=_weights(x))  # fmt: skip
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, segments=seg, is_weights=_weights(x),
+        episodes=_episodes(x))  # fmt: skip
 
 
 def gspo_token(c: AlgoConfig) -> Objective:
     return lambda lp, old, adv, m, seg, x=None: L.gspo_loss(
         lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, level="token", segments=seg,
-        is_weights=_weights(x))  # fmt: skip
+        is_weights=_weights(x), episodes=_episodes(x))  # fmt: skip
 
 
 def cispo(c: AlgoConfig) -> Objective:
@@ -115,7 +123,8 @@ def sapo(c: AlgoConfig) -> Objective:
 
 def gmpo(c: AlgoConfig) -> Objective:
     return lambda lp, old, adv, m, seg, x=None: L.gmpo_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, segments=seg, is_weights=_weights(x))  # fmt: skip
+        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, segments=seg, is_weights=_weights(x),
+        episodes=_episodes(x))  # fmt: skip
 
 
 def clip_cov(c: AlgoConfig) -> Objective:
@@ -132,7 +141,7 @@ def kl_cov(c: AlgoConfig) -> Objective:
 def dppo(c: AlgoConfig) -> Objective:
     return _weighted(lambda lp, old, adv, m, seg, x: L.dppo_loss(
         lp, _sampler(x), adv, m, divergence=c.dppo_divergence, delta_low=c.dppo_low,
-        delta_high=c.dppo_high, tau=c.dppo_tau))  # fmt: skip
+        delta_high=c.dppo_high, tau=c.dppo_tau, ratio_cap=c.dppo_ratio_cap))  # fmt: skip
 
 
 # Token selectors (a row's ``selector``): objectives that act on a share of the batch's tokens,
@@ -382,7 +391,9 @@ def episode_components(trajs: Sequence[Trajectory], rewards: torch.Tensor, level
 
 
 def gdpo(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """GDPO: each reward component normalised in its group, summed, whitened over the batch."""
+    """GDPO: each reward component normalised in its group, summed, whitened over the batch; an
+    environment that gives a single component (and no shaping) gets GRPO with the authors' eps
+    1e-4 (``component_normalized``)."""
     r = A.episode_rewards(x.turn_rewards, x.turn_mask, cfg.reward_level)  # type: ignore[arg-type]
     comp = episode_components(x.trajectories, r, cfg.reward_level)
     per = component_normalized(comp, x.groups, valid=x.valid)
@@ -412,7 +423,8 @@ class Algorithm:
         aggregation: ``losses.aggregate`` with ``mode=cfg.loss_agg``: (per_token, mask=..., constant=...,
             total_tokens=..., total_seqs=...) -> scalar.
         per_turn_segments: GSPO / GMPO / the sequence mask / the sequence modes of ``loss_agg``
-            treat each turn as its own sequence.
+            treat each turn as its own sequence (of its episode: with ``TokenBatch.episode_index``
+            the rows split from one episode are one sequence, ``split_weight="episode"``).
         selector: the row's ``selector`` bound to its settings (Clip-Cov, KL-Cov),
             else None: (advantages, log pi_old, mask) -> [B, T] bool.
         kl_loss_coef: the KL term's weight in the loss (``kl_mode="loss"``), 0 when it is off.

@@ -42,6 +42,10 @@ class TokenBatch:
             mini-batch before it is cut into micro-batches (``update.select_tokens``); else None.
         teacher_logprobs: [B, T] float, an on-policy distillation teacher's log-probs of the
             sampled tokens (``agents.teacher``; 0 off the loss mask), or None.
+        episode_index: [B, T] long, the episode each row comes from (one value per row), set when
+            rows split from one episode train as that one episode (``algo.split_weight="episode"``,
+            ``prepare_batch``): the sequence losses and aggregations group them, and
+            :func:`minibatches` / :func:`rank_rows` keep them together. None = a row is an episode.
         extras: extra model inputs (e.g. ``pixel_values``); tensors whose first dim is B are
             sliced with the batch.
         extra_counts: For an extra stacked per item rather than per row (a multi-turn VLM
@@ -62,6 +66,7 @@ class TokenBatch:
     is_weights: torch.Tensor | None = None
     cov_select: torch.Tensor | None = None
     teacher_logprobs: torch.Tensor | None = None
+    episode_index: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     extra_counts: dict[str, torch.Tensor] = field(default_factory=dict)
 
@@ -74,7 +79,7 @@ class TokenBatch:
             if got != shape:
                 raise ValueError(f"TokenBatch.{f} has shape {got}, expected input_ids' {shape}")
         optional = ("returns", "old_values", "ref_logprobs", "sampler_logprobs", "is_weights", "cov_select",
-                    "teacher_logprobs")  # fmt: skip
+                    "teacher_logprobs", "episode_index")  # fmt: skip
         for f in optional:
             x = getattr(self, f)
             if x is not None and tuple(x.shape) != shape:
@@ -399,6 +404,10 @@ def minibatches(
     the prompt's forward pass (``token_logprobs(shared_prefix=...)``), and each chunk is trimmed
     to its own longest row (see :meth:`TokenBatch.trimmed`). ``max_tokens`` (with ``by_length``)
     also ends a chunk before its rows x longest row would pass it (0 = no cap).
+
+    With ``batch.episode_index`` the rows of one episode stay in one chunk (they are one sequence):
+    the episodes are ordered (shuffled, or by their first row's place in the order above) and a
+    chunk takes whole episodes, so an episode of more samples than ``size`` is a chunk of its own.
     """
     if size < 1:
         raise ValueError(f"mini-batch size must be >= 1, got {size}")
@@ -409,24 +418,47 @@ def minibatches(
         order = torch.tensor(
             sorted(range(batch.size), key=lambda i: (prompts[i], lengths[i])), dtype=torch.long
         )
-    elif shuffle is not None:
-        order = torch.randperm(batch.size, generator=shuffle)
     else:
         order = torch.arange(batch.size)
+    units = _units(batch, order)
+    if shuffle is not None and not by_length:  # a random order of the episodes (rows, without episodes)
+        units = [units[u] for u in torch.randperm(len(units), generator=shuffle).tolist()]
     cap = by_length and max_tokens > 0
     # each row's width once trimmed (right padding: one past its last real token)
     ends = (batch.attention_mask.shape[1] - batch.attention_mask.flip(1).int().argmax(1)).tolist()
     chunk: list[int] = []
     widest = 0  # the chunk's widest row
-    for i in order.tolist():
-        width = max(widest, ends[i])
-        if chunk and (len(chunk) == size or (cap and (len(chunk) + 1) * width > max_tokens)):
+    for unit in units:
+        own = max(ends[i] for i in unit)
+        width = max(widest, own)
+        n = len(chunk) + len(unit)
+        if chunk and (n > size or (cap and n * width > max_tokens)):
             yield _rows(batch, chunk, by_length)
-            chunk, width = [], ends[i]
-        chunk.append(i)
+            chunk, width = [], own
+        chunk.extend(unit)
         widest = width
     if chunk:
         yield _rows(batch, chunk, by_length)
+
+
+def _units(batch: TokenBatch, order: torch.Tensor) -> list[list[int]]:
+    """The rows in ``order``, gathered by episode (``batch.episode_index``): one list per episode,
+    in the order of its first row, its rows in ``order``; without it, one list per row."""
+    if batch.episode_index is None:
+        return [[i] for i in order.tolist()]
+    episode = batch.episode_index[:, 0].tolist()
+    units: dict[int, list[int]] = {}
+    for i in order.tolist():
+        units.setdefault(int(episode[i]), []).append(i)
+    return list(units.values())
+
+
+def rank_rows(batch: TokenBatch, rank: int, world: int) -> TokenBatch:
+    """Data parallelism: rank ``rank``'s rows of ``batch``, every ``world``-th row from ``rank``
+    on, or with ``batch.episode_index`` every ``world``-th episode (its rows stay together)."""
+    units = _units(batch, torch.arange(batch.size))
+    rows = [i for u in units[rank::world] for i in u]
+    return batch.select(torch.tensor(rows, dtype=torch.long))
 
 
 def _rows(batch: TokenBatch, rows: list[int], trim: bool) -> TokenBatch:

@@ -25,7 +25,7 @@ from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.teacher import score_with_teacher
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.algorithm import Algorithm, resolve
-from veriloop.algos.batch import TokenBatch, minibatches, with_teacher
+from veriloop.algos.batch import TokenBatch, minibatches, rank_rows, with_teacher
 from veriloop.algos.critic import ValueModel
 from veriloop.algos.eval.loop import final_sample
 from veriloop.algos.maths.mismatch import NAMES as MISMATCH_NAMES
@@ -190,7 +190,7 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
     for _ in range(cfg.algo.epochs):
         for mb in minibatches(batch, per_mb, shuffle=generator):
             mb = select_tokens(mb, algo)  # Clip-Cov / KL-Cov: chosen over the mini-batch, all ranks alike
-            part = mb.select(torch.arange(dist.rank, mb.size, dist.world_size)) if dist.enabled else mb
+            part = rank_rows(mb, dist.rank, dist.world_size) if dist.enabled else mb  # whole episodes
             sync = NO_SYNC
             if dist.enabled:  # every rank's loss in the whole mini-batch's units: gradients just add up
                 norm = loss_normalisers(mb, algo)

@@ -312,10 +312,8 @@ def policy_loss(
     assert ent is not None  # [B, T] like logp
     if mismatch is not None:  # sampler (mu) vs this forward pass, before any update (the caller's choice)
         mismatch.append(_mismatch(batch, logp))
-    segments = batch.turn_index if algo.per_turn_segments else None
-    agg = partial(algo.aggregation, mask=mask, constant=algo.cfg.loss_agg_constant or agg_constant,
-                  total_tokens=total_tokens, total_seqs=total_seqs, segments=segments)  # fmt: skip
-    extras = ObjectiveExtras(batch.is_weights, batch.sampler_logprobs, batch.cov_select)
+    segments, agg = _aggregation(batch, algo, agg_constant, total_tokens, total_seqs)
+    extras = ObjectiveExtras(batch.is_weights, batch.sampler_logprobs, batch.cov_select, batch.episode_index)
     pg, stats = algo.objective(logp, batch.old_logprobs, batch.advantages, mask, segments, extras)  # [B, T]
     loss_pg, stats = _with_distillation(pg, stats, logp, batch, algo, agg)
     zero = loss_pg.new_zeros(())
@@ -328,12 +326,29 @@ def policy_loss(
     return loss, _loss_metrics(loss_pg, loss_kl, loss_ent, loss_v, stats, logp, ent, mask)
 
 
+def _aggregation(
+    batch: TokenBatch,
+    algo: Algorithm,
+    constant: float | None,
+    total_tokens: float | None,
+    total_seqs: float | None,
+) -> tuple[torch.Tensor | None, Callable[[torch.Tensor], torch.Tensor]]:
+    """The sequences (turn segments or None) and ``algo.aggregation`` bound to this batch's mask,
+    constant, normalisers, segments and episodes (the rows split from one episode are one)."""
+    segments = batch.turn_index if algo.per_turn_segments else None
+    agg = partial(algo.aggregation, mask=batch.loss_mask, constant=algo.cfg.loss_agg_constant or constant,
+                  total_tokens=total_tokens, total_seqs=total_seqs, segments=segments,
+                  episodes=batch.episode_index)  # fmt: skip
+    return segments, agg
+
+
 def _with_distillation(
     pg: torch.Tensor, stats: dict[str, Any], logp: torch.Tensor, batch: TokenBatch, algo: Algorithm, agg: Any
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The aggregated policy term: ``rl_coef`` x the RL objective + ``distill_coef`` x the per-token
-    reverse KL to the teacher (``maths.distill``, on ``batch.teacher_logprobs``); without
-    distillation, the RL objective alone."""
+    reverse KL to the teacher (``maths.distill``, on ``batch.teacher_logprobs``; its advantage is
+    log pi_T - log pi_theta of this forward pass, its weight pi_theta / mu, with the trust region
+    ``distill_trust_low`` / ``distill_tau``); without distillation, the RL objective alone."""
     c = algo.cfg
     if c.distill_coef == 0:
         return agg(pg), stats
@@ -341,7 +356,10 @@ def _with_distillation(
         raise ValueError(
             "algo.distill_coef > 0 needs the teacher's log-probs: attach them with batch.with_teacher"
         )
-    kd, kd_stats = reverse_kl_distill_loss(logp, batch.old_logprobs, batch.teacher_logprobs, batch.loss_mask)
+    # mu: the sampler's record (kept beside a recomputed pi_old), else what old_logprobs hold
+    mu = batch.sampler_logprobs if batch.sampler_logprobs is not None else batch.old_logprobs
+    kd, kd_stats = reverse_kl_distill_loss(logp, mu, batch.teacher_logprobs, batch.loss_mask,
+                                           trust_low=c.distill_trust_low, tau=c.distill_tau)  # fmt: skip
     return c.rl_coef * agg(pg) + c.distill_coef * agg(kd), {**stats, **kd_stats}
 
 
@@ -411,6 +429,7 @@ def _loss_metrics(
     if "reverse_kl" in stats:  # on-policy distillation: the student's KL to the teacher, per token
         metrics["distill/reverse_kl"] = float(stats["reverse_kl"])
         metrics["distill/teacher_better_frac"] = float(stats["teacher_better_frac"])
+        metrics["distill/trust_masked_frac"] = float(stats["trust_masked_frac"])
     return metrics
 
 
@@ -420,11 +439,12 @@ def loss_normalisers(batch: TokenBatch, algo: Algorithm | None = None) -> dict[s
     in the mini-batch's units and the ranks' gradients are simply summed (``grad_sync(1.0)``).
     Weighting each rank by one share instead cannot be right for both the sequence-normalised
     policy loss and the token-normalised value loss at once. With ``algo``'s ``sequence_unit="turn"``
-    a sequence is an (episode, turn) pair."""
+    a sequence is an (episode, turn) pair; with ``batch.episode_index`` the rows of one episode count
+    once (``split_weight="episode"``)."""
     segments = batch.turn_index if algo is not None and algo.per_turn_segments else None
     return {
         "global_tokens": float(batch.loss_mask.sum()),
-        "global_seqs": float(sequence_count(batch.loss_mask, segments)),
+        "global_seqs": float(sequence_count(batch.loss_mask, segments, batch.episode_index)),
     }
 
 
@@ -639,15 +659,20 @@ def _row_advantages(
 ) -> tuple[TokenBatch, Advantages]:  # fmt: skip
     """Advantages computed per episode (on the episode view ``[N, T_ep]``, the samples end to end,
     so per-turn credit follows ``turn_index``) and moved onto the sample rows ``base`` ``[R, T]``,
-    with the critic values and reference log-probs of the rows. A row is kept with its episode."""
+    with the critic values and reference log-probs of the rows. A row is kept with its episode.
+    ``split_weight="episode"`` with a split episode: ``episode_index`` says which rows are one."""
     episodes = rows.episode_view(base, trajectories, pad_id)  # [N, T_ep]
     n, t_ep = episodes.loss_mask.shape
     shape, width = (int(n), int(t_ep)), base.loss_mask.shape[1]
     adv = compute_advantages(trajectories, algo, values=rows.to_episodes(old_v, shape),
                              ref_logprobs=rows.to_episodes(ref, shape), tokens=episodes)  # fmt: skip
     keep = adv.sample_mask[list(rows.episode)]  # [R]
+    episode = None  # [R, T] the episode of each row, when split rows weigh as their one episode
+    if algo.cfg.split_weight == "episode" and not rows.identity:
+        episode = torch.tensor(rows.episode, dtype=torch.long).unsqueeze(1).expand(-1, width).contiguous()
     batch = replace(with_advantages(base, rows.to_rows(adv.advantages, width), keep),
-                    returns=rows.to_rows(adv.returns, width), old_values=old_v, ref_logprobs=ref)  # fmt: skip
+                    returns=rows.to_rows(adv.returns, width), old_values=old_v, ref_logprobs=ref,
+                    episode_index=episode)  # fmt: skip
     return batch, adv
 
 
@@ -682,7 +707,7 @@ def _correct_rollout(
         batch.old_logprobs, sampler_lp * batch.loss_mask, batch.loss_mask, token=c.rollout_is,
         cap=c.rollout_is_cap, low=c.rollout_is_low, high=c.rollout_is_high, seq_mask=c.rollout_seq_mask,
         seq_low=c.rollout_seq_low, seq_high=c.rollout_seq_high,
-        segments=batch.turn_index if c.sequence_unit == "turn" else None,
+        segments=batch.turn_index if c.sequence_unit == "turn" else None, episodes=batch.episode_index,
     )  # fmt: skip
     kept = keep.to(batch.loss_mask.dtype)
     batch = replace(batch, loss_mask=batch.loss_mask * kept, advantages=batch.advantages * kept,

@@ -30,6 +30,8 @@ LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"]
 KLEstimator = Literal["k1", "k2", "k3"]
 KLMode = Literal["loss", "reward"]
 Critic = Literal["none", "value_head", "separate"]
+#: How a split episode's samples weigh: as parts of their episode, or each as its own sequence.
+SplitWeight = Literal["episode", "sample"]
 
 
 # ------------------------------------------------------------------------ the tables of choices
@@ -129,7 +131,8 @@ class AlgoConfig:
             ``group_mean_batch_norm`` = REINFORCE++-baseline (reward minus the group mean, then
             whitened over the batch's tokens); ``gae`` = PPO with a critic; ``gdpo`` = GDPO: each
             reward component (``info["reward_components"]``, plus the trainer's own shaping as
-            one more) normalised within its group, summed, then whitened over the batch;
+            one more) normalised within its group, summed, then whitened over the batch (with
+            one component: GRPO, as the authors' code);
             ``process`` = S2R process-level (per-action rewards, per-action baselines).
         reward_level: How per-turn rewards become the learning signal. ``outcome``: the last
             turn's reward for the whole episode (its ``info["outcome_reward"]`` when the
@@ -220,6 +223,17 @@ class AlgoConfig:
             student's own context.
         distill_teacher_model: The teacher for ``distill_teacher=model`` (a saved policy folder).
         rl_coef: Weight of the RL objective beside the distillation term (0 = distillation only).
+        split_weight: How an episode split into several samples (compaction, a template that
+            rewrites history) weighs in the sequence modes of ``loss_agg`` and in GSPO / GMPO.
+            ``episode`` (default, every paper's per-episode mean): the episode is one sequence, its
+            samples weighted by their share of its tokens, 1/G per episode, one sequence ratio per
+            episode; ``sample``: each sample its own sequence (an episode of k samples weighs k
+            times). An episode of one sample is the same under both.
+        dppo_ratio_cap: Cap c on DPPO's policy-gradient weight, min(pi / mu, c) (verl's 20, the
+            paper's section 5.4); None = no cap (prime-rl).
+        distill_trust_low: The distillation term's trust region (prime-rl's ``opsd``): drop the
+            tokens whose pi_theta - mu < -distill_trust_low (prime-rl: 0.2); None = off.
+        distill_tau: Weight of the distillation term's tau (log pi_theta / mu)^2 (prime-rl: 1e-3).
     """
 
     name: str = "grpo"
@@ -273,6 +287,11 @@ class AlgoConfig:
     distill_teacher: DistillTeacher = "privileged"
     distill_teacher_model: str | None = None
     rl_coef: float = 1.0
+    # split samples, DPPO's ratio cap, the distillation trust region
+    split_weight: SplitWeight = "episode"
+    dppo_ratio_cap: float | None = None
+    distill_trust_low: float | None = None
+    distill_tau: float = 0.0
 
     @property
     def needs_reference(self) -> bool:
@@ -355,6 +374,19 @@ class AlgoConfig:
         if self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
         self._validate_distill()
+        self._validate_split_cap_trust()
+
+    def _validate_split_cap_trust(self) -> None:
+        """The split-sample weighting, DPPO's ratio cap and the distillation trust region."""
+        if self.split_weight not in ("episode", "sample"):
+            raise ValueError(f"split_weight must be 'episode' or 'sample', got {self.split_weight!r}")
+        if self.dppo_ratio_cap is not None and self.dppo_ratio_cap <= 0:
+            raise ValueError(f"dppo_ratio_cap must be > 0 (verl: 20) or null, got {self.dppo_ratio_cap}")
+        if (self.distill_trust_low is not None and self.distill_trust_low <= 0) or self.distill_tau < 0:
+            raise ValueError(
+                "need distill_trust_low > 0 (prime-rl: 0.2) or null and distill_tau >= 0 (prime-rl: 1e-3), "
+                f"got {self.distill_trust_low}, {self.distill_tau}"
+            )
 
     def _validate_distill(self) -> None:
         """The distillation term's weights and teacher; GDPO's reward level."""

@@ -78,6 +78,7 @@ def geometric_sequence_mask(
     low: float,
     high: float,
     segments: torch.Tensor | None = None,
+    episodes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sequence-level geometric mask: drop sequence y_i when
     g_i = exp((1/|y_i|) sum_t log(pi_old / mu)) falls outside [low, high].
@@ -85,13 +86,14 @@ def geometric_sequence_mask(
     g_i is the per-token geometric mean of the sequence's ratio, so it does not explode with
     length the way the product pi_old(y_i)/mu(y_i) does; tight bounds (e.g. [0.999, 1.001]) reject
     sequences the sampler saw through a systematically different model. ``segments`` as in
-    ``losses.sequence_mean`` (None = one sequence per row: the episode's sampled tokens).
+    ``losses.sequence_mean`` (None = one sequence per row: the episode's sampled tokens), and so
+    are ``episodes`` (the rows split from one episode are one sequence).
 
     Returns: keep [B, T] (bool; False on every token of a rejected sequence and off the mask).
     """
     if not 0 <= low <= 1 <= high:
         raise ValueError(f"the geometric mask needs 0 <= low <= 1 <= high, got low={low}, high={high}")
-    g = torch.exp(sequence_mean(_log_w(old_logprobs, sampler_logprobs, mask), mask, segments))
+    g = torch.exp(sequence_mean(_log_w(old_logprobs, sampler_logprobs, mask), mask, segments, episodes))
     return mask.bool() & (g >= low) & (g <= high)
 
 
@@ -108,9 +110,11 @@ def rollout_correction(
     seq_low: float,
     seq_high: float,
     segments: torch.Tensor | None = None,
+    episodes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """The token correction (``none`` / ``truncate`` / ``mask``) and optionally the geometric
-    sequence mask, combined: weights [B, T], keep [B, T] (bool) and stats.
+    sequence mask, combined: weights [B, T], keep [B, T] (bool) and stats. ``segments`` and
+    ``episodes`` [B, T] say what a sequence is, as in ``geometric_sequence_mask``.
 
     Stats (shares of the masked tokens / of the sequences with >= 1 masked token):
     ``rollout_corr/token_frac`` tokens whose weight was capped or that were dropped,
@@ -133,7 +137,13 @@ def rollout_correction(
     seq_rejected = torch.zeros_like(m)
     if seq_mask:
         seq_keep = geometric_sequence_mask(
-            old_logprobs, sampler_logprobs, mask, low=seq_low, high=seq_high, segments=segments
+            old_logprobs,
+            sampler_logprobs,
+            mask,
+            low=seq_low,
+            high=seq_high,
+            segments=segments,
+            episodes=episodes,
         )
         seq_rejected = m & ~seq_keep
         keep &= seq_keep

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from veriloop.algos.maths.losses import MAX_LOG_RATIO
+from veriloop.algos.maths.losses import clamp_log_ratio
 
 
 def _check_same(names: tuple[str, ...], *xs: torch.Tensor) -> None:
@@ -25,48 +25,67 @@ def _check_same(names: tuple[str, ...], *xs: torch.Tensor) -> None:
 
 def reverse_kl_distill_loss(
     logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
     teacher_logprobs: torch.Tensor,
     mask: torch.Tensor,
+    *,
+    trust_low: float | None = None,
+    tau: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token reverse KL to a teacher, on the student's own samples x_t ~ pi_old.
+    """Per-token reverse KL to a teacher, on the student's own samples x_t ~ mu (the sampler).
 
     The objective is KL(pi_theta || pi_T) = E_{x ~ pi_theta}[log pi_theta(x) - log pi_T(x)], summed
-    over the sampled tokens. Its one-sample, per-token estimate at token t is
-    k_t = log pi_old(x_t | x_<t) - log pi_T(x_t | x_<t) (k1; the tokens were drawn from pi_old), and
-    the per-token advantage is its negative, A_t = log pi_T(x_t) - log pi_old(x_t) (detached: the
-    teacher is not trained). The loss is the importance-weighted surrogate
+    over the sampled tokens. Its gradient is E_{x ~ pi_theta}[(log pi_theta - log pi_T)(x) grad log
+    pi_theta(x)]; with the tokens drawn from mu, its one-sample, per-token surrogate is
 
-        loss_t = -(pi_theta(x_t) / pi_old(x_t)) * A_t,
+        A_t    = sg(log pi_T(x_t) - log pi_theta(x_t))     (the advantage; detached)
+        r_t    = pi_theta(x_t) / mu(x_t)                    (importance weight, mu = the sampler)
+        M_t    = 0 if pi_theta(x_t) - mu(x_t) < -``trust_low`` else 1    (``trust_low`` None: 1)
+        loss_t = -M_t r_t A_t + ``tau`` (log r_t)^2,
 
-    whose gradient at theta = theta_old is (log pi_old - log pi_T)(x_t) * grad log pi_theta(x_t):
-    tokens the teacher finds likelier than the student are pushed up, the others down. Each token
-    is credited with its own KL term only (no sum over later tokens: a discount of 0, as in
-    Thinking Machines' on-policy distillation). The ratio's log is clamped to +-``MAX_LOG_RATIO``.
-    Aggregate the [B, T] map with ``losses.aggregate``; add it to an RL loss with a weight, or use
-    it alone.
+    with gradient d loss_t / d log pi_theta = -M_t r_t A_t + 2 tau log r_t: tokens the teacher
+    finds likelier than the student are pushed up, the others down. Both sides of A_t are the
+    *trainer's* numbers (the teacher's forward pass and this one: prime-rl's ``ref_kl`` loss), so
+    the sampler-trainer mismatch (about 1e-3 per token in bf16) enters only the weight r_t, never
+    the advantage. ``trust_low`` / ``tau``: prime-rl's ``opsd`` trust region (0.2 / 1e-3 there).
+    Each token is credited with its own KL term only (a discount of 0, as Thinking Machines').
+    log r_t is clamped to +-``MAX_LOG_RATIO`` in value only (``clamp_log_ratio``).
 
     Args:
         logprobs: [B, T] log pi_theta (with grad).
-        old_logprobs: [B, T] log pi_old, the policy that sampled the tokens.
+        sampler_logprobs: [B, T] log mu, what the tokens were sampled from (the sampler's record;
+            the trainer's own pi_old under top-k / top-p, whose record is of another distribution).
         teacher_logprobs: [B, T] log pi_T of the same tokens given the teacher's context.
         mask: [B, T] 1 on sampled tokens.
+        trust_low: the trust region's bound on pi_theta - mu, or None (off); tau: the penalty weight.
 
     Returns:
         per_token_loss [B, T] (0 where mask == 0, with zero gradient) and detached stats:
-        ``reverse_kl`` (mean over masked tokens of k_t) and ``teacher_better_frac`` (the share of
-        tokens with A_t > 0).
+        ``reverse_kl`` (mean over masked tokens of log pi_theta - log pi_T), ``teacher_better_frac``
+        (the share of tokens with A_t > 0) and ``trust_masked_frac`` (the share with M_t = 0).
     """
-    _check_same(("logprobs", "old_logprobs", "teacher_logprobs", "mask"), logprobs, old_logprobs,
+    _check_same(("logprobs", "sampler_logprobs", "teacher_logprobs", "mask"), logprobs, sampler_logprobs,
                 teacher_logprobs, mask)  # fmt: skip
+    if (trust_low is not None and trust_low <= 0) or tau < 0:
+        raise ValueError(f"need trust_low > 0 or None and tau >= 0, got {trust_low}, {tau}")
     m = mask.bool()
     zero = torch.zeros_like(logprobs)
-    log_ratio = torch.where(m, logprobs - old_logprobs.detach(), zero).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    adv = torch.where(m, (teacher_logprobs - old_logprobs).detach(), zero)
-    loss = torch.where(m, -torch.exp(log_ratio) * adv, zero)
+    log_ratio = clamp_log_ratio(torch.where(m, logprobs - sampler_logprobs.detach(), zero))
+    adv = torch.where(m, (teacher_logprobs - logprobs).detach(), zero)
+    dropped = torch.zeros_like(m)
+    if trust_low is not None:
+        with torch.no_grad():
+            dropped = m & (logprobs.exp() - sampler_logprobs.exp() < -trust_low)
+    pg = torch.where(dropped, zero, -torch.exp(log_ratio) * adv)
+    loss = torch.where(m, pg + tau * log_ratio * log_ratio, zero)
+    return loss, _stats(adv, m, dropped)
+
+
+def _stats(adv: torch.Tensor, m: torch.Tensor, dropped: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Means over the masked tokens: -A (the k1 reverse KL), A > 0, and the trust region's drops."""
     count = m.sum().clamp(min=1)
-    stats = {
+    return {
         "reverse_kl": (-adv).sum().detach() / count,
-        "teacher_better_frac": ((adv > 0) & m).sum().detach().to(logprobs.dtype) / count,
+        "teacher_better_frac": ((adv > 0) & m).sum().detach().to(adv.dtype) / count,
+        "trust_masked_frac": dropped.sum().detach().to(adv.dtype) / count,
     }
-    return loss, stats

@@ -15,9 +15,24 @@ from veriloop.configs.algo import KLEstimator, LossAgg
 
 #: Token log-ratios are clamped to [-MAX_LOG_RATIO, MAX_LOG_RATIO] before exp (verl's 20): a ratio of
 #: e^20 = 4.9e8 already means the token is off-policy, and past a log-ratio of 88 float32's exp is
-#: inf (GSPO's and SAPO's loss, then their gradient, become inf / NaN). Inside the range the clamp is
-#: the identity, value and gradient; outside it the token's log-ratio gets no gradient.
+#: inf (GSPO's and SAPO's loss, then their gradient, become inf / NaN). The clamp acts on the value
+#: only (``clamp_log_ratio``): inside the range it is the identity, value and gradient; outside it
+#: the value is +-MAX_LOG_RATIO and the gradient still 1, so such a token keeps the gradient of a
+#: token at the bound (-A e^20 for PPO's unclipped side, DPPO's 2 tau 20 pull-back) instead of none.
 MAX_LOG_RATIO = 20.0
+
+
+def clamp_log_ratio(log_ratio: torch.Tensor, bound: float = MAX_LOG_RATIO) -> torch.Tensor:
+    """clip(x, -bound, bound) in value, identity in gradient (a straight-through clamp), [B, T].
+
+    x_c = x where |x| <= bound, else sg(clip(x)) + (x - sg(x)): d x_c / d x = 1 everywhere, so the
+    objective's gradient is taken at the clamped ratio (verl clamps the detached weight the same
+    way for DPPO) and a token far off-policy is not silently dropped. Inside the range the output
+    is ``log_ratio`` itself, bit for bit.
+    """
+    inside = log_ratio.abs() <= bound
+    outside = log_ratio.detach().clamp(-bound, bound) + (log_ratio - log_ratio.detach())
+    return torch.where(inside, log_ratio, outside)
 
 
 def _check_same(names: tuple[str, ...], *xs: torch.Tensor) -> None:
@@ -72,8 +87,7 @@ def clipped_pg_loss(
     # Off the mask the log-ratio and advantage are set to 0 *before* exp: a masked-out position
     # with an extreme old log-prob (padding, an environment token) would otherwise give
     # exp(...) = inf and a 0 * inf = NaN gradient through the torch.where below.
-    log_ratio = torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
-    log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    log_ratio = clamp_log_ratio(torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs)))
     ratio = torch.exp(log_ratio)
     adv = torch.where(m, advantages.detach(), torch.zeros_like(advantages))
     surr = -adv * ratio
@@ -167,6 +181,7 @@ def aggregate(
     total_tokens: float | None = None,
     total_seqs: float | None = None,
     segments: torch.Tensor | None = None,
+    episodes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce a [B, T] per-token loss to a scalar (verl-style aggregation).
 
@@ -177,7 +192,11 @@ def aggregate(
 
     A sequence is a row, or with ``segments`` [B, T] (``sequence_unit="turn"``: the turn index) one
     (row, segment) pair: two turns of one episode are two sequences, each weighing 1/B' whatever
-    its length (``sequence_count`` counts them).
+    its length (``sequence_count`` counts them). With ``episodes`` [B, T] (the episode of each
+    token's row: rows split from one episode share it) a sequence is an (episode, segment) pair
+    instead, so the samples of a split episode are one sequence: each token of episode i weighs
+    1 / (B' |o_i|) with |o_i| all its samples' tokens, i.e. a sample weighs its share |o_i^s| / |o_i|
+    of the episode's 1 / B' (``split_weight="episode"``; every row of the episode must be here).
 
     For gradient accumulation, pass the whole batch's ``total_tokens`` (token_mean) or
     ``total_seqs`` (sequence modes) so that the micro-batch losses sum to the full-batch loss.
@@ -188,8 +207,8 @@ def aggregate(
         per_token: [B, T] per-token loss; mask: [B, T] 1 on tokens that count.
     """
     _check_same(("per_token", "mask"), per_token, mask)
-    if segments is not None and mode != "token_mean":
-        return _aggregate_segments(per_token, mask, mode, constant, total_seqs, segments)
+    if (segments is not None or episodes is not None) and mode != "token_mean":
+        return _aggregate_segments(per_token, mask, mode, constant, total_seqs, segments, episodes)
     m = mask.to(per_token.dtype)
     lm = torch.where(mask.bool(), per_token, torch.zeros_like(per_token))
     if mode == "token_mean":
@@ -218,10 +237,11 @@ def _aggregate_segments(
     mode: LossAgg,
     constant: float | None,
     total_seqs: float | None,
-    segments: torch.Tensor,
+    segments: torch.Tensor | None,
+    episodes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``aggregate``'s sequence modes with one sequence per (row, segment)."""
-    ids, n = _seq_ids(mask, segments)
+    """``aggregate``'s sequence modes with one sequence per (row or episode, segment)."""
+    ids, n = _seq_ids(mask, segments, episodes)
     m = mask.to(per_token.dtype)
     lm = torch.where(mask.bool(), per_token, torch.zeros_like(per_token))
     sums = per_token.new_zeros(n).index_add(0, ids.flatten(), lm.flatten())  # [S]
@@ -240,11 +260,14 @@ def _aggregate_segments(
     )
 
 
-def sequence_count(mask: torch.Tensor, segments: torch.Tensor | None = None) -> int:
-    """How many sequences hold >= 1 masked token: rows, or (row, segment) pairs (``aggregate``)."""
-    if segments is None:
+def sequence_count(
+    mask: torch.Tensor, segments: torch.Tensor | None = None, episodes: torch.Tensor | None = None
+) -> int:
+    """How many sequences hold >= 1 masked token: rows, or (row, segment) pairs, or with
+    ``episodes`` (episode, segment) pairs (``aggregate``)."""
+    if segments is None and episodes is None:
         return int((mask.sum(1) > 0).sum())
-    ids, n = _seq_ids(mask, segments)
+    ids, n = _seq_ids(mask, segments, episodes)
     cnt = torch.zeros(n, dtype=torch.float64, device=mask.device).index_add(
         0, ids.flatten(), mask.double().flatten()
     )
@@ -254,31 +277,44 @@ def sequence_count(mask: torch.Tensor, segments: torch.Tensor | None = None) -> 
 # ------------------------------------------------------------------ objectives since DAPO (2025-26)
 # Shared conventions: inputs are [B, T]; ``segments`` [B, T] (long, optional) splits a row into
 # several sequences (``algo.sequence_unit="turn"`` passes the turn index); None = one sequence per
-# row (the episode's sampled tokens, every turn, environment tokens excluded). Sequence-level
+# row (the episode's sampled tokens, every turn, environment tokens excluded); ``episodes`` [B, T]
+# (long, optional: the episode of each token's row) makes the rows split from one episode one
+# sequence (``split_weight="episode"``), so GSPO / GMPO take one ratio per episode. Sequence-level
 # objectives put the sequence's loss L_i on every one of its tokens, so ``seq_mean_token_mean``
 # aggregation with the same ``segments`` gives (1/G) sum_i L_i, the papers' sample mean (the
 # config check refuses a length-weighted aggregation for them).
 
 
-def _seq_ids(mask: torch.Tensor, segments: torch.Tensor | None) -> tuple[torch.Tensor, int]:
-    """[B, T] id of each token's sequence (row, segment), dense 0..S-1, and S."""
+def _seq_ids(
+    mask: torch.Tensor, segments: torch.Tensor | None, episodes: torch.Tensor | None = None
+) -> tuple[torch.Tensor, int]:
+    """[B, T] id of each token's sequence (row, segment), or (episode, segment) with ``episodes``,
+    dense 0..S-1, and S."""
     b, t = mask.shape
     seg = torch.zeros_like(mask, dtype=torch.long) if segments is None else segments.long().clamp(min=0)
     if seg.shape != mask.shape:
         raise ValueError(f"segments {tuple(seg.shape)} must match mask {tuple(mask.shape)}")
-    key = torch.arange(b, device=mask.device).unsqueeze(1) * (int(seg.max()) + 1 if seg.numel() else 1) + seg
+    if episodes is not None and episodes.shape != mask.shape:
+        raise ValueError(f"episodes {tuple(episodes.shape)} must match mask {tuple(mask.shape)}")
+    unit = torch.arange(b, device=mask.device).unsqueeze(1) if episodes is None else episodes.long()
+    key = unit * (int(seg.max()) + 1 if seg.numel() else 1) + seg
     _, inv = torch.unique(key, return_inverse=True)
     return inv.view(b, t), int(inv.max()) + 1 if inv.numel() else 0
 
 
-def sequence_mean(x: torch.Tensor, mask: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
+def sequence_mean(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    segments: torch.Tensor | None = None,
+    episodes: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Mean of ``x`` over the masked tokens of each token's sequence, broadcast back to [B, T].
 
     (1/|y_i|) sum_{t in y_i} x_t for every token of sequence y_i; differentiable; 0 for a sequence
-    with no masked token. ``segments`` as above (None = one sequence per row).
+    with no masked token. ``segments`` and ``episodes`` as above (None = one sequence per row).
     """
     _check_same(("x", "mask"), x, mask)
-    ids, n = _seq_ids(mask, segments)
+    ids, n = _seq_ids(mask, segments, episodes)
     m = mask.to(x.dtype)
     xm = torch.where(mask.bool(), x, torch.zeros_like(x))
     sums = torch.zeros(n, dtype=x.dtype, device=x.device).index_add(0, ids.flatten(), xm.flatten())
@@ -297,12 +333,11 @@ def _base_stats(log_ratio: torch.Tensor, m: torch.Tensor, low: torch.Tensor, hig
 
 
 def _masked_inputs(logprobs, old_logprobs, advantages, mask):  # type: ignore[no-untyped-def]
-    """(bool mask, log-ratio with grad clamped to +-MAX_LOG_RATIO, detached advantages), both 0 off
-    the mask (no inf * 0)."""
+    """(bool mask, log-ratio with grad, its value clamped to +-MAX_LOG_RATIO (``clamp_log_ratio``),
+    detached advantages), both 0 off the mask (no inf * 0)."""
     _check_same(("logprobs", "old_logprobs", "advantages", "mask"), logprobs, old_logprobs, advantages, mask)
     m = mask.bool()
-    log_ratio = torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
-    log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    log_ratio = clamp_log_ratio(torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs)))
     adv = torch.where(m, advantages.detach(), torch.zeros_like(advantages))
     return m, log_ratio, adv
 
@@ -318,6 +353,7 @@ def gspo_loss(
     level: Literal["sequence", "token"] = "sequence",
     segments: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
+    episodes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO, group sequence policy optimisation (Zheng et al. 2025, Qwen; eqs. 5-7 and 10-11).
 
@@ -330,7 +366,7 @@ def gspo_loss(
     ``level="token"`` (GSPO-token, eq. 13): s_{i,t} = sg(s_i) rho_t / sg(rho_t), whose value is s_i
     but whose gradient reaches token t only through rho_t, so A_{i,t} may differ per token (turn-
     level credit); with a constant A_i it gives exactly GSPO's gradient under seq-mean aggregation.
-
+    ``episodes`` [B, T]: the rows split from one episode are one sequence y_i (one s_i per episode).
     ``is_weights`` [B, T] (rollout correction, pi_old / mu per token, detached): as verl does, each
     token's term of the token form is multiplied by its own weight, so token t's gradient is
     -A_i s_i w_t / |y_i| grad log pi_t (both levels: the value is unchanged, w_t L_i per token).
@@ -342,9 +378,9 @@ def gspo_loss(
         ``clipped_pg_loss`` (clip fractions count tokens of clipped sequences).
     """
     m, log_ratio, adv = _masked_inputs(logprobs, old_logprobs, advantages, mask)
-    seq_log = sequence_mean(log_ratio, mask, segments)  # [B, T] log s_i on each token of y_i
+    seq_log = sequence_mean(log_ratio, mask, segments, episodes)  # [B, T] log s_i on each token of y_i
     if level == "sequence":
-        spread = sequence_mean(adv, mask, segments)
+        spread = sequence_mean(adv, mask, segments, episodes)
         if bool(((adv - spread).abs() > 1e-5 * (1 + spread.abs()))[m].any()):
             raise ValueError(
                 "gspo (sequence level) needs one advantage per sequence, but they vary within a "
@@ -447,6 +483,7 @@ def gmpo_loss(
     clip_high: float,
     segments: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
+    episodes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GMPO, geometric-mean policy optimisation (Zhao et al. 2025, eq. 4): clip in log space.
 
@@ -459,6 +496,8 @@ def gmpo_loss(
     clipped surrogate on r with bounds [e^-clip_low, e^clip_high]. The advantage must be one
     number per sequence (as GSPO's sequence level).
 
+    ``episodes`` [B, T]: rows split from one episode are one sequence y_i (one ratio per episode).
+
     ``is_weights`` [B, T] (rollout correction, detached): the sequence's loss is multiplied by the
     geometric mean of its tokens' weights, W_i = exp((1/|y_i|) sum_t log w_t), as verl does, the
     same kind of mean as the objective's ratio (not their arithmetic mean).
@@ -467,16 +506,16 @@ def gmpo_loss(
         per_token_loss [B, T] (L_i on every token of y_i) and stats (token clip fractions).
     """
     m, log_ratio, adv = _masked_inputs(logprobs, old_logprobs, advantages, mask)
-    a_seq = sequence_mean(adv, mask, segments)
+    a_seq = sequence_mean(adv, mask, segments, episodes)
     if bool(((adv - a_seq).abs() > 1e-5 * (1 + a_seq.abs()))[m].any()):
         raise ValueError("gmpo needs one advantage per sequence: use sequence_unit=turn for per-turn credit")
     sgn = torch.sign(a_seq)
     clipped = torch.clamp(log_ratio, -clip_low, clip_high)
     kept = sgn * torch.minimum(sgn * log_ratio, sgn * clipped)  # [B, T] pessimistic log-ratio
-    loss = -a_seq * torch.exp(sequence_mean(kept, mask, segments))
+    loss = -a_seq * torch.exp(sequence_mean(kept, mask, segments, episodes))
     if is_weights is not None:
         log_w = torch.where(m, is_weights.detach().clamp(min=1e-30).log(), torch.zeros_like(loss))
-        loss = loss * torch.exp(sequence_mean(log_w, mask, segments))
+        loss = loss * torch.exp(sequence_mean(log_w, mask, segments, episodes))
     loss = torch.where(m, loss, torch.zeros_like(loss))
     lr = log_ratio.detach()
     stats = _base_stats(lr, m, (a_seq < 0) & (lr < -clip_low), (a_seq > 0) & (lr > clip_high))
@@ -638,6 +677,16 @@ def dppo_divergence(
         return torch.sign(p - q) * kl
 
 
+def _check_dppo(divergence: str, delta_low: float, delta_high: float, tau: float, cap: float | None) -> None:
+    if divergence not in ("tv", "kl"):
+        raise ValueError(f"dppo divergence must be 'tv' or 'kl', got {divergence!r}")
+    if delta_low <= 0 or delta_high <= 0 or tau < 0 or (cap is not None and cap <= 0):
+        raise ValueError(
+            f"dppo needs delta_low, delta_high > 0, tau >= 0 and ratio_cap > 0 or None, got {delta_low}, "
+            f"{delta_high}, {tau}, {cap}"
+        )
+
+
 def dppo_loss(
     logprobs: torch.Tensor,
     sampler_logprobs: torch.Tensor,
@@ -648,6 +697,7 @@ def dppo_loss(
     delta_low: float,
     delta_high: float,
     tau: float,
+    ratio_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """DPPO, divergence proximal policy optimisation (Qi et al. 2026, "Rethinking the trust region
     in LLM reinforcement learning", arXiv 2602.04879; the Binary-TV / Binary-KL variants).
@@ -666,32 +716,34 @@ def dppo_loss(
     its advantage pushes* (as PPO's clip: a token pushed back towards mu keeps its gradient), and
     the small squared log-ratio penalty (prime-rl's default tau = 1e-3, after Kimi K2.5) pulls
     every token back towards mu: d L_t / d log pi_t = -M_t A_t r_t + 2 tau log r_t. The mask is
-    detached (a 0/1 choice, no gradient through D_t). Log-ratios are clamped to +-MAX_LOG_RATIO.
-    The sampler's log-probs must be of the distribution sampled from *and* of the trainer's (no
-    top-p / top-k: the config check refuses them), from either backend.
+    detached (a 0/1 choice, no gradient through D_t). Log-ratios are clamped to +-MAX_LOG_RATIO in
+    value only (``clamp_log_ratio``): a kept token past it keeps -A e^20 and 2 tau (+-20).
+    ``ratio_cap`` = c (None = off, as prime-rl): the weight is min(r_t, c), detached above c (verl's
+    ``dppo_tv``, c = 20, the paper's section 5.4): d L_t / d log pi_t = -M_t A_t min(r_t, c) + 2 tau
+    log r_t; the penalty is not capped. (A rare token inside the TV region, mu = 0.001, pi = 0.05,
+    has r = 50.) mu must be the distribution sampled from *and* the trainer's (no top-p / top-k).
 
     Args:
         logprobs: [B, T] log pi_theta (with grad); sampler_logprobs: [B, T] log mu (recorded);
         advantages: [B, T]; mask: [B, T]; divergence: ``tv`` or ``kl``; delta_low / delta_high:
-        the bounds for A < 0 / A > 0 (prime-rl: TV 0.2 / 0.2); tau: the penalty weight.
+        the bounds for A < 0 / A > 0 (prime-rl: TV 0.2 / 0.2); tau: the penalty weight;
+        ratio_cap: the cap c on the weight (verl 20), or None.
 
     Returns:
         per_token_loss [B, T] (0 off the mask) and stats: ``clip_frac_low`` / ``clip_frac_high``
         (shares of masked tokens dropped with A < 0 / A > 0), ``approx_kl`` = mean of r - 1 - log r
         (a k3 estimate of KL(mu || pi_theta): the tokens are drawn from mu).
     """
-    if divergence not in ("tv", "kl"):
-        raise ValueError(f"dppo divergence must be 'tv' or 'kl', got {divergence!r}")
-    if delta_low <= 0 or delta_high <= 0 or tau < 0:
-        raise ValueError(
-            f"dppo needs delta_low, delta_high > 0 and tau >= 0, got {delta_low}, {delta_high}, {tau}"
-        )
+    _check_dppo(divergence, delta_low, delta_high, tau, ratio_cap)
     m, log_ratio, adv = _masked_inputs(logprobs, sampler_logprobs, advantages, mask)
     d = dppo_divergence(logprobs, sampler_logprobs, m, divergence)
     high = m & (adv > 0) & (d > delta_high)
     low = m & (adv < 0) & (d < -delta_low)
     keep = ~(high | low)
     ratio = torch.exp(log_ratio)
+    if ratio_cap is not None:  # value min(r, c); gradient min(r, c) d log pi (the factor is 1 below c)
+        r = ratio.detach()
+        ratio = ratio * (r.clamp(max=ratio_cap) / r)
     pg = torch.where(keep, -adv * ratio, torch.zeros_like(ratio))
     loss = torch.where(m, pg + tau * log_ratio * log_ratio, torch.zeros_like(ratio))
     return loss, _base_stats(log_ratio.detach(), m, low, high)

@@ -23,25 +23,31 @@ def component_normalized(
     *,
     weights: torch.Tensor | None = None,
     batch_normalize: bool = True,
-    eps: float = 1e-6,
+    eps: float = 1e-4,
     valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """GDPO: per-component group normalisation, a weighted sum, then batch normalisation.
+    """GDPO: per-component group normalisation, a weighted sum, then batch normalisation
+    (Liu et al. 2026, eqs. 4-6).
 
         A_ik     = (R_ik - mean_g(R_k)) / (std_g(R_k) + eps)     for each component k, group g of i
         A_i      = sum_k w_k A_ik
-        A_hat_i  = (A_i - mean_batch(A)) / (std_batch(A) + eps)   (``batch_normalize``)
+        A_hat_i  = (A_i - mean_batch(A)) / (std_batch(A) + eps)   (``batch_normalize``, C >= 2)
 
     std is the Bessel-corrected sample std (as ``group_normalized``); a component constant within
     a group contributes 0 there (its numerator is 0), so it never divides by a near-zero std into
-    a large number. The batch statistics are over the valid episodes. With one component and
-    ``batch_normalize=False`` this is GRPO's ``group_normalized``.
+    a large number. The batch statistics are over the valid episodes.
+
+    With a single component (C = 1) this *is* GRPO, w_1 (R_i - mean_g(R)) / (std_g(R) + eps),
+    with no batch whitening, whatever ``batch_normalize`` says: the authors' code applies GDPO only
+    with more than one reward and falls back to GRPO otherwise (whitening one GRPO advantage over
+    the batch moves it by about 0.5 on a binary reward). eps = 1e-4 is the authors' (both
+    normalisations, and their GRPO fallback); ``group_normalized``'s own default is 1e-6.
 
     Args:
         components: [N, C] reward components of each episode.
         group_ids: [N] group of each episode.
         weights: [C] component weights w_k (default all 1).
-        batch_normalize: Whiten the summed advantage over the batch (GDPO's last step).
+        batch_normalize: Whiten the summed advantage over the batch (GDPO's last step; C >= 2).
         valid: [N] bool, False = verifier failed (advantage 0, out of the statistics).
 
     Returns:
@@ -59,7 +65,7 @@ def component_normalized(
     x = components.double()
     adv = sum(w[k] * group_normalized(x[:, k], group_ids, eps=eps, valid=ok) for k in range(c))
     adv = torch.as_tensor(adv, dtype=torch.float64)
-    if batch_normalize and int(ok.sum()) > 1:
+    if batch_normalize and c > 1 and int(ok.sum()) > 1:  # one component: GRPO, as the authors'
         mean = adv[ok].mean()
         std = adv[ok].std()
         adv = (adv - mean) / (std + eps)

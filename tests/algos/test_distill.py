@@ -29,14 +29,15 @@ def test_reverse_kl_loss_by_hand():
 
 
 def test_ratio_weights_the_advantage_and_teacher_gets_no_gradient():
-    old = torch.log(torch.tensor([[0.5]]))
+    mu = torch.log(torch.tensor([[0.5]]))
     teacher = torch.log(torch.tensor([[0.25]])).requires_grad_(True)
     lp = torch.log(torch.tensor([[0.75]])).requires_grad_(True)  # ratio 1.5
-    loss, _ = reverse_kl_distill_loss(lp, old, teacher, torch.ones(1, 1))
-    assert loss.item() == pytest.approx(-1.5 * (math.log(0.25) - math.log(0.5)))
+    loss, _ = reverse_kl_distill_loss(lp, mu, teacher, torch.ones(1, 1))
+    # A = log pi_T - log pi_theta = log(0.25 / 0.75) = -log 3, weighted by pi_theta / mu = 1.5
+    assert loss.item() == pytest.approx(1.5 * math.log(3))
     loss.sum().backward()
     assert teacher.grad is None or float(teacher.grad.abs().sum()) == 0.0
-    assert lp.grad.item() == pytest.approx(1.5 * math.log(2))
+    assert lp.grad.item() == pytest.approx(1.5 * math.log(3))
 
 
 def test_identical_teacher_gives_zero_loss_and_shapes_are_checked():

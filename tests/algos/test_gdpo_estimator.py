@@ -26,7 +26,8 @@ def test_gdpo_by_hand_through_the_update(make_traj):
     out = compute_advantages(trajs, resolve(load_preset("gdpo")))
     # per component +-sqrt(3)/2, summed [sqrt 3, 0, 0, -sqrt 3], whitened by the batch std sqrt 2
     got = [float(out.advantages[i, 3]) for i in range(4)]
-    assert got == pytest.approx([math.sqrt(1.5), 0.0, 0.0, -math.sqrt(1.5)], abs=1e-4)
+    # (eps 1e-4, the authors', on the format's 0.058 std: +-0.001 in the middle)
+    assert got == pytest.approx([math.sqrt(1.5), 0.0, 0.0, -math.sqrt(1.5)], abs=2e-3)
     # GRPO on the summed reward puts right-without-format far above wrong-with-format
     grpo = compute_advantages(trajs, resolve(AlgoConfig(advantage="group_norm")))
     assert float(grpo.advantages[1, 3] - grpo.advantages[2, 3]) > 1.5
