@@ -144,7 +144,9 @@ def base_weight(layer: Any) -> torch.Tensor:
     """The frozen tensor a peft LoRA layer adapts: its base ``nn.Linear``'s ``weight``, or for a
     wrapped parameter (peft's ``ParamWrapper``, e.g. a mixture-of-experts block's stacked expert
     weights [E, d_out, d_in]) the parameter it names."""
-    return cast(torch.Tensor, getattr(layer.get_base_layer(), getattr(layer, "parameter_name", None) or "weight"))
+    return cast(
+        torch.Tensor, getattr(layer.get_base_layer(), getattr(layer, "parameter_name", None) or "weight")
+    )
 
 
 def lora_delta(layer: Any) -> torch.Tensor | None:

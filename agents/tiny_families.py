@@ -50,19 +50,42 @@ TINY_FAMILIES: dict[str, Callable[[Any], Any]] = {
     "llama": _build("LlamaConfig", "LlamaForCausalLM"),
     "qwen2": _build("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": _build("Qwen3Config", "Qwen3ForCausalLM"),
-    "qwen3_moe": _build("Qwen3MoeConfig", "Qwen3MoeForCausalLM", moe_intermediate_size=32, num_experts=4,
-                        num_experts_per_tok=2),  # fmt: skip
-    "qwen3_5": _build("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", layer_types=["linear_attention", "full_attention"],
-                      linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                      linear_value_head_dim=16),  # fmt: skip
-    "gemma3": _build("Gemma3TextConfig", "Gemma3ForCausalLM", sliding_window=TINY_WINDOW,
-                     layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=16,
-                     final_logit_softcapping=30.0, attn_logit_softcapping=None),  # fmt: skip
+    "qwen3_moe": _build(
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+    ),  # fmt: skip
+    "qwen3_5": _build(
+        "Qwen3_5TextConfig",
+        "Qwen3_5ForCausalLM",
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+    ),  # fmt: skip
+    "gemma3": _build(
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        sliding_window=TINY_WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+        query_pre_attn_scalar=16,
+        final_logit_softcapping=30.0,
+        attn_logit_softcapping=None,
+    ),  # fmt: skip
     "mistral": _build("MistralConfig", "MistralForCausalLM", sliding_window=TINY_WINDOW),
     "phi3": _build("Phi3Config", "Phi3ForCausalLM"),
     "olmo2": _build("Olmo2Config", "Olmo2ForCausalLM"),
-    "granite": _build("GraniteConfig", "GraniteForCausalLM", embedding_multiplier=12.0, residual_multiplier=0.22,
-                      attention_multiplier=0.0625, logits_scaling=4.0),  # fmt: skip
+    "granite": _build(
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        attention_multiplier=0.0625,
+        logits_scaling=4.0,
+    ),  # fmt: skip
     "smollm3": _build("SmolLM3Config", "SmolLM3ForCausalLM", no_rope_layers=[1, 0], no_rope_layer_interval=2),
 }
 

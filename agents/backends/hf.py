@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicLayer
@@ -213,7 +213,9 @@ class HFBackend:
         # a recurrent layer's state is not a slice of per-token keys/values: fresh prefill per turn
         self.recurrent = is_recurrent(policy.model)
         if self.recurrent and reuse_kv and not policy.is_vision:
-            say_once(policy.model, "the HF engine", "prefills each turn from the whole context (no cache reuse)")
+            say_once(
+                policy.model, "the HF engine", "prefills each turn from the whole context (no cache reuse)"
+            )
         self.reuse_kv = reuse_kv and not policy.is_vision and not self.recurrent
         self.max_batch_size = max_batch_size
         self.compact_fraction = compact_fraction
