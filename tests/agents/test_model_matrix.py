@@ -111,3 +111,21 @@ def test_family(name: str, mode: str, precision: str, tmp_path: Path) -> None:
     if out := os.environ.get("VERILOOP_MODEL_MATRIX"):
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / f"{name}-{mode}-{precision}.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+def test_docs_table_is_generated_from_the_matrix_results() -> None:
+    """docs/models.md holds exactly the rendering of docs/results/model_matrix.json, and those
+    results cover every combination this matrix runs (a new family needs a regenerated table)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("model_table", root / "benchmarks" / "model_table.py")
+    table = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(table)  # type: ignore[union-attr]
+    results = json.loads(table.RESULTS.read_text())
+    combos = {(r["family"], r["mode"], r["precision"]) for r in results}
+    assert combos == {(f, m, p) for f in TINY_FAMILIES for m in ("full", "lora") for p in ("fp32", "bf16")}
+    for r in results:  # the saved measurements are within the bounds the test asserts
+        assert r["logprob_gap"] <= BOUND[r["precision"]] and r["rollout_gap"] <= ROLLOUT_BOUND[r["precision"]]
+        assert r["grad_cosine"] >= MIN_COSINE[r["precision"]]
+    assert table.page_block(results) in table.PAGE.read_text()
