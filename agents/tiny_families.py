@@ -35,18 +35,18 @@ def _common(tokenizer: Any) -> dict[str, Any]:
     )  # fmt: skip
 
 
-def _build(config_name: str, model_name: str, **extra: Any) -> Callable[[Any], Any]:
-    def build(tokenizer: Any) -> Any:
+def _build(config_name: str, model_name: str, **extra: Any) -> Callable[..., Any]:
+    def build(tokenizer: Any, **overrides: Any) -> Any:
         import transformers
 
-        config = getattr(transformers, config_name)(**{**_common(tokenizer), **extra})
+        config = getattr(transformers, config_name)(**{**_common(tokenizer), **extra, **overrides})
         return getattr(transformers, model_name)(config)
 
     return build
 
 
 #: family -> builder(tokenizer) of a tiny random causal LM; keys are what the tests and docs name.
-TINY_FAMILIES: dict[str, Callable[[Any], Any]] = {
+TINY_FAMILIES: dict[str, Callable[..., Any]] = {
     "llama": _build("LlamaConfig", "LlamaForCausalLM"),
     "qwen2": _build("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": _build("Qwen3Config", "Qwen3ForCausalLM"),
@@ -90,9 +90,15 @@ TINY_FAMILIES: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def tiny_family_policy(family: str, *, lora: bool = False, seed: int = 0) -> Policy:
+#: Families tests/agents/test_vllm_families.py runs on vLLM's CPU build (``make test-vllm``), with
+#: head_dim 64; Qwen3.5 cannot be loaded by vLLM 0.32.
+VLLM_FAMILIES = ("gemma3", "qwen3")
+
+
+def tiny_family_policy(family: str, *, lora: bool = False, seed: int = 0, **overrides: Any) -> Policy:
     """A tiny random ``family`` policy (fp32, CPU), LoRA (r 8, all linear layers, ``B`` drawn from
-    N(0, 0.1) so the adapter changes the outputs) or full fine-tuning."""
+    N(0, 0.1) so the adapter changes the outputs) or full fine-tuning. ``overrides`` change the
+    config (e.g. ``head_dim=64``, the smallest vLLM's CPU attention takes)."""
     from veriloop.agents.testing import TINY_LORA, tiny_tokenizer
 
     if family not in TINY_FAMILIES:
@@ -100,7 +106,7 @@ def tiny_family_policy(family: str, *, lora: bool = False, seed: int = 0) -> Pol
     tokenizer = tiny_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = TINY_FAMILIES[family](tokenizer).eval()
+        model = TINY_FAMILIES[family](tokenizer, **overrides).eval()
         policy = build_policy(model, tokenizer, lora=TINY_LORA if lora else None, name=f"tiny-{family}")
         for name, param in policy.model.named_parameters():
             if "lora_B" in name:
@@ -108,10 +114,10 @@ def tiny_family_policy(family: str, *, lora: bool = False, seed: int = 0) -> Pol
     return policy
 
 
-def tiny_family_base(family: str, seed: int = 0) -> Any:
+def tiny_family_base(family: str, seed: int = 0, **overrides: Any) -> Any:
     """The base model :func:`tiny_family_policy` wraps (same seed, same weights), without an adapter."""
     from veriloop.agents.testing import tiny_tokenizer
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return TINY_FAMILIES[family](tiny_tokenizer()).eval()
+        return TINY_FAMILIES[family](tiny_tokenizer(), **overrides).eval()

@@ -49,6 +49,14 @@ PATHS = {
 }
 
 
+def _vllm(fam: str) -> str:
+    from veriloop.agents.tiny_families import VLLM_FAMILIES
+
+    if fam in VLLM_FAMILIES:
+        return "✓ LoRA + full, fp32 (`make test-vllm`)"
+    return "cannot load (vLLM 0.32)" if fam == "qwen3_5" else "not tested"
+
+
 def _cell(r: dict[str, Any] | None) -> str:
     if r is None:
         return "not run"
@@ -71,7 +79,7 @@ def render(results: list[dict[str, Any]]) -> str:
         cells = [_cell(by.get((fam, m, p))) for m in ("full", "lora") for p in ("fp32", "bf16")]
         targets = ", ".join(lora.get("lora_targets", []))
         lines.append(f"| {fam} (`{cls}`) | {what} | {engine} | {PATHS[path]} | {targets} | "
-                     f"{' | '.join(cells)} | not in the matrix |")  # fmt: skip
+                     f"{' | '.join(cells)} | {_vllm(fam)} |")  # fmt: skip
     return "\n".join(lines)
 
 
