@@ -10,6 +10,7 @@ architecture they were never run on, either could compute different numbers than
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import torch
@@ -90,7 +91,7 @@ def engine_gap(policy: Any, turns: int = 2, tokens: int = 5) -> tuple[float, dic
     backend = HFBackend(policy)
     sampling = SamplingParams(max_new_tokens=tokens, temperature=1.0)
     gen = torch.Generator().manual_seed(0)
-    contexts = {k: tok.encode(CHECK_PROMPT) for k in range(3)}
+    contexts: dict[Hashable, list[int]] = {k: tok.encode(CHECK_PROMPT) for k in range(3)}
     worst = 0.0
     for turn in range(turns):
         reqs = [
