@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from veriloop.agents.architecture import is_recurrent, say_once
 from veriloop.agents.packed_attention import KWARG as PACKED_KWARG
 from veriloop.agents.packed_attention import PackedRows, row_mask
 from veriloop.agents.packed_attention import install as install_packed_attention
@@ -196,7 +197,12 @@ def first_loss_position(loss_mask: torch.Tensor) -> int:
 def _text_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int, prefix: int,
                  packed_only: bool) -> torch.Tensor:  # fmt: skip
     """A text model's logits of the last ``keep`` positions, with the rows' common ``prefix`` run
-    once (packed with the rows, or through the KV cache unless ``packed_only``) when it is > 0."""
+    once (packed with the rows, or through the KV cache unless ``packed_only``) when it is > 0.
+    A model with recurrent layers runs every row as its own sequence (its state is not per-token
+    keys/values that a mask or a shared cache could split: :mod:`veriloop.agents.architecture`)."""
+    if prefix > 0 and is_recurrent(model):
+        say_once(model, "the trainer", "runs each row whole (no packing or sharing of the group's prompt)")
+        prefix = 0
     packed = prefix > 0 and _can_pack(model, input_ids, prefix)
     if packed or (prefix > 0 and not packed_only):
         share = _packed_prefix_logits if packed else _shared_prefix_logits

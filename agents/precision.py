@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 import zlib
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 
@@ -140,6 +140,15 @@ def merge_delta(weight: torch.Tensor, delta: torch.Tensor, *, key: str) -> torch
     return total.to(torch.bfloat16)  # exact: the low 16 bits are 0
 
 
+def base_weight(layer: Any) -> torch.Tensor:
+    """The frozen tensor a peft LoRA layer adapts: its base ``nn.Linear``'s ``weight``, or for a
+    wrapped parameter (peft's ``ParamWrapper``, e.g. a mixture-of-experts block's stacked expert
+    weights [E, d_out, d_in]) the parameter it names."""
+    return cast(
+        torch.Tensor, getattr(layer.get_base_layer(), getattr(layer, "parameter_name", None) or "weight")
+    )
+
+
 def lora_delta(layer: Any) -> torch.Tensor | None:
     """The sum of a peft LoRA layer's active adapters' ``scale * B A`` (in the adapters' dtype),
     or None when it has none active."""
@@ -155,7 +164,7 @@ def fold_bf16_lora(peft_model: Any) -> None:
     for name, layer in causal_lm(peft_model).named_modules():
         if not hasattr(layer, "lora_A") or layer.merged or getattr(layer, "disable_adapters", False):
             continue
-        weight = layer.get_base_layer().weight
+        weight = base_weight(layer)
         if weight.dtype != torch.bfloat16 or (delta := lora_delta(layer)) is None:
             continue
         weight.copy_(merge_delta(weight, delta, key=f"{name}.weight"))

@@ -17,6 +17,9 @@ rectangular prefill per turn. Position ids are ``column - left_pad`` so RoPE see
 from position 0. Rows that finish (end-of-turn token, stop string, budget) are dropped from the
 batch once ``compact_fraction`` of the rows are done, so stragglers decode in a smaller batch.
 
+A model with recurrent layers (Qwen3.5's linear attention; :mod:`veriloop.agents.architecture`)
+is served without cross-turn reuse either, and with the model's own cache, which holds their states.
+
 Vision policies (``policy.processor`` set) are served without cross-turn reuse: each turn the
 whole context, with every image so far (``GenRequest.model_inputs``), is re-encoded.
 
@@ -30,15 +33,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from veriloop.agents.architecture import is_recurrent, say_once
 from veriloop.agents.backends.base import GenRequest, GenResult, eos_token_ids, hit_stop
 from veriloop.agents.forward import CACHE_ARG
 from veriloop.agents.policy import Policy
-from veriloop.agents.precision import causal_lm, lora_delta, merge_delta
+from veriloop.agents.precision import base_weight, causal_lm, lora_delta, merge_delta
 from veriloop.agents.sampling_params import SamplingParams, sample_next
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [H, L, D]
@@ -163,7 +167,7 @@ def merged_lora(model: torch.nn.Module) -> Iterator[None]:
     if merge is None or not layers or any(m.merged or getattr(m, "disable_adapters", False) for m in layers):
         yield
         return
-    bases = [cast(Any, m).get_base_layer().weight for m in layers]
+    bases = [base_weight(m) for m in layers]
     with torch.no_grad():
         saved = [w.detach().clone() for w in bases]
         merge()
@@ -206,7 +210,13 @@ class HFBackend:
         self.pad_id = (
             policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else min(self.eos)
         )
-        self.reuse_kv = reuse_kv and not policy.is_vision
+        # a recurrent layer's state is not a slice of per-token keys/values: fresh prefill per turn
+        self.recurrent = is_recurrent(policy.model)
+        if self.recurrent and reuse_kv and not policy.is_vision:
+            say_once(
+                policy.model, "the HF engine", "prefills each turn from the whole context (no cache reuse)"
+            )
+        self.reuse_kv = reuse_kv and not policy.is_vision and not self.recurrent
         self.max_batch_size = max_batch_size
         self.compact_fraction = compact_fraction
         self.share_prefill = share_prefill
@@ -273,7 +283,7 @@ class HFBackend:
                 )
                 done += [active[b] for b in finished]
                 index = torch.tensor(keep)
-                cache.batch_select_indices(index)
+                self._select_rows(cache, index)
                 tokens, mask, next_pos = tokens[index], mask[index], next_pos[index]
                 active = [active[b] for b in keep]
             mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
@@ -320,7 +330,7 @@ class HFBackend:
             slot_of = {b: j for j, b in enumerate(fed)}  # request -> its row in the prefill batch
             expand = torch.tensor([slot_of[b] for b in inverse])
             logits = logits[expand.to(logits.device)]
-            cache.batch_select_indices(expand.to(device))
+            self._select_rows(cache, expand.to(device))
             self.stats["shared_prefill_rows"] += len(reqs) - len(fed)
         return rows, logits, cache, mask, pos
 
@@ -358,6 +368,14 @@ class HFBackend:
 
     # ---- caches ------------------------------------------------------------------------------
 
+    def _select_rows(self, cache: Any, index: torch.Tensor) -> None:
+        """Keep (or repeat) the cache's rows ``index``; a recurrent layer's states go along (its
+        ``reorder_cache``: transformers gives those layers no ``batch_select_indices``)."""
+        if self.recurrent:
+            cache.reorder_cache(index)
+        else:
+            cache.batch_select_indices(index)
+
     def _batched_cache(self, keys: Sequence[Hashable], rows: Sequence[_Row], past: int, width: int) -> Any:
         """The turn's cache: the first ``past`` columns of every row (zeros on left padding), in
         buffers with room for the ``width`` fed columns and every row's token budget."""
@@ -365,6 +383,8 @@ class HFBackend:
 
         capacity = past + width + max(r.budget for r in rows)
         config = self.model.config.get_text_config()
+        if self.recurrent:  # the model's own layers: recurrent states beside keys/values (past is 0)
+            return DynamicCache(config=config)
         cache = DynamicCache()
         if past == 0:
             cache.layers = [SpareLayer(capacity) for _ in range(config.num_hidden_layers)]  # type: ignore[misc]
