@@ -86,7 +86,9 @@ def _open_lock_file(path: Path) -> int:
     opened = os.fstat(fd)
     if not stat.S_ISREG(opened.st_mode) or opened.st_nlink != 1:
         os.close(fd)
-        _refuse(path, _kind(opened.st_mode) if not stat.S_ISREG(opened.st_mode) else "a hard link to another file")
+        _refuse(
+            path, _kind(opened.st_mode) if not stat.S_ISREG(opened.st_mode) else "a hard link to another file"
+        )
     return fd
 
 

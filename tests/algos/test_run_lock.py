@@ -100,7 +100,9 @@ def test_overwrite_keeps_the_lock_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", ["symlink", "dangling-symlink", "hard-link", "folder", "fifo"])
-def test_a_lock_that_is_not_a_regular_file_is_refused_and_its_target_untouched(tmp_path: Path, kind: str) -> None:
+def test_a_lock_that_is_not_a_regular_file_is_refused_and_its_target_untouched(
+    tmp_path: Path, kind: str
+) -> None:
     """``.lock`` is truncated and written while held: one pointing elsewhere (a symlink or hard
     link to a file the trainer may write, as root: any file) must not be followed."""
     run, victim = tmp_path / "run", tmp_path / "victim.txt"
