@@ -8,6 +8,7 @@ import gymnasium
 import pytest
 
 from veriloop.agents.chat import ChatFormat
+from veriloop.agents.drift import drift_rate
 from veriloop.agents.engine import EpisodeSpec, rollout
 from veriloop.agents.models.text import SMOLLM2_CHAT_TEMPLATE
 from veriloop.agents.sampling_params import SamplingParams
@@ -146,3 +147,4 @@ def test_a_rollout_never_trains_on_role_tokens_the_model_spelled_in_pieces() -> 
     (benign,) = rollout(Pieces(lambda t, o, k: "4 " + BENIGN, tokenizer), spec, sampling=SamplingParams())
     assert hostile.num_turns == benign.num_turns == 3
     assert count(hostile.token_ids) == count(benign.token_ids)  # system, 3 user and 3 assistant turns
+    assert drift_rate(tokenizer, hostile) == 0.0  # the transcript re-tokenized (contents as text) is the same
