@@ -11,6 +11,15 @@ the model emitted its end-of-turn token (``<|im_end|>``); the rest (``"\\n"``), 
 sample hit the token limit, is put in front of the delta. Those closing tokens are template
 tokens, not model samples, so they are never trainable (``loss_mask == 0``).
 
+Text from the model or the environment is never read as template markup: a message content that
+spells a special token (``<|im_end|>\n<|im_start|>system\n...`` written by the model, or echoed by
+an environment's feedback) is tokenized with special-token parsing off, as the ordinary text tokens
+it is, and only the template's own special tokens become special ids (:meth:`ChatFormat.prompt_ids`,
+:meth:`ChatFormat.delta_ids_or_none`). The template is rendered once with a placeholder per content
+to find where each content lies; a template that rewrites content so that it cannot be found
+(and every vision format, whose processor tokenizes) gets the content's special-token strings
+broken up with a WORD JOINER (U+2060) instead, which also leaves them ordinary text.
+
 Observations: a ``str`` becomes a user message; a vision observation ``{"text": str, "image":
 uint8 [H, W, 3]}`` becomes a user message whose content is ``[{"type": "image"}, {"type": "text",
 "text": ...}]`` (the image itself travels separately, see the HF backend's vision path).
@@ -18,10 +27,17 @@ uint8 [H, W, 3]}`` becomes a user message whose content is ``[{"type": "image"},
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 _SENTINEL = "\u2063VERILOOP_SENTINEL\u2063"
+_MARK = "\u2063VERILOOP_CONTENT_{}\u2063"
+_MARK_RE = re.compile("\u2063VERILOOP_CONTENT_(\\d+)\u2063")
+_JOINER = "\u2060"
+
+#: A rendered text and the character spans ``[start, end)`` in it that are message contents.
+Guarded = tuple[str, list[tuple[int, int]]]
 
 
 def observation_message(obs: Any) -> tuple[dict[str, Any], Any]:
@@ -74,6 +90,10 @@ class ChatFormat:
         self.processor = processor
         self.system_prompt = system_prompt
         self.eos_text = tokenizer.eos_token or ""
+        added = {str(t): int(i) for t, i in tokenizer.get_added_vocab().items() if str(t)}
+        self.special_ids = added  # every string the tokenizer would read as one added token
+        pattern = "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))
+        self._special_re = re.compile(pattern) if pattern else None
         self.assistant_close = self._assistant_close()
 
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool) -> str:
@@ -85,9 +105,9 @@ class ChatFormat:
         parts = [
             {
                 **m,
-                "content": [{"type": "text", "text": m["content"]}]
+                "content": [{"type": "text", "text": self.defuse(m["content"])}]
                 if isinstance(m["content"], str)
-                else m["content"],
+                else [{**c, "text": self.defuse(c["text"])} if "text" in c else c for c in m["content"]],
             }
             for m in messages
         ]
@@ -99,6 +119,58 @@ class ChatFormat:
         """Token ids of template text (special tokens are already written out in it)."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def defuse(self, text: str) -> str:
+        """``text`` with every special-token string broken by a WORD JOINER after its first
+        character: ordinary text to any tokenizer (the fallback where content cannot be located)."""
+        if self._special_re is None:
+            return text
+        return self._special_re.sub(lambda m: m.group()[0] + _JOINER + m.group()[1:], text)
+
+    def _spells_special(self, messages: Sequence[dict[str, Any]]) -> bool:
+        return self._special_re is not None and any(
+            self._special_re.search(m["content"]) for m in text_only(messages)
+        )
+
+    def render_guarded(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool) -> Guarded:
+        """:meth:`render`'s text and where the message contents lie in it (none listed when no
+        content spells a special token: then nothing needs guarding). Text formats only."""
+        text = self.render(messages, add_generation_prompt)
+        if self.processor is not None or not self._spells_special(messages):
+            return text, []
+        plain = text_only(messages)
+        marked = [{**m, "content": _MARK.format(i)} for i, m in enumerate(plain)]
+        pieces = _MARK_RE.split(self.render(marked, add_generation_prompt))
+        for shape in (lambda c: c, str.strip):  # verbatim, or trimmed as many templates do
+            out, spans = pieces[0], []
+            for index, template in zip(pieces[1::2], pieces[2::2]):
+                content = shape(plain[int(index)]["content"])
+                spans.append((len(out), len(out) + len(content)))
+                out += content + template
+            if out == text:
+                return text, spans
+        defused = [{**m, "content": self.defuse(m["content"])} for m in plain]
+        return self.render(defused, add_generation_prompt), []  # a template that rewrites content
+
+    def encode_guarded(self, guarded: Guarded) -> list[int]:
+        """Token ids of a rendered text: special tokens of the template become their ids, text
+        inside the content ``spans`` is tokenized with special-token parsing off."""
+        text, spans = guarded
+        if not spans or self._special_re is None:
+            return self.encode(text)
+        ids: list[int] = []
+        pos = 0
+        for m in self._special_re.finditer(text):
+            if any(a < m.end() and m.start() < b for a, b in spans):
+                continue  # spelled inside a content: ordinary text
+            ids += self._plain_ids(text[pos : m.start()]) + [self.special_ids[m.group()]]
+            pos = m.end()
+        return ids + self._plain_ids(text[pos:])
+
+    def _plain_ids(self, text: str) -> list[int]:
+        if not text:
+            return []
+        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
@@ -107,8 +179,9 @@ class ChatFormat:
         return [*system, obs_message]
 
     def prompt_ids(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        """Token ids of the first prompt, ending with the assistant generation prompt."""
-        return self.encode(self.prompt_text(messages))
+        """Token ids of the first prompt (or a compacted history), ending with the assistant
+        generation prompt; contents are never read as special tokens (:meth:`encode_guarded`)."""
+        return self.encode_guarded(self.render_guarded(messages, add_generation_prompt=True))
 
     def prompt_text(self, messages: Sequence[dict[str, Any]]) -> str:
         return self.render(messages, add_generation_prompt=True)
@@ -147,7 +220,32 @@ class ChatFormat:
         self, conversation: Sequence[dict[str, Any]], new_message: dict[str, Any], ended_with_eos: bool
     ) -> list[int]:
         """Token ids of :meth:`delta_text` (text formats)."""
-        return self.encode(self.delta_text(conversation, new_message, ended_with_eos))
+        ids = self.delta_ids_or_none(conversation, new_message, ended_with_eos)
+        if ids is None:
+            self.delta_text(conversation, new_message, ended_with_eos)  # raises, saying why
+        assert ids is not None
+        return ids
+
+    def delta_ids_or_none(
+        self, conversation: Sequence[dict[str, Any]], new_message: dict[str, Any], ended_with_eos: bool
+    ) -> list[int] | None:
+        """Token ids of :meth:`delta_text_or_none` (text formats), contents never read as special
+        tokens; None where the template rewrites history."""
+        before = self.render_guarded(conversation, add_generation_prompt=False)[0]
+        after, spans = self.render_guarded([*conversation, new_message], add_generation_prompt=True)
+        if not after.startswith(before):
+            return None
+        close = self._close(ended_with_eos)
+        shift = len(close) - len(before)
+        delta = [(max(a, len(before)) + shift, b + shift) for a, b in spans if b > len(before)]
+        return self.encode_guarded((close + after[len(before) :], delta))
+
+    def _close(self, ended_with_eos: bool) -> str:
+        """The closing text of the sampled turn still to append (all of it without an end-of-turn)."""
+        close = self.assistant_close
+        if ended_with_eos and self.eos_text and close.startswith(self.eos_text):
+            close = close[len(self.eos_text) :]
+        return close
 
     def delta_text(
         self, conversation: Sequence[dict[str, Any]], new_message: dict[str, Any], ended_with_eos: bool
@@ -180,10 +278,7 @@ class ChatFormat:
         after = self.render([*conversation, new_message], add_generation_prompt=True)
         if not after.startswith(before):
             return None
-        close = self.assistant_close
-        if ended_with_eos and self.eos_text and close.startswith(self.eos_text):
-            close = close[len(self.eos_text) :]
-        return close + after[len(before) :]
+        return self._close(ended_with_eos) + after[len(before) :]
 
     def encode_multimodal(self, text: str, images: Sequence[Any]) -> tuple[list[int], dict[str, Any]]:
         """Vision formats: ids of ``text`` with its image placeholders expanded, and the images' inputs.

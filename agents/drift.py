@@ -35,11 +35,12 @@ def retokenized_ids(tokenizer: Any, trajectory: Trajectory, system_prompt: str |
     template's ``"\\n"`` after the final ``<|im_end|>``, which a rollout never appends).
     """
     fmt = ChatFormat(tokenizer, system_prompt)
-    text = fmt.render(trajectory.messages, add_generation_prompt=False)
+    text, spans = fmt.render_guarded(trajectory.messages, add_generation_prompt=False)  # contents as text
     kept_text = fmt.decode(trajectory.token_ids)
     if text.startswith(kept_text):
         text = text[: len(kept_text)]
-    return fmt.encode(text)
+        spans = [(a, min(b, len(text))) for a, b in spans if a < len(text)]
+    return fmt.encode_guarded((text, spans))
 
 
 def drift_rate(tokenizer: Any, trajectory: Trajectory) -> float:

@@ -193,19 +193,29 @@ class _Episode:
             return self.stop("max_turns")
         self._append_observation(obs, turn, res, limits)
 
+    def _delta(
+        self, message: dict[str, Any], image: Any, ended: bool
+    ) -> tuple[list[int], dict[str, Any]] | None:
+        """The reply's delta ids (and vision inputs), contents never read as special tokens; None
+        where the template rewrites history."""
+        if self.fmt.processor is None:
+            ids = self.fmt.delta_ids_or_none(self.context, message, ended)
+            return None if ids is None else (ids, {})
+        text = self.fmt.delta_text_or_none(self.context, message, ended)
+        if text is None:
+            return None
+        return self.fmt.encode_multimodal(text, [image] if image is not None else [])
+
     def _append_observation(self, obs: Any, turn: int, res: GenResult, limits: RolloutLimits) -> None:
         """Append the environment's reply as a delta of the current sample; start a new sample
         where the template rewrites history, or (with a compactor) where fewer than
         ``self.reserve`` tokens (a full turn) would be left."""
         message, image = observation_message(obs)
         ended = bool(res.token_ids) and res.token_ids[-1] == self.fmt.tokenizer.eos_token_id
-        text = self.fmt.delta_text_or_none(self.context, message, ended)
-        if text is None:  # the template rewrote an earlier turn
+        found = self._delta(message, image, ended)
+        if found is None:  # the template rewrote an earlier turn
             return self._new_sample([*self.context, message], obs, turn, limits, "template")
-        if self.fmt.processor is not None:
-            ids, inputs = self.fmt.encode_multimodal(text, [image] if image is not None else [])
-        else:
-            ids, inputs = self.fmt.encode(text), {}
+        ids, inputs = found
         if self.compact is not None and self.context_len + len(ids) + self.reserve > limits.max_context:
             return self._new_sample(self.compact([*self.context, message]), obs, turn, limits, "compaction")
         if self.context_len + len(ids) >= limits.max_context:

@@ -273,31 +273,70 @@ def _expected(entry: Any) -> tuple[int, str | None]:
     return int(entry), None
 
 
+#: Files every checkpoint holds (besides its model): a manifest that lists none of them is refused.
+REQUIRED = ("rng.pt", "trainer_state.json")
+
+
 def is_complete(folder: Path) -> bool:
     """True when ``folder`` holds a readable manifest whose every file exists with its size
     (cheap: no file is read; :func:`verify_checkpoint` checks the contents)."""
+    return incomplete_reason(folder) is None
+
+
+def incomplete_reason(folder: Path) -> str | None:
+    """Why ``folder`` is not a complete checkpoint, in a few words (None when it is): the marker
+    is missing or unreadable, its manifest lists nothing (or not the model, ``rng.pt`` and
+    ``trainer_state.json``), or a listed file is missing or has another size. Reads no file but
+    the marker."""
     try:
-        manifest = json.loads((folder / MARKER).read_text())
-        files = manifest["files"]
-        return all((folder / rel).stat().st_size == _expected(e)[0] for rel, e in files.items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
+        manifest = json.loads((folder / MARKER).read_bytes())
+    except FileNotFoundError:
+        return f"its {MARKER} marker is missing"
+    except (OSError, ValueError) as e:
+        return f"its {MARKER} manifest cannot be read ({type(e).__name__}: {str(e)[:120]})"
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not isinstance(manifest.get("step"), int):
+        return f"its {MARKER} manifest is not one veriloop writes (no step, or no files table)"
+    listed = set(files)
+    if not any(rel.startswith("model/") for rel in listed) or not listed.issuperset(REQUIRED):
+        return f"its {MARKER} manifest does not list the model, {' and '.join(REQUIRED)}"
+    for rel, entry in files.items():
+        try:
+            size = _expected(entry)[0]
+            if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                return f"its {MARKER} manifest names {rel[:100]!r}, outside the checkpoint"
+            actual = (folder / rel).stat().st_size
+        except FileNotFoundError:
+            return f"{rel} is missing"
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return f"{rel[:100]} cannot be checked ({type(e).__name__})"
+        if actual != size:
+            return f"{rel} is truncated or changed ({actual} bytes, the manifest says {size})"
+    return None
 
 
 def verify_checkpoint(folder: str | Path) -> None:
     """Raise :class:`CheckpointError` unless every file of ``folder``'s manifest exists with its
     recorded size and SHA-256 (a checkpoint written before checksums is checked by size only)."""
     folder = Path(folder)
-    if not is_complete(folder):
-        raise CheckpointError(
-            f"{folder} is not a complete checkpoint (missing or inconsistent {MARKER} manifest); "
-            "use latest_checkpoint(run_dir) to find the newest complete one"
-        )
+    reason = incomplete_reason(folder)
+    if reason is not None:
+        raise CheckpointError(f"{folder} is not a complete checkpoint: {reason}")
     files = json.loads((folder / MARKER).read_text())["files"]
     for rel, entry in files.items():
         digest = _expected(entry)[1]
         if digest is not None and sha256_file(folder / rel) != digest:
             raise CheckpointError(f"{folder}: {rel} is damaged (its SHA-256 differs from the one saved)")
+
+
+def step_folders(run_dir: str | Path) -> list[Path]:
+    """Every ``step-*`` folder of a run, complete or not, oldest step first (resume tries each
+    and reports why one cannot be used)."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
 
 
 def complete_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -307,10 +346,7 @@ def complete_checkpoints(run_dir: str | Path) -> list[Path]:
 
 def _complete_checkpoints(root: Path) -> list[Path]:
     """Complete ``step-*`` folders under ``root``, oldest step first."""
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
-    return [p for _, p in sorted(found) if is_complete(p)]
+    return [p for p in step_folders(root.parent) if is_complete(p)]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -402,8 +438,8 @@ def resume_latest(
     Returns:
         ``(folder, loaded)`` of the checkpoint resumed from, or None when the run has none.
     """
-    found = latest_checkpoint(run_dir)  # also removes the leftovers of killed saves
-    candidates = complete_checkpoints(run_dir) if found is not None else []
+    latest_checkpoint(run_dir)  # removes the leftovers of killed saves
+    candidates = step_folders(run_dir)  # an incomplete one is reported too, not skipped in silence
     failures: list[str] = []
     for folder in reversed(candidates):
         try:
@@ -438,6 +474,7 @@ __all__ = [
     "capture_rng",
     "check_finite",
     "complete_checkpoints",
+    "incomplete_reason",
     "is_complete",
     "latest_checkpoint",
     "load_checkpoint",
@@ -445,5 +482,6 @@ __all__ = [
     "resume_latest",
     "save_checkpoint",
     "sha256_file",
+    "step_folders",
     "verify_checkpoint",
 ]

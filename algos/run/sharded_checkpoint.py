@@ -37,9 +37,10 @@ from veriloop.algos.run.checkpoint import (
     CHECKPOINTS,
     CheckpointError,
     NonFiniteParametersError,
-    complete_checkpoints,
+    latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
+    step_folders,
     verify_checkpoint,
 )
 from veriloop.algos.run.distributed import DistContext
@@ -125,17 +126,20 @@ def save_sharded(
 
 
 def newest_sharded(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of ``run_dir`` whose checksums verify (a damaged one is
-    reported on stderr and the previous one tried). Raises :class:`CheckpointError` when that
-    checkpoint was written without sharding (``train.parallel: data``)."""
-    for folder in reversed(complete_checkpoints(run_dir)):
+    """The newest checkpoint of ``run_dir`` that is complete and whose checksums verify (one that
+    is not is reported on stderr in one line and the previous one tried); None when the run has
+    no checkpoint. Raises :class:`CheckpointError` when every checkpoint fails, or when the one
+    found was written without sharding (``train.parallel: data``)."""
+    latest_checkpoint(run_dir)  # removes the leftovers of killed saves
+    candidates = step_folders(run_dir)
+    failures: list[str] = []
+    for folder in reversed(candidates):
         try:
             verify_checkpoint(folder)
         except CheckpointError as e:
-            print(
-                f"veriloop: checkpoint {folder} cannot be resumed ({e}); trying the previous one",
-                file=sys.stderr,
-            )
+            older = "trying the previous checkpoint" if folder != candidates[0] else "no older checkpoint"
+            print(f"veriloop: checkpoint {folder} cannot be resumed ({e}); {older}", file=sys.stderr)
+            failures.append(f"{folder.name}: {str(e)[:300]}")
             continue
         if not (folder / "model" / SHARDS).is_dir():
             raise CheckpointError(
@@ -143,6 +147,10 @@ def newest_sharded(run_dir: str | Path) -> Path | None:
                 "train.parallel=data, or start a new run.name"
             )
         return folder
+    if failures:
+        raise CheckpointError(
+            f"no checkpoint of {run_dir} could be resumed ({'; '.join(failures)}); start again with --overwrite"
+        )
     return None
 
 
@@ -153,18 +161,69 @@ def load_sharded(
 
     Returns ``(folder, loaded)``, ``loaded`` as :func:`checkpoint.load_checkpoint` gives it (the
     scheduler, trainer state; the RNG states are restored), or None when the run has none.
+
+    Raises:
+        CheckpointError: the checkpoint verifies but does not fit ``modules`` (it was written
+            with another model or config); one line saying so, on every rank.
+    """
+    chosen = dist.broadcast_object(_pick(run_dir) if dist.is_main else None)
+    if chosen[0] == "error":  # every rank stops with rank 0's one line (none waits for the others)
+        raise CheckpointError(chosen[1])
+    if not chosen[1]:
+        return None
+    folder = Path(chosen[1])
+    loaded = load_checkpoint(folder)  # every rank: checksums, scheduler, trainer state, RNG states
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    try:
+        _load_shards(folder / "model" / SHARDS, modules, optimizer)
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as e:  # DCP and load_state_dict say "does not fit" in many ways
+        raise CheckpointError(
+            f"checkpoint {folder} is intact (its checksums verify) but does not fit this model "
+            f"({_first_failure(e)}); resume with the config it was saved with (RUN/config.yaml), or "
+            "start again with --overwrite"
+        ) from None
+    return folder, loaded
+
+
+def _first_failure(e: BaseException) -> str:
+    """``Type: message`` of the error, in one line; of the first rank's for DCP's collected ones."""
+    failures = getattr(e, "failures", None)  # CheckpointException: rank -> (exception, traceback)
+    if isinstance(failures, dict) and failures:
+        first = failures[min(failures)]
+        e = first[0] if isinstance(first, tuple) and isinstance(first[0], BaseException) else e
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+
+def _pick(run_dir: str | Path) -> tuple[str, str]:
+    """Rank 0's choice, to broadcast: ``("ok", folder or "")`` or ``("error", message)``."""
+    try:
+        return "ok", str(newest_sharded(run_dir) or "")
+    except CheckpointError as e:
+        return "error", str(e)
+
+
+def _load_shards(shards: Path, modules: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Read this rank's rows of the trained weights and AdamW's state from ``shards`` (collective).
+
+    The checkpoint holds the trained weights only (a LoRA base model is frozen, left out on save),
+    so the model is loaded non-strictly and then checked: every trainable weight must have been
+    in the checkpoint, and nothing in it may be unknown to the model.
     """
     from torch.distributed import checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-    chosen = dist.broadcast_object(str(newest_sharded(run_dir) or "") if dist.is_main else None)
-    if not chosen:
-        return None
-    folder = Path(chosen)
-    loaded = load_checkpoint(folder)  # every rank: checksums, scheduler, trainer state, RNG states
     model_state, optim_state = get_state_dict(modules, optimizer, options=_options())
-    dcp.load({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(folder / "model" / SHARDS))
-    set_state_dict(
-        modules, optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=_options()
-    )
-    return folder, loaded
+    dcp.load({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(shards))
+    keys = set_state_dict(modules, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
+                          options=StateDictOptions(ignore_frozen_params=True, strict=False))  # fmt: skip
+    trainable = {n for n, p in modules.named_parameters() if p.requires_grad}
+    lost = sorted(trainable.intersection(keys.missing_keys))
+    if lost or keys.unexpected_keys:
+        raise CheckpointError(
+            f"the checkpoint in {shards.parent.parent} does not fit this model (missing trained weights "
+            f"{lost[:3]}, unexpected {sorted(keys.unexpected_keys)[:3]}); resume with the config it was "
+            "saved with (RUN/config.yaml), or start again with --overwrite"
+        )

@@ -92,6 +92,61 @@ def test_every_checkpoint_damaged_is_one_clear_error(tmp_path: Path) -> None:
         resume_latest(tmp_path, lambda c: None, warn=lambda m: None)
 
 
+def _empty_manifest(folder: Path) -> None:
+    (folder / MARKER).write_text(json.dumps({"step": 2, "files": {}}))
+
+
+def _truncate(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+#: Damage short of a flipped byte, and the words the one-line report gives for it.
+DAMAGE = {
+    "empty-manifest": (_empty_manifest, "does not list the model, rng.pt and trainer_state.json"),
+    "unreadable-manifest": (lambda f: (f / MARKER).write_bytes(b"\x00{not json"), "manifest cannot be read"),
+    "truncated-file": (lambda f: _truncate(f / "optimizer.pt"), "optimizer.pt is truncated or changed"),
+    "missing-marker": (lambda f: (f / MARKER).unlink(), "COMPLETE marker is missing"),
+    "missing-file": (lambda f: (f / "rng.pt").unlink(), "rng.pt is missing"),
+    "manifest-outside": (
+        lambda f: (f / MARKER).write_text(
+            json.dumps({"step": 2, "files": {"model/../../../x": 1, "rng.pt": 1, "trainer_state.json": 1}})
+        ),
+        "outside the checkpoint",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_every_damage_is_reported_in_one_line_and_the_previous_checkpoint_used(
+    tmp_path: Path, damage: str
+) -> None:
+    """A newest checkpoint damaged in any way (not only a flipped byte) is named with the reason in
+    one line before resume falls back; none is skipped in silence or accepted unverified."""
+    _save(tmp_path, 1, 0.25)
+    newest = _save(tmp_path, 2, 0.75)
+    harm, words = DAMAGE[damage]
+    harm(newest)
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        verify_checkpoint(newest)
+    messages: list[str] = []
+    applied: list[float] = []
+    found = resume_latest(
+        tmp_path, lambda c: applied.append(float(c["model_state"]["weight"][0, 0])), warn=messages.append
+    )
+    assert found is not None and found[0].name == "step-000001" and applied == [0.25]
+    assert len(messages) == 1 and "\n" not in messages[0], messages
+    assert "step-000002 cannot be resumed" in messages[0] and words in messages[0], messages[0]
+    assert "trying the previous checkpoint" in messages[0]
+
+
+def test_a_run_whose_only_checkpoints_lack_markers_is_an_error_not_a_fresh_start(tmp_path: Path) -> None:
+    for step in (1, 2):
+        (_save(tmp_path, step, 0.5) / MARKER).unlink()
+    with pytest.raises(CheckpointError, match=r"no checkpoint of .* could be resumed.*marker is missing"):
+        resume_latest(tmp_path, lambda c: None, warn=lambda m: None)
+
+
 def test_no_checkpoint_is_none(tmp_path: Path) -> None:
     assert resume_latest(tmp_path, lambda c: None, warn=lambda m: None) is None
 

@@ -3,7 +3,9 @@
 * one update sharded over two ranks gives the single-process weights (full fine-tuning, LoRA,
   and PPO's value head), and each rank holds about half of the parameters + AdamW state;
 * a sharded run killed after a checkpoint resumes (torch.distributed.checkpoint) to the weights
-  of an uninterrupted run, and its final model is the ordinary ``save_policy`` folder.
+  of an uninterrupted run, full fine-tuning and LoRA (whose frozen base is not checkpointed), and
+  its final model is the ordinary ``save_policy`` folder;
+* a checkpoint that verifies but does not fit the model is one line on every rank, exit 2.
 """
 
 from __future__ import annotations
@@ -175,41 +177,81 @@ def test_sharded_update_matches_single_process_and_halves_memory(tmp_path: Path,
     assert sum(halves) == pytest.approx(1.0, abs=0.01)  # and together they hold it once
 
 
-def _final_weights(run: Path) -> dict[str, torch.Tensor]:
+#: A resume whose model does not fit the checkpoint (LoRA rank 4, the checkpoint's is 8): through the CLI.
+MISFIT = r"""
+import sys
+import veriloop.agents.testing as testing
+from veriloop.agents.loading import LoraSettings
+from veriloop.cli.main import run
+
+testing.TINY_LORA = LoraSettings(r=4, alpha=16, dropout=0.0)
+sys.exit(run(["train", sys.argv[1], "--resume"]))
+"""
+
+
+def _final_weights(run: Path, kind: str) -> dict[str, torch.Tensor]:
+    """The saved final model's weights (a LoRA run's: its adapter's, read from the file)."""
+    from safetensors.torch import load_file
+
     from veriloop.agents.loading import load_policy
 
+    assert json.loads((run / "final" / "veriloop.json").read_text())["kind"] == kind
+    if kind == "lora-adapter":  # its base is the tiny random model, which is not a loadable folder
+        return load_file(run / "final" / "adapter_model.safetensors")
     policy = load_policy(str(run / "final"))
-    assert json.loads((run / "final" / "veriloop.json").read_text())["kind"] == "full"
     return {n: p.detach() for n, p in policy.model.named_parameters()}
 
 
-def test_killed_sharded_run_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
-    cfg = [*TINY, "policy.lora=false", "train.parallel=fsdp", "train.steps=3", "run.checkpoint_every=1",
-           "run.keep_last=3", "eval.every=0", "eval.at_start=false", "eval.num_problems=1", "eval.n_samples=1",
-           "eval.k_list=[1]", "run.tensorboard=false", f"run.out_dir={tmp_path}"]  # fmt: skip
+def _kill_after_first_checkpoint(procs: list[subprocess.Popen[bytes]], ckpts: Path) -> None:
+    deadline = time.time() + 240
+    while not (ckpts / "step-000001" / "COMPLETE").exists():
+        assert time.time() < deadline and all(p.poll() is None for p in procs), "no first checkpoint"
+        time.sleep(0.05)
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+
+
+def _misfit_resume_says_so_in_one_line(run: Path) -> None:
+    """A checkpoint that verifies but does not fit the model: every rank exits 2 with one line
+    saying so (no traceback, no fresh start), and the checkpoint is left as it was."""
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+    procs = _two_ranks(MISFIT, [str(run / "config.yaml")])
+    for p in procs:
+        _, err = p.communicate(timeout=240)
+        lines = [line for line in err.decode().splitlines() if line.strip()]
+        assert p.returncode == 2, err.decode()[-3000:]
+        assert len(lines) == 1 and "does not fit this model" in lines[0], lines
+        assert "checksums verify" in lines[0] and "Traceback" not in err.decode(), lines
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_killed_sharded_run_resumes_to_the_uninterrupted_weights(tmp_path: Path, lora: bool) -> None:
+    cfg = [*TINY, f"policy.lora={str(lora).lower()}", "train.parallel=fsdp", "train.steps=3",
+           "run.checkpoint_every=1", "run.keep_last=3", "eval.every=0", "eval.at_start=false",
+           "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]", "run.tensorboard=false",
+           f"run.out_dir={tmp_path}"]  # fmt: skip
     straight = _two_ranks(TRAIN, ["fresh", *cfg, "run.name=straight"])
     # the other run: killed once its first checkpoint is committed (each commit waits 3 s first,
     # so step 2's cannot be committed yet); then resumed from that checkpoint
     killed = _two_ranks(TRAIN, ["fresh", *cfg, "run.name=killed"], {"VERILOOP_TEST_SAVE_DELAY": "3"})
     ckpts = tmp_path / "killed" / "checkpoints"
-    deadline = time.time() + 240
-    while not (ckpts / "step-000001" / "COMPLETE").exists():
-        assert time.time() < deadline and all(p.poll() is None for p in killed), "no first checkpoint"
-        time.sleep(0.05)
-    for p in killed:
-        p.send_signal(signal.SIGKILL)
-        p.wait()
+    _kill_after_first_checkpoint(killed, ckpts)
     committed = sorted(p.name for p in ckpts.glob("step-*"))
     assert committed == ["step-000001"] and not (tmp_path / "killed" / "final").exists()
     assert (ckpts / "step-000001" / "model" / "shards" / ".metadata").is_file()
     assert len(list((ckpts / "step-000001" / "model" / "shards").glob("*.distcp"))) == 2  # one file per rank
+    if lora:
+        _misfit_resume_says_so_in_one_line(tmp_path / "killed")
     _wait(_two_ranks(TRAIN, ["resume", *cfg, "run.name=killed"]))
     _wait(straight)
-    a, b = _final_weights(tmp_path / "straight"), _final_weights(tmp_path / "killed")
+    kind = "lora-adapter" if lora else "full"
+    a, b = _final_weights(tmp_path / "straight", kind), _final_weights(tmp_path / "killed", kind)
     assert a.keys() == b.keys()
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
-    _report("fsdp-resume", {"max_abs_weight_diff": diff, "steps": 3, "resumed_from_step": 1})
-    assert diff <= 1e-6, diff  # same data, same order, same sums: the same weights
+    _report(f"fsdp-resume-{kind}", {"max_abs_weight_diff": diff, "steps": 3, "resumed_from_step": 1})
+    assert diff == 0.0, diff  # same data, same order, same sums: bit for bit the same weights
 
 
 def test_decoder_blocks_are_the_layers_of_the_tiny_model() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_cli_hardening import TINY  # the one tiny-run override list of the hardening tests
-from veriloop.algos.run.lock import LOCK_FILE, RunBusyError, acquire, release, run_lock
+from veriloop.algos.run.lock import LOCK_FILE, RunBusyError, RunLockFileError, acquire, release, run_lock
 from veriloop.algos.run.setup import claim_run_dir
 from veriloop.algos.train import train
 from veriloop.configs.loader import load_config
@@ -97,3 +97,38 @@ def test_overwrite_keeps_the_lock_file(tmp_path: Path) -> None:
         inode = (run / LOCK_FILE).stat().st_ino
         claim_run_dir(run, cfg, resume=False, overwrite=True)
         assert (run / LOCK_FILE).stat().st_ino == inode and not (run / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("kind", ["symlink", "dangling-symlink", "hard-link", "folder", "fifo"])
+def test_a_lock_that_is_not_a_regular_file_is_refused_and_its_target_untouched(
+    tmp_path: Path, kind: str
+) -> None:
+    """``.lock`` is truncated and written while held: one pointing elsewhere (a symlink or hard
+    link to a file the trainer may write, as root: any file) must not be followed."""
+    run, victim = tmp_path / "run", tmp_path / "victim.txt"
+    run.mkdir()
+    victim.write_text("precious\n")
+    lock = run / LOCK_FILE
+    if kind == "symlink":
+        lock.symlink_to(victim)
+    elif kind == "dangling-symlink":
+        lock.symlink_to(tmp_path / "created-by-the-lock")
+    elif kind == "hard-link":
+        os.link(victim, lock)
+    elif kind == "folder":
+        lock.mkdir()
+    else:
+        os.mkfifo(lock)
+    with pytest.raises(RunLockFileError, match=r"\.lock is .*not the run's lock file; nothing was changed"):
+        acquire(run)
+    assert victim.read_text() == "precious\n" and not (tmp_path / "created-by-the-lock").exists()
+
+
+def test_a_lock_folder_is_one_line_exit_2_from_the_cli(tmp_path: Path) -> None:
+    (tmp_path / "r" / LOCK_FILE).mkdir(parents=True)
+    exe = Path(sys.executable).with_name("veriloop")
+    args = [str(exe), "train", "quickstart", *TINY, f"run.out_dir={tmp_path}", "run.name=r", "--resume"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+    assert "is a folder, not the run's lock file" in lines[0] and "Remove it" in lines[0]
