@@ -66,7 +66,10 @@ def _eval_family_calls() -> set[tuple[str, str, str]]:
     root = Path(rg.__file__).parent
     found = set()
     for path in sorted(root.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        if not any(f"{name}(" in text for name in _EVAL_FAMILY):  # no such call: skip the parse
+            continue
+        tree = ast.parse(text)
         for function in ast.walk(tree):
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
