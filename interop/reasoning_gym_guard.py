@@ -22,9 +22,13 @@ fails when a new one appears that is neither covered here nor audited as trusted
 
 1. uses a separator the item's gold answer does not: the word ``or``, ``|``, ``;``, a second
    non-empty line, or a comma (a thousands separator such as ``1,000`` is not one); or
-2. contains the gold as a separate piece next to other letters, digits or pictographs (``350 0``,
-   ``x, 350``),
-   except in the math datasets, where an expression such as ``G + 7`` may be a right answer.
+2. holds two numbers where the gold is one number (``350.0 -4``; ``1,000`` and ``2.5e-3`` are one);
+3. puts two words or numbers side by side (``350.0 0``) where the gold has none; or
+4. contains the gold as a separate piece next to other letters, digits or pictographs (``350 0``,
+   ``x, 350``).
+
+Rules 2 to 4 do not apply to the math datasets, where an expression such as ``G + 7`` may be a
+right answer (and the grammar already refuses ``or``, ``;`` and ``|``).
 
 Without a gold (datasets whose scorer checks any valid answer) only ``or``, ``|`` and ``;`` count.
 A flagged answer is scored 0 (reason ``"hedged"``): never above a single wrong answer.
@@ -139,6 +143,11 @@ def _contains_gold_and_more(answer: str, gold: str) -> bool:
     return False
 
 
+_JUXTAPOSED = re.compile(r"[^\W_]\s+[^\W_]")  # two words or numbers side by side: "350.0 0"
+_NUMBER = re.compile(r"[0-9]+(?:,[0-9]{3})*(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
+_ONE_NUMBER = re.compile(rf"\s*[-+]?{_NUMBER.pattern}\s*")
+
+
 def is_hedge(dataset: str, answer: str, gold: Any) -> bool:
     """True when ``answer`` offers several candidates for an item whose gold is ``gold`` (module
     docstring); ``gold`` is the item's reasoning-gym answer (``None`` where the dataset has none)."""
@@ -147,4 +156,8 @@ def is_hedge(dataset: str, answer: str, gold: Any) -> bool:
         return True
     if gold_text is None or dataset in MATH_DATASETS:
         return False
+    if _ONE_NUMBER.fullmatch(gold_text) and len(_NUMBER.findall(answer)) > 1:
+        return True
+    if _JUXTAPOSED.search(answer) and not _JUXTAPOSED.search(gold_text):
+        return True
     return _contains_gold_and_more(answer, gold_text)

@@ -125,13 +125,14 @@ def test_code_in_an_answer_never_sets_its_own_reward(dataset: str, full_jail: No
         assert not verdict.correct and verdict.error is None and verdict.details["score"] == 0.0, kind
         if dataset in MATH_DATASETS:
             assert verdict.reason == "unparseable" and verdict.details["guard"] == "math_grammar"
-    # a right answer is still paid, through the same path (on an item the worker can regenerate:
-    # reasoning-gym's polynomial_multiplication varies some items with Python's hash seed)
-    paid = [
-        env.check(f"<answer>{t['answer']}</answer>", t).details.get("score")
-        for t in map(env.task_from_options, range(3))
-    ]
-    assert 1.0 in paid
+    # a right answer is still paid, through the same path (or, where reasoning-gym's generator
+    # depends on Python's hash seed, as polynomial_multiplication's does for some items, the worker
+    # refuses the item as not reproducible: a verifier error, never a wrong score)
+    for t in map(env.task_from_options, range(3)):
+        verdict = env.check(f"<answer>{t['answer']}</answer>", t)
+        assert verdict.details.get("score") == 1.0 or (
+            dataset == "polynomial_multiplication" and "not reproducible" in verdict.details["message"]
+        ), verdict
 
 
 def test_a_literal_dataset_keeps_its_partial_credit_for_a_list(full_jail: None) -> None:
@@ -215,3 +216,32 @@ def test_no_dataset_pays_a_hedge() -> None:
         if gold is not None:
             assert not is_hedge(name, str(gold), gold), name
     assert paid == []
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold", "hedge"),
+    [
+        ("350.0 -4", "350", True),  # gsm_symbolic reads the first number: this was paid 1.0
+        ("350/4", "350", True),
+        ("350 dollars", "350", True),
+        ("J2 D3", "J2", True),
+        ("yes no", "Yes", True),
+        ("[350, 0]", "350", True),
+        ("1,000", "1000", False),  # a thousands separator is one number
+        ("-14282.0", "-14282", False),
+        ("$350.00", "350", False),
+        ("PEGS, BEGS, BEES", "PEGS,BEGS,BEES", False),
+        ("48.0 + 36.0i", "48.0+36.0i", False),
+        ("Jacob is a knave, and Victoria is a knight", "Victoria is a knight, and Jacob is a knave", False),
+    ],
+)
+def test_hedge_rules_on_hard_cases(answer: str, gold: str, hedge: bool) -> None:
+    assert is_hedge("gsm_symbolic", answer, gold) is hedge
+
+
+def test_math_datasets_keep_equivalent_expressions() -> None:
+    gold = "-5*X**9 + C"
+    assert not is_hedge("simple_integration", "C - 5*X**9 + 7", gold)  # another antiderivative
+    assert is_hedge("simple_integration", f"{gold} or 0", gold) and is_hedge(
+        "simple_integration", f"{gold}\n0", gold
+    )
