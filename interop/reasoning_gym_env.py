@@ -36,7 +36,8 @@ answer with that dataset's own ``score_answer``::
   ``gsm_symbolic``; reasoning-gym's *default* scorer gives ``len(gold) / len(answer)`` to any answer
   that merely *contains* the gold). A hedge is scored 0 before any scorer runs (reason ``"hedged"``;
   :func:`~veriloop.interop.reasoning_gym_guard.is_hedge`: a separator the gold does not use, such as
-  ``or``, ``;``, a comma or a second line, or the gold next to other text), and where the default
+  ``or``, ``;``, a comma or a second line; two numbers where the gold is one; two words side by side
+  where the gold has none; or the gold next to other text), and where the default
   rule is the scorer any partial score is 0 too; ``substring_credit=True`` keeps the scorers' own
   credit for hedges.
 * **Multi-turn.** ``max_attempts > 1`` gives retries with "Incorrect" feedback (the gold is never
