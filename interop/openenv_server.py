@@ -33,7 +33,8 @@ OpenEnv (a fresh env per request), so episodes need the WebSocket session (OpenE
 Limits (:mod:`veriloop.interop.openenv_sessions`): at most ``max_concurrent_envs`` sessions, each
 closed after ``idle_timeout_s`` without a message; a client refused for capacity gets the reason
 in an error message and in the close frame (code 1013); a failed reset or a step before any reset
-is an error reply and the session stays usable. The id and kwargs are checked when the app is
+is an error reply and the session stays usable. HTTP ``POST /reset`` with a bad ``seed`` or
+``options`` answers 422 with the reason. The id and kwargs are checked when the app is
 built, so a typo stops the server at start with one line, not every session later.
 """
 
@@ -103,6 +104,18 @@ def decode_png(data: str) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB"), dtype=np.uint8)
 
 
+class ResetError(ValueError):
+    """A reset that the request made fail (a bad ``seed``, or ``options`` the env refuses): HTTP
+    ``POST /reset`` answers 422 with the message; over the WebSocket it is an error reply, as any failure."""
+
+
+async def _reset_refused(request: Any, exc: Exception) -> Any:
+    """HTTP ``POST /reset`` with a bad request: 422 and the one-line reason (not a bare 500)."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(status_code=422, content={"detail": str(exc)})
+
+
 class VeriloopOpenEnv(_interfaces.Environment):
     """An OpenEnv ``Environment`` around one ``gymnasium.make(env_id, **env_kwargs)`` instance.
 
@@ -130,9 +143,9 @@ class VeriloopOpenEnv(_interfaces.Environment):
         **kwargs: Any,
     ) -> VeriloopObservation:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ValueError(f"reset: seed must be a non-negative integer or null, got {str(seed)[:40]!r}")
+            raise ResetError(f"reset: seed must be a non-negative integer or null, got {str(seed)[:40]!r}")
         if options is not None and not isinstance(options, dict):
-            raise ValueError(
+            raise ResetError(
                 f'reset: options must be an object (e.g. {{"task": ...}}), got {type(options).__name__}'
             )
         self._has_episode = False
@@ -143,7 +156,8 @@ class VeriloopOpenEnv(_interfaces.Environment):
             # later reset repairs: start this session over with a fresh env, then report the error
             self.env.close()
             self.env = gymnasium.make(self.env_id, **self.env_kwargs)
-            raise ValueError(f"reset failed ({type(e).__name__}: {str(e)[:300]}); reset again") from e
+            failed = ResetError if options is not None else ValueError  # the client's options, or us
+            raise failed(f"reset failed ({type(e).__name__}: {str(e)[:300]}); reset again") from e
         self._state = _types.State(episode_id=episode_id or str(uuid4()), step_count=0)
         self._has_episode = True
         return self._observation(obs, 0.0, False, False, info)
@@ -221,6 +235,7 @@ def create_app(
     sessions = SessionServer(
         factory, VeriloopAction, max_sessions=max_concurrent_envs, idle_timeout_s=idle_timeout_s
     )
+    app.add_exception_handler(ResetError, _reset_refused)
     return mount(app, sessions)
 
 

@@ -26,13 +26,20 @@ answer with that dataset's own ``score_answer``::
   runs ``score_answer`` in a fresh jail (:mod:`veriloop.envs.verifiers.sandbox`: no network, no
   file outside a private folder, no environment, no reply channel, deadline ``timeout_s``). A
   timeout / crash / memory error is a ``Verdict.error`` (episode truncated, reward 0, excluded by
-  trainers), never a wrong answer.
+  trainers), never a wrong answer. Code running in the jail could still write the jail's reply, so
+  no model text reaches an ``eval``-based parser (:mod:`veriloop.interop.reasoning_gym_guard`): an
+  answer to a ``parse_expr`` scorer must pass a strict math grammar (else reason ``"unparseable"``,
+  reward 0, no scorer called), and scorers that ``eval`` a list read it with ``ast.literal_eval``.
 * **Reward** = the score (partial credit kept: reason ``"partial"`` for ``0 < score < 1``);
   ``correct`` means a score of 1. ``info["reward_components"] == {"score": score}``. Except a
-  hedge: reasoning-gym's *default* scorer (datasets that do not write their own) gives
-  ``len(gold) / len(answer)`` to any answer that merely *contains* the gold, so ``"95530 or 1"``
-  scores 0.5 and a list of candidates scores above a wrong answer. Where that default rule is the
-  scorer, a partial score is 0 (reason ``"hedged"``) unless ``substring_credit=True``.
+  hedge: many scorers pay an answer that offers several candidates (``"350 or 0"`` scored 1.0 in
+  ``gsm_symbolic``; reasoning-gym's *default* scorer gives ``len(gold) / len(answer)`` to any answer
+  that merely *contains* the gold). A hedge is scored 0 before any scorer runs (reason ``"hedged"``;
+  :func:`~veriloop.interop.reasoning_gym_guard.is_hedge`: a separator the gold does not use, such as
+  ``or``, ``;``, a comma or a second line; two numbers where the gold is one; two words side by side
+  where the gold has none; or the gold next to other text), and where the default
+  rule is the scorer any partial score is 0 too; ``substring_credit=True`` keeps the scorers' own
+  credit for hedges.
 * **Multi-turn.** ``max_attempts > 1`` gives retries with "Incorrect" feedback (the gold is never
   shown), as every :class:`~veriloop.envs.VerifierEnv`.
 
@@ -55,6 +62,7 @@ from veriloop.envs.verifiers import Verdict, VerifierError, extract_answer
 from veriloop.envs.verifiers import stats as verifier_stats
 from veriloop.envs.verifiers.pool import get_scorer_pool
 from veriloop.interop._extras import require
+from veriloop.interop.reasoning_gym_guard import disarm_eval, is_hedge, math_screen
 from veriloop.interop.reasoning_gym_scorers import SAFE_SCORERS, safe_score
 
 ENV_ID = "veriloop/ReasoningGym-v0"
@@ -65,6 +73,8 @@ SCORER_GRACE_S = 2.0  # the scorer worker kills a late jail itself; the pool kil
 SCORER_TASK = "veriloop.interop.reasoning_gym_env:score_in_worker"
 FORMAT_LINE = "Put your final answer alone inside <answer></answer> tags at the end of your reply."
 NO_ANSWER_FEEDBACK = "No final answer found: put it inside <answer></answer> tags."
+HEDGE_FEEDBACK = "Incorrect: give exactly one answer, nothing around it."
+NOT_MATH_FEEDBACK = "Incorrect: the answer must be one expression of numbers, operators and math functions."
 _ERRORS: dict[str, verifier_stats.StatName] = {
     "timeout": "timeouts",
     "memory": "memory_errors",
@@ -106,11 +116,15 @@ def score_in_worker(
 
     The dataset is rebuilt in the worker (trusted code on a trusted config); ``score_answer``, which
     sees the model's text, runs in a jail of its own (:func:`~veriloop.envs.verifiers.sandbox.run_jailed`)
-    under the deadline ``timeout``. Raises (reported as a ``"crash"`` verdict) when the regenerated
+    under the deadline ``timeout``, and never ``eval``'s it: an answer outside a math dataset's
+    grammar scores 0 here without reaching the scorer, and a literal dataset's ``eval`` is
+    :func:`ast.literal_eval` (:mod:`veriloop.interop.reasoning_gym_guard`). Raises (reported as a ``"crash"`` verdict) when the regenerated
     item's question is not ``question``: the dataset is not reproducible from its config.
     """
     from veriloop.envs.verifiers.sandbox import run_jailed
 
+    if not math_screen(name, answer):  # no model text reaches parse_expr, whoever calls this task
+        return ["ok", 0.0]
     data = _cached_dataset(name, config_json)
     entry = data[index]
     if entry["question"] != question:
@@ -118,6 +132,7 @@ def score_in_worker(
             f"{name}[{index}] regenerated a different question: the dataset is not reproducible"
         )
     _warm(name, config_json, data, entry)
+    disarm_eval(data, name)  # a scorer that eval's a list the model wrote reads it as a literal
     status, value = run_jailed(data.score_answer, (answer, entry), timeout)
     if status == "ok" and not 0.0 <= value <= 1.0:
         return ["crash", f"{name}.score_answer returned {value!r}, expected a number in [0, 1]"]
@@ -135,8 +150,9 @@ class ReasoningGymEnv(VerifierEnv[dict]):
             ``1 - heldout_fraction`` of ``[0, size)``, ``heldout`` (the ``id`` evaluation) from the
             rest, ``all`` from every index (:func:`veriloop.envs.datasets.index_range`).
         max_attempts: Answers allowed per episode (1 = single turn).
-        substring_credit: Keep reasoning-gym's default scorer's credit for an answer that contains
-            the gold among other text (a hedge; off by default, see the module docstring).
+        substring_credit: Pay hedges (several candidates, or the gold among other text) what the
+            dataset's scorer pays them; off by default (a hedge scores 0, see the module docstring).
+            Never lets a non-math answer reach a ``parse_expr`` scorer.
         timeout_s: Wall-clock deadline of one scoring call in the worker.
         max_text_chars: See :class:`~veriloop.envs.VerifierEnv`.
         render_mode: ``None`` or ``"ansi"``.
@@ -208,6 +224,9 @@ class ReasoningGymEnv(VerifierEnv[dict]):
         answer = extract_answer(response)
         if answer is None:
             return Verdict(correct=False, reason="no_answer", feedback=NO_ANSWER_FEEDBACK)
+        screened = self._screen(answer, task)
+        if screened is not None:
+            return screened
         status, value = self._score(answer, task)
         if status != "ok":
             error: VerifierError = (
@@ -225,13 +244,24 @@ class ReasoningGymEnv(VerifierEnv[dict]):
         score = float(value)
         if 0 < score < 1 and self._hedge_credit and not self.substring_credit:
             return Verdict(correct=False, parsed=answer, reason="hedged", details={"score": 0.0},
-                           feedback="Incorrect: give exactly one answer, nothing around it.")  # fmt: skip
+                           feedback=HEDGE_FEEDBACK)  # fmt: skip
         correct = score >= 1.0
         reason = "correct" if correct else ("partial" if score > 0 else "wrong_value")
         feedback = "Correct." if correct else ("Partly correct." if score > 0 else "Incorrect.")
         return Verdict(
             correct=correct, parsed=answer, reason=reason, feedback=feedback, details={"score": score}
         )
+
+    def _screen(self, answer: str, task: dict) -> Verdict | None:
+        """A wrong verdict, scored 0 without calling any scorer, for an answer outside a math
+        dataset's grammar or a hedge (:mod:`veriloop.interop.reasoning_gym_guard`); else ``None``."""
+        if not math_screen(self.dataset, answer):
+            return Verdict(correct=False, parsed=answer, reason="unparseable", feedback=NOT_MATH_FEEDBACK,
+                           details={"score": 0.0, "guard": "math_grammar"})  # fmt: skip
+        if not self.substring_credit and is_hedge(self.dataset, answer, task["answer"]):
+            return Verdict(correct=False, parsed=answer, reason="hedged", details={"score": 0.0},
+                           feedback=HEDGE_FEEDBACK)  # fmt: skip
+        return None
 
     def _score(self, answer: str, task: dict) -> tuple[str, Any]:
         """``(status, score or message)``: our safe scorer where we have one, else reasoning-gym's,

@@ -233,4 +233,8 @@ def test_served_over_openenv_the_repro_runs_nothing(tmp_path: Path, full_jail: N
             client.reset(seed=0)
             result = client.step({"response": f"<answer>__import__('os').system('touch {target}')</answer>"})
             assert result.reward is not None and result.reward < 1.0
+            forge = "import os; os.write(3, b'[\"ok\", 1.0, []]'); os._exit(0)"  # writes the jail's reply
+            client.reset(seed=0)
+            hexed = f"exec(__import__('builtins').bytes.fromhex('{forge.encode().hex()}'),{{}})"
+            assert client.step({"response": f"<answer>{hexed}</answer>"}).reward == 0.0
     assert not target.exists()
