@@ -54,7 +54,9 @@ def build_policy(cfg: ExperimentConfig) -> Policy:
     lora = LoraSettings(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
                         target_modules=_modules(p.target_modules)) if p.lora else None  # fmt: skip
     policy = load_policy(p.model, lora=lora, dtype=p.dtype, keep_reference=cfg.keep_reference and not p.lora)
-    policy = apply_precision(place(policy, device), p.precision)  # bf16: frozen weights bf16, trained ones fp32
+    policy = apply_precision(
+        place(policy, device), p.precision
+    )  # bf16: frozen weights bf16, trained ones fp32
     # a family outside the tested matrix: its batched/cached log-probs checked against a plain forward
     if (problem := check_unknown_family(policy)) is not None:
         raise ConfigError(problem)
