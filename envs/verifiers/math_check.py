@@ -34,7 +34,7 @@ from typing import Any
 from veriloop.envs.verifiers import stats
 from veriloop.envs.verifiers.extract import MAX_NESTING, MAX_RESPONSE_CHARS, extract
 from veriloop.envs.verifiers.pool import get_pool
-from veriloop.envs.verifiers.screen import find_bomb, is_hedged, is_unevaluated
+from veriloop.envs.verifiers.screen import find_bomb, is_hedged, is_non_finite, is_unevaluated
 from veriloop.envs.verifiers.sets import as_set, gold_members, members
 from veriloop.envs.verifiers.verdict import Verdict
 
@@ -127,6 +127,8 @@ def _screen(answer: str, gold: str) -> Verdict | _Job:
     Every screen here depends on the gold's shape, so each answers with the wrong-value feedback:
     its own reason is for metrics, never shown to the policy.
     """
+    if is_non_finite(gold):  # a missing value in the dataset (pandas' NaN): nothing may be paid for it
+        return _bad_gold(answer, f"the gold answer is {gold.strip()[:20]!r}, not a value: fix the dataset")
     incorrect = INCORRECT_FEEDBACK.format(_show(answer))
     gold_set = gold_members(gold)
     if gold_set is not None:  # "find all": compare as sets (see .sets)
@@ -177,17 +179,22 @@ def _finish(job: _Job, status: str, value: Any) -> Verdict:
         msg = f"Could not read your final answer {_show(job.answer)} as a mathematical expression."
         return _wrong("unparseable", msg, job.answer)
     if outcome == "bad_gold":
-        stats.count("crashes")
-        return Verdict(
-            correct=False,
-            error="crash",
-            feedback="The verifier could not check your answer (crash); it was not scored.",
-            parsed=job.answer,
-            reason="verifier_error",
-            details={"message": "the gold answer could not be parsed by math-verify: fix the dataset"},
-        )
+        return _bad_gold(job.answer, "the gold answer could not be parsed by math-verify: fix the dataset")
     return _wrong(
         "wrong_value", INCORRECT_FEEDBACK.format(_show(job.answer)), job.answer, as_parsed=parsed_form
+    )
+
+
+def _bad_gold(answer: str, message: str) -> Verdict:
+    """A dataset problem: a verifier failure (counted as a crash), never a score."""
+    stats.count("crashes")
+    return Verdict(
+        correct=False,
+        error="crash",
+        feedback="The verifier could not check your answer (crash); it was not scored.",
+        parsed=answer,
+        reason="verifier_error",
+        details={"message": message},
     )
 
 

@@ -191,6 +191,18 @@ def is_unevaluated(answer: str, gold: str) -> bool:
     return form is not None and not is_standard_form(form)
 
 
+#: How a missing or overflowed float prints (Python, pandas, JSON): never a gold answer.
+_NON_FINITE = re.compile(r"[+-]?(?:nan|inf|infinity)", re.IGNORECASE)
+
+
+def is_non_finite(value: object) -> bool:
+    """True for a float NaN or infinity, or text that spells one (``nan``, ``-inf``, ``Infinity``):
+    what pandas leaves for a missing float. ``\\infty`` (a LaTeX answer) is not such a spelling."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    return isinstance(value, str) and _NON_FINITE.fullmatch(value.strip()) is not None
+
+
 def _words(text: str) -> set[str]:
     for breaker in _WORD_BREAKERS:
         text = text.replace(breaker, " ")
