@@ -58,12 +58,14 @@ def _parse(latex: str) -> list[Any] | None:
         return None
 
 
-def math_task(answer: str, gold: str) -> tuple[str, str]:
+def math_task(answer: str, gold: str, float_rounding: int = 6) -> tuple[str, str]:
     """Compare one extracted answer to its gold with math-verify.
 
     Args:
         answer: Extracted answer, already wrapped for math-verify (``$...$``).
         gold: Gold answer, wrapped the same way.
+        float_rounding: When either side is a decimal, both are rounded to this many decimal places
+            before they are compared (math-verify's ``float_rounding``).
 
     Returns:
         ``(outcome, detail)`` with outcome ``"correct"``, ``"wrong"``, ``"unparseable"`` (the answer
@@ -79,7 +81,13 @@ def math_task(answer: str, gold: str) -> tuple[str, str]:
     answer_parsed = _parse(answer)
     if not answer_parsed:
         return "unparseable", ""
-    ok = verify(gold_parsed, answer_parsed, timeout_seconds=None, raise_on_error=True)
+    ok = verify(
+        gold_parsed,
+        answer_parsed,
+        float_rounding=int(float_rounding),
+        timeout_seconds=None,
+        raise_on_error=True,
+    )
     return ("correct" if ok else "wrong"), str(answer_parsed[-1])[:200]
 
 
