@@ -41,6 +41,7 @@ def test_thin_spaces_in_decimals_and_golds() -> None:
 def test_the_decimal_tolerance_is_math_verify_s_six_places_and_a_setting() -> None:
     assert check_math("\\boxed{0.333333}", "\\frac{1}{3}").correct  # the documented default
     assert check_math("\\boxed{3.141593}", "\\pi").correct
+    assert not check_math("\\boxed{0.3333}", "\\frac{1}{3}").correct
     assert not check_math("\\boxed{0.333333}", "\\frac{1}{3}", float_rounding=12).correct
     assert not check_math("\\boxed{3.141593}", "\\pi", float_rounding=10).correct
     assert check_math("\\boxed{0.333333333333}", "\\frac{1}{3}", float_rounding=12).correct
