@@ -125,7 +125,7 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
             fields = FieldMap(question_key, answer_key, answer_extract)
             self._load(data, fields, part, heldout_fraction, heldout_data, split=split, revision=revision,
                        subset=subset)  # fmt: skip
-        # launch the verifier workers now (without waiting): their ~1-3 s import of math-verify then
+        # launch the verifier workers now (without waiting): their ~2-4 s import and warm-up then
         # overlaps with model loading instead of delaying the first check that needs one
         get_pool().start()
 

@@ -23,12 +23,12 @@ and cannot interrupt C code).
   caller that just finished cannot jump the queue).
 * :func:`get_pool` creates the module-level pool lazily (size ``max(2, os.cpu_count())``), re-creates
   it in a forked child, and shuts it down at exit. :meth:`WorkerPool.start` launches the workers
-  without waiting for them (the math environments call it when they are made), so the ~1-3 s import
-  of math-verify overlaps with model loading instead of delaying the first check.
+  without waiting for them (the math environments call it when they are made), so the ~2-4 s import
+  and warm-up of math-verify overlaps with model loading instead of delaying the first check.
 
 **How long a check can take.** A request holds its slot for at most ``W + timeout`` seconds, where
 ``W`` is the wait for its worker to become ready: 0 for a warm worker, the worker's start-up (about
-1-3 s, capped at :data:`STARTUP_TIMEOUT_S`) right after a cold start or after the worker it replaces
+2-4 s, capped at :data:`STARTUP_TIMEOUT_S`) right after a cold start or after the worker it replaces
 was killed. With FIFO slots, a caller that finds ``q`` requests queued ahead of it starts within
 ``ceil((q + 1) / size) - 1`` slot turns, so its total time is at most
 ``ceil((q + 1) / size) * (W + timeout)``: with nothing queued, one ``timeout`` (5 s by default) plus

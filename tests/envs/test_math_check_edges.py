@@ -3,6 +3,8 @@ groups split by thin spaces are one number; the decimal tolerance is a setting."
 
 from __future__ import annotations
 
+import time
+
 import gymnasium
 import pytest
 
@@ -58,3 +60,26 @@ def test_the_math_env_takes_the_tolerance_as_a_kwarg() -> None:
     assert env.step("\\boxed{0.333333333333}")[1] == 1.0
     with pytest.raises(ValueError, match="float_rounding must be an integer"):
         gymnasium.make("veriloop/MathVerify-v0", float_rounding=1.5)
+
+
+def test_a_fresh_worker_pays_no_first_use_cost_inside_a_deadline() -> None:
+    """sympy loads modules and fills caches on the first simplification of a process (0.2-1 s, more
+    on a loaded machine): the worker does that before it says it is ready, not in a request."""
+    from veriloop.envs.verifiers import _worker
+    from veriloop.envs.verifiers.pool import WorkerPool
+
+    assert [_worker.math_task(a, g)[0] in ("correct", "wrong") for a, g in _worker.WARM_UP_PAIRS] == [
+        True
+    ] * len(_worker.WARM_UP_PAIRS)  # each warm-up pair reaches math-verify's comparison
+    workers = WorkerPool(1)
+    try:
+        workers.start()
+        assert workers._idle[0].wait_ready()
+        times = []
+        for pair in (("$(y-2)^2$", "$y^2 - 4y + 4$"), ("$(z+3)^2$", "$z^2 + 6z + 9$")):  # alike, both new
+            start = time.perf_counter()
+            assert workers.run("math", (*pair, 6), 60)[1][0] == "correct"
+            times.append(time.perf_counter() - start)
+    finally:
+        workers.shutdown()
+    assert times[0] < 3 * times[1] + 0.1, times  # cold, the first took 10x the second
