@@ -26,8 +26,9 @@ kernel must allow unprivileged user namespaces for the network, quota and ``chro
 Cleanup never counts against a deadline: the folder is removed with one ``rmdir`` when the quota held
 (it is empty on disk), else by a detached cleaner process that outlives a killed worker. Each folder
 is named after its scorer worker's pid (``veriloop-jail-PID-*``), and :func:`sweep_leftovers`
-(called when a scorer pool starts and after it kills a worker) removes the folders of dead workers. The worker
-forwards only a validated JSON reply (``["ok", number]``, capped at :data:`MAX_REPLY_BYTES`), under
+(called when a scorer pool starts and after it kills a worker) removes the folders of dead workers.
+
+The worker forwards only a validated JSON reply (``["ok", number]``, capped at :data:`MAX_REPLY_BYTES`), under
 the request id of the caller, so a jail can at worst decide its own request's score (which the
 scorer it runs decides anyway), never another request's, and never desynchronise the pool.
 
@@ -113,9 +114,10 @@ def _leave_network_and_files(folder: str) -> list[str]:
         mounts = _unshare(_CLONE_NEWNET | _CLONE_NEWNS)
         if mounts or _unshare(_CLONE_NEWNET):
             done.append("network")
-    elif _unshare(_CLONE_NEWUSER | _CLONE_NEWNET | _CLONE_NEWNS):  # unprivileged user namespace, if allowed
+    elif (mounts := _unshare(_CLONE_NEWUSER | _CLONE_NEWNET | _CLONE_NEWNS)) or _unshare(
+        _CLONE_NEWUSER | _CLONE_NEWNET
+    ):  # an unprivileged user namespace, if allowed
         done.append("network")
-        mounts = True
         try:  # map ourselves, so that files keep an owner; "deny" is required before gid_map
             with open("/proc/self/setgroups", "w", encoding="ascii") as f:
                 f.write("deny")
@@ -269,8 +271,12 @@ def _discard(folder: str) -> None:
     except OSError:
         pass
     pid = os.fork()
-    if pid == 0:  # the cleaner
+    if pid == 0:  # the cleaner: holds none of the worker's pipes open (its death must read as EOF)
         try:
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
             shutil.rmtree(folder, ignore_errors=True)
         finally:
             os._exit(0)
