@@ -297,7 +297,7 @@ def sweep_leftovers(folder: str | None = None) -> list[str]:
     """Remove the jail folders (``veriloop-jail-PID-*`` in ``folder``, default the temporary folder)
     whose worker ``PID`` is no longer running: what a killed worker left. Returns the removed paths."""
     folder = folder or tempfile.gettempdir()
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(folder)
     except OSError:
