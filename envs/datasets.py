@@ -43,6 +43,7 @@ from veriloop.envs.base import VerifierEnv
 from veriloop.envs.json_safe import json_safe
 from veriloop.envs.verifiers import Verdict
 from veriloop.envs.verifiers.extract import last_boxed
+from veriloop.envs.verifiers.screen import is_non_finite
 
 Part = Literal["train", "heldout", "all"]
 PARTS: tuple[Part, ...] = ("train", "heldout", "all")
@@ -50,6 +51,12 @@ DEFAULT_HELDOUT_FRACTION = 0.2
 Extract = Literal["last_boxed", "after_hashes"]
 EXTRACTORS: tuple[Extract, ...] = ("last_boxed", "after_hashes")
 FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".parquet")
+
+#: A CSV field longer than this is refused (``csv``'s own limit; an unclosed quote reads the rest of the file).
+MAX_CSV_FIELD_CHARS = csv.field_size_limit()
+#: A question or gold answer longer than this is refused: no model's context holds such a prompt.
+MAX_FIELD_CHARS = 100_000
+_SURROGATE = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, as ``surrogateescape`` reads it
 
 #: One row and where it came from (``file:line`` or ``file row N``), for error messages.
 Row = tuple[str, dict[str, Any]]
@@ -95,8 +102,7 @@ def _rows_from_file(path: Path) -> list[Row]:
     if suffix == ".json":
         return _json_rows(path)
     if suffix == ".csv":
-        with path.open(newline="", encoding="utf-8") as handle:
-            return [(f"{path} row {i}", dict(r)) for i, r in enumerate(csv.DictReader(handle), start=1)]
+        return csv_rows(path)
     if suffix == ".parquet":
         pq = _require("pyarrow.parquet", "pyarrow")
         table = pq.read_table(path)
@@ -126,6 +132,37 @@ def jsonl_rows(path: Path) -> Iterator[Row]:
             except RecursionError:
                 raise ValueError(f"{where}: invalid JSON (nested too deeply)") from None
             yield where, _as_dict(row, where)
+
+
+def csv_rows(path: Path) -> list[Row]:
+    """``(where, row)`` for every record of a CSV file with a header line, ``where`` = ``path row N``.
+
+    Raises:
+        ValueError: naming the file, the row and its line: a field that is not UTF-8 text, or one
+            longer than :data:`MAX_CSV_FIELD_CHARS` (a broken quote swallows the rest of the file so).
+    """
+    rows: list[Row] = []
+    with path.open(newline="", encoding="utf-8", errors="surrogateescape") as handle:
+        reader = csv.DictReader(handle)
+        while True:
+            where = f"{path} row {len(rows) + 1}"
+            try:
+                row = next(reader, None)
+            except csv.Error as exc:
+                raise ValueError(
+                    f"{where}: unreadable CSV ({exc}; at most {MAX_CSV_FIELD_CHARS:,} "
+                    "characters a field: look for an unclosed quote)"
+                ) from None
+            if row is None:
+                return rows
+            for key, value in row.items():
+                for text in (key, *(value if isinstance(value, list) else [value])):
+                    if isinstance(text, str) and _SURROGATE.search(text):
+                        raise ValueError(
+                            f"{where} (line {reader.line_num}): field {key!r:.40} is not UTF-8 text: "
+                            "save the file as UTF-8"
+                        )
+            rows.append((where, dict(row)))
 
 
 def _json_rows(path: Path) -> list[Row]:
@@ -253,6 +290,7 @@ class FieldMap:
             raise ValueError(
                 f"{where}: field {self.question_key!r} must be a non-empty string, got {value!r:.60}"
             )
+        refuse_oversized(value, self.question_key, where)
         return value
 
     def answer(self, row: Mapping[str, Any], where: str) -> str:
@@ -261,7 +299,9 @@ class FieldMap:
             raise ValueError(
                 f"{where}: field {self.answer_key!r} must be a string or number, got {type(value).__name__}"
             )
+        refuse_non_finite(value, self.answer_key, where)
         text = str(value).strip()
+        refuse_oversized(text, self.answer_key, where)
         if self.answer_extract == "last_boxed":
             span = last_boxed(text)
             if span is None:
@@ -275,6 +315,7 @@ class FieldMap:
             text = text.rsplit("####", 1)[1].strip()
         if not text:
             raise ValueError(f"{where}: the gold answer (field {self.answer_key!r}) is empty")
+        refuse_non_finite(text, self.answer_key, where)
         return text
 
     @staticmethod
@@ -285,6 +326,25 @@ class FieldMap:
                 "to the field that holds it"
             )
         return row[key]
+
+
+def refuse_oversized(text: str, key: str, where: str) -> None:
+    """``ValueError`` naming ``where`` and ``key`` when ``text`` is over :data:`MAX_FIELD_CHARS`."""
+    if len(text) > MAX_FIELD_CHARS:
+        raise ValueError(
+            f"{where}: field {key!r} is {len(text):,} characters, over the limit of {MAX_FIELD_CHARS:,} "
+            "(no model's context holds it): shorten or drop the row"
+        )
+
+
+def refuse_non_finite(value: Any, key: str, where: str) -> None:
+    """``ValueError`` naming ``where`` and ``key`` when a gold is NaN or infinite, or text spelling one
+    (``nan``, ``inf``): pandas writes a missing float as NaN, and math-verify would pay ``\\boxed{nan}``."""
+    if is_non_finite(value):
+        raise ValueError(
+            f"{where}: field {key!r} is {str(value).strip()!r:.20}, not a gold answer (a missing or "
+            "overflowed number, as pandas writes a missing float): fix or drop the row"
+        )
 
 
 # ---------------------------------------------------------------------------- held-out part

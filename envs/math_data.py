@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from veriloop.envs.datasets import FieldMap, jsonl_rows, load_rows
+from veriloop.envs.datasets import FieldMap, jsonl_rows, load_rows, refuse_non_finite, refuse_oversized
 from veriloop.envs.json_safe import json_safe
 from veriloop.envs.verifiers.extract import malformed_latex
 
@@ -90,12 +90,15 @@ def parse_row(row: Any, *, where: str) -> MathProblem:
         raise ValueError(f'{where}: missing "question" (keys present: {sorted(row)})')
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f'{where}: "question" must be a non-empty string, got {question!r:.60}')
+    refuse_oversized(question, "question", where)
     if answer is None:
         raise ValueError(f'{where}: missing "answer" (keys present: {sorted(row)})')
     if isinstance(answer, bool) or not isinstance(answer, (str, int)):
         raise ValueError(f'{where}: "answer" must be a string (or integer), got {type(answer).__name__}')
     if not str(answer).strip():
         raise ValueError(f'{where}: "answer" is empty; every problem needs a gold answer')
+    refuse_non_finite(answer, "answer", where)
+    refuse_oversized(str(answer), "answer", where)
     problem = malformed_latex(str(answer))
     if problem is not None:
         raise ValueError(

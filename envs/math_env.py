@@ -37,6 +37,7 @@ from veriloop.envs.math_data import (
     normalize_levels,
 )
 from veriloop.envs.verifiers import Verdict, check_math, r1_format_ok
+from veriloop.envs.verifiers.math_check import DEFAULT_FLOAT_ROUNDING, check_float_rounding
 from veriloop.envs.verifiers.pool import get_pool
 
 RewardScheme = Literal["dapo", "r1"]
@@ -66,6 +67,9 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         max_attempts: 1 = single turn; more = the model sees the verifier's feedback (which says
             the answer was wrong and never reveals the gold answer) and may try again.
         timeout: Seconds allowed to ``check_math`` per response.
+        float_rounding: Decimal places a decimal answer must share with the gold (default 6, as
+            math-verify: ``0.333333`` is paid for ``\\frac{1}{3}``); see
+            :func:`~veriloop.envs.verifiers.math_check.check_math`.
 
     Observation: the prompt, then after each response the feedback text. Action: the response.
 
@@ -97,6 +101,7 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         format_reward: float = 0.1,
         max_attempts: int = 1,
         timeout: float = 5.0,
+        float_rounding: int = DEFAULT_FLOAT_ROUNDING,
         **base_kwargs: Any,
     ) -> None:
         super().__init__(max_attempts=max_attempts, **base_kwargs)
@@ -110,6 +115,7 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         self.reward_scheme: RewardScheme = reward
         self.format_reward = float(format_reward)
         self.timeout = float(timeout)
+        self.float_rounding = check_float_rounding(float_rounding)
         self._last_format_ok = False
         self.problems: list[MathProblem] | None = None
         self.part_source: str | None = None
@@ -119,7 +125,7 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
             fields = FieldMap(question_key, answer_key, answer_extract)
             self._load(data, fields, part, heldout_fraction, heldout_data, split=split, revision=revision,
                        subset=subset)  # fmt: skip
-        # launch the verifier workers now (without waiting): their ~1-3 s import of math-verify then
+        # launch the verifier workers now (without waiting): their ~2-4 s import and warm-up then
         # overlaps with model loading instead of delaying the first check that needs one
         get_pool().start()
 
@@ -172,7 +178,7 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         return f"Solve the following math problem. {how}\n\n{task.question}"
 
     def check(self, response: str, task: MathProblem) -> Verdict:
-        return check_math(response, task.answer, timeout=self.timeout)
+        return check_math(response, task.answer, timeout=self.timeout, float_rounding=self.float_rounding)
 
     def reward(self, verdict: Verdict, task: MathProblem) -> tuple[float, dict[str, float]]:
         if self.reward_scheme == "dapo":

@@ -58,12 +58,14 @@ def _parse(latex: str) -> list[Any] | None:
         return None
 
 
-def math_task(answer: str, gold: str) -> tuple[str, str]:
+def math_task(answer: str, gold: str, float_rounding: int = 6) -> tuple[str, str]:
     """Compare one extracted answer to its gold with math-verify.
 
     Args:
         answer: Extracted answer, already wrapped for math-verify (``$...$``).
         gold: Gold answer, wrapped the same way.
+        float_rounding: When either side is a decimal, both are rounded to this many decimal places
+            before they are compared (math-verify's ``float_rounding``).
 
     Returns:
         ``(outcome, detail)`` with outcome ``"correct"``, ``"wrong"``, ``"unparseable"`` (the answer
@@ -79,7 +81,13 @@ def math_task(answer: str, gold: str) -> tuple[str, str]:
     answer_parsed = _parse(answer)
     if not answer_parsed:
         return "unparseable", ""
-    ok = verify(gold_parsed, answer_parsed, timeout_seconds=None, raise_on_error=True)
+    ok = verify(
+        gold_parsed,
+        answer_parsed,
+        float_rounding=int(float_rounding),
+        timeout_seconds=None,
+        raise_on_error=True,
+    )
     return ("correct" if ok else "wrong"), str(answer_parsed[-1])[:200]
 
 
@@ -118,14 +126,28 @@ def _limit_memory(max_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (max_bytes, hard))
 
 
+#: Comparisons a worker makes once before it says it is ready: the first symbolic simplification,
+#: radical, decimal, interval and set comparison in a process load sympy's lazy modules and caches
+#: (~0.2-1 s, several times that on a loaded machine), which would otherwise land inside the deadline
+#: of the first request of each kind, on every fresh or replaced worker.
+WARM_UP_PAIRS = (
+    ("$\\frac{1}{2}$", "$0.5$"),
+    ("$(x+1)^2$", "$x^2 + 2x + 1$"),
+    ("$4$", "$2\\sqrt{3}$"),
+    ("$(1,2]$", "$(1, 2]$"),
+    ("$\\{3, 2, 1\\}$", "$\\{1, 2, 3\\}$"),
+    ("$60^\\circ$", "$\\frac{\\pi}{3}$"),
+    ("$x = 3$", "$3$"),
+)
+
+
 def _warm_up() -> None:
     import logging
 
-    from math_verify import LatexExtractionConfig, parse
-
     # math-verify warns that its own signal-based timeout is off: the parent enforces deadlines.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    parse("$\\frac{1}{2}$", [LatexExtractionConfig()], parsing_timeout=None)  # type: ignore[arg-type]
+    for answer, gold in WARM_UP_PAIRS:
+        math_task(answer, gold)
 
 
 def _handle(request: Any, tasks: dict[str, Callable[..., Any]] | None = None) -> list[Any]:

@@ -34,11 +34,21 @@ from typing import Any
 from veriloop.envs.verifiers import stats
 from veriloop.envs.verifiers.extract import MAX_NESTING, MAX_RESPONSE_CHARS, extract
 from veriloop.envs.verifiers.pool import get_pool
-from veriloop.envs.verifiers.screen import find_bomb, is_hedged, is_unevaluated
+from veriloop.envs.verifiers.screen import (
+    find_bomb,
+    is_hedged,
+    is_non_finite,
+    is_unevaluated,
+    without_group_spaces,
+)
 from veriloop.envs.verifiers.sets import as_set, gold_members, members
 from veriloop.envs.verifiers.verdict import Verdict
 
 DEFAULT_TIMEOUT_S = 5.0
+#: Decimal places a decimal answer must share with the gold (math-verify's own default): ``0.333333``
+#: is paid for ``\\frac{1}{3}`` and ``3.141593`` for ``\\pi``; exact forms are compared exactly.
+DEFAULT_FLOAT_ROUNDING = 6
+MAX_FLOAT_ROUNDING = 15  # math-verify evaluates to 15 significant digits
 MAX_PLAIN_DIGITS = 100  # integers compared in-process; longer digit strings go to a worker
 NO_ANSWER_FEEDBACK = "No final answer found: put it in \\boxed{...}."
 #: Feedback of a wrong value and of every gold-relative screen alike (the gold's shape stays hidden).
@@ -127,6 +137,12 @@ def _screen(answer: str, gold: str) -> Verdict | _Job:
     Every screen here depends on the gold's shape, so each answers with the wrong-value feedback:
     its own reason is for metrics, never shown to the policy.
     """
+    if is_non_finite(gold):  # a missing value in the dataset (pandas' NaN): nothing may be paid for it
+        return _bad_gold(answer, f"the gold answer is {gold.strip()[:20]!r}, not a value: fix the dataset")
+    gold = without_group_spaces(gold) or gold  # 1\,000 is 1000, not a list
+    value = without_group_spaces(answer)
+    if value is not None:  # one number in digit groups (math-verify would misread 1\,000): no screen fires
+        return _compare_integers(value, gold.strip()) or _Job(answer, (_wrap(value), _wrap(gold)))
     incorrect = INCORRECT_FEEDBACK.format(_show(answer))
     gold_set = gold_members(gold)
     if gold_set is not None:  # "find all": compare as sets (see .sets)
@@ -177,27 +193,55 @@ def _finish(job: _Job, status: str, value: Any) -> Verdict:
         msg = f"Could not read your final answer {_show(job.answer)} as a mathematical expression."
         return _wrong("unparseable", msg, job.answer)
     if outcome == "bad_gold":
-        stats.count("crashes")
-        return Verdict(
-            correct=False,
-            error="crash",
-            feedback="The verifier could not check your answer (crash); it was not scored.",
-            parsed=job.answer,
-            reason="verifier_error",
-            details={"message": "the gold answer could not be parsed by math-verify: fix the dataset"},
-        )
+        return _bad_gold(job.answer, "the gold answer could not be parsed by math-verify: fix the dataset")
     return _wrong(
         "wrong_value", INCORRECT_FEEDBACK.format(_show(job.answer)), job.answer, as_parsed=parsed_form
     )
 
 
-def check_math(response: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> Verdict:
+def _bad_gold(answer: str, message: str) -> Verdict:
+    """A dataset problem: a verifier failure (counted as a crash), never a score."""
+    stats.count("crashes")
+    return Verdict(
+        correct=False,
+        error="crash",
+        feedback="The verifier could not check your answer (crash); it was not scored.",
+        parsed=answer,
+        reason="verifier_error",
+        details={"message": message},
+    )
+
+
+def check_float_rounding(float_rounding: object) -> int:
+    """``float_rounding`` as an int in ``[1, MAX_FLOAT_ROUNDING]``, else a ``ValueError`` saying so."""
+    if isinstance(float_rounding, bool) or not isinstance(float_rounding, int):
+        raise ValueError(
+            f"float_rounding must be an integer number of decimal places, got {float_rounding!r}"
+        )
+    if not 1 <= float_rounding <= MAX_FLOAT_ROUNDING:
+        raise ValueError(
+            f"float_rounding must be between 1 and {MAX_FLOAT_ROUNDING} decimal places, got {float_rounding}"
+        )
+    return float_rounding
+
+
+def check_math(
+    response: str,
+    gold: str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    float_rounding: int = DEFAULT_FLOAT_ROUNDING,
+) -> Verdict:
     """Check the final answer of ``response`` against ``gold`` (pipeline in the module docstring).
 
     Args:
         response: The model's full response text (thinking included).
         gold: The reference answer in LaTeX or plain form (``"\\frac{1}{2}"``, ``"(1, 2]"``, ``"7"``).
         timeout: Wall-clock seconds the sandboxed comparison may take before its worker is killed.
+        float_rounding: When the answer or the gold is a decimal, the decimal places both must agree
+            to (:data:`DEFAULT_FLOAT_ROUNDING`, 6: ``0.333333`` is paid for ``\\frac{1}{3}``; 12
+            demands ``0.333333333333``). Exact forms (integers, fractions, ``\\pi``) are compared
+            exactly whatever this is.
 
     Returns:
         A :class:`Verdict`: ``reason`` is one of ``correct``, ``wrong_value``, ``no_answer``,
@@ -206,6 +250,7 @@ def check_math(response: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT_S) 
     """
     stats.count("checks", "math_checks")
     _check_types(response, gold)
+    check_float_rounding(float_rounding)
     try:
         prepared = _prepare(response, gold)
     except Exception as exc:  # noqa: BLE001 - a screen bug is a verifier failure, never a crash
@@ -221,7 +266,7 @@ def check_math(response: str, gold: str, *, timeout: float = DEFAULT_TIMEOUT_S) 
         if prepared.details.get("guard"):
             stats.count("screened")
         return prepared
-    status, value = get_pool().run("math", prepared.payload, timeout)
+    status, value = get_pool().run("math", (*prepared.payload, float_rounding), timeout)
     return _finish(prepared, status, value)
 
 
@@ -229,6 +274,7 @@ def check_math_batch(
     pairs: Sequence[tuple[str, str]],
     *,
     timeout: float = DEFAULT_TIMEOUT_S,
+    float_rounding: int = DEFAULT_FLOAT_ROUNDING,
     on_result: Callable[[int, Verdict], None] | None = None,
 ) -> list[Verdict]:
     """Check many ``(response, gold)`` pairs in parallel over the worker pool.
@@ -239,6 +285,7 @@ def check_math_batch(
     Args:
         pairs: ``(response, gold)`` pairs.
         timeout: Per-item deadline in seconds (see :func:`check_math`).
+        float_rounding: See :func:`check_math`.
         on_result: Optional callback ``on_result(index, verdict)``, called (from a pool thread) as
             soon as each item is decided -- useful for streaming or for measuring per-item latency.
 
@@ -249,7 +296,7 @@ def check_math_batch(
 
     def one(index: int) -> None:
         response, gold = pairs[index]
-        verdict = check_math(response, gold, timeout=timeout)
+        verdict = check_math(response, gold, timeout=timeout, float_rounding=float_rounding)
         results[index] = verdict
         if on_result is not None:
             on_result(index, verdict)

@@ -14,7 +14,8 @@ and cannot interrupt C code).
   ``"crash"`` (a stray line can never answer the next request).
 * Two roles, two pools: :func:`get_pool` (math-verify) and :func:`get_scorer_pool` (third-party
   scorers, each call jailed by :mod:`.sandbox`; its workers start with an almost empty environment,
-  :data:`SCORER_ENV_KEYS`).
+  :data:`SCORER_ENV_KEYS`). A scorer pool removes the jail folders of dead workers
+  (:func:`.sandbox.sweep_leftovers`, in a background thread) when it starts and after it kills a worker.
 * The deadline counts from the moment the request is written to a ready worker: waiting for a free
   slot, or for a (re)started worker to import math-verify (~1 s), does not eat into it.
 * Thread-safe: at most ``size`` requests run at once; further callers wait for a free slot, served
@@ -22,12 +23,12 @@ and cannot interrupt C code).
   caller that just finished cannot jump the queue).
 * :func:`get_pool` creates the module-level pool lazily (size ``max(2, os.cpu_count())``), re-creates
   it in a forked child, and shuts it down at exit. :meth:`WorkerPool.start` launches the workers
-  without waiting for them (the math environments call it when they are made), so the ~1-3 s import
-  of math-verify overlaps with model loading instead of delaying the first check.
+  without waiting for them (the math environments call it when they are made), so the ~2-4 s import
+  and warm-up of math-verify overlaps with model loading instead of delaying the first check.
 
 **How long a check can take.** A request holds its slot for at most ``W + timeout`` seconds, where
 ``W`` is the wait for its worker to become ready: 0 for a warm worker, the worker's start-up (about
-1-3 s, capped at :data:`STARTUP_TIMEOUT_S`) right after a cold start or after the worker it replaces
+2-4 s, capped at :data:`STARTUP_TIMEOUT_S`) right after a cold start or after the worker it replaces
 was killed. With FIFO slots, a caller that finds ``q`` requests queued ahead of it starts within
 ``ceil((q + 1) / size) - 1`` slot turns, so its total time is at most
 ``ceil((q + 1) / size) * (W + timeout)``: with nothing queued, one ``timeout`` (5 s by default) plus
@@ -239,6 +240,14 @@ class WorkerPool:
             self._started = True
             self._idle = [_Worker(self.memory_bytes, self.role) for _ in range(self.size)]
             self._live.update(self._idle)
+            self._sweep()
+
+    def _sweep(self) -> None:
+        """Scorer pools: remove the jail folders of dead workers, off the calling thread."""
+        if self.role == "scorer":
+            from veriloop.envs.verifiers.sandbox import sweep_leftovers
+
+            threading.Thread(target=sweep_leftovers, name="veriloop-jail-sweep", daemon=True).start()
 
     def _take(self) -> _Worker:
         with self._lock:
@@ -264,6 +273,7 @@ class WorkerPool:
                 fresh = _Worker(self.memory_bytes, self.role)
                 self._live.add(fresh)
                 self._idle.append(fresh)
+        self._sweep()  # the killed worker's jail folder, if it was killed mid-call
 
     @property
     def worker_pids(self) -> list[int]:

@@ -15,7 +15,8 @@ gold itself has, so a legitimate answer shaped like the gold always reaches math
   list-shaped answer is legitimate and math-verify compares the shapes.
 * **Unevaluated** -- the question handed back as the answer: arithmetic on numbers that is not
   itself a number in a standard form (``14 - 26``, ``\\frac{1}{6} + \\frac{3}{2}``,
-  ``3 \\times 11 + 10``, ``2^{3}``, ``\\sqrt{16}``, ``\\sqrt[3]{8}``) when the gold is a number
+  ``3 \\times 11 + 10``, ``2^{3}``, ``\\sqrt{16}``, ``\\sqrt[3]{8}``, ``|-4|``, ``|{-3}|+1``,
+  ``\\lfloor 4.5 \\rfloor``, ``\\lceil 3.2 \\rceil``) when the gold is a number
   (``-12``, ``\\frac{5}{3}``, ``0.5``). math-verify judges such an answer equal to the gold, so a
   policy can score on "Compute 14 - 26" by copying it into ``\\boxed{}``; one did, in 20 GRPO steps.
   The value is what was asked for. The last side of an equality is the answer (``x = 14 - 26`` is
@@ -101,6 +102,20 @@ def _without_thousands_separators(text: str) -> str:
     return "".join(out)
 
 
+#: A thin or other space between digit groups: ``1\\,000``, ``1\\ 000``, ``1~000``, ``1 000`` (U+2009).
+_GROUP_SPACE = r"(?:\\,|\\;|\\:|\\ |\\thinspace|\{\\,\}|~|[ \u2009\u202f\u00a0])"
+_SPACE_GROUPED = re.compile(rf"([+-]?\d{{1,3}}(?:{_GROUP_SPACE}\d{{3}})+)(\.\d+)?")
+
+
+def without_group_spaces(text: str) -> str | None:
+    """A number written with spaces between its digit groups (``1\\,000``, SI style), without them
+    (``1000``); ``None`` for any other text. math-verify reads ``1\\,000`` as something else."""
+    match = _SPACE_GROUPED.fullmatch(text.strip())
+    if match is None:
+        return None
+    return re.sub(_GROUP_SPACE, "", match.group(1)) + (match.group(2) or "")
+
+
 def is_list_shaped(text: str) -> bool:
     """True when ``text`` holds a comma/semicolon separated list of several values.
 
@@ -134,8 +149,11 @@ _ARITHMETIC_NOISE = ("\\displaystyle", "\\textstyle", "\\scriptstyle", "\\left",
 _ARITHMETIC_OPS = (("\\dfrac", "f"), ("\\tfrac", "f"), ("\\frac", "f"), ("\\sqrt", "s"),
                    ("\\times", "*"), ("\\cdot", "*"), ("\\ast", "*"), ("\\div", "/"),
                    ("\u2212", "-"), ("\u2013", "-"), ("\u00d7", "*"), ("\u00b7", "*"), ("\u22c5", "*"),
-                   ("\u00f7", "/"), ("\u2215", "/"), ("{", "("), ("}", ")"), ("[", "("), ("]", ")"))  # fmt: skip
-_ARITHMETIC_CHARS = frozenset("0123456789.+-*/^()fs")
+                   ("\u00f7", "/"), ("\u2215", "/"), ("{", "("), ("}", ")"), ("[", "("), ("]", ")"),
+                   ("\\lvert", "|"), ("\\rvert", "|"), ("\\vert", "|"), ("\\mid", "|"),
+                   ("\\lfloor", "\u230a"), ("\\rfloor", "\u230b"), ("\\lceil", "\u2308"), ("\\rceil", "\u2309"))  # fmt: skip
+#: Plain arithmetic, with ``|`` (absolute value) and ``⌊ ⌋ ⌈ ⌉`` (floor, ceiling): never a standard form.
+_ARITHMETIC_CHARS = frozenset("0123456789.+-*/^()fs|\u230a\u230b\u2308\u2309")
 _NUMBER = r"\(*[+-]?\(*(?:\d+(?:\.\d*)?|\.\d+)\)*"
 #: A number as a plain arithmetic form: signed decimal, ``a/b``, ``\\frac{a}{b}`` or ``\\frac ab``,
 #: and a mixed number ``1\\frac{2}{3}`` (which math-verify reads as 5/3).
@@ -189,6 +207,18 @@ def is_unevaluated(answer: str, gold: str) -> bool:
     last = answer.rsplit("=", 1)[-1]
     form = _arithmetic_form(last)
     return form is not None and not is_standard_form(form)
+
+
+#: How a missing or overflowed float prints (Python, pandas, JSON): never a gold answer.
+_NON_FINITE = re.compile(r"[+-]?(?:nan|inf|infinity)", re.IGNORECASE)
+
+
+def is_non_finite(value: object) -> bool:
+    """True for a float NaN or infinity, or text that spells one (``nan``, ``-inf``, ``Infinity``):
+    what pandas leaves for a missing float. ``\\infty`` (a LaTeX answer) is not such a spelling."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    return isinstance(value, str) and _NON_FINITE.fullmatch(value.strip()) is not None
 
 
 def _words(text: str) -> set[str]:

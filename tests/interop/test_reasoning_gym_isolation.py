@@ -148,7 +148,7 @@ def test_jail_confines_files_env_network_fds_and_processes(
     with open(tmp_path / "held", "w"):  # an open descriptor the jail must not inherit
         status, value = sandbox.run_jailed(_escape_attempts, (str(tmp_path / "out"), port), 20)
     listener.close()
-    assert sandbox.isolation() == ["network", "files", "user"] or os.getuid() != 0
+    assert sandbox.isolation() == ["network", "files", "user", "quota"] or os.getuid() != 0
     assert (status, value) == ("ok", 0.0)
     assert not (tmp_path / "out").exists()
 
