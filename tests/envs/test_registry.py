@@ -143,6 +143,7 @@ def test_public_verifier_api():
         "response": str,
         "gold": str,
         "timeout": float,
+        "float_rounding": int,
         "return": Verdict,
     }
     p24_sig = inspect.signature(check_points24)
