@@ -216,6 +216,7 @@ def _async_step(
     loop.show(T.step_summary(metrics))
     say(quiet=run.quiet, text=f"step {state.step:4d}/{cfg.train.steps} | {T.step_summary(metrics)} | "
                       f"stale={metrics['async/staleness_mean']}")  # fmt: skip
+    T.guard_learning(run, metrics)  # no informative group for too long: stop (the rows are logged)
     if loop.checkpoint_due(state.step):
         state.history.setdefault("async", {})["eval_pending"] = evals.in_flight
         T.checkpoint_run(run)

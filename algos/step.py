@@ -32,6 +32,7 @@ from veriloop.algos.maths.mismatch import NAMES as MISMATCH_NAMES
 from veriloop.algos.maths.mismatch import MismatchStats
 from veriloop.algos.run.checkpoint import check_finite, save_checkpoint
 from veriloop.algos.run.distributed import DistContext
+from veriloop.algos.run.guards import LearningGuard
 from veriloop.algos.run.log import RunLog
 from veriloop.algos.run.nonfinite import NonFiniteGuard
 from veriloop.algos.run.progress import say
@@ -61,6 +62,8 @@ class TrainerState:
     next_seed: int = 0
     consecutive_nonfinite: int = 0
     skipped_steps: int = 0
+    uninformative_in_a_row: int = 0
+    truncation_warned: bool = False
     sft_done: bool = False
     history: dict[str, Any] = field(default_factory=dict)
 
@@ -293,6 +296,19 @@ def guard_nonfinite(loop: StepLoop, state: TrainerState, metrics: dict[str, Any]
     finally:  # also when it raises: the state says how the run ended
         state.consecutive_nonfinite, state.skipped_steps = loop.guard.in_a_row, loop.guard.total
         metrics["nonfinite_skipped_total"] = float(state.skipped_steps)
+
+
+def guard_learning(run: RunParts, metrics: dict[str, Any]) -> None:
+    """Count the logged step in the learning guard (``guards.LearningGuard``: ``UninformativeRunError``
+    after ``train.max_uninformative_steps`` steps in a row without an informative group, one warning
+    when ``truncation_rate`` passes ``train.warn_truncation_above``); ``run.state`` keeps its counts."""
+    cfg, state = run.cfg, run.state
+    guard = LearningGuard(cfg.train.max_uninformative_steps, cfg.train.warn_truncation_above,
+                          cfg.rollout.group_size, state.uninformative_in_a_row, state.truncation_warned)  # fmt: skip
+    try:
+        guard.observe(metrics) if run.dist.is_main else guard.observe(metrics, warn=lambda _: None)
+    finally:  # also when it raises: the state says how the run ended
+        state.uninformative_in_a_row, state.truncation_warned = guard.in_a_row, guard.truncation_warned
 
 
 #: Test hook: seconds to sleep inside a checkpoint save, after the weights are written and before

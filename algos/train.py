@@ -62,6 +62,7 @@ from veriloop.algos.step import (
     TrainerState,
     checkpoint_run,
     evaluate_step,
+    guard_learning,
     guard_nonfinite,
     no_update,
     rollout_limits,
@@ -412,6 +413,7 @@ def _loop(run: RunParts) -> None:
         _evaluate_and_log(run, loop, metrics)
         loop.show(step_summary(metrics))
         say(quiet=run.quiet, text=f"step {state.step:4d}/{cfg.train.steps} | {step_summary(metrics)}")
+        guard_learning(run, metrics)  # no informative group for too long: stop (the rows are logged)
         if (run.dist.is_main or run.dist.sharded) and loop.checkpoint_due(state.step):
             checkpoint_run(run)  # sharded: every rank writes its shards
 

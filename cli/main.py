@@ -292,7 +292,8 @@ def run(argv: Sequence[str] | None = None) -> int:
 def _explain(e: Exception, command: str) -> tuple[str | None, int]:
     """The one-line message and exit code for a failure an operator can fix, or ``(None, 0)``:
     bad input (config, env id, a checkpoint that cannot be resumed) exits 2, a write the file
-    system refused (full disk, read-only folder) exits 1."""
+    system refused (full disk, read-only folder) exits 1, a run a guard stopped (nothing to learn,
+    non-finite steps; ``algos.run.guards``) exits 4."""
     from veriloop.configs.schema import ConfigError
     from veriloop.envs.plugins import UnknownEnvError
 
@@ -303,6 +304,9 @@ def _explain(e: Exception, command: str) -> tuple[str | None, int]:
         return str(e), 2
     if _refused_write(e):
         return f"{_disk_message(e)} {_kept(command)}", 1
+    guards = sys.modules.get("veriloop.algos.run.guards")  # the run stopped itself: it could not learn
+    if guards and isinstance(e, guards.RunStoppedError):
+        return str(e), 4
     return None, 0
 
 
