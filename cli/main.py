@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from veriloop.cli.compare import add_compare_command
 from veriloop.cli.serve import add_serve_command
 
 if TYPE_CHECKING:
@@ -250,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_quickstart_command(sub)
     add_serve_command(sub)
+    add_compare_command(sub)
     return parser
 
 
