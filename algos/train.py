@@ -402,7 +402,8 @@ def _loop(run: RunParts) -> None:
                 t_sync = time.perf_counter()
                 with _whole_weights(run):
                     backend.sync()  # the engine samples the next step with the weights just trained
-                metrics["time/weight_sync_s"] = time.perf_counter() - t_sync
+                    metrics["time/weight_sync_s"] = time.perf_counter() - t_sync
+                    metrics.update(_probe_sampler(run, step + 1))  # it really does, or the run stops
         else:
             metrics.update(no_update())
         t_train = time.perf_counter() - t1
@@ -416,6 +417,19 @@ def _loop(run: RunParts) -> None:
         guard_learning(run, metrics)  # no informative group for too long: stop (the rows are logged)
         if (run.dist.is_main or run.dist.sharded) and loop.checkpoint_due(state.step):
             checkpoint_run(run)  # sharded: every rank writes its shards
+
+
+def _probe_sampler(run: RunParts, version: int) -> dict[str, float]:
+    """``sync/probe_gap`` (``sync_probe.check_sampler``) and its cost, after a sync to ``run.backend``."""
+    if not run.cfg.train.sync_probe or run.backend is None:
+        return {}
+    from veriloop.algos.run.sync_probe import check_sampler
+
+    t0 = time.perf_counter()
+    gap = check_sampler(
+        run.policy, run.backend, version=version, tolerance=run.cfg.train.sync_probe_tolerance
+    )
+    return {"sync/probe_gap": gap, "time/sync_probe_s": time.perf_counter() - t0}
 
 
 def _rollout_backend(cfg: ExperimentConfig, policy: Policy, dist: DistContext) -> LiveBackend | None:

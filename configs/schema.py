@@ -242,6 +242,11 @@ class TrainConfig:
             nothing was trained); 0 = never.
         warn_truncation_above: Warn once when more than this share of a step's samples were cut at
             ``rollout.max_new_tokens`` (in [0, 1]; 1 = never).
+        sync_probe: After every weight sync to a backend with its own copy of the weights (vLLM,
+            vLLM servers), check that the sampler's log-probs of a fixed probe equal the trainer's
+            (``sync/probe_gap``); a mismatch stops the run naming the backend and the version.
+        sync_probe_tolerance: The mean |log-prob difference| the probe allows; None = by precision
+            (1e-4 for fp32, 0.15 for bf16; ``veriloop.algos.run.sync_probe.TOLERANCE``).
         log_every: Write metrics every this many steps.
         parallel: With several processes (``torchrun`` / ``accelerate launch``): ``data`` = every
             rank holds the whole model and optimizer state; ``fsdp`` = they are sharded over the
@@ -266,6 +271,8 @@ class TrainConfig:
     max_consecutive_nonfinite: int = 3
     max_uninformative_steps: int = 10
     warn_truncation_above: float = 0.5
+    sync_probe: bool = True
+    sync_probe_tolerance: float | None = None
     log_every: int = 1
     parallel: Parallel = "data"
     max_staleness: int = 0
@@ -281,6 +288,10 @@ class TrainConfig:
             raise ConfigError(
                 "train.max_uninformative_steps must be >= 0 (0 = never stop) and train.warn_truncation_above "
                 f"in [0, 1] (1 = never warn), got {self.max_uninformative_steps} and {self.warn_truncation_above}"
+            )
+        if self.sync_probe_tolerance is not None and not self.sync_probe_tolerance > 0:
+            raise ConfigError(
+                f"train.sync_probe_tolerance must be > 0 or null (by precision), got {self.sync_probe_tolerance}"
             )
         if self.micro_batch_tokens < 0:
             raise ConfigError(
