@@ -192,6 +192,7 @@ def _async_step(
         metrics.update(
             per_env_metrics(shown, {n: (str(e.id), e.kwargs) for n, e in cfg.env.training_envs.items()})
         )
+    T.report_first_step(run, step, metrics)  # the base policy's groups, before the first update
     t1 = time.perf_counter()
     if trajs:
         metrics.update(T.train_on_batch(cfg, run.policy, run.critic, run.optimizer, trajs, run.generator,

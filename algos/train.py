@@ -65,6 +65,7 @@ from veriloop.algos.step import (
     guard_learning,
     guard_nonfinite,
     no_update,
+    report_first_step,
     rollout_limits,
     rollout_metrics,
     sampling_for,
@@ -393,6 +394,7 @@ def _loop(run: RunParts) -> None:
         if cfg.env.mixture:
             envs = {n: (str(e.id), e.kwargs) for n, e in cfg.env.training_envs.items()}
             metrics.update(per_env_metrics(sampled, envs))
+        report_first_step(run, step, metrics)  # the base policy's groups, before the first update
         t1 = time.perf_counter()
         # dynamic sampling may keep no group at all (every group had equal rewards): nothing to learn
         if trajs:

@@ -246,7 +246,7 @@ class TrainConfig:
             vLLM servers), check that the sampler's log-probs of a fixed probe equal the trainer's
             (``sync/probe_gap``); a mismatch stops the run naming the backend and the version.
         sync_probe_tolerance: The mean |log-prob difference| the probe allows; None = by precision
-            (1e-4 for fp32, 0.15 for bf16; ``veriloop.algos.run.sync_probe.TOLERANCE``).
+            (1e-3 for fp32, 0.5 for bf16; ``veriloop.algos.run.sync_probe.TOLERANCE``).
         log_every: Write metrics every this many steps.
         parallel: With several processes (``torchrun`` / ``accelerate launch``): ``data`` = every
             rank holds the whole model and optimizer state; ``fsdp`` = they are sharded over the

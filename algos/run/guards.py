@@ -79,3 +79,32 @@ class LearningGuard:
             "with an SFT warm-up (sft.steps), or check the verifier and the chat template; "
             "train.max_uninformative_steps=0 turns this check off"
         )
+
+
+def first_step_check(metrics: Mapping[str, Any], group_size: int) -> tuple[str, bool]:
+    """The base policy's first groups, before the first update, in one line, with what to change when
+    a share is extreme; returns the line and whether it is a warning.
+
+    Shares: groups with zero reward variance (``1 - sampling/informative_fraction``), samples cut at
+    ``max_new_tokens`` (``truncation_rate``), episodes whose verifier failed (``verifier/errors`` over
+    ``samples/episodes``)."""
+    flat = 1.0 - float(metrics.get("sampling/informative_fraction", 0.0))
+    cut = float(metrics.get("truncation_rate", 0.0))
+    errors = float(metrics.get("verifier/errors", 0.0)) / max(
+        float(metrics.get("samples/episodes", 1.0)), 1.0
+    )
+    reward = float(metrics.get("reward/mean", 0.0))
+    advice = []
+    if flat >= 1.0:
+        advice.append(f"every group has one reward (reward/mean {reward:.3g}): the task is too hard or too easy for "
+                      f"this model at this group size; raise rollout.group_size (now {group_size}) or the temperature, "
+                      "pick another task or start with an SFT warm-up (sft.steps)")  # fmt: skip
+    if cut > 0.5:
+        advice.append(
+            "most samples hit the token limit: raise rollout.max_new_tokens or ask for shorter answers"
+        )
+    if errors > 0.1:
+        advice.append("many verifier errors: check the verifier (a timeout: raise env.kwargs.timeout)")
+    line = (f"step-0 groups (base policy): {flat:.0%} with zero reward variance, {cut:.0%} of samples cut at "
+            f"rollout.max_new_tokens, {errors:.0%} verifier errors")  # fmt: skip
+    return (line + ("; " + "; ".join(advice) if advice else ""), bool(advice))

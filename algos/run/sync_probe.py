@@ -26,11 +26,12 @@ from veriloop.algos.run.guards import RunStoppedError
 PROBE_TEXT = "Question: what is 17 + 25? Think step by step, then give the answer. Answer:"
 #: Tokens the sampler draws from the probe.
 PROBE_TOKENS = 8
-#: Mean |log-prob difference| allowed per precision of the trainer. fp32: the HF engine matches the
-#: trainer to ~1e-7 and vLLM in fp32 to ~1e-5 (k3 7e-11); bf16: sampler and trainer round
-#: independently, 0.03-0.04 on average on sampled episodes (docs/precision.md), so a skipped sync
-#: is caught there only when the weights moved more than that.
-TOLERANCE = {"fp32": 1e-4, "bf16": 0.15}
+#: Mean |log-prob difference| allowed per precision of the trainer. Measured on the default model
+#: (HF engine against the trainer, 8 probes of 1-8 tokens): fp32 ~1e-5 (vLLM in fp32: k3 7e-11, the
+#: same order), so 1e-3 leaves a 100x margin; bf16 0.02-0.10 (sampler and trainer round independently;
+#: one token's log ratio reaches ~0.4, docs/precision.md), so 0.5: in bf16 the probe catches a sampler
+#: on other weights (a stale adapter after many steps, another model), not one step's change.
+TOLERANCE = {"fp32": 1e-3, "bf16": 0.5}
 
 
 class SamplerMismatchError(RunStoppedError):

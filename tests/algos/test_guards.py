@@ -97,6 +97,9 @@ def test_the_cli_exits_non_zero_with_one_line(tmp_path: Path, always_right, caps
     last = err.strip().splitlines()[-1]
     assert last.startswith("veriloop train: train: no informative group for 2 steps in a row")
     assert "reward/mean 1" in last and "too hard or too easy" in last and "Traceback" not in err
+    assert (
+        "warning: step-0 groups (base policy): 100% with zero reward variance" in err
+    )  # before the first update
 
 
 def test_an_informative_run_finishes_and_warns_about_truncation_once(tmp_path: Path, coin, capsys) -> None:
@@ -117,3 +120,44 @@ def test_the_non_finite_guard_is_a_run_stop() -> None:
 def test_bad_settings_are_refused(bad: str) -> None:
     with pytest.raises(ConfigError, match="max_uninformative_steps"):
         load_config(None, ["policy.model=tiny", bad]).validate()
+
+
+# ---------------------------------------------------------------------- start-of-run checks
+
+KEEP = "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}"
+NO_SYSTEM = (  # a template that silently leaves the system message out
+    "{%- for m in messages -%}{%- if m['role'] != 'system' -%}" + KEEP + "{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+NO_USER = NO_SYSTEM.replace("!= 'system'", "!= 'user'")
+
+
+def _tokenizer(template: str):  # type: ignore[no-untyped-def]
+    from veriloop.agents.testing import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def test_a_template_that_drops_the_prompt_is_refused() -> None:
+    from veriloop.agents.chat import ChatFormat
+
+    with pytest.raises(ValueError, match="drops the system message"):
+        ChatFormat(_tokenizer(NO_SYSTEM), system_prompt="Answer in \\boxed{}.")
+    ChatFormat(_tokenizer(NO_SYSTEM))  # no system prompt set: nothing is lost
+    with pytest.raises(ValueError, match="drops the user message"):
+        ChatFormat(_tokenizer(NO_USER))
+
+
+def test_first_step_line_and_its_advice() -> None:
+    from veriloop.algos.run.guards import first_step_check
+
+    line, extreme = first_step_check({"sampling/informative_fraction": 0.25, "truncation_rate": 0.125,
+                                      "verifier/errors": 1.0, "samples/episodes": 16.0}, 4)  # fmt: skip
+    assert line == ("step-0 groups (base policy): 75% with zero reward variance, 12% of samples cut at "
+                    "rollout.max_new_tokens, 6% verifier errors") and not extreme  # fmt: skip
+    line, extreme = first_step_check({"sampling/informative_fraction": 0.0, "truncation_rate": 0.75,
+                                      "verifier/errors": 4.0, "samples/episodes": 16.0, "reward/mean": 0.0}, 4)  # fmt: skip
+    assert extreme and "too hard or too easy for this model at this group size" in line
+    assert "raise rollout.max_new_tokens" in line and "check the verifier" in line

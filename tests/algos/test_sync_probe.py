@@ -85,7 +85,7 @@ def test_a_synced_copy_passes_the_probe_every_step(tmp_path: Path, monkeypatch: 
 def test_a_skipped_sync_is_caught_at_that_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SamplerMismatchError, match=r"sampler \(hf-copy\).*version 2") as e:
         _run(tmp_path, monkeypatch, (2,), "train.steps=4")
-    assert "tolerance 0.0001 for fp32" in str(e.value)
+    assert "tolerance 0.001 for fp32" in str(e.value)
     assert [r["step"] for r in read_metrics(tmp_path / "r")] == [1]  # step 2 never logged as if fine
 
 
