@@ -5,6 +5,8 @@ that step, the run stopped naming the backend and the version."""
 from __future__ import annotations
 
 import copy
+import importlib.util
+import os
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
@@ -99,3 +101,32 @@ def test_probe_gap_of_the_trainer_itself_is_zero(tiny_text_policy) -> None:  # t
             p.add_(0.05 * torch.randn_like(p))
     with pytest.raises(SamplerMismatchError, match="version 7"):
         check_sampler(tiny_text_policy, stale, version=7)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None and os.environ.get("VERILOOP_REQUIRE_VLLM") != "1",
+    reason="needs vLLM: `make setup-vllm`, then `make test-vllm`",
+)
+@pytest.mark.parametrize("lora_sync", ["merge", "adapter"])
+def test_vllm_in_process_passes_after_a_sync_and_is_caught_without_one(lora_sync: str) -> None:
+    """vLLM serving merged weights or LoRA adapters (default model, fp32): the probe passes at start
+    and after each sync; an adapter moved without a sync is caught."""
+    from veriloop.agents.backends.vllm import VLLMBackend
+    from veriloop.agents.loading import LoraSettings, load_policy
+
+    policy = load_policy("default", lora=LoraSettings(r=8, alpha=16))
+    extra = {"enforce_eager": True} if lora_sync == "adapter" else {}
+    backend = VLLMBackend(policy, lora_sync=lora_sync, max_model_len=2048, **extra)
+    try:
+        backend.sync()
+        assert check_sampler(policy, backend, version=0) <= TOLERANCE["fp32"]
+        with torch.no_grad():
+            for name, p in policy.model.named_parameters():
+                if "lora_B" in name:
+                    p.add_(0.02 * torch.randn_like(p))
+        with pytest.raises(SamplerMismatchError, match="version 1"):
+            check_sampler(policy, backend, version=1)  # trained, not synced
+        backend.sync()
+        assert check_sampler(policy, backend, version=1) <= TOLERANCE["fp32"]
+    finally:
+        backend.close()
