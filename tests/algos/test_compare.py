@@ -81,9 +81,7 @@ def test_two_arms_two_seeds(tmp_path: Path) -> None:
     text = (out / "compare.md").read_text()
     row = "| algo.name=rloo | veriloop/MathVerify-v0 | id | 0, 1 | +0.250 ± 0.144, +0.500 ± 0.289 | +0.375 ± 0.125 | needs ≥ 3 seeds | yes |"
     assert row in text
-    assert (
-        "| algo.name=grpo | veriloop/MathVerify-v0 | id | 0, 1 | 0.375, 0.000 | 0.188 ± 0.188 |" in text
-    )
+    assert "| algo.name=grpo | veriloop/MathVerify-v0 | id | 0, 1 | 0.375, 0.000 | 0.188 ± 0.188 |" in text
     assert (out / "compare.png").is_file()
 
 
