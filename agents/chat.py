@@ -95,6 +95,7 @@ class ChatFormat:
         pattern = "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))
         self._special_re = re.compile(pattern) if pattern else None
         self.assistant_close = self._assistant_close()
+        self._check_prompt_rendered()
 
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool) -> str:
         """Template text of ``messages``; vision formats keep image parts as placeholders."""
@@ -185,6 +186,24 @@ class ChatFormat:
 
     def prompt_text(self, messages: Sequence[dict[str, Any]]) -> str:
         return self.render(messages, add_generation_prompt=True)
+
+    def _check_prompt_rendered(self) -> None:
+        """The template writes the user's text, and the system prompt when one is set: a template that
+        drops either trains for hours on prompts without the task (or its instructions)."""
+        user, system = "veriloop-user-text-check", "veriloop-system-text-check"
+        messages = [{"role": "system", "content": system}] if self.system_prompt else []
+        text = self.render([*messages, {"role": "user", "content": user}], add_generation_prompt=True)
+        if user not in text:
+            raise ValueError(
+                "the chat template drops the user message (its text is not in the rendered prompt): "
+                "the model would never see the task; fix or replace the tokenizer's chat_template"
+            )
+        if self.system_prompt and system not in text:
+            raise ValueError(
+                "the chat template drops the system message (env.system_prompt is not in the rendered "
+                "prompt): put the instructions in the task text and set env.system_prompt to null, or fix "
+                "the tokenizer's chat_template"
+            )
 
     def _assistant_close(self) -> str:
         """What the template writes after an assistant message's content (ChatML: ``<|im_end|>\\n``)."""

@@ -192,6 +192,7 @@ def _async_step(
         metrics.update(
             per_env_metrics(shown, {n: (str(e.id), e.kwargs) for n, e in cfg.env.training_envs.items()})
         )
+    T.report_first_step(run, step, metrics)  # the base policy's groups, before the first update
     t1 = time.perf_counter()
     if trajs:
         metrics.update(T.train_on_batch(cfg, run.policy, run.critic, run.optimizer, trajs, run.generator,
@@ -216,6 +217,7 @@ def _async_step(
     loop.show(T.step_summary(metrics))
     say(quiet=run.quiet, text=f"step {state.step:4d}/{cfg.train.steps} | {T.step_summary(metrics)} | "
                       f"stale={metrics['async/staleness_mean']}")  # fmt: skip
+    T.guard_learning(run, metrics)  # no informative group for too long: stop (the rows are logged)
     if loop.checkpoint_due(state.step):
         state.history.setdefault("async", {})["eval_pending"] = evals.in_flight
         T.checkpoint_run(run)

@@ -9,6 +9,7 @@ Both loops import this module; neither imports the other's internals from here.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from veriloop.algos.maths.mismatch import NAMES as MISMATCH_NAMES
 from veriloop.algos.maths.mismatch import MismatchStats
 from veriloop.algos.run.checkpoint import check_finite, save_checkpoint
 from veriloop.algos.run.distributed import DistContext
+from veriloop.algos.run.guards import LearningGuard, first_step_check
 from veriloop.algos.run.log import RunLog
 from veriloop.algos.run.nonfinite import NonFiniteGuard
 from veriloop.algos.run.progress import say
@@ -61,6 +63,8 @@ class TrainerState:
     next_seed: int = 0
     consecutive_nonfinite: int = 0
     skipped_steps: int = 0
+    uninformative_in_a_row: int = 0
+    truncation_warned: bool = False
     sft_done: bool = False
     history: dict[str, Any] = field(default_factory=dict)
 
@@ -293,6 +297,31 @@ def guard_nonfinite(loop: StepLoop, state: TrainerState, metrics: dict[str, Any]
     finally:  # also when it raises: the state says how the run ended
         state.consecutive_nonfinite, state.skipped_steps = loop.guard.in_a_row, loop.guard.total
         metrics["nonfinite_skipped_total"] = float(state.skipped_steps)
+
+
+def guard_learning(run: RunParts, metrics: dict[str, Any]) -> None:
+    """Count the logged step in the learning guard (``guards.LearningGuard``: ``UninformativeRunError``
+    after ``train.max_uninformative_steps`` steps in a row without an informative group, one warning
+    when ``truncation_rate`` passes ``train.warn_truncation_above``); ``run.state`` keeps its counts."""
+    cfg, state = run.cfg, run.state
+    guard = LearningGuard(cfg.train.max_uninformative_steps, cfg.train.warn_truncation_above,
+                          cfg.rollout.group_size, state.uninformative_in_a_row, state.truncation_warned)  # fmt: skip
+    try:
+        guard.observe(metrics) if run.dist.is_main else guard.observe(metrics, warn=lambda _: None)
+    finally:  # also when it raises: the state says how the run ended
+        state.uninformative_in_a_row, state.truncation_warned = guard.in_a_row, guard.truncation_warned
+
+
+def report_first_step(run: RunParts, step: int, metrics: dict[str, Any]) -> None:
+    """Before the run's first update (step 0, rank 0): the base policy's groups in one line
+    (``guards.first_step_check``); on stderr as a warning when a share is extreme."""
+    if step != 0 or not run.dist.is_main:
+        return
+    line, extreme = first_step_check(metrics, run.cfg.rollout.group_size)
+    if extreme:
+        print(f"veriloop: warning: {line}", file=sys.stderr, flush=True)
+    else:
+        say(quiet=run.quiet, text=line)
 
 
 #: Test hook: seconds to sleep inside a checkpoint save, after the weights are written and before

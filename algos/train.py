@@ -62,8 +62,10 @@ from veriloop.algos.step import (
     TrainerState,
     checkpoint_run,
     evaluate_step,
+    guard_learning,
     guard_nonfinite,
     no_update,
+    report_first_step,
     rollout_limits,
     rollout_metrics,
     sampling_for,
@@ -392,6 +394,7 @@ def _loop(run: RunParts) -> None:
         if cfg.env.mixture:
             envs = {n: (str(e.id), e.kwargs) for n, e in cfg.env.training_envs.items()}
             metrics.update(per_env_metrics(sampled, envs))
+        report_first_step(run, step, metrics)  # the base policy's groups, before the first update
         t1 = time.perf_counter()
         # dynamic sampling may keep no group at all (every group had equal rewards): nothing to learn
         if trajs:
@@ -401,7 +404,8 @@ def _loop(run: RunParts) -> None:
                 t_sync = time.perf_counter()
                 with _whole_weights(run):
                     backend.sync()  # the engine samples the next step with the weights just trained
-                metrics["time/weight_sync_s"] = time.perf_counter() - t_sync
+                    metrics["time/weight_sync_s"] = time.perf_counter() - t_sync
+                    metrics.update(_probe_sampler(run, step + 1))  # it really does, or the run stops
         else:
             metrics.update(no_update())
         t_train = time.perf_counter() - t1
@@ -412,8 +416,22 @@ def _loop(run: RunParts) -> None:
         _evaluate_and_log(run, loop, metrics)
         loop.show(step_summary(metrics))
         say(quiet=run.quiet, text=f"step {state.step:4d}/{cfg.train.steps} | {step_summary(metrics)}")
+        guard_learning(run, metrics)  # no informative group for too long: stop (the rows are logged)
         if (run.dist.is_main or run.dist.sharded) and loop.checkpoint_due(state.step):
             checkpoint_run(run)  # sharded: every rank writes its shards
+
+
+def _probe_sampler(run: RunParts, version: int) -> dict[str, float]:
+    """``sync/probe_gap`` (``sync_probe.check_sampler``) and its cost, after a sync to ``run.backend``."""
+    if not run.cfg.train.sync_probe or run.backend is None:
+        return {}
+    from veriloop.algos.run.sync_probe import check_sampler
+
+    t0 = time.perf_counter()
+    gap = check_sampler(
+        run.policy, run.backend, version=version, tolerance=run.cfg.train.sync_probe_tolerance
+    )
+    return {"sync/probe_gap": gap, "time/sync_probe_s": time.perf_counter() - t0}
 
 
 def _rollout_backend(cfg: ExperimentConfig, policy: Policy, dist: DistContext) -> LiveBackend | None:

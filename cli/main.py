@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from veriloop.cli.compare import add_compare_command
 from veriloop.cli.serve import add_serve_command
 
 if TYPE_CHECKING:
@@ -250,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_quickstart_command(sub)
     add_serve_command(sub)
+    add_compare_command(sub)
     return parser
 
 
@@ -292,7 +294,8 @@ def run(argv: Sequence[str] | None = None) -> int:
 def _explain(e: Exception, command: str) -> tuple[str | None, int]:
     """The one-line message and exit code for a failure an operator can fix, or ``(None, 0)``:
     bad input (config, env id, a checkpoint that cannot be resumed) exits 2, a write the file
-    system refused (full disk, read-only folder) exits 1."""
+    system refused (full disk, read-only folder) exits 1, a run a guard stopped (nothing to learn,
+    non-finite steps; ``algos.run.guards``) exits 4."""
     from veriloop.configs.schema import ConfigError
     from veriloop.envs.plugins import UnknownEnvError
 
@@ -303,6 +306,9 @@ def _explain(e: Exception, command: str) -> tuple[str | None, int]:
         return str(e), 2
     if _refused_write(e):
         return f"{_disk_message(e)} {_kept(command)}", 1
+    guards = sys.modules.get("veriloop.algos.run.guards")  # the run stopped itself: it could not learn
+    if guards and isinstance(e, guards.RunStoppedError):
+        return str(e), 4
     return None, 0
 
 

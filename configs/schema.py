@@ -237,6 +237,16 @@ class TrainConfig:
             LoRA); 0 = no cap. A single longer episode still forms its own micro-batch.
         max_consecutive_nonfinite: Stop after this many consecutive steps with a NaN/inf loss or
             gradient (each such step is skipped, not applied).
+        max_uninformative_steps: Stop the run (exit code 4) after this many consecutive steps in
+            which no group had an informative learning signal (every group's rewards equal, so
+            nothing was trained); 0 = never.
+        warn_truncation_above: Warn once when more than this share of a step's samples were cut at
+            ``rollout.max_new_tokens`` (in [0, 1]; 1 = never).
+        sync_probe: After every weight sync to a backend with its own copy of the weights (vLLM,
+            vLLM servers), check that the sampler's log-probs of a fixed probe equal the trainer's
+            (``sync/probe_gap``); a mismatch stops the run naming the backend and the version.
+        sync_probe_tolerance: The mean |log-prob difference| the probe allows; None = by precision
+            (1e-3 for fp32, 0.5 for bf16; ``veriloop.algos.run.sync_probe.TOLERANCE``).
         log_every: Write metrics every this many steps.
         parallel: With several processes (``torchrun`` / ``accelerate launch``): ``data`` = every
             rank holds the whole model and optimizer state; ``fsdp`` = they are sharded over the
@@ -259,6 +269,10 @@ class TrainConfig:
     micro_batch_size: int = 4
     micro_batch_tokens: int = 0
     max_consecutive_nonfinite: int = 3
+    max_uninformative_steps: int = 10
+    warn_truncation_above: float = 0.5
+    sync_probe: bool = True
+    sync_probe_tolerance: float | None = None
     log_every: int = 1
     parallel: Parallel = "data"
     max_staleness: int = 0
@@ -269,6 +283,15 @@ class TrainConfig:
             raise ConfigError(
                 f"train.max_staleness must be >= 0 (0 = synchronous, K > 0 = at most K steps stale), "
                 f"got {self.max_staleness}"
+            )
+        if self.max_uninformative_steps < 0 or not 0 <= self.warn_truncation_above <= 1:
+            raise ConfigError(
+                "train.max_uninformative_steps must be >= 0 (0 = never stop) and train.warn_truncation_above "
+                f"in [0, 1] (1 = never warn), got {self.max_uninformative_steps} and {self.warn_truncation_above}"
+            )
+        if self.sync_probe_tolerance is not None and not self.sync_probe_tolerance > 0:
+            raise ConfigError(
+                f"train.sync_probe_tolerance must be > 0 or null (by precision), got {self.sync_probe_tolerance}"
             )
         if self.micro_batch_tokens < 0:
             raise ConfigError(

@@ -36,6 +36,7 @@ from veriloop.envs.math_data import (
     load_problems,
     normalize_levels,
 )
+from veriloop.envs.presets import checked_answers, preset_fields
 from veriloop.envs.verifiers import Verdict, check_math, r1_format_ok
 from veriloop.envs.verifiers.math_check import DEFAULT_FLOAT_ROUNDING, check_float_rounding
 from veriloop.envs.verifiers.pool import get_pool
@@ -53,6 +54,8 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         question_key, answer_key, answer_extract: Which row fields hold the question and the gold
             answer (see :class:`~veriloop.envs.datasets.FieldMap`), e.g. ``problem`` and ``solution``
             with ``answer_extract: last_boxed`` for MATH-style rows.
+        preset: A benchmark file layout that sets those three: ``math500``, ``gsm8k``, ``aime``
+            (integer answers) or ``boxed`` (see :mod:`veriloop.envs.presets`).
         part: With ``data``, which rows: ``train`` (default), ``heldout`` (the ``id`` evaluation's)
             or ``all``; the held-out rows are ``heldout_fraction`` of the distinct questions, picked
             by question hash, or the rows of ``heldout_data``. Ignored by the generator, whose
@@ -89,6 +92,7 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         question_key: str = "question",
         answer_key: str = "answer",
         answer_extract: Extract | None = None,
+        preset: str | None = None,
         part: Part = "train",
         heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
         heldout_data: str | Path | None = None,
@@ -121,8 +125,9 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         self.part_source: str | None = None
         check_part(part, heldout_fraction)
         self.part: Part | None = part if data is not None else None
+        self.preset = preset
         if data is not None:
-            fields = FieldMap(question_key, answer_key, answer_extract)
+            fields = preset_fields(preset, question_key, answer_key, answer_extract)
             self._load(data, fields, part, heldout_fraction, heldout_data, split=split, revision=revision,
                        subset=subset)  # fmt: skip
         # launch the verifier workers now (without waiting): their ~2-4 s import and warm-up then
@@ -132,8 +137,9 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
     def _load(self, data: str | Path, fields: FieldMap, part: Part, fraction: float,
               heldout_data: str | Path | None, **where: Any) -> None:  # fmt: skip
         """``self.problems``: the rows of ``part``, then those of the chosen levels."""
-        rows = load_problems(data, fields=fields, **where)
+        rows = checked_answers(self.preset, load_problems(data, fields=fields, **where), str(data))
         held = None if heldout_data is None else load_problems(heldout_data, fields=fields)
+        held = None if held is None else checked_answers(self.preset, held, str(heldout_data))
         if part == "heldout" and held is not None:
             kept = held
         else:

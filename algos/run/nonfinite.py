@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from veriloop.algos.run.guards import RunStoppedError
 
-class NonFiniteTrainingError(RuntimeError):
+
+class NonFiniteTrainingError(RunStoppedError):
     """Too many consecutive steps had a NaN/inf loss or gradient (RL or SFT)."""
 
 
