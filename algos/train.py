@@ -36,6 +36,7 @@ from veriloop.algos.curriculum import curriculum_step
 from veriloop.algos.eval.report import run_summary
 from veriloop.algos.mixture import assign_envs, per_env_metrics
 from veriloop.algos.run.checkpoint import (
+    complete_checkpoints,
     load_checkpoint,
     resume_latest,
 )
@@ -47,6 +48,8 @@ from veriloop.algos.run.setup import (
     build_critic,
     build_optimizer,
     build_policy,
+    check_claim,
+    check_device,
     check_model,
     claim_run_dir,
     load_trainable_state,
@@ -189,6 +192,8 @@ def train(
 
         check_async(cfg, dist)  # before the run folder is claimed or any model loads
     run_dir = Path(cfg.run.out_dir) / cfg.run_name
+    if dist.is_main:  # every refusal before the lock file (or the folder) is made
+        check_claim(run_dir, cfg, resume=resume, overwrite=overwrite)
     lock = acquire(run_dir) if dist.is_main else None  # one writer per run folder (run_lock.py)
     try:
         if dist.is_main:
@@ -222,8 +227,10 @@ def _train_claimed(
     try:
         at_start = run.state.step == 0 and (cfg.eval.at_start or cfg.train.steps == 0)
         with _whole_weights(run, at_start):  # sharded: all ranks gather, rank 0 evaluates
-            start = (
-                evaluate_step(cfg, run.policy, 0, run.quiet, backend=_eval_backend(run))
+            start = (  # resumed from the step-0 checkpoint: these weights may be evaluated already
+                evaluate_step(
+                    cfg, run.policy, 0, run.quiet, backend=_eval_backend(run), reuse=ckpt is not None
+                )
                 if at_start and run.log is not None
                 else {}
             )
@@ -263,6 +270,7 @@ def _check_before_loading(cfg: ExperimentConfig) -> None:
     cfg.validate()
     cfg.env.resolve()  # the environments exist (users' modules imported) before anything slow
     check_model(cfg.policy.model)
+    check_device(cfg.policy.device)
     if cfg.rollout.backend == "vllm_server":  # an unreachable server fails now, not after loading
         _check_servers(cfg)
     if cfg.sft.steps > 0:
@@ -306,14 +314,23 @@ def _restore(run: RunParts, resume: bool) -> Path | None:
     ckpt = run.dist.broadcast_object(found[0] if found else None)
     if ckpt is not None and not run.dist.is_main:  # every rank reads the same folder (shared file system)
         apply(load_checkpoint(ckpt))  # also restores the python/numpy/torch RNG states
-    if ckpt is not None:
-        say(quiet=run.quiet, text=f"resumed from {ckpt} at step {run.state.step}")
-    elif resume:
-        say(
-            quiet=run.quiet,
-            text=f"--resume: no complete checkpoint in {run.run_dir}/checkpoints, starting fresh",
-        )
+    if resume:
+        say(quiet=run.quiet, text=_resumed_what(run, ckpt))
     return ckpt
+
+
+def _resumed_what(run: RunParts, ckpt: Path | None) -> str:
+    """What a resumed run continues, in words: the RL step, or the warm-up's step, or nothing yet."""
+    cfg, state = run.cfg, run.state
+    if ckpt is not None and state.sft_done and state.step > 0:
+        return f"resuming {run.run_dir}: RL from step {state.step} of {cfg.train.steps} ({ckpt.name}; warm-up done)"
+    if ckpt is not None:
+        return f"resuming {run.run_dir}: the warm-up is done; RL starts at step {state.step} of {cfg.train.steps}"
+    sft = complete_checkpoints(run.run_dir / "sft") if cfg.sft.steps > 0 else []
+    if sft:
+        done = int(sft[-1].name.split("-")[1])
+        return f"resuming {run.run_dir}: the warm-up from step {done} (no RL step done yet)"
+    return f"resuming {run.run_dir}: no step was completed and saved before the interruption, so training starts at the beginning"
 
 
 def _apply_checkpoint(run: RunParts, loaded: dict[str, Any]) -> None:
@@ -342,12 +359,8 @@ def _restore_sharded(run: RunParts, resume: bool) -> Path | None:
                              optimizer=run.optimizer)  # fmt: skip
     if found is not None:
         _apply_loop_state(run, found[1])
-        say(quiet=run.quiet, text=f"resumed from {found[0]} (sharded) at step {run.state.step}")
-    elif resume:
-        say(
-            quiet=run.quiet,
-            text=f"--resume: no complete checkpoint in {run.run_dir}/checkpoints, starting fresh",
-        )
+    if resume:
+        say(quiet=run.quiet, text=_resumed_what(run, found[0] if found else None))
     return found[0] if found else None
 
 
@@ -359,17 +372,17 @@ def _whole_weights(run: RunParts, needed: bool = True) -> contextlib.AbstractCon
 
 def _sft_warmup(run: RunParts) -> None:
     """The SFT warm-up (``cfg.sft``) before RL, once per run (a resumed run does not redo it)."""
-    from veriloop.algos.sft.train import warmup_from_config
+    from veriloop.algos.sft.train import sft_summary, warmup_from_config
 
     cfg, state, main = run.cfg, run.state, run.dist.is_main
     if main and cfg.eval.before_sft:  # the base model, logged with step 0 as eval_base/...
         state.history["eval_base"] = evaluate_step(cfg, run.policy, 0, run.quiet, tag="base", prefix="eval_base",
-                                               backend=_eval_backend(run))  # fmt: skip
+                                               backend=_eval_backend(run), reuse=True)  # fmt: skip
     # every rank runs the same warm-up; only rank 0 saves it, and its weights are broadcast after it
     sft_metrics = warmup_from_config(cfg, run.policy, run_dir=run.run_dir / "sft" if main else None)
     state.sft_done = True
     state.history["sft"] = sft_metrics
-    say(quiet=run.quiet, text=f"SFT warm-up done: {sft_metrics}")
+    say(quiet=run.quiet, text=f"SFT warm-up done: {sft_summary(sft_metrics)}")
 
 
 def _loop(run: RunParts) -> None:

@@ -9,8 +9,10 @@ import argparse
 import errno
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from veriloop.cli.serve import add_serve_command
@@ -127,12 +129,15 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_quickstart(args: argparse.Namespace) -> int:
-    """Train the default model briefly on generated math, evaluate before/after, draw the curves."""
+    """Train the default model briefly on generated math, evaluate before/after, draw the curves.
+    The same command continues an interrupted quickstart (a run folder without ``final/``)."""
     from veriloop.algos.run.plots import plot_run
     from veriloop.algos.train import train
 
     cfg = _load(args, "quickstart")
-    run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
+    run_dir = Path(cfg.run.out_dir) / cfg.run_name
+    resume = args.resume or _continues(args, run_dir)
+    run_dir = train(cfg, resume=resume, overwrite=args.overwrite)
     pngs = plot_run(run_dir)
     print(f"\nrun folder: {run_dir}")
     if (run_dir / "summary.md").is_file():
@@ -143,6 +148,57 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
     for png in pngs:
         print(f"plot: {png}")
     return 0
+
+
+def _continues(args: argparse.Namespace, run_dir: Path) -> bool:
+    """Whether a plain ``quickstart`` continues the run in ``run_dir``: yes when it was interrupted
+    (it holds a run but no ``final/``); a finished one is refused, naming the commands that go on."""
+    from veriloop.algos.run.setup import holds_run
+    from veriloop.configs.schema import ConfigError
+
+    if args.overwrite or not holds_run(run_dir):
+        return False
+    if (run_dir / "final").is_dir():
+        again = args.again
+        raise ConfigError(
+            f"{run_dir} already holds a finished quickstart (tables: {run_dir / 'summary.md'}); nothing was "
+            f"changed. Start it over with `{_with_args(again, ['--overwrite'])}`, or keep it and choose "
+            f"another name: `{_with_args(again, ['run.name=quickstart2'])}`"
+        )
+    print(f"continuing the interrupted quickstart in {run_dir} (to start over: "
+          f"`{_with_args(args.again, ['--overwrite'])}`)", flush=True)  # fmt: skip
+    return True
+
+
+#: Set by the Makefile to the command the user typed (``make quickstart``): messages repeat it.
+INVOKED_AS_ENV = "VERILOOP_INVOKED_AS"
+
+
+def _with_args(command: str, extra: Sequence[str]) -> str:
+    """``command`` with ``extra`` words: as ``ARGS='...'`` for a make target, appended otherwise."""
+    if not extra:
+        return command
+    if command.startswith("make "):
+        head, _, args = command.partition(" ARGS=")
+        words = [*shlex.split(args), *extra] if args else list(extra)
+        return f"{head} ARGS={shlex.quote(' '.join(words))}"
+    return f"{command} {shlex.join(extra)}"
+
+
+def _again_command(argv: Sequence[str]) -> str:
+    """The command line that was run, minus ``--resume`` / ``--overwrite`` (the Makefile's name for
+    it when it started this process)."""
+    words = [w for w in argv if w not in ("--resume", "--overwrite")]
+    made = os.environ.get(INVOKED_AS_ENV, "").strip()
+    if made.startswith("make "):  # the Makefile passes the user's ARGS after the target's name
+        return _with_args(made, words[1:])
+    return shlex.join(["veriloop", *words])
+
+
+def _resume_command(command: str, again: str) -> str:
+    """What continues an interrupted ``command``: ``quickstart`` continues by itself, the trainers
+    with ``--resume``."""
+    return again if command == "quickstart" else _with_args(again, ["--resume"])
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -204,7 +260,8 @@ def _add_quickstart_command(sub: argparse._SubParsersAction[argparse.ArgumentPar
         metavar="KEY=VALUE",
         help="dotted overrides of configs/experiments/quickstart.yaml",
     )
-    p.add_argument("--resume", action="store_true", help="continue an interrupted quickstart")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted quickstart (plain `veriloop quickstart` does too)")  # fmt: skip
     _add_overwrite_arg(p)
     _add_import_arg(p)
     p.set_defaults(handler=_cmd_quickstart)
@@ -274,22 +331,25 @@ def run(argv: Sequence[str] | None = None) -> int:
     from veriloop.envs.plugins import working_dir_importable
 
     working_dir_importable()  # as with `python -m`: a user's module beside their config imports
-    args = parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(words)
+    args.again = _again_command(words)
     handler: Handler = args.handler
+    again = _resume_command(args.command, args.again)
     try:
         return handler(args)
     except KeyboardInterrupt:
-        print(f"veriloop {args.command}: interrupted. {_kept(args.command)}", file=sys.stderr)
+        print(f"veriloop {args.command}: interrupted. {_kept(args.command, again)}", file=sys.stderr)
         return 130
     except Exception as e:
-        message, code = _explain(e, args.command)
+        message, code = _explain(e, args.command, again)
         if message is None:
             raise
         print(f"veriloop {args.command}: {message}", file=sys.stderr)
         return code
 
 
-def _explain(e: Exception, command: str) -> tuple[str | None, int]:
+def _explain(e: Exception, command: str, again: str = "") -> tuple[str | None, int]:
     """The one-line message and exit code for a failure an operator can fix, or ``(None, 0)``:
     bad input (config, env id, a checkpoint that cannot be resumed) exits 2, a write the file
     system refused (full disk, read-only folder) exits 1."""
@@ -302,15 +362,12 @@ def _explain(e: Exception, command: str) -> tuple[str | None, int]:
     ):
         return str(e), 2
     if _refused_write(e):
-        return f"{_disk_message(e)} {_kept(command)}", 1
+        return f"{_disk_message(e)} {_kept(command, again)}", 1
     return None, 0
 
 
 #: What survives an interrupted or failed write (checkpoints are committed atomically).
-_KEPT = (
-    "Complete checkpoints are kept (a save cut half-way is ignored and removed later); continue "
-    "with the same command and --resume"
-)
+_KEPT = "Complete checkpoints are kept (a save cut half-way is ignored and removed later); continue with: "
 _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
@@ -336,9 +393,12 @@ def _disk_message(e: BaseException) -> str:
     return f"the file system refused{where}: {e.strerror or os.strerror(e.errno or 0)}. {fix}."
 
 
-def _kept(command: str) -> str:
-    """What an interrupted command leaves: trainers can resume; other commands just run again."""
-    return _KEPT if command in ("train", "sft", "quickstart") else "Run the command again."
+def _kept(command: str, again: str = "") -> str:
+    """What an interrupted command leaves: trainers can resume (``again`` is the command that does
+    it); other commands just run again."""
+    if command not in ("train", "sft", "quickstart"):
+        return "Run the command again."
+    return _KEPT + (again or f"veriloop {command} ... --resume")
 
 
 if __name__ == "__main__":
