@@ -202,7 +202,7 @@ def _async_step(
     for g in batch:
         ledger.write("trained", g, step)
     t_train = time.perf_counter() - t1
-    run.scheduler.step()
+    T.advance_schedule(run.scheduler)
     with worker.cond:
         metrics.update(count_metrics(worker.sched))
         gen_wait, worker.clock.waited_s = worker.clock.waited_s, 0.0

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -273,6 +274,84 @@ def step_timing(
         "throughput/rollout_tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
         "throughput/train_tokens_per_s": metrics["train_tokens"] / max(t_train, 1e-9),
     }  # fmt: skip
+
+
+def modes_line(cfg: ExperimentConfig) -> str:
+    """One line saying which training modes are on: precision, async (K and the correction it
+    runs with), compaction, curriculum, dynamic sampling."""
+    algo, k = cfg.algo, cfg.train.max_staleness
+    parts = ["bf16 mixed precision" if cfg.policy.precision == "bf16" else "fp32"]
+    if k > 0:
+        fix = (
+            f"policy_loss={algo.policy_loss}"
+            if algo.objective.reads_sampler
+            else f"rollout_is={algo.rollout_is}"
+        )
+        parts.append(f"async (max_staleness={k}, corrected by {fix})")
+    else:
+        parts.append("synchronous")
+    if cfg.rollout.compaction != "none":
+        parts.append(f"compaction {cfg.rollout.compaction} (keep {cfg.rollout.compaction_keep})")
+    cur = cfg.curriculum
+    if cur.enabled:
+        on = [w for w, flag in (("difficulty pools", cur.pools_enabled), ("gate", cur.gate)) if flag]
+        parts.append(f"curriculum ({' + '.join(on)})")
+    if algo.dynamic_sampling and not cur.enabled:
+        parts.append("dynamic sampling")
+    return "modes: " + ", ".join(parts)
+
+
+def modes_tally(rows: Sequence[Mapping[str, Any]], cfg: ExperimentConfig) -> str | None:
+    """What the modes did over a run's RL rows (metrics.jsonl), in one line; None when no mode
+    that counts anything was on."""
+
+    def total(key: str) -> float:
+        return sum(float(r[key]) for r in rows if isinstance(r.get(key), int | float))
+
+    said = []
+    if cfg.rollout.compaction != "none":
+        split = sum(float(r["samples/split_rate"]) * float(r["samples/episodes"]) for r in rows
+                    if isinstance(r.get("samples/split_rate"), int | float) and isinstance(r.get("samples/episodes"), int | float))  # fmt: skip
+        said.append(f"compaction split {split:.0f} episodes")
+    if cfg.curriculum.enabled:
+        said.append(f"the curriculum gate rejected {total('curriculum/rejected_groups'):.0f} groups "
+                    f"({total('curriculum/refills'):.0f} refills, {total('curriculum/wasted_episodes'):.0f} episodes not trained on)")  # fmt: skip
+    elif cfg.algo.dynamic_sampling:
+        said.append(f"dynamic sampling ran {total('sampling/rounds') - len(rows):.0f} extra rounds")
+    if cfg.train.max_staleness > 0:
+        stale = [
+            float(r["async/staleness_max"])
+            for r in rows
+            if isinstance(r.get("async/staleness_max"), int | float)
+        ]
+        dropped = max(
+            (float(r["async/dropped"]) for r in rows if isinstance(r.get("async/dropped"), int | float)),
+            default=0.0,
+        )
+        said.append(
+            f"async: staleness at most {max(stale, default=0.0):.0f} steps, {dropped:.0f} groups dropped as too stale"
+        )
+    return ("the modes did: " + "; ".join(said)) if said else None
+
+
+def say_modes_tally(cfg: ExperimentConfig, run_dir: Path, quiet: bool) -> None:
+    """:func:`modes_tally` of the run's ``metrics.jsonl`` (its RL rows), said when there is one."""
+    path = run_dir / "metrics.jsonl"
+    rows = (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    )
+    line = modes_tally([r for r in rows if "reward/mean" in r], cfg)
+    if line:
+        say(quiet=quiet, text=line)
+
+
+def advance_schedule(scheduler: Any) -> None:
+    """One RL step of the learning-rate schedule, whether or not the step updated anything (a step
+    that kept no group trains nothing; PyTorch's warning about a schedule that moves before the
+    optimizer does is about a mistake this is not)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+        scheduler.step()
 
 
 def no_update() -> dict[str, float | None]:

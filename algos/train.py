@@ -63,14 +63,17 @@ from veriloop.algos.step import (
     LiveBackend,
     RunParts,
     TrainerState,
+    advance_schedule,
     checkpoint_run,
     evaluate_step,
     guard_nonfinite,
+    modes_line,
     no_update,
     rollout_limits,
     rollout_metrics,
     sampling_for,
     sampling_stream,
+    say_modes_tally,
     step_loop,
     step_summary,
     step_timing,
@@ -239,8 +242,8 @@ def _train_claimed(
             if base:
                 run.log.log(0, base)
         _loop(run)
-        if dist.is_main and any((run_dir / "eval").glob("*.json")):
-            (run_dir / "summary.md").write_text(run_summary(run_dir / "eval"))
+        if dist.is_main:
+            _after_loop(run)
         card = _model_card(cfg, run_dir, run.state) if dist.is_main else ""
         if dist.sharded:  # all ranks gather the weights; rank 0 saves them in the ordinary format
             from veriloop.algos.run.fsdp import save_final
@@ -265,6 +268,13 @@ def _train_claimed(
     return run_dir
 
 
+def _after_loop(run: RunParts) -> None:
+    """Rank 0, once the steps are done: what the modes did, and the run's evaluation table."""
+    say_modes_tally(run.cfg, run.run_dir, run.quiet)
+    if any((run.run_dir / "eval").glob("*.json")):
+        (run.run_dir / "summary.md").write_text(run_summary(run.run_dir / "eval"))
+
+
 def _check_before_loading(cfg: ExperimentConfig) -> None:
     """Everything that can be wrong with ``cfg`` fails here, before any model loads."""
     cfg.validate()
@@ -281,6 +291,7 @@ def _check_before_loading(cfg: ExperimentConfig) -> None:
 
 def _build_run(cfg: ExperimentConfig, run_dir: Path, dist: DistContext, *, quiet: bool) -> RunParts:
     """Seed, then policy, critic, optimizer, schedule, a fresh state and the algorithm's parts."""
+    say(quiet=quiet, text=modes_line(cfg))
     torch.manual_seed(cfg.rollout.seed)  # before the model: a tiny/random init is reproducible
     policy = build_policy(cfg)
     critic = build_critic(cfg, policy)
@@ -393,8 +404,10 @@ def _loop(run: RunParts) -> None:
         return async_loop(run)
     cfg, state, backend = run.cfg, run.state, run.backend
     loop = step_loop(run)
-    say(quiet=run.quiet, text=f"RL: {cfg.train.steps - state.step} steps of {cfg.rollout.batch_size} episodes "
-                    f"({cfg.rollout.prompts_per_step} problems x {cfg.rollout.group_size}), algorithm {cfg.algo.name}")  # fmt: skip
+    left = cfg.train.steps - state.step
+    say(quiet=run.quiet, text=f"RL: {left} steps of {cfg.rollout.batch_size} episodes ({cfg.rollout.prompts_per_step} problems "
+                    f"x {cfg.rollout.group_size}) = {left * cfg.rollout.batch_size} episodes, algorithm {cfg.algo.name}"
+                    f"{f', evaluated every {cfg.eval.every} steps' if cfg.eval.every else ''}")  # fmt: skip
     for step in loop.steps(state.step):
         t0 = time.perf_counter()
         with _whole_weights(run, backend is None):  # the HF engine generates with the policy itself
@@ -418,7 +431,7 @@ def _loop(run: RunParts) -> None:
         else:
             metrics.update(no_update())
         t_train = time.perf_counter() - t1
-        run.scheduler.step()  # once per RL step, whatever the number of optimizer steps in it
+        advance_schedule(run.scheduler)  # once per RL step, whatever the number of optimizer steps in it
         metrics.update(step_timing(metrics, run.scheduler.get_last_lr()[0], sampled, t_rollout, t_train))
         guard_nonfinite(loop, state, metrics)  # a skipped step is counted; too many in a row stop the run
         state.step = step + 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -159,3 +160,147 @@ def test_sft_resume_of_nothing_is_refused_before_any_folder(
         f"no run at {tmp_path / 's' / 'sft'} to resume; drop --resume to start it" in capsys.readouterr().err
     )
     assert not (tmp_path / "s").exists()
+
+
+def test_eval_labels_checkpoints_by_run_and_phase(tmp_path: Path) -> None:
+    from veriloop.cli.eval import _label
+
+    run = tmp_path / "quickstart"
+    for folder in ("final", "sft/final", "checkpoints/step-000004", "sft/checkpoints/step-000016"):
+        (run / folder).mkdir(parents=True)
+    (run / "config.yaml").write_text("{}\n")
+    labels = [
+        _label(str(run / f))
+        for f in ("sft/final", "final", "checkpoints/step-000004", "sft/checkpoints/step-000016")
+    ]
+    assert labels == ["quickstart/sft", "quickstart", "quickstart/step-4", "quickstart/sft/step-16"]
+    assert _label("base") == "base"
+
+
+def test_eval_compares_checkpoints_with_se_and_the_paired_change() -> None:
+    """Hand-computed: per-problem accuracies [0, 0, 1, 1] then [1, 0, 1, 1]: d = [1, 0, 0, 0],
+    mean 0.25, sd 0.5, SE 0.5 / 2 = 0.25."""
+    from veriloop.algos.eval.report import comparison_markdown
+
+    def report(acc: list[float], se: float) -> dict[str, Any]:
+        mean = sum(acc) / len(acc)
+        return {"splits": {"id": {"avg@n": mean, "se/avg@n": se}}, "per_problem": {"id": {"avg@n": acc}},
+                "meta": {"num_problems": 4, "first_seed": 7}}  # fmt: skip
+
+    table = comparison_markdown(
+        {"quickstart/sft": report([0, 0, 1, 1], 0.289), "quickstart": report([1, 0, 1, 1], 0.25)}
+    )
+    rows = table.splitlines()
+    assert rows[2] == "| quickstart/sft | id | 0.500 ± 0.289 |  |"
+    assert rows[3] == "| quickstart | id | 0.750 ± 0.250 | +0.250 ± 0.250 vs quickstart/sft |"
+    other = report([1, 0, 1, 1], 0.25)
+    other["meta"]["first_seed"] = 8
+    assert "n/a (other problems)" in comparison_markdown({"a": report([0, 0, 1, 1], 0.3), "b": other})
+
+
+def test_a_long_unit_of_work_is_never_silent(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not at a terminal: while one batch runs (nothing finished yet), a progress line every
+    LOG_INTERVAL_S seconds all the same; none after the phase is closed."""
+    import time
+
+    from veriloop.algos.run import progress
+
+    monkeypatch.setattr(progress, "LOG_INTERVAL_S", 0.2)
+    monkeypatch.setattr(progress, "at_terminal", lambda: False)
+    bar = progress.Progress(128, "eval id", "episodes")
+    time.sleep(0.9)
+    bar.update(64)
+    bar.close()
+    time.sleep(0.5)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "eval id: 128 episodes to go"
+    waiting = [line for line in lines if line.startswith("eval id: 0/128 episodes")]
+    assert len(waiting) >= 2, lines
+    assert len(lines) <= 2 + len(waiting) + 1  # nothing after close
+
+
+def test_the_first_step_says_what_the_rest_will_cost(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from veriloop.algos.run import progress
+    from veriloop.algos.run.nonfinite import NonFiniteGuard
+    from veriloop.algos.run.steps import StepLoop
+
+    monkeypatch.setattr(progress, "at_terminal", lambda: False)
+    loop = StepLoop(301, "train", NonFiniteGuard(3))
+    for step in loop.steps(1):
+        time.sleep(0.3)
+        if step == 2:
+            break
+    out = capsys.readouterr().out
+    measured = r"train: ≈ \d+ (s|min) on this machine for the 299 steps left \(0\.\d s a step, measured after step 2\)"
+    assert re.search(measured, out), out
+    assert out.count("≈") == 1  # once, after the first step this process ran
+
+
+def test_the_curriculum_gate_reports_as_itself_and_an_idle_step_does_not_warn(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import warnings
+
+    from veriloop.algos.sampling import dynamic_sampling
+    from veriloop.algos.step import advance_schedule
+
+    with caplog.at_level("WARNING"):
+        dynamic_sampling(lambda n: [[1, 1]] * n, num_groups=4, max_rounds=1, reward_fn=float,
+                         accept=lambda g: False, name="the curriculum gate")  # fmt: skip
+    assert "the curriculum gate kept 0 of 4 groups after 1 rounds" in caplog.text
+    assert "dynamic sampling" not in caplog.text
+    optimizer = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 1.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        advance_schedule(scheduler)  # a step that trained nothing: no optimizer.step() before it
+    assert not caught and scheduler.last_epoch == 1
+
+
+def test_the_modes_say_what_is_on_and_count_what_they_did() -> None:
+    from veriloop.algos.step import modes_line, modes_tally
+    from veriloop.configs.loader import load_config
+
+    cfg = load_config(
+        "quickstart", ["rollout.compaction=keep_last", "algo.rollout_is=truncate", "train.max_staleness=2"]
+    )
+    assert modes_line(cfg) == (
+        "modes: bf16 mixed precision, async (max_staleness=2, corrected by rollout_is=truncate), compaction keep_last "
+        f"(keep {cfg.rollout.compaction_keep})"
+    )
+    rows = [
+        {
+            "samples/split_rate": 0.25,
+            "samples/episodes": 32.0,
+            "async/staleness_max": 1.0,
+            "async/dropped": 0.0,
+        },
+        {
+            "samples/split_rate": 0.5,
+            "samples/episodes": 32.0,
+            "async/staleness_max": 2.0,
+            "async/dropped": 3.0,
+        },
+    ]
+    assert modes_tally(rows, cfg) == (
+        "the modes did: compaction split 24 episodes; async: staleness at most 2 steps, 3 groups dropped as too stale"
+    )
+    plain = load_config("quickstart", ["policy.precision=fp32"])
+    assert modes_line(plain) == "modes: fp32, synchronous" and modes_tally(rows, plain) is None
+
+
+def test_held_out_problems_are_named_in_the_per_problem_results() -> None:
+    from types import SimpleNamespace
+
+    from veriloop.algos.eval.loop import problem_ids
+
+    trajs = [SimpleNamespace(group_id=1, task={"question": "What is 2+2?"}),
+             SimpleNamespace(group_id=0, task={"question": "q", "meta": {"id": "row-17"}}),
+             SimpleNamespace(group_id=2, task={})]  # fmt: skip
+    assert problem_ids(trajs, 3) == ["row-17", "What is 2+2?", None]  # type: ignore[arg-type]

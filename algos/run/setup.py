@@ -9,7 +9,9 @@ Reading order: ``build_policy`` -> ``build_critic`` -> ``build_optimizer`` -> ``
 
 from __future__ import annotations
 
+import fcntl
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from veriloop.agents.policy import Policy, place, resolve_device
 from veriloop.agents.precision import apply_precision
 from veriloop.algos.critic import ValueModel
 from veriloop.algos.run.checkpoint import complete_checkpoints
-from veriloop.algos.run.lock import LOCK_FILE
+from veriloop.algos.run.lock import LOCK_FILE, acquire, release
 from veriloop.configs.loader import config_to_yaml, dump_config
 from veriloop.configs.schema import ConfigError, ExperimentConfig
 
@@ -159,11 +161,27 @@ def claim_run_dir(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwri
 def check_claim(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwrite: bool) -> None:
     """Every refusal :func:`claim_run_dir` can give, without writing anything (not even the lock
     file): called before the lock is taken, so a refused start leaves no folder behind, and again
-    under the lock."""
+    under the lock. A folder a live trainer holds is reported as that first."""
+    check_not_busy(run_dir)
     existing = check_folder(run_dir, resume=resume, overwrite=overwrite, what="a run")
     if existing and resume:
         _check_resume_config(run_dir, cfg)
         _check_resume_steps(run_dir, cfg)
+
+
+def check_not_busy(run_dir: Path) -> None:
+    """Raise ``RunBusyError`` (naming the holder, as ``lock.acquire`` does) when a live process holds
+    ``run_dir``'s lock; creates nothing when the folder or its lock file does not exist."""
+    path = run_dir / LOCK_FILE
+    if not path.is_file():
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released when fd closes
+    except BlockingIOError:
+        release(acquire(run_dir))  # held: acquire raises with the holder's name (released if it just ended)
+    finally:
+        os.close(fd)
 
 
 def holds_run(folder: Path) -> bool:

@@ -572,8 +572,9 @@ def sft_summary(metrics: dict[str, Any]) -> str:
         value = metrics.get(key)
         return format(value, fmt) if isinstance(value, int | float) else "n/a"
 
-    resumed = f" (from step {metrics['start_step']})" if metrics.get("start_step") else ""
-    parts = [f"{metrics.get('steps_done', '?')} steps{resumed}",
+    total, start = metrics.get("steps_done", "?"), metrics.get("start_step")
+    steps = f"steps {start + 1}-{total} of {total} (resumed at step {start})" if start else f"{total} steps"
+    parts = [steps,
              f"loss {num('loss_first', '.3f')} -> {num('loss_last', '.3f')}",
              f"{metrics.get('examples', '?')} examples", f"{num('tokens_per_s', '.0f')} tokens/s"]  # fmt: skip
     for key, what in (("skipped_nonfinite", "non-finite steps skipped"), ("truncated", "examples truncated"),
@@ -604,6 +605,7 @@ def sft_from_config(
         check_device,
         check_folder,
         check_model,
+        check_not_busy,
         claim_folder,
         remove_stale_temporaries,
     )
@@ -616,6 +618,7 @@ def sft_from_config(
     check_model(cfg.policy.model)
     check_device(cfg.policy.device)
     sft_dir = Path(cfg.run.out_dir) / cfg.run_name / "sft"
+    check_not_busy(sft_dir.parent)
     if not (resume and not overwrite and (sft_dir / "final").is_dir()):
         check_folder(sft_dir, resume=resume, overwrite=overwrite, what="an SFT run")  # before the lock file
     with run_lock(sft_dir.parent):  # one writer per run folder: not beside a trainer of the same run
