@@ -53,8 +53,9 @@ lint: setup
 
 # the docs site (MkDocs + Material, the API reference from docstrings) into build/site; --strict fails
 # on a broken link or a page missing from mkdocs.yml's nav (tests/test_docs_site.py builds it too)
+# (NO_MKDOCS_2_WARNING: the theme's own notice about its end of life, which is not about these docs)
 docs: setup
-	$(BIN)/python -m mkdocs build --strict --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir build/site
 
 clean:
 	rm -rf $(VENV) build *.egg-info

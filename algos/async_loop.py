@@ -153,7 +153,7 @@ def async_loop(run: Any) -> None:
     ledger = Ledger(run.run_dir, state.step)
     worker = build_worker(run, ledger)
     say(quiet=run.quiet, text=f"RL (asynchronous, max_staleness={cfg.train.max_staleness}): {cfg.train.steps - state.step} "
-                      f"steps of {cfg.rollout.batch_size} episodes, algorithm {cfg.algo.name}")  # fmt: skip
+                      f"steps of {cfg.rollout.batch_size} episodes, algorithm {cfg.algo.name}\n{T.STEP_LEGEND}")  # fmt: skip
     evals = EvalBeside(run.policy, lambda policy, v: T.evaluate_step(cfg, policy, v, run.quiet, backend=None))
     if state.history.get("async", {}).get("eval_pending") == state.step:
         evals.start(state.step)  # killed while evaluating this checkpoint's weights: evaluate them now

@@ -329,7 +329,7 @@ def modes_tally(rows: Sequence[Mapping[str, Any]], cfg: ExperimentConfig) -> str
             default=0.0,
         )
         said.append(
-            f"async: staleness at most {max(stale, default=0.0):.0f} steps, {dropped:.0f} groups dropped as too stale"
+            f"async: staleness at most {max(stale, default=0.0):.0f} steps, {dropped:.0f} groups dropped before training (nothing to learn in them)"
         )
     return ("the modes did: " + "; ".join(said)) if said else None
 
@@ -463,6 +463,14 @@ def _checkpoint_label(cfg: ExperimentConfig, step: int, tag: str | None) -> str:
     if step == 0:
         return "start (after SFT)" if cfg.sft.steps > 0 else "base model (step 0)"
     return f"RL step {step}"
+
+
+#: What the names in a step line mean (said once, when the RL steps start).
+STEP_LEGEND = (
+    "step lines: R = mean reward on the environment's scale (a wrong answer may score -1, length or format "
+    "penalties lower it), acc = share solved, len = response tokens, H = entropy per token, clip+ = share "
+    "of tokens clipped high, |g| = gradient norm, t_roll / t_train = seconds generating / training"
+)
 
 
 def step_summary(m: dict[str, float]) -> str:

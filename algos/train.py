@@ -14,6 +14,7 @@ are ``steps.StepLoop``, the same machinery the SFT warm-up (``sft_train.py``) ru
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -60,6 +61,7 @@ from veriloop.algos.run.steps import StepLoop
 from veriloop.algos.sampling import dynamic_sampling, is_informative
 from veriloop.algos.step import (
     SINGLE_PROCESS,
+    STEP_LEGEND,
     LiveBackend,
     RunParts,
     TrainerState,
@@ -217,8 +219,6 @@ def _train_claimed(
         run.backend = _rollout_backend(cfg, run.policy, dist)  # holds the (restored) weights from here on
     if cfg.sft.steps > 0 and not run.state.sft_done:
         _sft_warmup(run)
-        if dist.is_main and cfg.run.checkpoint_every > 0:
-            checkpoint_run(run)  # step 0: a run cut before its first RL checkpoint keeps its warm-up
     if not dist.sharded:  # sharded: broadcast before sharding (_build_run)
         dist.broadcast_params(list(trainable_state(run.policy, run.critic).values()))  # rank 0's weights
     if run.backend is not None and run.state.step == 0 and cfg.sft.steps > 0:
@@ -382,7 +382,8 @@ def _whole_weights(run: RunParts, needed: bool = True) -> contextlib.AbstractCon
 
 
 def _sft_warmup(run: RunParts) -> None:
-    """The SFT warm-up (``cfg.sft``) before RL, once per run (a resumed run does not redo it)."""
+    """The SFT warm-up (``cfg.sft``) before RL, once per run (a resumed run does not redo it), then
+    the run's step-0 checkpoint, which holds it (``sft/final`` keeps the warmed-up policy)."""
     from veriloop.algos.sft.train import sft_summary, warmup_from_config
 
     cfg, state, main = run.cfg, run.state, run.dist.is_main
@@ -394,6 +395,10 @@ def _sft_warmup(run: RunParts) -> None:
     state.sft_done = True
     state.history["sft"] = sft_metrics
     say(quiet=run.quiet, text=f"SFT warm-up done: {sft_summary(sft_metrics)}")
+    if main and cfg.run.checkpoint_every > 0:
+        checkpoint_run(run)  # step 0: a run cut before its first RL checkpoint keeps its warm-up
+        # which makes the warm-up's own checkpoints (adapter + optimizer state each) redundant
+        shutil.rmtree(run.run_dir / "sft" / "checkpoints", ignore_errors=True)
 
 
 def _loop(run: RunParts) -> None:
@@ -407,7 +412,7 @@ def _loop(run: RunParts) -> None:
     left = cfg.train.steps - state.step
     say(quiet=run.quiet, text=f"RL: {left} steps of {cfg.rollout.batch_size} episodes ({cfg.rollout.prompts_per_step} problems "
                     f"x {cfg.rollout.group_size}) = {left * cfg.rollout.batch_size} episodes, algorithm {cfg.algo.name}"
-                    f"{f', evaluated every {cfg.eval.every} steps' if cfg.eval.every else ''}")  # fmt: skip
+                    f"{f', evaluated every {cfg.eval.every} steps' if cfg.eval.every else ''}\n{STEP_LEGEND}")  # fmt: skip
     for step in loop.steps(state.step):
         t0 = time.perf_counter()
         with _whole_weights(run, backend is None):  # the HF engine generates with the policy itself

@@ -103,10 +103,36 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except ServerError as e:  # a generation server is gone: the message names it and how to resume
         print(f"veriloop train: {e}", file=sys.stderr)
         return 3
-    print(
-        f"run folder: {run_dir}  (metrics.jsonl, eval/, checkpoints/, final/); plot with: veriloop plot {run_dir}"
-    )
+    if (run_dir / "summary.md").is_file():
+        print(f"\n{(run_dir / 'summary.md').read_text()}")
+    print(f"run folder: {folder_sizes(run_dir)}\nplot with: veriloop plot {run_dir}")
     return 0
+
+
+#: What each part of a run folder is, for the line that says what takes its space.
+_PARTS = {"checkpoints": "resume points: trained weights + optimizer state",
+          "final": "the trained policy", "sft": "the warm-up: sft/final is its policy",
+          "eval": "evaluation reports", "plots": "plots"}  # fmt: skip
+
+
+def folder_sizes(run_dir: Path) -> str:
+    """``RUN (155 MB: checkpoints/ 118 MB (resume points ...), final/ 23 MB (...), ...)``: what takes
+    a run folder's space, biggest first."""
+
+    def size(path: Path) -> int:
+        files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
+        return sum(f.stat().st_size for f in files if not f.is_symlink())
+
+    parts = sorted(((size(p), p) for p in run_dir.iterdir()), key=lambda sp: sp[0], reverse=True)
+    shown = [f"{p.name}{'/' if p.is_dir() else ''} {_mb(n)}" + (f" ({_PARTS[p.name]})" if p.name in _PARTS else "")
+             for n, p in parts[:4] if n >= 1e6]  # fmt: skip
+    rest = sum(n for n, _ in parts) - sum(n for n, _ in parts[: len(shown)])
+    tail = [f"the rest {_mb(rest)}"] if shown and rest >= 1e6 else []
+    return f"{run_dir} ({_mb(sum(n for n, _ in parts))}" + (f": {', '.join(shown + tail)})" if shown else ")")
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
@@ -139,7 +165,7 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
     resume = args.resume or _continues(args, run_dir)
     run_dir = train(cfg, resume=resume, overwrite=args.overwrite)
     pngs = plot_run(run_dir)
-    print(f"\nrun folder: {run_dir}")
+    print(f"\nrun folder: {folder_sizes(run_dir)}")
     if (run_dir / "summary.md").is_file():
         print(f"\n{(run_dir / 'summary.md').read_text()}")
     print(
@@ -202,9 +228,14 @@ def _resume_command(command: str, again: str) -> str:
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="experiment YAML file, or the name of a shipped one (e.g. points24_grpo)")
     p.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. algo.clip_high=0.3"
+        "config", nargs="?", help="experiment YAML file, or the name of a shipped one (e.g. points24_grpo)"
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="dotted overrides, e.g. algo.clip_high=0.3 (optional)",
     )
     _add_import_arg(p)
 
@@ -232,7 +263,9 @@ def _add_overwrite_arg(p: argparse.ArgumentParser) -> None:
 def _add_eval_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``veriloop eval CONFIG --checkpoints ...``."""
     p = sub.add_parser("eval", help="pass@k / avg@k / maj@k per split for checkpoints (or the base model)")
-    p.add_argument("config", help="experiment config naming the splits (env.eval_splits) and eval.* settings")
+    p.add_argument(
+        "config", nargs="?", help="experiment config naming the splits (env.eval_splits) and eval.* settings"
+    )
     p.add_argument(
         "--checkpoints",
         nargs="+",
@@ -318,6 +351,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     stray = [e for e in extra if e.startswith("-") or "=" not in e or not hasattr(args, "overrides")]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if hasattr(args, "config") and args.config is None:  # only CONFIG is required, never an override
+        from veriloop.configs.loader import shipped_experiments
+
+        parser.error(f"{args.command} needs CONFIG: an experiment YAML file or a shipped one "
+                     f"({', '.join(shipped_experiments())}); e.g. `veriloop {args.command} quickstart`")  # fmt: skip
     if extra:
         args.overrides = [*args.overrides, *extra]
     if getattr(args, "checkpoints", None):  # `--checkpoints a b key.x=1`: the override is not a folder

@@ -289,7 +289,7 @@ def test_the_modes_say_what_is_on_and_count_what_they_did() -> None:
         },
     ]
     assert modes_tally(rows, cfg) == (
-        "the modes did: compaction split 24 episodes; async: staleness at most 2 steps, 3 groups dropped as too stale"
+        "the modes did: compaction split 24 episodes; async: staleness at most 2 steps, 3 groups dropped before training (nothing to learn in them)"
     )
     plain = load_config("quickstart", ["policy.precision=fp32"])
     assert modes_line(plain) == "modes: fp32, synchronous" and modes_tally(rows, plain) is None
@@ -304,3 +304,18 @@ def test_held_out_problems_are_named_in_the_per_problem_results() -> None:
              SimpleNamespace(group_id=0, task={"question": "q", "meta": {"id": "row-17"}}),
              SimpleNamespace(group_id=2, task={})]  # fmt: skip
     assert problem_ids(trajs, 3) == ["row-17", "What is 2+2?", None]  # type: ignore[arg-type]
+
+
+def test_no_docstring_formula_renders_as_a_link() -> None:
+    """``S[pi](s_t)`` outside backticks is Markdown for a link to a page "s_t": broken on the docs
+    site. Formulas that look like links go in double backticks."""
+    root = Path(__file__).resolve().parents[1]
+    link = re.compile(r"\[[^\]\[]*\]\([A-Za-z_][\w.]*\)")
+    found = []
+    for folder in ("agents", "algos", "envs", "configs", "cli", "interop"):
+        for path in (root / folder).rglob("*.py"):
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                bare = re.sub(r"``.*?``|`[^`]*`|\"[^\"]*\"|'[^']*'", "", line)
+                if link.search(bare):
+                    found.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)

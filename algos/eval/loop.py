@@ -216,9 +216,8 @@ def evaluate_policy(
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on every split; see the module docstring for the metrics.
 
-    The report's ``per_problem[split]``: each problem's ``avg@n`` (and greedy result), in problem order,
-    with which problem it was (``seed``, and ``problem``: the task's id or question, see
-    :func:`problem_ids`), so two evaluations of the same problems compare pairwise (:func:`~veriloop.algos.eval.metrics.paired_difference`).
+    The report's ``per_problem[split]``: each problem's ``avg@n`` (and greedy result), ``seed`` and
+    ``problem`` (:func:`problem_ids`), in problem order, so two evaluations of the same problems compare pairwise (:func:`~veriloop.algos.eval.metrics.paired_difference`).
 
     Args:
         policy: A :class:`~veriloop.agents.policy.Policy` or a scripted policy.

@@ -152,7 +152,7 @@ def claim_run_dir(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwri
     :class:`ConfigError` says so and nothing in it changes. The caller holds the folder's lock
     (``run_lock``), so leftovers of killed saves found here are stale and are removed.
     """
-    check_claim(run_dir, cfg, resume=resume, overwrite=overwrite)
+    _check_contents(run_dir, cfg, resume=resume, overwrite=overwrite)
     claim_folder(run_dir, resume=resume, overwrite=overwrite, what="a run")
     remove_stale_temporaries(run_dir)
     write_text_atomic(run_dir / "config.yaml", config_to_yaml(cfg))
@@ -163,6 +163,10 @@ def check_claim(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwrite
     file): called before the lock is taken, so a refused start leaves no folder behind, and again
     under the lock. A folder a live trainer holds is reported as that first."""
     check_not_busy(run_dir)
+    _check_contents(run_dir, cfg, resume=resume, overwrite=overwrite)
+
+
+def _check_contents(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwrite: bool) -> None:
     existing = check_folder(run_dir, resume=resume, overwrite=overwrite, what="a run")
     if existing and resume:
         _check_resume_config(run_dir, cfg)
