@@ -285,7 +285,7 @@ def _add_eval_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _add_quickstart_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``veriloop quickstart [KEY=VALUE ...]``."""
     p = sub.add_parser(
-        "quickstart", help="train the default model (~10 CPU minutes on 2 cores), evaluate, plot"
+        "quickstart", help="train the default model (~6 min on 2 idle CPU cores, bf16), evaluate, plot"
     )
     p.add_argument(
         "overrides",

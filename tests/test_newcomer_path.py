@@ -84,6 +84,10 @@ def test_an_interrupted_quickstart_continues_with_the_command_the_message_names(
     assert "base model (before SFT): evaluated before the interruption, reusing" in out
     assert "starting fresh" not in out
     assert evaluations == [0, 1]  # after the warm-up and after RL step 1; not the base model again
+    assert "modes: bf16 mixed precision, synchronous\n" in out  # what is on, once at the start
+    assert "step lines: R = mean reward on the environment's scale" in out  # the step line's legend
+    assert not (tmp_path / "q" / "sft" / "checkpoints").exists()  # step 0's checkpoint holds the warm-up
+    assert f"run folder: {tmp_path / 'q'} (" in out  # with what takes its space
     assert "| base model (before SFT) | id |" in (tmp_path / "q" / "summary.md").read_text()
 
 
@@ -149,6 +153,7 @@ def test_each_refusal_writes_nothing_and_the_corrected_command_runs_under_the_sa
         )
     assert cli_run([*base, "policy.device=cpu"]) == 0, capsys.readouterr().err[-2000:]
     assert (tmp_path / "runs" / "r" / "final").is_dir()
+    assert "| RL step 1 | id |" in capsys.readouterr().out  # train ends with its table, as quickstart does
 
 
 def test_sft_resume_of_nothing_is_refused_before_any_folder(
@@ -319,3 +324,38 @@ def test_no_docstring_formula_renders_as_a_link() -> None:
                 if link.search(bare):
                     found.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def test_a_misspelt_env_argument_is_one_short_line() -> None:
+    from veriloop.configs.loader import load_config
+    from veriloop.configs.schema import ConfigError
+
+    cfg = load_config("quickstart", ["env.kwargs={levle: 1}"])
+    with pytest.raises(ConfigError) as err:
+        cfg.env.resolve()
+    message = str(err.value)
+    assert message.startswith(
+        "env.kwargs: veriloop/MathVerify-v0 has no argument 'levle'. Did you mean 'level'?"
+    )
+    assert (
+        message.count("levle") == 1 and "'part': 'heldout'" not in message and "gymnasium.make" not in message
+    )
+
+
+def test_train_without_a_config_asks_for_the_config_only(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli_main.parse_args(["train"])
+    err = capsys.readouterr().err
+    assert "train needs CONFIG" in err and "quickstart" in err and "KEY=VALUE" not in err.splitlines()[-1]
+
+
+def test_the_run_folder_line_says_what_takes_the_space(tmp_path: Path) -> None:
+    run = tmp_path / "q"
+    for name, size in (("checkpoints/step-000004/optimizer.pt", 3_000_000), ("final/adapter.safetensors", 2_000_000),
+                       ("metrics.jsonl", 500)):  # fmt: skip
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_bytes(b"0" * size)
+    assert cli_main.folder_sizes(run) == (
+        f"{run} (5 MB: checkpoints/ 3 MB (resume points: trained weights + optimizer state), "
+        "final/ 2 MB (the trained policy))"
+    )
