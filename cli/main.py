@@ -184,15 +184,15 @@ def _continues(args: argparse.Namespace, run_dir: Path) -> bool:
 
     if args.overwrite or not holds_run(run_dir):
         return False
+    again = getattr(args, "again", "veriloop quickstart")  # set by run()
     if (run_dir / "final").is_dir():
-        again = args.again
         raise ConfigError(
             f"{run_dir} already holds a finished quickstart (tables: {run_dir / 'summary.md'}); nothing was "
             f"changed. Start it over with `{_with_args(again, ['--overwrite'])}`, or keep it and choose "
             f"another name: `{_with_args(again, ['run.name=quickstart2'])}`"
         )
     print(f"continuing the interrupted quickstart in {run_dir} (to start over: "
-          f"`{_with_args(args.again, ['--overwrite'])}`)", flush=True)  # fmt: skip
+          f"`{_with_args(again, ['--overwrite'])}`)", flush=True)  # fmt: skip
     return True
 
 
