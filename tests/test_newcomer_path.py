@@ -221,7 +221,11 @@ def test_a_long_unit_of_work_is_never_silent(
     time.sleep(0.5)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "eval id: 128 episodes to go"
-    waiting = [line for line in lines if line.startswith("eval id: 0/128 episodes")]
+    waiting = [
+        line
+        for line in lines
+        if line.startswith("eval id: 0/128 episodes (") and "the first still running" in line
+    ]
     assert len(waiting) >= 2, lines
     assert len(lines) <= 2 + len(waiting) + 1  # nothing after close
 
