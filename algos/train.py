@@ -333,15 +333,15 @@ def _restore(run: RunParts, resume: bool) -> Path | None:
 def _resumed_what(run: RunParts, ckpt: Path | None) -> str:
     """What a resumed run continues, in words: the RL step, or the warm-up's step, or nothing yet."""
     cfg, state = run.cfg, run.state
-    if ckpt is not None and state.sft_done and state.step > 0:
-        return f"resuming {run.run_dir}: RL from step {state.step} of {cfg.train.steps} ({ckpt.name}; warm-up done)"
+    if ckpt is not None and state.step > 0:
+        return f"resumed from {ckpt} at step {state.step} of {cfg.train.steps} (RL; any warm-up is done)"
     if ckpt is not None:
-        return f"resuming {run.run_dir}: the warm-up is done; RL starts at step {state.step} of {cfg.train.steps}"
+        return f"resumed from {ckpt} at step 0: the warm-up is done, RL starts"
     sft = complete_checkpoints(run.run_dir / "sft") if cfg.sft.steps > 0 else []
     if sft:
         done = int(sft[-1].name.split("-")[1])
         return f"resuming {run.run_dir}: the warm-up from step {done} (no RL step done yet)"
-    return f"resuming {run.run_dir}: no step was completed and saved before the interruption, so training starts at the beginning"
+    return f"resuming {run.run_dir}: nothing was saved there yet (no complete checkpoint), so it starts at the beginning"
 
 
 def _apply_checkpoint(run: RunParts, loaded: dict[str, Any]) -> None:

@@ -98,6 +98,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from veriloop.algos.train import train
 
     cfg = _load(args)
+    _check_resumable(args, Path(cfg.run.out_dir) / cfg.run_name)
     try:
         run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
     except ServerError as e:  # a generation server is gone: the message names it and how to resume
@@ -138,8 +139,25 @@ def _mb(n: float) -> str:
 def _cmd_sft(args: argparse.Namespace) -> int:
     from veriloop.algos.sft.train import sft_from_config
 
-    sft_from_config(_load(args), resume=args.resume, overwrite=args.overwrite)
+    cfg = _load(args)
+    run_dir = Path(cfg.run.out_dir) / cfg.run_name
+    if not (run_dir / "sft" / "final").is_dir():  # (a finished warm-up is said to be so)
+        _check_resumable(args, run_dir / "sft", run_dir)
+    sft_from_config(cfg, resume=args.resume, overwrite=args.overwrite)
     return 0
+
+
+def _check_resumable(args: argparse.Namespace, folder: Path, lock_dir: Path | None = None) -> None:
+    """``--resume`` of a run that is not there is refused, before anything is written (a folder
+    another trainer holds is reported as that first). The Python API's ``resume=True`` starts it."""
+    from veriloop.algos.run.setup import check_not_busy, holds_run
+    from veriloop.configs.schema import ConfigError
+
+    if not args.resume:
+        return
+    check_not_busy(lock_dir or folder)
+    if not holds_run(folder):
+        raise ConfigError(f"no run at {folder} to resume; drop --resume to start it")
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -162,6 +180,7 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
 
     cfg = _load(args, "quickstart")
     run_dir = Path(cfg.run.out_dir) / cfg.run_name
+    _check_resumable(args, run_dir)
     resume = args.resume or _continues(args, run_dir)
     run_dir = train(cfg, resume=resume, overwrite=args.overwrite)
     pngs = plot_run(run_dir)

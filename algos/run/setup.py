@@ -203,8 +203,6 @@ def check_folder(folder: Path, *, resume: bool, overwrite: bool, what: str) -> b
             f"{folder} already holds {what}; nothing was changed. Continue it with --resume, replace it "
             "with --overwrite, or choose another name (run.name=...)"
         )
-    if resume and not existing:
-        raise ConfigError(f"no run at {folder} to resume; drop --resume to start it")
     return existing
 
 
