@@ -167,8 +167,9 @@ def problem_ids(trajs: Sequence[Trajectory], num_problems: int) -> list[str | No
     else its question (first 200 characters); None when the task says neither."""
     out: list[str | None] = [None] * num_problems
     for t in trajs:
-        task = t.task if isinstance(t.task, Mapping) else {}
-        meta = task.get("meta") if isinstance(task.get("meta"), Mapping) else {}
+        task: Mapping[str, Any] = t.task if isinstance(t.task, Mapping) else {}
+        raw = task.get("meta")
+        meta: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
         found = task.get("id", meta.get("id", task.get("question")))
         if out[t.group_id] is None and found is not None:
             out[t.group_id] = str(found)[:200]
