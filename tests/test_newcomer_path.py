@@ -222,9 +222,7 @@ def test_a_long_unit_of_work_is_never_silent(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "eval id: 128 episodes to go"
     waiting = [
-        line
-        for line in lines
-        if line.startswith("eval id: 0/128 episodes (") and "the first still running" in line
+        line for line in lines if line.startswith("eval id: 0/128 episodes (") and "none finished yet" in line
     ]
     assert len(waiting) >= 2, lines
     assert len(lines) <= 2 + len(waiting) + 1  # nothing after close

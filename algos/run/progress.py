@@ -90,8 +90,10 @@ class Progress:
         """``desc: done/total unit (rate/s, ~T left)``."""
         elapsed = max(time.monotonic() - self._start, 1e-9)
         rate = (self.done - self._first) / elapsed
-        if rate == 0 and self.done < self.total:  # the first unit is still running: no rate yet
-            return f"{self.desc}: {self.done}/{self.total} {self.unit} ({_duration(elapsed)}, the first still running)"
+        if rate == 0 and self.done < self.total:  # the first unit of this call is still running: no rate yet
+            return (
+                f"{self.desc}: {self.done}/{self.total} {self.unit} ({_duration(elapsed)}, none finished yet)"
+            )
         left = (self.total - self.done) / rate if rate > 0 else float("nan")
         eta = f", ~{_duration(left)} left" if self.done < self.total and rate > 0 else ""
         return f"{self.desc}: {self.done}/{self.total} {self.unit} ({rate:.3g}/s, {_duration(elapsed)}{eta})"
