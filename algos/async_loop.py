@@ -153,7 +153,7 @@ def async_loop(run: Any) -> None:
     ledger = Ledger(run.run_dir, state.step)
     worker = build_worker(run, ledger)
     say(quiet=run.quiet, text=f"RL (asynchronous, max_staleness={cfg.train.max_staleness}): {cfg.train.steps - state.step} "
-                      f"steps of {cfg.rollout.batch_size} episodes, algorithm {cfg.algo.name}")  # fmt: skip
+                      f"steps of {cfg.rollout.batch_size} episodes, algorithm {cfg.algo.name}\n{T.STEP_LEGEND}")  # fmt: skip
     evals = EvalBeside(run.policy, lambda policy, v: T.evaluate_step(cfg, policy, v, run.quiet, backend=None))
     if state.history.get("async", {}).get("eval_pending") == state.step:
         evals.start(state.step)  # killed while evaluating this checkpoint's weights: evaluate them now
@@ -203,7 +203,7 @@ def _async_step(
     for g in batch:
         ledger.write("trained", g, step)
     t_train = time.perf_counter() - t1
-    run.scheduler.step()
+    T.advance_schedule(run.scheduler)
     with worker.cond:
         metrics.update(count_metrics(worker.sched))
         gen_wait, worker.clock.waited_s = worker.clock.waited_s, 0.0

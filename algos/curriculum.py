@@ -331,7 +331,8 @@ def curriculum_step(
                             low=cur.gate_low, high=cur.gate_high)  # fmt: skip
 
     groups, gs = dynamic_sampling(sample, num_groups=n, max_rounds=cur.rounds, reward_fn=signal_fn,
-                                  accept=accept if cur.gate else lambda g: True)  # fmt: skip
+                                  accept=accept if cur.gate else lambda g: True,
+                                  name="the curriculum gate" if cur.gate else "curriculum sampling")  # fmt: skip
     # every played group is an observation of its bucket (rejected ones too); failed verifications are not
     record_groups(stats, [[t for t in g if not verifier_failed(t)] for g in played], buckets.of_traj)
     history["curriculum"] = stats.state()

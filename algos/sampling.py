@@ -37,6 +37,7 @@ def dynamic_sampling(
     max_rounds: int,
     reward_fn: Callable[[T], Any],
     accept: Callable[[list[T]], bool] | None = None,
+    name: str = "dynamic sampling",
 ) -> tuple[list[list[T]], dict[str, float]]:
     """Sample groups until ``num_groups`` informative ones are kept or ``max_rounds`` have run.
 
@@ -54,6 +55,7 @@ def dynamic_sampling(
             estimator learns from (``update.learning_signal``: a tuple, compared as a whole).
         accept: ``group -> keep?`` over the group's judged episodes, instead of
             ``is_informative`` of their rewards (the curriculum's gate: ``curriculum.gate_accepts``).
+        name: Who is sampling, in the warning of a short batch (``"the curriculum gate"``).
 
     Returns:
         kept groups (at most ``num_groups``), and stats: ``rounds``, ``sampled_groups``,
@@ -82,7 +84,7 @@ def dynamic_sampling(
     kept = kept[:num_groups]
     short = len(kept) < num_groups
     if short:
-        logger.warning("dynamic sampling kept %d of %d groups after %d rounds", len(kept), num_groups, rounds)
+        logger.warning("%s kept %d of %d groups after %d rounds", name, len(kept), num_groups, rounds)
     return kept, _stats(rounds, sampled, len(kept), informative, zero_var, failed, short)
 
 

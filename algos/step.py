@@ -8,10 +8,12 @@ Both loops import this module; neither imports the other's internals from here.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -278,6 +280,84 @@ def step_timing(
     }  # fmt: skip
 
 
+def modes_line(cfg: ExperimentConfig) -> str:
+    """One line saying which training modes are on: precision, async (K and the correction it
+    runs with), compaction, curriculum, dynamic sampling."""
+    algo, k = cfg.algo, cfg.train.max_staleness
+    parts = ["bf16 mixed precision" if cfg.policy.precision == "bf16" else "fp32"]
+    if k > 0:
+        fix = (
+            f"policy_loss={algo.policy_loss}"
+            if algo.objective.reads_sampler
+            else f"rollout_is={algo.rollout_is}"
+        )
+        parts.append(f"async (max_staleness={k}, corrected by {fix})")
+    else:
+        parts.append("synchronous")
+    if cfg.rollout.compaction != "none":
+        parts.append(f"compaction {cfg.rollout.compaction} (keep {cfg.rollout.compaction_keep})")
+    cur = cfg.curriculum
+    if cur.enabled:
+        on = [w for w, flag in (("difficulty pools", cur.pools_enabled), ("gate", cur.gate)) if flag]
+        parts.append(f"curriculum ({' + '.join(on)})")
+    if algo.dynamic_sampling and not cur.enabled:
+        parts.append("dynamic sampling")
+    return "modes: " + ", ".join(parts)
+
+
+def modes_tally(rows: Sequence[Mapping[str, Any]], cfg: ExperimentConfig) -> str | None:
+    """What the modes did over a run's RL rows (metrics.jsonl), in one line; None when no mode
+    that counts anything was on."""
+
+    def total(key: str) -> float:
+        return sum(float(r[key]) for r in rows if isinstance(r.get(key), int | float))
+
+    said = []
+    if cfg.rollout.compaction != "none":
+        split = sum(float(r["samples/split_rate"]) * float(r["samples/episodes"]) for r in rows
+                    if isinstance(r.get("samples/split_rate"), int | float) and isinstance(r.get("samples/episodes"), int | float))  # fmt: skip
+        said.append(f"compaction split {split:.0f} episodes")
+    if cfg.curriculum.enabled:
+        said.append(f"the curriculum gate rejected {total('curriculum/rejected_groups'):.0f} groups "
+                    f"({total('curriculum/refills'):.0f} refills, {total('curriculum/wasted_episodes'):.0f} episodes not trained on)")  # fmt: skip
+    elif cfg.algo.dynamic_sampling:
+        said.append(f"dynamic sampling ran {total('sampling/rounds') - len(rows):.0f} extra rounds")
+    if cfg.train.max_staleness > 0:
+        stale = [
+            float(r["async/staleness_max"])
+            for r in rows
+            if isinstance(r.get("async/staleness_max"), int | float)
+        ]
+        dropped = max(
+            (float(r["async/dropped"]) for r in rows if isinstance(r.get("async/dropped"), int | float)),
+            default=0.0,
+        )
+        said.append(
+            f"async: staleness at most {max(stale, default=0.0):.0f} steps, {dropped:.0f} groups dropped before training (nothing to learn in them)"
+        )
+    return ("the modes did: " + "; ".join(said)) if said else None
+
+
+def say_modes_tally(cfg: ExperimentConfig, run_dir: Path, quiet: bool) -> None:
+    """:func:`modes_tally` of the run's ``metrics.jsonl`` (its RL rows), said when there is one."""
+    path = run_dir / "metrics.jsonl"
+    rows = (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    )
+    line = modes_tally([r for r in rows if "reward/mean" in r], cfg)
+    if line:
+        say(quiet=quiet, text=line)
+
+
+def advance_schedule(scheduler: Any) -> None:
+    """One RL step of the learning-rate schedule, whether or not the step updated anything (a step
+    that kept no group trains nothing; PyTorch's warning about a schedule that moves before the
+    optimizer does is about a mistake this is not)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+        scheduler.step()
+
+
 def no_update() -> dict[str, float | None]:
     """Update metrics of a step without a batch: the same keys, null values, zero updates."""
     return {
@@ -355,21 +435,54 @@ def checkpoint_run(run: RunParts) -> None:
 
 
 def evaluate_step(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool, *, tag: str | None = None,
-              prefix: str = "eval", backend: Backend | None = None) -> dict[str, float]:  # fmt: skip
+              prefix: str = "eval", backend: Backend | None = None, reuse: bool = False) -> dict[str, float]:  # fmt: skip
+    """Evaluate ``policy`` as ``cfg.eval`` says, write ``RUN/eval/<tag or step-N>.json`` and return its
+    numbers flat (``prefix/split/metric``). With ``reuse``, a report already there with the same
+    evaluation settings is read back instead (an interrupted run does not evaluate the same
+    weights twice)."""
     from veriloop.algos.eval.loop import evaluate_config
     from veriloop.algos.eval.report import write_report
 
-    splits = cfg.env.resolved_eval_splits
-    say(quiet=quiet, text=f"evaluating {_checkpoint_label(cfg, step, tag)}: {len(splits)} split(s) ({', '.join(splits)}) x "
-                f"{cfg.eval.num_problems} problems x {cfg.eval.n_samples} samples")  # fmt: skip
-    report = evaluate_config(cfg, policy, step=step, backend=backend)
-    report["meta"]["checkpoint"] = _checkpoint_label(cfg, step, tag)
-    write_report(report, Path(cfg.run.out_dir) / cfg.run_name / "eval", tag or f"step-{step:06d}")
+    splits, label = cfg.env.resolved_eval_splits, _checkpoint_label(cfg, step, tag)
+    path = Path(cfg.run.out_dir) / cfg.run_name / "eval" / f"{tag or f'step-{step:06d}'}.json"
+    report = reusable_report(cfg, path) if reuse else None
+    if report is not None:
+        say(quiet=quiet, text=f"{label}: evaluated before the interruption, reusing {path}")
+    else:
+        say(quiet=quiet, text=f"evaluating {label}: {len(splits)} split(s) ({', '.join(splits)}) x "
+                    f"{cfg.eval.num_problems} problems x {cfg.eval.n_samples} samples")  # fmt: skip
+        report = evaluate_config(cfg, policy, step=step, backend=backend)
+        report["meta"]["checkpoint"] = label
+        write_report(report, path.parent, path.stem)
     flat = {f"{prefix}/{split}/{k}": float(v) for split, m in report["splits"].items()
             for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)}  # fmt: skip
     shown = ", ".join(f"{k}={v:.3f}" for k, v in flat.items() if k.endswith("avg@n"))
     say(quiet=quiet, text=f"{prefix} @{step}: {shown}")
     return flat
+
+
+def reusable_report(cfg: ExperimentConfig, path: Path) -> dict[str, Any] | None:
+    """The report at ``path`` when it was made with ``cfg``'s evaluation settings (problems,
+    samples, temperature, splits...); None when there is none or it differs."""
+    from veriloop.algos.eval.report import read_report
+
+    if not path.is_file():
+        return None
+    try:
+        report = read_report(path)
+        meta = report["meta"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    e, seeds = cfg.eval, list(cfg.eval_seed_range)
+    want = {"num_problems": len(seeds), "first_seed": seeds[0], "n_samples": e.n_samples,
+            "k_list": list(e.k_list), "temperature": e.temperature, "greedy": e.greedy,
+            "max_new_tokens": cfg.rollout.max_new_tokens, "sampling_seed": e.seed_offset}  # fmt: skip
+    splits = {n: [str(sp.id), dict(sp.kwargs)] for n, sp in cfg.env.resolved_eval_splits.items()}
+    saved = {n: [str(sp.get("id")), sp.get("kwargs") or {}] for n, sp in meta.get("splits", {}).items()}
+    same = json.dumps(splits, sort_keys=True, default=str) == json.dumps(saved, sort_keys=True, default=str)
+    if any(meta.get(k) != v for k, v in want.items()) or not same:
+        return None
+    return report
 
 
 def _checkpoint_label(cfg: ExperimentConfig, step: int, tag: str | None) -> str:
@@ -379,6 +492,14 @@ def _checkpoint_label(cfg: ExperimentConfig, step: int, tag: str | None) -> str:
     if step == 0:
         return "start (after SFT)" if cfg.sft.steps > 0 else "base model (step 0)"
     return f"RL step {step}"
+
+
+#: What the names in a step line mean (said once, when the RL steps start).
+STEP_LEGEND = (
+    "step lines: R = mean reward on the environment's scale (a wrong answer may score -1, length or format "
+    "penalties lower it), acc = share solved, len = response tokens, H = entropy per token, clip+ = share "
+    "of tokens clipped high, |g| = gradient norm, t_roll / t_train = seconds generating / training"
+)
 
 
 def step_summary(m: dict[str, float]) -> str:

@@ -14,6 +14,7 @@ are ``steps.StepLoop``, the same machinery the SFT warm-up (``sft_train.py``) ru
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ from veriloop.algos.curriculum import curriculum_step
 from veriloop.algos.eval.report import run_summary
 from veriloop.algos.mixture import assign_envs, per_env_metrics
 from veriloop.algos.run.checkpoint import (
+    complete_checkpoints,
     load_checkpoint,
     resume_latest,
 )
@@ -47,6 +49,8 @@ from veriloop.algos.run.setup import (
     build_critic,
     build_optimizer,
     build_policy,
+    check_claim,
+    check_device,
     check_model,
     claim_run_dir,
     load_trainable_state,
@@ -57,19 +61,23 @@ from veriloop.algos.run.steps import StepLoop
 from veriloop.algos.sampling import dynamic_sampling, is_informative
 from veriloop.algos.step import (
     SINGLE_PROCESS,
+    STEP_LEGEND,
     LiveBackend,
     RunParts,
     TrainerState,
+    advance_schedule,
     checkpoint_run,
     evaluate_step,
     guard_learning,
     guard_nonfinite,
+    modes_line,
     no_update,
     report_first_step,
     rollout_limits,
     rollout_metrics,
     sampling_for,
     sampling_stream,
+    say_modes_tally,
     step_loop,
     step_summary,
     step_timing,
@@ -191,6 +199,8 @@ def train(
 
         check_async(cfg, dist)  # before the run folder is claimed or any model loads
     run_dir = Path(cfg.run.out_dir) / cfg.run_name
+    if dist.is_main:  # every refusal before the lock file (or the folder) is made
+        check_claim(run_dir, cfg, resume=resume, overwrite=overwrite)
     lock = acquire(run_dir) if dist.is_main else None  # one writer per run folder (run_lock.py)
     try:
         if dist.is_main:
@@ -211,8 +221,6 @@ def _train_claimed(
         run.backend = _rollout_backend(cfg, run.policy, dist)  # holds the (restored) weights from here on
     if cfg.sft.steps > 0 and not run.state.sft_done:
         _sft_warmup(run)
-        if dist.is_main and cfg.run.checkpoint_every > 0:
-            checkpoint_run(run)  # step 0: a run cut before its first RL checkpoint keeps its warm-up
     if not dist.sharded:  # sharded: broadcast before sharding (_build_run)
         dist.broadcast_params(list(trainable_state(run.policy, run.critic).values()))  # rank 0's weights
     if run.backend is not None and run.state.step == 0 and cfg.sft.steps > 0:
@@ -224,8 +232,10 @@ def _train_claimed(
     try:
         at_start = run.state.step == 0 and (cfg.eval.at_start or cfg.train.steps == 0)
         with _whole_weights(run, at_start):  # sharded: all ranks gather, rank 0 evaluates
-            start = (
-                evaluate_step(cfg, run.policy, 0, run.quiet, backend=_eval_backend(run))
+            start = (  # resumed from the step-0 checkpoint: these weights may be evaluated already
+                evaluate_step(
+                    cfg, run.policy, 0, run.quiet, backend=_eval_backend(run), reuse=ckpt is not None
+                )
                 if at_start and run.log is not None
                 else {}
             )
@@ -234,8 +244,8 @@ def _train_claimed(
             if base:
                 run.log.log(0, base)
         _loop(run)
-        if dist.is_main and any((run_dir / "eval").glob("*.json")):
-            (run_dir / "summary.md").write_text(run_summary(run_dir / "eval"))
+        if dist.is_main:
+            _after_loop(run)
         card = _model_card(cfg, run_dir, run.state) if dist.is_main else ""
         if dist.sharded:  # all ranks gather the weights; rank 0 saves them in the ordinary format
             from veriloop.algos.run.fsdp import save_final
@@ -260,11 +270,19 @@ def _train_claimed(
     return run_dir
 
 
+def _after_loop(run: RunParts) -> None:
+    """Rank 0, once the steps are done: what the modes did, and the run's evaluation table."""
+    say_modes_tally(run.cfg, run.run_dir, run.quiet)
+    if any((run.run_dir / "eval").glob("*.json")):
+        (run.run_dir / "summary.md").write_text(run_summary(run.run_dir / "eval"))
+
+
 def _check_before_loading(cfg: ExperimentConfig) -> None:
     """Everything that can be wrong with ``cfg`` fails here, before any model loads."""
     cfg.validate()
     cfg.env.resolve()  # the environments exist (users' modules imported) before anything slow
     check_model(cfg.policy.model)
+    check_device(cfg.policy.device)
     if cfg.rollout.backend == "vllm_server":  # an unreachable server fails now, not after loading
         _check_servers(cfg)
     if cfg.sft.steps > 0:
@@ -275,6 +293,7 @@ def _check_before_loading(cfg: ExperimentConfig) -> None:
 
 def _build_run(cfg: ExperimentConfig, run_dir: Path, dist: DistContext, *, quiet: bool) -> RunParts:
     """Seed, then policy, critic, optimizer, schedule, a fresh state and the algorithm's parts."""
+    say(quiet=quiet, text=modes_line(cfg))
     torch.manual_seed(cfg.rollout.seed)  # before the model: a tiny/random init is reproducible
     policy = build_policy(cfg)
     critic = build_critic(cfg, policy)
@@ -308,14 +327,23 @@ def _restore(run: RunParts, resume: bool) -> Path | None:
     ckpt = run.dist.broadcast_object(found[0] if found else None)
     if ckpt is not None and not run.dist.is_main:  # every rank reads the same folder (shared file system)
         apply(load_checkpoint(ckpt))  # also restores the python/numpy/torch RNG states
-    if ckpt is not None:
-        say(quiet=run.quiet, text=f"resumed from {ckpt} at step {run.state.step}")
-    elif resume:
-        say(
-            quiet=run.quiet,
-            text=f"--resume: no complete checkpoint in {run.run_dir}/checkpoints, starting fresh",
-        )
+    if resume:
+        say(quiet=run.quiet, text=_resumed_what(run, ckpt))
     return ckpt
+
+
+def _resumed_what(run: RunParts, ckpt: Path | None) -> str:
+    """What a resumed run continues, in words: the RL step, or the warm-up's step, or nothing yet."""
+    cfg, state = run.cfg, run.state
+    if ckpt is not None and state.step > 0:
+        return f"resumed from {ckpt} at step {state.step} of {cfg.train.steps} (RL; any warm-up is done)"
+    if ckpt is not None:
+        return f"resumed from {ckpt} at step 0: the warm-up is done, RL starts"
+    sft = complete_checkpoints(run.run_dir / "sft") if cfg.sft.steps > 0 else []
+    if sft:
+        done = int(sft[-1].name.split("-")[1])
+        return f"resuming {run.run_dir}: the warm-up from step {done} (no RL step done yet)"
+    return f"resuming {run.run_dir}: nothing was saved there yet (no complete checkpoint), so it starts at the beginning"
 
 
 def _apply_checkpoint(run: RunParts, loaded: dict[str, Any]) -> None:
@@ -344,12 +372,8 @@ def _restore_sharded(run: RunParts, resume: bool) -> Path | None:
                              optimizer=run.optimizer)  # fmt: skip
     if found is not None:
         _apply_loop_state(run, found[1])
-        say(quiet=run.quiet, text=f"resumed from {found[0]} (sharded) at step {run.state.step}")
-    elif resume:
-        say(
-            quiet=run.quiet,
-            text=f"--resume: no complete checkpoint in {run.run_dir}/checkpoints, starting fresh",
-        )
+    if resume:
+        say(quiet=run.quiet, text=_resumed_what(run, found[0] if found else None))
     return found[0] if found else None
 
 
@@ -360,18 +384,23 @@ def _whole_weights(run: RunParts, needed: bool = True) -> contextlib.AbstractCon
 
 
 def _sft_warmup(run: RunParts) -> None:
-    """The SFT warm-up (``cfg.sft``) before RL, once per run (a resumed run does not redo it)."""
-    from veriloop.algos.sft.train import warmup_from_config
+    """The SFT warm-up (``cfg.sft``) before RL, once per run (a resumed run does not redo it), then
+    the run's step-0 checkpoint, which holds it (``sft/final`` keeps the warmed-up policy)."""
+    from veriloop.algos.sft.train import sft_summary, warmup_from_config
 
     cfg, state, main = run.cfg, run.state, run.dist.is_main
     if main and cfg.eval.before_sft:  # the base model, logged with step 0 as eval_base/...
         state.history["eval_base"] = evaluate_step(cfg, run.policy, 0, run.quiet, tag="base", prefix="eval_base",
-                                               backend=_eval_backend(run))  # fmt: skip
+                                               backend=_eval_backend(run), reuse=True)  # fmt: skip
     # every rank runs the same warm-up; only rank 0 saves it, and its weights are broadcast after it
     sft_metrics = warmup_from_config(cfg, run.policy, run_dir=run.run_dir / "sft" if main else None)
     state.sft_done = True
     state.history["sft"] = sft_metrics
-    say(quiet=run.quiet, text=f"SFT warm-up done: {sft_metrics}")
+    say(quiet=run.quiet, text=f"SFT warm-up done: {sft_summary(sft_metrics)}")
+    if main and cfg.run.checkpoint_every > 0:
+        checkpoint_run(run)  # step 0: a run cut before its first RL checkpoint keeps its warm-up
+        # which makes the warm-up's own checkpoints (adapter + optimizer state each) redundant
+        shutil.rmtree(run.run_dir / "sft" / "checkpoints", ignore_errors=True)
 
 
 def _loop(run: RunParts) -> None:
@@ -382,8 +411,10 @@ def _loop(run: RunParts) -> None:
         return async_loop(run)
     cfg, state, backend = run.cfg, run.state, run.backend
     loop = step_loop(run)
-    say(quiet=run.quiet, text=f"RL: {cfg.train.steps - state.step} steps of {cfg.rollout.batch_size} episodes "
-                    f"({cfg.rollout.prompts_per_step} problems x {cfg.rollout.group_size}), algorithm {cfg.algo.name}")  # fmt: skip
+    left = cfg.train.steps - state.step
+    say(quiet=run.quiet, text=f"RL: {left} steps of {cfg.rollout.batch_size} episodes ({cfg.rollout.prompts_per_step} problems "
+                    f"x {cfg.rollout.group_size}) = {left * cfg.rollout.batch_size} episodes, algorithm {cfg.algo.name}"
+                    f"{f', evaluated every {cfg.eval.every} steps' if cfg.eval.every else ''}\n{STEP_LEGEND}")  # fmt: skip
     for step in loop.steps(state.step):
         t0 = time.perf_counter()
         with _whole_weights(run, backend is None):  # the HF engine generates with the policy itself
@@ -409,7 +440,7 @@ def _loop(run: RunParts) -> None:
         else:
             metrics.update(no_update())
         t_train = time.perf_counter() - t1
-        run.scheduler.step()  # once per RL step, whatever the number of optimizer steps in it
+        advance_schedule(run.scheduler)  # once per RL step, whatever the number of optimizer steps in it
         metrics.update(step_timing(metrics, run.scheduler.get_last_lr()[0], sampled, t_rollout, t_train))
         guard_nonfinite(loop, state, metrics)  # a skipped step is counted; too many in a row stop the run
         state.step = step + 1

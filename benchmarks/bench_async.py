@@ -74,7 +74,9 @@ def real_arm(backend: str, k: int, seed: int, out_dir: Path, extra: list[str]) -
     over = ["policy.precision=fp32", f"train.max_staleness={k}", "algo.rollout_is=truncate", f"rollout.backend={backend}",
             f"rollout.seed={seed * 10_000}", *extra, f"run.out_dir={out_dir}", f"run.name={name}"]  # fmt: skip
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "veriloop.cli", "train", "quickstart", *over, "--resume"]
+    cmd = [sys.executable, "-m", "veriloop.cli", "train", "quickstart", *over]
+    if (out_dir / name).is_dir():  # a killed arm continues (--resume of nothing is refused)
+        cmd.append("--resume")
     with contextlib.ExitStack() as stack:
         if backend == "vllm_server":
             url = stack.enter_context(running_server(log=out_dir / f"{name}.server.log", ready_s=900)).url

@@ -486,7 +486,9 @@ def shared_warmup(suite: str, config: str, seed: int, out: Path) -> Path:
     final = out / name / "sft" / "final"
     if not final.exists():
         args = [sys.executable, "-m", "veriloop.cli", "sft", config, *spec.get("common", []),
-                f"rollout.seed={1000 * seed}", f"run.out_dir={out}", f"run.name={name}", "--resume"]  # fmt: skip
+                f"rollout.seed={1000 * seed}", f"run.out_dir={out}", f"run.name={name}"]  # fmt: skip
+        if (out / name / "sft").is_dir():  # a cut attempt (--resume of nothing is refused)
+            args.append("--resume")
         _call(name, args, out)
     return final
 

@@ -9,16 +9,29 @@ from pathlib import Path
 from typing import Any
 
 from veriloop.algos.eval.loop import evaluate_config
-from veriloop.algos.eval.report import report_markdown, write_report
+from veriloop.algos.eval.report import comparison_markdown, report_markdown, write_report
 from veriloop.algos.run.setup import check_model, load_checkpoint_policy
 from veriloop.configs.schema import ExperimentConfig
 
 
 def _label(checkpoint: str) -> str:
-    path = Path(checkpoint)
+    """A checkpoint's name by run and phase: ``base``, ``RUN`` (``RUN/final``: after RL), ``RUN/sft``
+    (the warm-up's ``RUN/sft/final``), ``RUN/step-N`` / ``RUN/sft/step-N`` (training checkpoints);
+    a folder outside any run folder by its own name."""
     if checkpoint in ("base", "default"):
         return "base"
-    return path.name if path.parent.name != "checkpoints" else f"{path.parent.parent.name}-{path.name}"
+    path = Path(checkpoint).resolve()
+    run = run_folder_of(path)
+    if run is None:
+        return path.name if path.parent.name != "checkpoints" else f"{path.parent.parent.name}-{path.name}"
+    parts = [p for p in path.relative_to(run).parts if p not in ("final", "checkpoints")]
+    return "/".join([run.name, *(_step_name(p) for p in parts)])
+
+
+def _step_name(part: str) -> str:
+    """``step-000004`` -> ``step-4``; other names as they are."""
+    head, _, number = part.partition("-")
+    return f"step-{int(number)}" if head == "step" and number.isdigit() else part
 
 
 def run_folder_of(checkpoint: str | Path) -> Path | None:
@@ -94,10 +107,12 @@ def run_eval_cli(
             if backend is not None:
                 backend.close()
         report["meta"]["checkpoint"] = checkpoint
-        paths = write_report(report, out, label)
+        paths = write_report(report, out, label.replace("/", "-"))  # quickstart/sft -> quickstart-sft.json
         print(f"{label}: {paths['markdown']}")
         reports[label] = report
     combined = "\n".join(report_markdown(r, title=label) for label, r in reports.items())
+    if len(reports) > 1:  # side by side: SE and the paired change from one checkpoint to the next
+        combined = f"## Compared\n\n{comparison_markdown(reports)}\n{combined}"
     (out / "summary.md").write_text(combined)
     plot_pass_at_k(reports, out / "pass_at_k.png")
     print(combined)

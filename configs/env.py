@@ -179,8 +179,11 @@ def _try_make(where: str, split: SplitConfig) -> None:
     except Exception as e:  # anything the env's constructor rejects: its message says what
         from veriloop.envs.plugins import unknown_kwarg_hint
 
-        raise ConfigError(
-            f"{where}: gymnasium.make({split.id!r}, **{split.kwargs}) failed: {type(e).__name__}: {e}"
-            + unknown_kwarg_hint(str(split.id), e)
-        ) from e
+        hint = unknown_kwarg_hint(str(split.id), e)
+        bad = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        if hint and bad:  # a misspelt argument: name it and the right ones, not the call's internals
+            raise ConfigError(f"{where}: {split.id} has no argument {bad.group(1)!r}.{hint}") from None
+        # gymnasium repeats the kwargs after the constructor's own message: one copy is enough
+        said = re.sub(r" was raised from the environment creator for .*", "", str(e), flags=re.S)
+        raise ConfigError(f"{where}: {split.id} refused its arguments: {type(e).__name__}: {said}") from e
     env.close()

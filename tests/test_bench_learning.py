@@ -210,7 +210,9 @@ def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monk
     assert all(final in c and c[-1] == "sft.steps=0" for c in rl)
     # SFT only goes on from the warm-up with its own 240 steps on 1920 new examples
     assert final in sft_only and sft_only[-1] == final and "sft.steps=240" in sft_only
-    assert "rollout.seed=1000" in warmup and "sft.steps=200" in warmup and "--resume" in warmup
+    assert (
+        "rollout.seed=1000" in warmup and "sft.steps=200" in warmup and "--resume" not in warmup
+    )  # a new one
     # fresh_problems: every arm's problems come after the warm-up's 1600 examples
     assert all("rollout.seed=2600" in c for c in [sft_only, *rl])
     assert bench.cpu_hours(tmp_path / "sft-s1.wall.json") is not None  # its cost is recorded once

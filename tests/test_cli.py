@@ -77,6 +77,9 @@ def test_train_eval_plot_round_trip(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     produced = {p.suffix for p in out.rglob("*") if p.is_file()}
     assert {".json", ".md", ".png"} <= produced
+    summary = (out / "summary.md").read_text()  # named by run, with SE and the paired change
+    assert summary.startswith("## Compared") and "| base | id |" in summary and "vs base |" in summary
+    assert "| tiny | id |" in summary and (out / "tiny.json").is_file()
 
     r = veriloop("plot", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -105,7 +108,7 @@ def test_sft_resume_continues_a_cut_warm_up_from_its_checkpoint(tmp_path: Path) 
     assert r.returncode == 2 and "choose one" in r.stderr
     r = veriloop("sft", "quickstart", *base, "sft.steps=4", "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "'start_step': 2" in r.stdout and (sft / "final").is_dir()
+    assert "steps 3-4 of 4 (resumed at step 2)" in r.stdout and (sft / "final").is_dir()
     rows = [json.loads(line) for line in (sft / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3, 4]  # each step logged once
     r = veriloop("sft", "quickstart", *base, "sft.steps=4", "--resume")
@@ -114,6 +117,6 @@ def test_sft_resume_continues_a_cut_warm_up_from_its_checkpoint(tmp_path: Path) 
     shutil.rmtree(sft / "final")
     shutil.rmtree(sft / "checkpoints")
     r = veriloop("sft", "quickstart", *base, "sft.steps=4", "--resume")
-    assert r.returncode == 0 and "'start_step': 0" in r.stdout, r.stderr[-3000:]
+    assert r.returncode == 0 and "SFT done: 4 steps, loss" in r.stdout, r.stderr[-3000:]
     rows = [json.loads(line) for line in (sft / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3, 4]

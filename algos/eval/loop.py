@@ -153,10 +153,26 @@ def _play(
 
     out: list[Trajectory] = []
     bar = Progress(len(specs), desc, "episodes")  # a bar at a terminal, timed lines in a log file
-    for b, chunk in enumerate(_chunks(specs, batch)):
-        out += rollout(policy, chunk, sampling=sampling.with_seed(sampling.seed + b), **kw)
-        bar.update(len(chunk))
-    bar.close()
+    try:
+        for b, chunk in enumerate(_chunks(specs, batch)):
+            out += rollout(policy, chunk, sampling=sampling.with_seed(sampling.seed + b), **kw)
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+    return out
+
+
+def problem_ids(trajs: Sequence[Trajectory], num_problems: int) -> list[str | None]:
+    """Each problem's identity from its task metadata: an ``id`` (the task's or its row's ``meta``),
+    else its question (first 200 characters); None when the task says neither."""
+    out: list[str | None] = [None] * num_problems
+    for t in trajs:
+        task: Mapping[str, Any] = t.task if isinstance(t.task, Mapping) else {}
+        raw = task.get("meta")
+        meta: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        found = task.get("id", meta.get("id", task.get("question")))
+        if out[t.group_id] is None and found is not None:
+            out[t.group_id] = str(found)[:200]
     return out
 
 
@@ -201,8 +217,8 @@ def evaluate_policy(
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on every split; see the module docstring for the metrics.
 
-    The report's ``per_problem[split]``: each problem's ``avg@n`` (and greedy result), in problem order,
-    so two evaluations of the same problems compare pairwise (:func:`~veriloop.algos.eval.metrics.paired_difference`).
+    The report's ``per_problem[split]``: each problem's ``avg@n`` (and greedy result), ``seed`` and
+    ``problem`` (:func:`problem_ids`), in problem order, so two evaluations of the same problems compare pairwise (:func:`~veriloop.algos.eval.metrics.paired_difference`).
 
     Args:
         policy: A :class:`~veriloop.agents.policy.Policy` or a scripted policy.
@@ -224,7 +240,7 @@ def evaluate_policy(
     kw = {"limits": limits, "system_prompt": system_prompt, "backend": backend, "compactor": compactor}
     t0 = time.perf_counter()
     results: dict[str, dict[str, float]] = {}
-    per_problem: dict[str, dict[str, list[float]]] = {}
+    per_problem: dict[str, dict[str, list[Any]]] = {}
     with _eval_mode(policy):
         for name, split in splits.items():
             greedy_params = SamplingParams.greedy(max_new_tokens) if greedy else None
@@ -273,7 +289,7 @@ def _evaluate_split(
     greedy: SamplingParams | None,
     batch_episodes: int,
     kw: dict[str, Any],
-) -> tuple[dict[str, float], dict[str, list[float]]]:
+) -> tuple[dict[str, float], dict[str, list[Any]]]:
     """One split's metrics: ``n_samples`` per problem (pass@k, avg@n...), then, with ``greedy``
     (its sampling parameters), each problem once greedily (``greedy_acc``), then the task's own;
     and the per-problem accuracies (``avg@n``, ``greedy``) in problem order."""
@@ -282,7 +298,11 @@ def _evaluate_split(
     trajs = _play(policy, specs, sampling, batch_episodes, f"eval {name}", **kw)
     problems = _by_problem(trajs, len(seeds))
     metrics = dict(summarize_split(problems, k_list))
-    per_problem = {"avg@n": [avg_at_k([s.correct and s.error is None for s in p]) for p in problems]}
+    per_problem: dict[str, list[Any]] = {
+        "avg@n": [avg_at_k([s.correct and s.error is None for s in p]) for p in problems],
+        "seed": [int(s) for s in seeds],  # which problem: its env seed and what the task says it is
+        "problem": problem_ids(trajs, len(seeds)),
+    }
     if greedy is not None:
         one = [EpisodeSpec(split.id, dict(split.kwargs), int(s), j) for j, s in enumerate(seeds)]
         played = _play(policy, one, greedy, batch_episodes, f"eval {name} greedy", **kw)

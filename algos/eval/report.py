@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from veriloop.algos.eval.loop import REFERENCE_SPLIT
-from veriloop.algos.eval.metrics import markdown_table
+from veriloop.algos.eval.metrics import markdown_table, paired_difference
 from veriloop.envs.json_safe import json_safe
 
 #: Non-rate metrics shown in the task table of the Markdown report (when a split has them).
@@ -65,6 +65,43 @@ def report_markdown(report: Mapping[str, Any], title: str = "Evaluation") -> str
         + task_table(report["splits"])
         + sources_markdown(meta)
     )
+
+
+def comparison_markdown(reports: Mapping[str, Mapping[str, Any]], metric: str = "avg@n") -> str:
+    """Checkpoints side by side, in the order given: each one's ``metric`` ± its standard error per
+    split, and its paired difference with the checkpoint before it on the same problems
+    (:func:`~veriloop.algos.eval.metrics.paired_difference`: ``d_j = after_j - before_j``, mean ± SE;
+    ``n/a`` when the two were not evaluated on the same problems)."""
+    labels = list(reports)
+    header = ["checkpoint", "split", f"{metric} ± SE", "paired change ± SE"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for i, label in enumerate(labels):
+        report = reports[label]
+        for split, m in report["splits"].items():
+            value = f"{_cell(m.get(metric))} ± {_cell(m.get(f'se/{metric}'))}"
+            change = (
+                _paired_cell(reports[labels[i - 1]], report, split, metric) + f" vs {labels[i - 1]}"
+                if i
+                else ""
+            )
+            lines.append(f"| {label} | {split} | {value} | {change} |")
+    note = (
+        f"{metric} ± SE over problems; the change is paired (each problem against itself), so its SE is "
+        "smaller than the two SEs together. |change| > 2 SE is unlikely to be noise."
+    )
+    return "\n".join(lines) + "\n\n" + note + "\n"
+
+
+def _paired_cell(before: Mapping[str, Any], after: Mapping[str, Any], split: str, metric: str) -> str:
+    same = ("num_problems", "first_seed")
+    if any(before.get("meta", {}).get(k) != after.get("meta", {}).get(k) for k in same):
+        return "n/a (other problems)"
+    a = before.get("per_problem", {}).get(split, {}).get(metric)
+    b = after.get("per_problem", {}).get(split, {}).get(metric)
+    if a is None or b is None or len(a) != len(b):
+        return "n/a (no per-problem results)"
+    d = paired_difference(a, b)
+    return f"{d['diff']:+.3f} ± {_cell(d['se'])}"
 
 
 def sources_markdown(meta: Mapping[str, Any]) -> str:

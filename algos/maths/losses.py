@@ -133,7 +133,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLEstim
 def entropy_bonus(entropy: torch.Tensor, *, coef: float) -> torch.Tensor:
     """Per-token entropy loss term: -coef * H_t (minimising it raises the entropy), [B, T].
 
-    The c_2 S[pi_theta](s_t) bonus of PPO's combined objective (Schulman et al. 2017, eq. 9).
+    The ``c_2 S[pi_theta](s_t)`` bonus of PPO's combined objective (Schulman et al. 2017, eq. 9).
     ``entropy`` [B, T] is the second output of ``token_logprobs(..., with_entropy=True)``; mask and
     reduce the result with ``aggregate`` like the policy term.
     """

@@ -2,17 +2,20 @@
 
 At a terminal: a tqdm bar, and messages written above it (never glued onto it). Not at a terminal
 (output going to a file, CI, ``nohup``): no bar, but a line when each phase starts and a progress
-line at most every :data:`LOG_INTERVAL_S` seconds (done/total, rate, time left).
+line every :data:`LOG_INTERVAL_S` seconds (done/total, rate, time left), also while one long unit
+of work (a batch of episodes, a training step) is still running: nothing is silent for longer.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any
 
-#: Seconds between progress lines when the output is not a terminal.
-LOG_INTERVAL_S = 30.0
+#: Seconds between progress lines when the output is not a terminal (and between redraws of a
+#: terminal's bar while nothing finishes).
+LOG_INTERVAL_S = 10.0
 
 
 def at_terminal() -> bool:
@@ -48,6 +51,7 @@ class Progress:
         self._start = self._last = time.monotonic()
         self._first = initial
         self._bar: Any = None
+        self._stop = threading.Event()
         if quiet:
             return
         if at_terminal():
@@ -57,19 +61,39 @@ class Progress:
                              dynamic_ncols=True)  # fmt: skip
         else:
             print(f"{desc}: {total - initial} {unit} to go", flush=True)
+        threading.Thread(target=self._heartbeat, name=f"progress {desc}", daemon=True).start()
 
     def update(self, n: int = 1) -> None:
         self.done += n
         if self._bar is not None:
             self._bar.update(n)
         elif not self.quiet and (time.monotonic() - self._last >= LOG_INTERVAL_S or self.done >= self.total):
-            self._last = time.monotonic()
-            print(self.line(), flush=True)
+            self._print()
+
+    def _print(self) -> None:
+        self._last = time.monotonic()
+        print(self.line(), flush=True)
+
+    def _heartbeat(self) -> None:
+        """While the phase runs: a line (or a redrawn bar) when nothing was shown for
+        :data:`LOG_INTERVAL_S` seconds, so a long batch or step never leaves the screen still."""
+        while not self._stop.wait(LOG_INTERVAL_S / 2):
+            if time.monotonic() - self._last < LOG_INTERVAL_S:
+                continue
+            if self._bar is not None:
+                self._last = time.monotonic()
+                self._bar.refresh()
+            else:
+                self._print()
 
     def line(self) -> str:
         """``desc: done/total unit (rate/s, ~T left)``."""
         elapsed = max(time.monotonic() - self._start, 1e-9)
         rate = (self.done - self._first) / elapsed
+        if rate == 0 and self.done < self.total:  # the first unit of this call is still running: no rate yet
+            return (
+                f"{self.desc}: {self.done}/{self.total} {self.unit} ({_duration(elapsed)}, none finished yet)"
+            )
         left = (self.total - self.done) / rate if rate > 0 else float("nan")
         eta = f", ~{_duration(left)} left" if self.done < self.total and rate > 0 else ""
         return f"{self.desc}: {self.done}/{self.total} {self.unit} ({rate:.3g}/s, {_duration(elapsed)}{eta})"
@@ -79,6 +103,7 @@ class Progress:
             self._bar.set_postfix_str(text)
 
     def close(self) -> None:
+        self._stop.set()
         if self._bar is not None:
             self._bar.close()
 

@@ -9,7 +9,9 @@ Reading order: ``build_policy`` -> ``build_critic`` -> ``build_optimizer`` -> ``
 
 from __future__ import annotations
 
+import fcntl
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from veriloop.agents.policy import Policy, place, resolve_device
 from veriloop.agents.precision import apply_precision
 from veriloop.algos.critic import ValueModel
 from veriloop.algos.run.checkpoint import complete_checkpoints
-from veriloop.algos.run.lock import LOCK_FILE
+from veriloop.algos.run.lock import LOCK_FILE, acquire, release
 from veriloop.configs.loader import config_to_yaml, dump_config
 from veriloop.configs.schema import ConfigError, ExperimentConfig
 
@@ -158,12 +160,58 @@ def claim_run_dir(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwri
     :class:`ConfigError` says so and nothing in it changes. The caller holds the folder's lock
     (``run_lock``), so leftovers of killed saves found here are stale and are removed.
     """
-    existing = claim_folder(run_dir, resume=resume, overwrite=overwrite, what="a run")
+    _check_contents(run_dir, cfg, resume=resume, overwrite=overwrite)
+    claim_folder(run_dir, resume=resume, overwrite=overwrite, what="a run")
+    remove_stale_temporaries(run_dir)
+    write_text_atomic(run_dir / "config.yaml", config_to_yaml(cfg))
+
+
+def check_claim(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwrite: bool) -> None:
+    """Every refusal :func:`claim_run_dir` can give, without writing anything (not even the lock
+    file): called before the lock is taken, so a refused start leaves no folder behind, and again
+    under the lock. A folder a live trainer holds is reported as that first."""
+    check_not_busy(run_dir)
+    _check_contents(run_dir, cfg, resume=resume, overwrite=overwrite)
+
+
+def _check_contents(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwrite: bool) -> None:
+    existing = check_folder(run_dir, resume=resume, overwrite=overwrite, what="a run")
     if existing and resume:
         _check_resume_config(run_dir, cfg)
         _check_resume_steps(run_dir, cfg)
-    remove_stale_temporaries(run_dir)
-    write_text_atomic(run_dir / "config.yaml", config_to_yaml(cfg))
+
+
+def check_not_busy(run_dir: Path) -> None:
+    """Raise ``RunBusyError`` (naming the holder, as ``lock.acquire`` does) when a live process holds
+    ``run_dir``'s lock; creates nothing when the folder or its lock file does not exist."""
+    path = run_dir / LOCK_FILE
+    if not path.is_file():
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released when fd closes
+    except BlockingIOError:
+        release(acquire(run_dir))  # held: acquire raises with the holder's name (released if it just ended)
+    finally:
+        os.close(fd)
+
+
+def holds_run(folder: Path) -> bool:
+    """Whether ``folder`` holds anything but the lock file (a run, or a run's leftovers)."""
+    return folder.is_dir() and any(p.name != LOCK_FILE for p in folder.iterdir())
+
+
+def check_folder(folder: Path, *, resume: bool, overwrite: bool, what: str) -> bool:
+    """:func:`claim_folder`'s refusals alone (nothing is written); returns whether it holds ``what``."""
+    if resume and overwrite:
+        raise ConfigError(f"--resume continues {what} and --overwrite deletes it: choose one")
+    existing = holds_run(folder)
+    if existing and not resume and not overwrite:
+        raise ConfigError(
+            f"{folder} already holds {what}; nothing was changed. Continue it with --resume, replace it "
+            "with --overwrite, or choose another name (run.name=...)"
+        )
+    return existing
 
 
 def claim_folder(folder: Path, *, resume: bool, overwrite: bool, what: str) -> bool:
@@ -171,14 +219,7 @@ def claim_folder(folder: Path, *, resume: bool, overwrite: bool, what: str) -> b
     a new or empty folder is used as is; one that holds ``what`` already is continued only with
     ``resume``, emptied only with ``overwrite`` (the lock, which the caller holds, stays); otherwise
     :class:`ConfigError` says so and nothing changes. Returns whether it held something."""
-    if resume and overwrite:
-        raise ConfigError(f"--resume continues {what} and --overwrite deletes it: choose one")
-    existing = folder.is_dir() and any(p.name != LOCK_FILE for p in folder.iterdir())
-    if existing and not resume and not overwrite:
-        raise ConfigError(
-            f"{folder} already holds {what}; nothing was changed. Continue it with --resume, replace it "
-            "with --overwrite, or choose another name (run.name=...)"
-        )
+    existing = check_folder(folder, resume=resume, overwrite=overwrite, what=what)
     if existing and overwrite:
         for child in folder.iterdir():  # all but the lock, which this process holds
             if child.name != LOCK_FILE:
@@ -239,16 +280,25 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): tree}
 
 
+def check_device(name: str) -> None:
+    """``policy.device`` exists on this machine (a CUDA device on a CPU-only one is refused here,
+    before the run folder is claimed)."""
+    try:
+        resolve_device(name)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def check_model(model: str) -> None:
     """``policy.model`` names a loadable model: 'tiny', 'default', 'default-vision' or a folder with
     config.json / adapter_config.json (nothing is loaded here)."""
     if model in ("tiny", "default", "default-vision"):
         return
-    from veriloop.agents.loading import _resolve
+    from veriloop.agents.loading import _resolve, check_model_files
 
     try:
-        _resolve(model)
-    except FileNotFoundError as e:
+        check_model_files(_resolve(model))
+    except (FileNotFoundError, ValueError) as e:
         raise ConfigError(f"policy.model: {e}") from None
 
 

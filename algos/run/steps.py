@@ -5,7 +5,7 @@ once: the steps to run (with a progress bar), the non-finite guard with its one 
 (``train.max_consecutive_nonfinite``), and when to log and to checkpoint::
 
     loop = StepLoop(total, "train", guard, log=run_log, log_every=..., checkpoint_every=...)
-    for step in loop.steps(start):        # a bar at a terminal, a line every 30 s in a log file
+    for step in loop.steps(start):        # a bar at a terminal, a line every 10 s in a log file
         metrics = ...                     # one step: forward/backward, clip, optimizer step unless non-finite
         loop.observe(skipped)             # counted; NonFiniteTrainingError after `limit` in a row
         loop.log_metrics(step + 1, metrics)            # every `log_every` steps and after the last
@@ -17,13 +17,21 @@ Steps are logged and checkpointed under the number of steps *done* (``step + 1``
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from veriloop.algos.run.log import RunLog
 from veriloop.algos.run.nonfinite import NonFiniteGuard, NonFiniteTrainingError
-from veriloop.algos.run.progress import Progress
+from veriloop.algos.run.progress import Progress, say
+
+
+def _minutes(seconds: float) -> str:
+    """``"12 min"``, ``"2.5 h"``, ``"40 s"``: an estimate's size, not its digits."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 @dataclass
@@ -56,11 +64,21 @@ class StepLoop:
         bar = self._bar = Progress(self.total, self.desc, "steps", initial=start, quiet=self.quiet)
         try:
             for step in range(start, self.total):
+                t0 = time.monotonic()
                 yield step
                 bar.update()
+                if (
+                    step == start and self.total - step > 1
+                ):  # what the rest will cost, from the step just done
+                    self._estimate(step + 1, time.monotonic() - t0)
         finally:
             bar.close()
             self._bar = None
+
+    def _estimate(self, done: int, seconds: float) -> None:
+        left = self.total - done
+        say(quiet=self.quiet, text=f"{self.desc}: ≈ {_minutes(seconds * left)} on this machine for the {left} step{'s' * (left != 1)} "
+                                   f"left ({seconds:.1f} s a step, measured after step {done})")  # fmt: skip
 
     def observe(self, skipped: bool) -> None:
         """Count one step (``skipped``: its loss or gradient norm was NaN/inf and no update was

@@ -366,6 +366,10 @@ def run_sft(
     run = Path(run_dir) if run_dir is not None else None
     state = _resume(run, policy, sft.optimizer, sft.scheduler, fingerprint, s) if run is not None else {}
     start = int(state.get("step", 0))
+    if start:
+        from veriloop.algos.run.progress import say
+
+        say(f"sft warm-up: continuing from its checkpoint at step {start} of {total}")
     loop = _step_loop(s, total, state, _open_log(run, s, start))
     losses: list[float] = []
     tok_total, time_total = 0.0, 0.0
@@ -560,6 +564,27 @@ def warmup_from_config(
     return out
 
 
+def sft_summary(metrics: dict[str, Any]) -> str:
+    """:func:`run_sft`'s summary in words: steps, the loss's first and last value, examples, speed,
+    where the policy went."""
+
+    def num(key: str, fmt: str) -> str:
+        value = metrics.get(key)
+        return format(value, fmt) if isinstance(value, int | float) else "n/a"
+
+    total, start = metrics.get("steps_done", "?"), metrics.get("start_step")
+    steps = f"steps {start + 1}-{total} of {total} (resumed at step {start})" if start else f"{total} steps"
+    parts = [steps,
+             f"loss {num('loss_first', '.3f')} -> {num('loss_last', '.3f')}",
+             f"{metrics.get('examples', '?')} examples", f"{num('tokens_per_s', '.0f')} tokens/s"]  # fmt: skip
+    for key, what in (("skipped_nonfinite", "non-finite steps skipped"), ("truncated", "examples truncated"),
+                      ("dropped_empty", "examples dropped (empty)")):  # fmt: skip
+        if metrics.get(key):
+            parts.append(f"{metrics[key]} {what}")
+    saved = f"; saved {metrics['final_dir']}" if metrics.get("final_dir") else ""
+    return ", ".join(parts) + saved
+
+
 def sft_from_config(
     cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, quiet: bool = False
 ) -> Path:
@@ -575,7 +600,15 @@ def sft_from_config(
     from veriloop.agents.loading import save_policy
     from veriloop.algos.run.lock import run_lock
     from veriloop.algos.run.progress import say
-    from veriloop.algos.run.setup import build_policy, check_model, claim_folder, remove_stale_temporaries
+    from veriloop.algos.run.setup import (
+        build_policy,
+        check_device,
+        check_folder,
+        check_model,
+        check_not_busy,
+        claim_folder,
+        remove_stale_temporaries,
+    )
     from veriloop.algos.sft.data import check_source
     from veriloop.configs.errors import ConfigError
 
@@ -583,7 +616,11 @@ def sft_from_config(
         raise ConfigError("sft.steps is 0: nothing to do (set sft.steps=N)")
     check_source(cfg.sft.source, cfg.env.id, cfg.env.kwargs)
     check_model(cfg.policy.model)
+    check_device(cfg.policy.device)
     sft_dir = Path(cfg.run.out_dir) / cfg.run_name / "sft"
+    check_not_busy(sft_dir.parent)
+    if not (resume and not overwrite and (sft_dir / "final").is_dir()):
+        check_folder(sft_dir, resume=resume, overwrite=overwrite, what="an SFT run")  # before the lock file
     with run_lock(sft_dir.parent):  # one writer per run folder: not beside a trainer of the same run
         remove_stale_temporaries(sft_dir.parent)
         if resume and not overwrite and (sft_dir / "final").is_dir():
@@ -593,5 +630,6 @@ def sft_from_config(
         policy = build_policy(cfg)
         metrics = warmup_from_config(cfg, policy, run_dir=sft_dir)
         out = Path(save_policy(policy, sft_dir / "final"))
-    say(f"SFT done: {metrics}\nsaved policy: {out}", quiet)
+    metrics["final_dir"] = None
+    say(f"SFT done: {sft_summary(metrics)}\nsaved policy: {out}", quiet)
     return out

@@ -116,7 +116,13 @@ def test_math_pass_maj_greedy_against_hand_values(tokenizer):
     assert report["meta"]["num_problems"] == 4 and report["meta"]["k_list"] == [1, 2, 4]
     # per-problem results in problem order, and the SEs over problems, by hand:
     # accuracies 0, .5, .25, 1 -> mean .4375, sample var ((.4375^2 + .0625^2 + .1875^2 + .5625^2) / 3)
-    assert report["per_problem"]["id"] == {"avg@n": [0.0, 0.5, 0.25, 1.0], "greedy": [0.0, 1.0, 0.0, 1.0]}
+    got = report["per_problem"]["id"]
+    assert {k: got[k] for k in ("avg@n", "greedy")} == {
+        "avg@n": [0.0, 0.5, 0.25, 1.0],
+        "greedy": [0.0, 1.0, 0.0, 1.0],
+    }
+    # and which problems they were: the env seed and the task's question
+    assert got["seed"] == seeds and got["problem"] == [t["question"] for t in tasks_of(MATH, seeds)]
     var = (0.4375**2 + 0.0625**2 + 0.1875**2 + 0.5625**2) / 3
     assert m["se/avg@n"] == pytest.approx(math.sqrt(var / 4))
     assert m["se/greedy_acc"] == pytest.approx(math.sqrt((4 * 0.25 / 3) / 4))  # var of 0,1,0,1 = 1/3
