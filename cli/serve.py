@@ -55,6 +55,10 @@ def cmd_serve_vllm(args: argparse.Namespace) -> int:
         from veriloop.agents.models import text as default_model
 
         model = str(default_model.default_model_path())
+    elif model == "gemma3-270m":
+        from veriloop.agents.models.gemma import gemma_model_path
+
+        model = str(gemma_model_path())
     argv, env = serve_command(model, port=args.port, host=args.host, dtype=args.dtype, lora_rank=args.lora_rank,
                               max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
                               cpu=_on_cpu(args.device), python=sys.executable, extra=args.vllm_args)  # fmt: skip

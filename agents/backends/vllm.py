@@ -126,6 +126,10 @@ def vllm_model_path(policy: Policy, model_path: str | None) -> str:
         from veriloop.agents.models import text as default_model
 
         return str(default_model.default_model_path())
+    if path == "gemma3-270m":
+        from veriloop.agents.models.gemma import gemma_model_path
+
+        return str(gemma_model_path())
     return str(path)
 
 

@@ -290,9 +290,16 @@ def check_device(name: str) -> None:
 
 
 def check_model(model: str) -> None:
-    """``policy.model`` names a loadable model: 'tiny', 'default', 'default-vision' or a folder with
-    config.json / adapter_config.json (nothing is loaded here)."""
+    """``policy.model`` names a loadable model: 'tiny', 'default', 'default-vision', 'gemma3-270m'
+    (its PyPI packages installed, or already converted) or a folder with config.json /
+    adapter_config.json (nothing is loaded here)."""
     if model in ("tiny", "default", "default-vision"):
+        return
+    if model == "gemma3-270m":
+        from veriloop.agents.models.gemma import missing_reason
+
+        if (why := missing_reason()) is not None:
+            raise ConfigError(f"policy.model: {why}")
         return
     from veriloop.agents.loading import _resolve, check_model_files
 
