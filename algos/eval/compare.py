@@ -200,7 +200,7 @@ def accuracy_rows(arms: Mapping[str, Mapping[int, Run]], metric: str) -> list[di
                 continue
             vals = [float(r.last["splits"][split].get(metric, math.nan)) for r in runs]
             rows.append({"arm": arm, "split": split, "env": env_of(runs[0].last, split),
-                         "seeds": [r.seed for r in runs], "values": vals, "stats": over_seeds(vals),
+                         "seeds": [r.seed for r in runs], "values": vals, "over_seeds": over_seeds(vals),
                          "eval_se": float(runs[0].last["splits"][split].get(f"se/{metric}", math.nan)),
                          "problems": min(int(r.last["splits"][split].get("num_problems", 0)) for r in runs)})  # fmt: skip
     return rows
@@ -219,7 +219,7 @@ def difference_rows(arms: Mapping[str, Mapping[int, Run]], metric: str) -> list[
             values = [d["diff"] for _, _, d in diffs]
             rows.append({"arm": arm, "reference": names[0], "split": split, "env": env_of(diffs[0][1].last, split),
                          "seeds": [b.seed for _, b, _ in diffs], "per_seed": [d for _, _, d in diffs],
-                         "stats": over_seeds(values), "paired": all(d["paired"] for _, _, d in diffs),
+                         "over_seeds": over_seeds(values), "paired": all(d["paired"] for _, _, d in diffs),
                          "problems": int(min(d["num_problems"] for _, _, d in diffs))})  # fmt: skip
     return rows
 
@@ -235,7 +235,7 @@ def notes(acc: Sequence[Mapping[str, Any]], diffs: Sequence[Mapping[str, Any]]) 
         if not d["paired"]:
             out.append(f"{d['split']}: {d['arm']} and {d['reference']} were evaluated on different problems: "
                        "the difference is unpaired (SE = sqrt(se_a² + se_b²)) and the problems' difficulty does not cancel")  # fmt: skip
-    if any(r["stats"]["seeds"] == 1 for r in acc):
+    if any(r["over_seeds"]["seeds"] == 1 for r in acc):
         out.append("one seed: ± is the evaluation's SE over problems only; the training's own noise "
                    "(another seed) is not in it")  # fmt: skip
     return out
@@ -261,7 +261,7 @@ def compare_markdown(arms: Mapping[str, Mapping[int, Run]], metric: str = "avg@n
     ]
     for r in acc:
         cells = [r["arm"], r["env"], r["split"], ", ".join(map(str, r["seeds"])), ", ".join(map(_fmt, r["values"])),
-                 _mean_se(r["stats"], r["eval_se"]), _ci(r["stats"]), str(r["problems"])]  # fmt: skip
+                 _mean_se(r["over_seeds"], r["eval_se"]), _ci(r["over_seeds"]), str(r["problems"])]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     if diffs:
         ref = diffs[0]["reference"]
@@ -271,7 +271,7 @@ def compare_markdown(arms: Mapping[str, Mapping[int, Run]], metric: str = "avg@n
         for r in diffs:
             per = ", ".join(f"{_fmt(d['diff'], True)} ± {_fmt(d['se'])}" for d in r["per_seed"])
             cells = [r["arm"], r["env"], r["split"], ", ".join(map(str, r["seeds"])), per,
-                     _mean_se(r["stats"], r["per_seed"][0]["se"], signed=True), _ci(r["stats"]),
+                     _mean_se(r["over_seeds"], r["per_seed"][0]["se"], signed=True), _ci(r["over_seeds"]),
                      "yes" if r["paired"] else "no"]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
     said = notes(acc, diffs)

@@ -86,7 +86,14 @@ def test_the_live_engine_gets_the_warmup_and_does_the_evaluations(
     inner = T.evaluate_step
     monkeypatch.setattr(T, "evaluate_step", lambda *a, **k: evals.append(k.get("backend")) or inner(*a, **k))
     cfg = load_config(
-        "quickstart", [*TINY, f"eval.backend={eval_backend}", f"run.out_dir={tmp_path}", "run.name=b"]
+        "quickstart",  # the sync probe's own generate calls are counted in test_sync_probe.py
+        [
+            *TINY,
+            f"eval.backend={eval_backend}",
+            f"run.out_dir={tmp_path}",
+            "run.name=b",
+            "train.sync_probe=false",
+        ],
     )
     run = T.train(cfg, quiet=True)
     (engine,) = made

@@ -127,7 +127,7 @@ def test_a_lock_that_is_not_a_regular_file_is_refused_and_its_target_untouched(
 def test_a_lock_folder_is_one_line_exit_2_from_the_cli(tmp_path: Path) -> None:
     (tmp_path / "r" / LOCK_FILE).mkdir(parents=True)
     exe = Path(sys.executable).with_name("veriloop")
-    args = [str(exe), "train", "quickstart", *TINY, f"run.out_dir={tmp_path}", "run.name=r", "--resume"]
+    args = [str(exe), "train", "quickstart", *TINY, f"run.out_dir={tmp_path}", "run.name=r"]
     r = subprocess.run(args, capture_output=True, text=True, timeout=120)
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
