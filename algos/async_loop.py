@@ -27,6 +27,7 @@ from typing import Any
 
 from veriloop.agents.backends import eos_token_ids
 from veriloop.agents.chat import ChatFormat
+from veriloop.agents.compaction import make_compactor
 from veriloop.agents.engine import EpisodeSpec
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.async_eval import EvalBeside, eval_due
@@ -138,7 +139,8 @@ def build_worker(run: Any, ledger: Ledger) -> GenerationWorker:
     worker = GenerationWorker(sched=sched, cond=threading.Condition(), weights=weights, specs=_specs(cfg),
                               drop=_drop_rule(cfg), fmt=fmt, eos=eos_token_ids(policy.tokenizer, policy.model),
                               sampling=T.sampling_for(cfg, T.sampling_stream(state.step, 0, 0)), limits=T.rollout_limits(cfg),
-                              cursor=state.next_seed, pending=pending)  # fmt: skip
+                              cursor=state.next_seed, pending=pending,
+                              compactor=make_compactor(cfg.rollout.compaction, cfg.rollout.compaction_keep))  # fmt: skip
     worker.on_drop = lambda g: ledger.write("dropped", g, sched.version, g.dropped)
     return worker
 
