@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,11 +110,11 @@ def _specs(cfg: ExperimentConfig) -> Any:
 
 def _drop_rule(cfg: ExperimentConfig) -> Any:
     """Dynamic sampling: a group whose learning signals are all equal is dropped (``uninformative``)."""
-    from veriloop.algos.sampling import is_informative
+    from veriloop.algos.sampling import group_informative
     from veriloop.algos.update import learning_signal
 
     def drop(trajs: list[Trajectory]) -> str | None:
-        if cfg.algo.dynamic_sampling and not is_informative([learning_signal(t, cfg.algo) for t in trajs]):
+        if cfg.algo.dynamic_sampling and not group_informative(trajs, partial(learning_signal, cfg=cfg.algo)):
             return "uninformative"
         return None
 
@@ -252,18 +253,18 @@ def _sampling_metrics(
     cfg: ExperimentConfig, batch: list[Group], sampled: list[Trajectory]
 ) -> dict[str, float]:
     """The synchronous loop's ``sampling/*`` keys, over the groups that finished since the last step."""
-    from veriloop.algos.sampling import is_informative
+    from veriloop.algos.sampling import informative_fraction
     from veriloop.algos.update import learning_signal
 
     g = cfg.rollout.group_size
     groups = [sampled[i : i + g] for i in range(0, len(sampled), g)]
-    useful = [is_informative([learning_signal(t, cfg.algo) for t in grp]) for grp in groups]
+    informative = informative_fraction(groups, partial(learning_signal, cfg=cfg.algo))
     n = cfg.rollout.prompts_per_step
-    kept = sum(useful) if cfg.algo.dynamic_sampling else len(groups)  # dynamic sampling drops the rest
+    kept = informative if cfg.algo.dynamic_sampling else 1.0  # dynamic sampling drops the rest
     return {
         "sampling/rounds": len(groups) / n,
-        "sampling/kept_fraction": kept / max(len(groups), 1),
-        "sampling/informative_fraction": sum(useful) / max(len(useful), 1),
+        "sampling/kept_fraction": kept if groups else 0.0,
+        "sampling/informative_fraction": informative,
         "sampling/short_batch": float(len(batch) < n),
     }
 

@@ -58,7 +58,9 @@ def test_compaction_under_async_shortens_histories_as_the_synchronous_rollout() 
     sample starts and split reasons; and compaction did happen (the worker without it is cut)."""
     policy, sampling = _policy(), SamplingParams(max_new_tokens=64)
     limits = RolloutLimits(max_turns=5, max_context=400)
-    sync = rollout(policy, [*_specs(0), *_specs(1)], sampling=sampling, limits=limits, compactor=KeepLastTurns(1))
+    sync = rollout(
+        policy, [*_specs(0), *_specs(1)], sampling=sampling, limits=limits, compactor=KeepLastTurns(1)
+    )
     played = [t for g in _worker_groups(policy, limits, sampling, KeepLastTurns(1)) for t in g]
     assert [_shape(t) for t in played] == [_shape(t) for t in sync]
     assert all("compaction" in t.split_reasons and t.num_turns == 5 for t in played)
