@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from veriloop.agents.backends import Backend, GenRequest, GenResult
+from veriloop.agents.backends.base import ServingBackend
 from veriloop.agents.chat import ChatFormat
 from veriloop.agents.compaction import Compactor
 from veriloop.agents.engine import EpisodeSpec, Player, RolloutLimits, _Episode
@@ -115,10 +116,10 @@ class LiveWeights:
     episodes never mix adapter versions.
     """
 
-    def __init__(self, backend: Any, version: int = 0, max_staleness: int = 0) -> None:
+    def __init__(self, backend: ServingBackend, version: int = 0, max_staleness: int = 0) -> None:
         self.backend = backend
         self.loaded = version
-        self.lora = bool(getattr(backend, "serves_adapter", False)) and hasattr(backend, "pin")
+        self.lora = backend.serves_adapter
         self.keep = max_staleness + 2
         self.names: dict[int, str] = {version: backend.model_name} if self.lora else {}
         if self.lora:

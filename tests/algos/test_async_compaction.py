@@ -24,15 +24,33 @@ ENV = "veriloop/Points24-text-v0"
 WRONG = '{"cards": ["A", "2", "3", "4"], "formula": "1+2+3+4"} ' + "Let me explain my reasoning. " * 6
 
 
-def _policy() -> ScriptedPolicy:
-    return ScriptedPolicy(lambda turn, obs, task: WRONG, tiny_tokenizer())
+class _Serving(ScriptedPolicy):
+    """The script as an engine with its own weights (``backends.base.ServingBackend``), full weights."""
+
+    serves_adapter, keep_adapters, model_name = False, 1, "base"
+
+    def sync(self) -> None:
+        """A script has no weights to load."""
+
+    def close(self) -> None:
+        """Nothing to shut down."""
+
+    def pin(self, key: Any, adapter: str) -> None:
+        raise AssertionError("full weights: no request is pinned to an adapter")
+
+    def adapter_slots(self) -> int | None:
+        return None
+
+
+def _policy() -> _Serving:
+    return _Serving(lambda turn, obs, task: WRONG, tiny_tokenizer())
 
 
 def _specs(seed: int) -> list[EpisodeSpec]:
     return [EpisodeSpec(ENV, {}, seed, seed) for _ in range(2)]
 
 
-def _worker_groups(policy: ScriptedPolicy, limits: RolloutLimits, sampling: SamplingParams,
+def _worker_groups(policy: _Serving, limits: RolloutLimits, sampling: SamplingParams,
                    compactor: Any) -> list[list[Trajectory]]:  # fmt: skip
     """Step 0's two groups (seeds 0 and 1) as the asynchronous worker plays them, K = 1."""
     sched = Scheduler(1, 2, budget=2)
