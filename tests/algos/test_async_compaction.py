@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from veriloop.agents.chat import ChatFormat
-from veriloop.agents.compaction import KeepLastTurns
+from veriloop.agents.compaction import KeepLastTurns, PolicySummary
 from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.scripted import ScriptedPolicy
@@ -36,14 +36,21 @@ class _Serving(ScriptedPolicy):
         """Nothing to shut down."""
 
     def pin(self, key: Any, adapter: str) -> None:
-        raise AssertionError("full weights: no request is pinned to an adapter")
+        assert self.serves_adapter, "full weights: no request is pinned to an adapter"
+        self.pins[key] = adapter
+
+    def generate(self, requests: Any, sampling: Any, generator: Any = None) -> Any:
+        self.keys += [r.key for r in requests]
+        return super().generate(requests, sampling, generator)
 
     def adapter_slots(self) -> int | None:
         return None
 
 
-def _policy() -> _Serving:
-    return _Serving(lambda turn, obs, task: WRONG, tiny_tokenizer())
+def _policy(adapters: bool = False) -> _Serving:
+    policy = _Serving(lambda turn, obs, task: WRONG, tiny_tokenizer())
+    policy.serves_adapter, policy.pins, policy.keys = adapters, {}, []  # type: ignore[attr-defined]
+    return policy
 
 
 def _specs(seed: int) -> list[EpisodeSpec]:
@@ -84,6 +91,21 @@ def test_compaction_under_async_shortens_histories_as_the_synchronous_rollout() 
     assert all("compaction" in t.split_reasons and t.num_turns == 5 for t in played)
     cut = [t for g in _worker_groups(policy, limits, sampling, None) for t in g]
     assert all(t.stop_reason == "max_context" and t.num_samples == 1 for t in cut)
+
+
+def test_compaction_replies_sample_with_the_episodes_adapter_version() -> None:
+    """LoRA served as adapters: every request the worker sends, the compactor's summary requests
+    included, carries the version in its cache key and is pinned to that version's adapter."""
+    policy, limits = _policy(adapters=True), RolloutLimits(max_turns=5, max_context=400)
+    played = [
+        t
+        for g in _worker_groups(policy, limits, SamplingParams(max_new_tokens=64), PolicySummary())
+        for t in g
+    ]
+    assert all("compaction" in t.split_reasons for t in played)
+    keys = policy.keys  # type: ignore[attr-defined]
+    assert any(isinstance(k[0], tuple) and k[0][0] == "compaction" for k in keys)  # summaries were asked for
+    assert all(k[1] == 0 and policy.pins[k] == "base" for k in keys)  # type: ignore[attr-defined]
 
 
 def test_compaction_in_an_asynchronous_training_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
