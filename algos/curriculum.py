@@ -36,7 +36,7 @@ import numpy as np
 
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.mixture import assign_envs
-from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
+from veriloop.algos.sampling import dynamic_sampling, informative_fraction, is_informative, verifier_failed
 from veriloop.configs.curriculum import Pool, check_pools  # noqa: F401  (re-exported: they live with the settings)
 from veriloop.configs.schema import ExperimentConfig
 from veriloop.envs.json_safe import jsonable
@@ -337,8 +337,8 @@ def curriculum_step(
     history["curriculum"] = stats.state()
     kept = sum(len(g) for g in groups)
     sampled = [t for g in played for t in g]
-    # every played group went through dynamic_sampling: its informative_fraction is over all of them
+    # the plain loop's formula over every group played (the gate's acceptances are kept_fraction)
     metrics = {"sampling/rounds": gs["rounds"], "sampling/kept_fraction": gs["kept_fraction"],
-               "sampling/informative_fraction": gs["informative_fraction"], "sampling/short_batch": gs["short_batch"],
+               "sampling/informative_fraction": informative_fraction(played, signal_fn), "sampling/short_batch": gs["short_batch"],
                **pool_metrics(stats, pools, merge_draws(draws, pools)), **paid_metrics(sampled, kept, gs)}  # fmt: skip
     return groups, metrics

@@ -73,8 +73,9 @@ def dynamic_sampling(
     Returns:
         kept groups (at most ``num_groups``), and stats: ``rounds``, ``sampled_groups``,
         ``kept_groups``, ``kept_fraction`` (kept / sampled), ``informative_fraction``
-        (``group_informative`` groups / sampled, as ``informative_fraction`` counts them: differs
-        from ``kept_fraction`` when surplus informative groups are dropped or ``accept`` rejects one), ``zero_variance_groups``, ``verifier_failed``
+        (accepted groups / sampled; without ``accept`` that is ``informative_fraction`` of every
+        group sampled; differs from ``kept_fraction`` when ``sample_groups`` over-samples and
+        surplus informative groups are dropped), ``zero_variance_groups``, ``verifier_failed``
         (episodes dropped), ``short_batch`` (0 or 1).
     """
     if num_groups < 1 or max_rounds < 1:
@@ -89,9 +90,8 @@ def dynamic_sampling(
             sampled += 1
             good = [t for t in group if not verifier_failed(t)]
             failed += len(group) - len(good)
-            useful = group_informative(good, reward_fn)
-            informative += useful
-            if accept(good) if accept is not None else useful:
+            if accept(good) if accept is not None else group_informative(good, reward_fn):
+                informative += 1
                 kept.append(good)
             else:
                 zero_var += 1
