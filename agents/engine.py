@@ -306,6 +306,57 @@ def _live(eps: Sequence[_Episode], limits: RolloutLimits) -> list[_Episode]:
     return [ep for ep in eps if not ep.done]
 
 
+class Player:
+    """Plays episodes turn by turn: the one place that starts an episode (with its compactor and
+    per-turn reserve) and plays a turn of many (requests within the budgets, one batched
+    generation, the results applied, finished episodes released). :func:`rollout` drives it over
+    a fixed list of episodes; the asynchronous generation worker (``veriloop.algos.async_worker``)
+    over the episodes running now, so both play with the same limits and the same compaction.
+
+    Args:
+        backend: Generates every request (turns and compaction replies) and forgets ended episodes.
+        fmt: The chat format episodes are written in.
+        eos: End-of-turn ids (``backends.eos_token_ids``).
+        sampling: How tokens are drawn (``max_new_tokens`` with ``limits`` sets the per-turn budget).
+        limits: Turn, per-turn token and context limits.
+        generator: The one ``torch.Generator`` every generation draws from.
+        compactor: Rewrites a history that would leave less than a turn's budget (``rollout``).
+    """
+
+    def __init__(
+        self, backend: Backend, fmt: ChatFormat, eos: Sequence[int], sampling: SamplingParams,
+        limits: RolloutLimits, generator: torch.Generator, compactor: Compactor | None = None,
+    ) -> None:  # fmt: skip
+        self.backend, self.fmt, self.eos, self.sampling = backend, fmt, eos, sampling
+        self.limits, self.generator = limits, generator
+        self.per_turn = min(sampling.max_new_tokens, limits.max_new_tokens or sampling.max_new_tokens)
+        self._compact_for = _compaction(compactor, backend, fmt, sampling, generator, eos, self.per_turn,
+                                        limits.max_context)  # fmt: skip
+
+    def start(self, key: int, spec: EpisodeSpec) -> _Episode:
+        """A new episode (its environment reset) under the key its requests carry."""
+        return _Episode(key, spec, self.fmt, self._compact_for(key), self.per_turn)
+
+    def turn(self, eps: Sequence[_Episode]) -> int:
+        """One turn of every running episode of ``eps`` in one batched call; each ended episode
+        (this turn, or stopped for a full context) is released. Returns how many played."""
+        running = [ep for ep in eps if not ep.done]
+        live = _live(running, self.limits)
+        for ep in running:
+            if ep.done:  # stopped at max_context before its turn
+                self.backend.release(ep.key)
+        if not live:
+            return 0
+        budgets = [min(self.per_turn, self.limits.max_context - ep.context_len) for ep in live]
+        requests = [ep.request(len(ep.turns), b) for ep, b in zip(live, budgets)]
+        results = self.backend.generate(requests, self.sampling, self.generator)
+        for ep, res in zip(live, results):
+            ep.apply(len(ep.turns), res, self.eos, self.limits)
+            if ep.done:
+                self.backend.release(ep.key)
+        return len(live)
+
+
 def default_backend(policy: Any) -> Backend:
     """The policy itself when it can generate (scripted policies), else the HF backend."""
     if hasattr(policy, "generate") and hasattr(policy, "release"):
@@ -343,27 +394,13 @@ def rollout(
     Returns:
         One :class:`Trajectory` per spec, in the order given.
     """
-    limits = limits or RolloutLimits()
-    backend = backend or default_backend(policy)
     fmt = ChatFormat(policy.tokenizer, system_prompt, processor=getattr(policy, "processor", None))
-    eos = eos_token_ids(policy.tokenizer, getattr(policy, "model", None))
-    per_turn = min(sampling.max_new_tokens, limits.max_new_tokens or sampling.max_new_tokens)
-    generator = torch.Generator().manual_seed(sampling.seed)
-    compact_for = _compaction(compactor, backend, fmt, sampling, generator, eos, per_turn, limits.max_context)
-    eps = [_Episode(i, spec, fmt, compact_for(i), per_turn) for i, spec in enumerate(episodes)]
+    player = Player(backend or default_backend(policy), fmt, eos_token_ids(policy.tokenizer, getattr(policy, "model", None)),
+                    sampling, limits or RolloutLimits(), torch.Generator().manual_seed(sampling.seed), compactor)  # fmt: skip
+    eps = [player.start(i, spec) for i, spec in enumerate(episodes)]
     try:
-        for turn in range(limits.max_turns):
-            live = _live(eps, limits)
-            if not live:
-                break
-            budgets = [min(per_turn, limits.max_context - ep.context_len) for ep in live]
-            results = backend.generate(
-                [ep.request(turn, b) for ep, b in zip(live, budgets)], sampling, generator
-            )
-            for ep, res in zip(live, results):
-                ep.apply(turn, res, eos, limits)
-                if ep.done:
-                    backend.release(ep.key)
+        while player.turn(eps):
+            pass
         trajectories = [ep.trajectory() for ep in eps]
     finally:
         for ep in eps:

@@ -22,11 +22,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from veriloop.agents.backends import eos_token_ids
 from veriloop.agents.chat import ChatFormat
+from veriloop.agents.compaction import make_compactor
 from veriloop.agents.engine import EpisodeSpec
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.async_eval import EvalBeside, eval_due
@@ -108,11 +110,11 @@ def _specs(cfg: ExperimentConfig) -> Any:
 
 def _drop_rule(cfg: ExperimentConfig) -> Any:
     """Dynamic sampling: a group whose learning signals are all equal is dropped (``uninformative``)."""
-    from veriloop.algos.sampling import is_informative
+    from veriloop.algos.sampling import group_informative
     from veriloop.algos.update import learning_signal
 
     def drop(trajs: list[Trajectory]) -> str | None:
-        if cfg.algo.dynamic_sampling and not is_informative([learning_signal(t, cfg.algo) for t in trajs]):
+        if cfg.algo.dynamic_sampling and not group_informative(trajs, partial(learning_signal, cfg=cfg.algo)):
             return "uninformative"
         return None
 
@@ -138,7 +140,8 @@ def build_worker(run: Any, ledger: Ledger) -> GenerationWorker:
     worker = GenerationWorker(sched=sched, cond=threading.Condition(), weights=weights, specs=_specs(cfg),
                               drop=_drop_rule(cfg), fmt=fmt, eos=eos_token_ids(policy.tokenizer, policy.model),
                               sampling=T.sampling_for(cfg, T.sampling_stream(state.step, 0, 0)), limits=T.rollout_limits(cfg),
-                              cursor=state.next_seed, pending=pending)  # fmt: skip
+                              cursor=state.next_seed, pending=pending,
+                              compactor=make_compactor(cfg.rollout.compaction, cfg.rollout.compaction_keep))  # fmt: skip
     worker.on_drop = lambda g: ledger.write("dropped", g, sched.version, g.dropped)
     return worker
 
@@ -252,18 +255,18 @@ def _sampling_metrics(
     cfg: ExperimentConfig, batch: list[Group], sampled: list[Trajectory]
 ) -> dict[str, float]:
     """The synchronous loop's ``sampling/*`` keys, over the groups that finished since the last step."""
-    from veriloop.algos.sampling import is_informative
+    from veriloop.algos.sampling import informative_fraction
     from veriloop.algos.update import learning_signal
 
     g = cfg.rollout.group_size
     groups = [sampled[i : i + g] for i in range(0, len(sampled), g)]
-    useful = [is_informative([learning_signal(t, cfg.algo) for t in grp]) for grp in groups]
+    informative = informative_fraction(groups, partial(learning_signal, cfg=cfg.algo))
     n = cfg.rollout.prompts_per_step
-    kept = sum(useful) if cfg.algo.dynamic_sampling else len(groups)  # dynamic sampling drops the rest
+    kept = informative if cfg.algo.dynamic_sampling else 1.0  # dynamic sampling drops the rest
     return {
         "sampling/rounds": len(groups) / n,
-        "sampling/kept_fraction": kept / max(len(groups), 1),
-        "sampling/informative_fraction": sum(useful) / max(len(useful), 1),
+        "sampling/kept_fraction": kept if groups else 0.0,
+        "sampling/informative_fraction": informative,
         "sampling/short_batch": float(len(batch) < n),
     }
 

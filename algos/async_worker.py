@@ -3,8 +3,9 @@
 It plays episodes turn by turn with continuous batching: every loop it admits new groups while
 the :class:`~veriloop.algos.staleness.Scheduler` has capacity, samples one turn for every running
 episode (one batched call per weight version), steps the environments, and hands each group to
-the scheduler as soon as its last episode ends. Episodes are ``veriloop.agents.engine``'s own
-(the same prompt, token and limit handling as the synchronous ``rollout``).
+the scheduler as soon as its last episode ends. Episodes are started and their turns played by
+``veriloop.agents.engine.Player``, as the synchronous ``rollout`` plays them: the same prompt,
+token and limit handling, per-turn reserve and ``rollout.compaction``.
 
 Weights, by engine:
 
@@ -35,8 +36,11 @@ from typing import Any
 
 import torch
 
-from veriloop.agents.backends import Backend, GenRequest
-from veriloop.agents.engine import EpisodeSpec, RolloutLimits, _Episode
+from veriloop.agents.backends import Backend, GenRequest, GenResult
+from veriloop.agents.backends.base import ServingBackend
+from veriloop.agents.chat import ChatFormat
+from veriloop.agents.compaction import Compactor
+from veriloop.agents.engine import EpisodeSpec, Player, RolloutLimits, _Episode
 from veriloop.agents.policy import Policy
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory
@@ -112,10 +116,10 @@ class LiveWeights:
     episodes never mix adapter versions.
     """
 
-    def __init__(self, backend: Any, version: int = 0, max_staleness: int = 0) -> None:
+    def __init__(self, backend: ServingBackend, version: int = 0, max_staleness: int = 0) -> None:
         self.backend = backend
         self.loaded = version
-        self.lora = bool(getattr(backend, "serves_adapter", False)) and hasattr(backend, "pin")
+        self.lora = backend.serves_adapter
         self.keep = max_staleness + 2
         self.names: dict[int, str] = {version: backend.model_name} if self.lora else {}
         if self.lora:
@@ -167,11 +171,12 @@ class GenerationWorker:
     weights: HFWeights | LiveWeights
     specs: Callable[[int], list[EpisodeSpec]]  # seed -> the group's episodes
     drop: DropRule
-    fmt: Any  # ChatFormat
+    fmt: ChatFormat
     eos: Sequence[int]
     sampling: SamplingParams
     limits: RolloutLimits
     cursor: int  # the next new problem's seed
+    compactor: Compactor | None = None  # ``rollout.compaction``, as the synchronous rollout applies it
     pending: list[int] = field(default_factory=list)
     on_drop: Callable[[Any], None] = lambda group: None  # called under ``cond``
     clock: WorkerClock = field(default_factory=WorkerClock)
@@ -187,7 +192,9 @@ class GenerationWorker:
     _thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._generator = torch.Generator().manual_seed(self.sampling.seed)
+        self._route = _Versioned(self.weights)
+        self._player = Player(self._route, self.fmt, self.eos, self.sampling, self.limits,
+                              torch.Generator().manual_seed(self.sampling.seed), self.compactor)  # fmt: skip
         self._thread = threading.Thread(target=self._main, name="veriloop-generation", daemon=True)
         self._thread.start()
 
@@ -292,7 +299,7 @@ class GenerationWorker:
         for gid, seed, version in admitted:
             eps = []
             for spec in self.specs(seed):
-                eps.append(_Episode(self._keys, spec, self.fmt))
+                eps.append(self._player.start(self._keys, spec))
                 self._keys += 1
             self._running[gid] = Running(gid, version, eps, last_version=version)
 
@@ -329,26 +336,10 @@ class GenerationWorker:
             w.keep_only({g.version for g in self._running.values()})
 
     def _play(self, eps: list[_Episode], version: int) -> None:
-        live, lim = [], self.limits
-        for ep in eps:
-            if ep.context_len >= lim.max_context:  # the current training sample's length
-                ep.stop("max_context")
-            else:
-                live.append(ep)
-        if not live:
-            return
-        per_turn = min(self.sampling.max_new_tokens, lim.max_new_tokens or self.sampling.max_new_tokens)
-        requests: list[GenRequest] = []
-        for ep in live:
-            req = ep.request(len(ep.turns), min(per_turn, lim.max_context - ep.context_len))
-            requests.append(replace(req, key=_cache_key(ep.key, version)))  # caches keyed by version
-            if isinstance(self.weights, LiveWeights) and self.weights.lora:
-                self.weights.backend.pin(requests[-1].key, self.weights.names[version])
-        results = self.weights.backend.generate(requests, self.sampling, self._generator)
-        for ep, res in zip(live, results):
-            ep.apply(len(ep.turns), res, self.eos, lim)
-            if ep.done:
-                self.weights.backend.release(_cache_key(ep.key, version))
+        """One turn of ``eps`` under weight ``version``: the engine's own turn (``Player.turn``),
+        every request (compaction replies included) keyed, and pinned, to that version."""
+        self._route.version = version
+        self._player.turn(eps)
 
     def _hand_over(self) -> None:
         """Every group whose episodes all ended goes to the scheduler (kept, or dropped with a reason)."""
@@ -373,6 +364,28 @@ class GenerationWorker:
     @property
     def running_versions(self) -> list[int]:
         return sorted({g.version for g in self._running.values()})
+
+
+class _Versioned:
+    """The engine as one weight version's episodes see it: every request's cache key carries the
+    version (``_cache_key``), and on an engine serving adapters it is pinned to that version's
+    adapter (``backend.pin``); ``version`` is set before each version's turn."""
+
+    def __init__(self, weights: HFWeights | LiveWeights) -> None:
+        self.weights, self.version = weights, weights.loaded
+
+    def generate(
+        self, requests: Sequence[GenRequest], sampling: SamplingParams, generator: torch.Generator
+    ) -> list[GenResult]:
+        w = self.weights
+        keyed = [replace(r, key=_cache_key(r.key, self.version)) for r in requests]
+        if isinstance(w, LiveWeights) and w.lora:
+            for r in keyed:
+                w.backend.pin(r.key, w.names[self.version])
+        return w.backend.generate(keyed, sampling, generator)
+
+    def release(self, key: Hashable) -> None:
+        self.weights.backend.release(_cache_key(key, self.version))
 
 
 def _cache_key(key: Hashable, version: int) -> tuple[Hashable, int]:

@@ -36,7 +36,7 @@ import numpy as np
 
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.mixture import assign_envs
-from veriloop.algos.sampling import dynamic_sampling, is_informative, verifier_failed
+from veriloop.algos.sampling import dynamic_sampling, informative_fraction, is_informative, verifier_failed
 from veriloop.configs.curriculum import Pool, check_pools  # noqa: F401  (re-exported: they live with the settings)
 from veriloop.configs.schema import ExperimentConfig
 from veriloop.envs.json_safe import jsonable
@@ -190,7 +190,7 @@ def gate_accepts(signals: Sequence[Any], successes: Sequence[float], *, low: flo
     """
     if len(signals) != len(successes):
         raise ValueError(f"{len(signals)} signals but {len(successes)} successes")
-    if len(signals) < 2 or max(signals) == min(signals):
+    if not is_informative(signals):
         return False
     rate = sum(successes) / len(successes)
     return low <= rate <= high
@@ -338,9 +338,8 @@ def curriculum_step(
     history["curriculum"] = stats.state()
     kept = sum(len(g) for g in groups)
     sampled = [t for g in played for t in g]
-    # the plain loop's formula: groups whose judged episodes' signals differ, over the groups played
-    useful = [is_informative([signal_fn(t) for t in g if not verifier_failed(t)]) for g in played]
+    # the plain loop's formula over every group played (the gate's acceptances are kept_fraction)
     metrics = {"sampling/rounds": gs["rounds"], "sampling/kept_fraction": gs["kept_fraction"],
-               "sampling/informative_fraction": sum(useful) / max(len(useful), 1), "sampling/short_batch": gs["short_batch"],
+               "sampling/informative_fraction": informative_fraction(played, signal_fn), "sampling/short_batch": gs["short_batch"],
                **pool_metrics(stats, pools, merge_draws(draws, pools)), **paid_metrics(sampled, kept, gs)}  # fmt: skip
     return groups, metrics

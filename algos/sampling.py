@@ -30,6 +30,21 @@ def is_informative(rewards: Sequence[Any]) -> bool:
     return len(rewards) >= 2 and max(rewards) != min(rewards)
 
 
+def group_informative(group: Sequence[T], signal: Callable[[T], Any]) -> bool:
+    """Whether a group teaches something: the learning signals (``signal``, e.g.
+    ``update.learning_signal``) of its judged episodes (verifier failures left out,
+    ``verifier_failed``) are ``is_informative``. The one test of a group, in every mode: the
+    dynamic-sampling drop (synchronous and asynchronous), the curriculum's gate and
+    ``sampling/informative_fraction``."""
+    return is_informative([signal(t) for t in group if not verifier_failed(t)])
+
+
+def informative_fraction(groups: Sequence[Sequence[T]], signal: Callable[[T], Any]) -> float:
+    """``sampling/informative_fraction``: the share of ``groups`` (every group played, kept or
+    dropped) that are ``group_informative``; 0.0 for none."""
+    return sum(group_informative(g, signal) for g in groups) / len(groups) if groups else 0.0
+
+
 def dynamic_sampling(
     sample_groups: Callable[[int], list[list[T]]],
     *,
@@ -45,7 +60,7 @@ def dynamic_sampling(
     over-sample internally). In every group, episodes whose verifier failed (``verifier_failed``)
     are removed first: they are neither a right nor a wrong answer, so they must not enter the
     baseline. The group is kept only if the remaining episodes' rewards (``reward_fn``) are not all
-    equal (``is_informative``). Never returns a zero-variance group. If the rounds run out first,
+    equal (``group_informative``). Never returns a zero-variance group. If the rounds run out first,
     returns what it has and sets the ``short_batch`` stat to 1 (and logs a warning).
 
     Args:
@@ -54,14 +69,15 @@ def dynamic_sampling(
         reward_fn: the reward of one episode that decides informativeness: the signal the
             estimator learns from (``update.learning_signal``: a tuple, compared as a whole).
         accept: ``group -> keep?`` over the group's judged episodes, instead of
-            ``is_informative`` of their rewards (the curriculum's gate: ``curriculum.gate_accepts``).
+            ``group_informative`` (the curriculum's gate: ``curriculum.gate_accepts``).
         name: Who is sampling, in the warning of a short batch (``"the curriculum gate"``).
 
     Returns:
         kept groups (at most ``num_groups``), and stats: ``rounds``, ``sampled_groups``,
         ``kept_groups``, ``kept_fraction`` (kept / sampled), ``informative_fraction``
-        (informative / sampled: differs from ``kept_fraction`` when ``sample_groups`` over-samples
-        and surplus informative groups are dropped), ``zero_variance_groups``, ``verifier_failed``
+        (accepted groups / sampled; without ``accept`` that is ``informative_fraction`` of every
+        group sampled; differs from ``kept_fraction`` when ``sample_groups`` over-samples and
+        surplus informative groups are dropped), ``zero_variance_groups``, ``verifier_failed``
         (episodes dropped), ``short_batch`` (0 or 1).
     """
     if num_groups < 1 or max_rounds < 1:
@@ -76,7 +92,7 @@ def dynamic_sampling(
             sampled += 1
             good = [t for t in group if not verifier_failed(t)]
             failed += len(group) - len(good)
-            if accept(good) if accept is not None else is_informative([reward_fn(t) for t in good]):
+            if accept(good) if accept is not None else group_informative(good, reward_fn):
                 informative += 1
                 kept.append(good)
             else:

@@ -58,7 +58,7 @@ from veriloop.algos.run.setup import (
     trainable_state,
 )
 from veriloop.algos.run.steps import StepLoop
-from veriloop.algos.sampling import dynamic_sampling, is_informative
+from veriloop.algos.sampling import dynamic_sampling, informative_fraction
 from veriloop.algos.step import (
     SINGLE_PROCESS,
     STEP_LEGEND,
@@ -165,8 +165,7 @@ def collect(
     else:
         groups = sampler(n)
         # how many groups would have taught something (logged, not acted on, without dynamic sampling)
-        useful = [is_informative([learning_signal(t, cfg.algo) for t in grp]) for grp in groups]
-        informative = sum(useful) / max(len(useful), 1)
+        informative = informative_fraction(groups, partial(learning_signal, cfg=cfg.algo))
         metrics = {"sampling/rounds": 1.0, "sampling/kept_fraction": 1.0,
                    "sampling/informative_fraction": informative, "sampling/short_batch": 0.0}  # fmt: skip
     return [t for group in groups for t in group], sampler.sampled, metrics

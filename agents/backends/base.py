@@ -69,6 +69,28 @@ class Backend(Protocol):
         ...
 
 
+class ServingBackend(Backend, Protocol):
+    """A backend with its own copy of the weights (vLLM in-process, or vLLM servers), as training
+    drives it. ``sync`` loads the trained weights into it: merged into the full weights, or, when
+    ``serves_adapter``, as a new adapter version named ``model_name``; the engine keeps the newest
+    ``keep_adapters`` of them, ``pin`` holds an episode's requests to the version it started with
+    and one batch mixes at most ``adapter_slots()`` (None: the servers do not say)."""
+
+    serves_adapter: bool
+    keep_adapters: int
+
+    @property
+    def model_name(self) -> str: ...
+
+    def sync(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def pin(self, key: Hashable, adapter: str) -> None: ...
+
+    def adapter_slots(self) -> int | None: ...
+
+
 def eos_token_ids(tokenizer: Any, model: Any = None) -> tuple[int, ...]:
     """End-of-turn ids: the tokenizer's eos plus the model's generation-config eos ids."""
     ids: set[int] = set()
