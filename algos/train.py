@@ -51,6 +51,7 @@ from veriloop.algos.run.setup import (
     claim_run_dir,
     load_trainable_state,
     lr_lambda,
+    trainable_parameters,
     trainable_state,
 )
 from veriloop.algos.run.steps import StepLoop
@@ -317,9 +318,17 @@ def _restore(run: RunParts, resume: bool) -> Path | None:
 
 
 def _apply_checkpoint(run: RunParts, loaded: dict[str, Any]) -> None:
-    """Put a loaded checkpoint into ``run``; raises (KeyError, ValueError...) when it does not fit."""
-    load_trainable_state(run.policy, run.critic, loaded["model_state"])
-    run.optimizer.load_state_dict(loaded["optimizer"])
+    """Put a loaded checkpoint into ``run``; raises (KeyError, ValueError...) when it does not fit.
+    A sharded one (written by several ``train.parallel: fsdp`` ranks) is read whole."""
+    from veriloop.algos.run.sharded_checkpoint import is_sharded, load_into_whole
+
+    if is_sharded(loaded["model_dir"].parent):
+        from veriloop.algos.run.fsdp import state_modules
+
+        load_into_whole(loaded["model_dir"].parent, state_modules(run.policy, run.critic), run.optimizer)
+    else:
+        load_trainable_state(run.policy, run.critic, loaded["model_state"])
+        run.optimizer.load_state_dict(loaded["optimizer"])
     _apply_loop_state(run, loaded)
 
 
@@ -334,15 +343,16 @@ def _restore_sharded(run: RunParts, resume: bool) -> Path | None:
     """``_restore`` of a sharded run: every rank reads its rows of the newest checkpoint that
     verifies (``sharded_checkpoint.load_sharded``)."""
     from veriloop.algos.run.fsdp import state_modules
-    from veriloop.algos.run.sharded_checkpoint import load_sharded
+    from veriloop.algos.run.sharded_checkpoint import load_sharded, written_by
 
     found = None
     if resume:
         found = load_sharded(run.run_dir, dist=run.dist, modules=state_modules(run.policy, run.critic),
-                             optimizer=run.optimizer)  # fmt: skip
+                             optimizer=run.optimizer, whole_keys=trainable_parameters(run.policy, run.critic))  # fmt: skip
     if found is not None:
         _apply_loop_state(run, found[1])
-        say(quiet=run.quiet, text=f"resumed from {found[0]} (sharded) at step {run.state.step}")
+        say(quiet=run.quiet, text=f"resumed from {found[0]} (written by {written_by(found[0])} rank(s)) "
+            f"on {run.dist.world_size} ranks at step {run.state.step}")  # fmt: skip
     elif resume:
         say(
             quiet=run.quiet,

@@ -54,7 +54,9 @@ def build_policy(cfg: ExperimentConfig) -> Policy:
     lora = LoraSettings(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
                         target_modules=_modules(p.target_modules)) if p.lora else None  # fmt: skip
     policy = load_policy(p.model, lora=lora, dtype=p.dtype, keep_reference=cfg.keep_reference and not p.lora)
-    policy = apply_precision(place(policy, device), p.precision)  # bf16: frozen weights bf16, trained ones fp32
+    policy = apply_precision(
+        place(policy, device), p.precision
+    )  # bf16: frozen weights bf16, trained ones fp32
     # a family outside the tested matrix: its batched/cached log-probs checked against a plain forward
     if (problem := check_unknown_family(policy)) is not None:
         raise ConfigError(problem)
@@ -101,13 +103,18 @@ def lr_lambda(cfg: ExperimentConfig) -> Any:
 
 def trainable_state(policy: Policy, critic: ValueModel | None) -> dict[str, torch.Tensor]:
     """Only what training changes (LoRA adapters, or all weights), plus a critic's head/model."""
-    state = {f"policy.{n}": p.detach() for n, p in policy.model.named_parameters() if p.requires_grad}
+    return {k: p.detach() for k, p in trainable_parameters(policy, critic).items()}
+
+
+def trainable_parameters(policy: Policy, critic: ValueModel | None) -> dict[str, torch.nn.Parameter]:
+    """The parameters of :func:`trainable_state`, under its keys (a checkpoint's ``model.pt``'s)."""
+    params = {f"policy.{n}": p for n, p in policy.model.named_parameters() if p.requires_grad}
     if critic is not None:
-        state.update({f"critic.{n}": p.detach() for n, p in critic.named_parameters()
-                      if p.requires_grad and not n.startswith("backbone.")})  # fmt: skip
+        params.update({f"critic.{n}": p for n, p in critic.named_parameters()
+                       if p.requires_grad and not n.startswith("backbone.")})  # fmt: skip
         if critic.backbone is not policy.model:
-            state.update({f"critic.{n}": p.detach() for n, p in critic.backbone.named_parameters()})
-    return state
+            params.update({f"critic.{n}": p for n, p in critic.backbone.named_parameters()})
+    return params
 
 
 def load_trainable_state(
