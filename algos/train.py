@@ -55,6 +55,7 @@ from veriloop.algos.run.setup import (
     claim_run_dir,
     load_trainable_state,
     lr_lambda,
+    trainable_parameters,
     trainable_state,
 )
 from veriloop.algos.run.steps import StepLoop
@@ -346,9 +347,17 @@ def _resumed_what(run: RunParts, ckpt: Path | None) -> str:
 
 
 def _apply_checkpoint(run: RunParts, loaded: dict[str, Any]) -> None:
-    """Put a loaded checkpoint into ``run``; raises (KeyError, ValueError...) when it does not fit."""
-    load_trainable_state(run.policy, run.critic, loaded["model_state"])
-    run.optimizer.load_state_dict(loaded["optimizer"])
+    """Put a loaded checkpoint into ``run``; raises (KeyError, ValueError...) when it does not fit.
+    A sharded one (written by several ``train.parallel: fsdp`` ranks) is read whole."""
+    from veriloop.algos.run.sharded_checkpoint import is_sharded, load_into_whole
+
+    if is_sharded(loaded["model_dir"].parent):
+        from veriloop.algos.run.fsdp import state_modules
+
+        load_into_whole(loaded["model_dir"].parent, state_modules(run.policy, run.critic), run.optimizer)
+    else:
+        load_trainable_state(run.policy, run.critic, loaded["model_state"])
+        run.optimizer.load_state_dict(loaded["optimizer"])
     _apply_loop_state(run, loaded)
 
 
@@ -363,16 +372,19 @@ def _restore_sharded(run: RunParts, resume: bool) -> Path | None:
     """``_restore`` of a sharded run: every rank reads its rows of the newest checkpoint that
     verifies (``sharded_checkpoint.load_sharded``)."""
     from veriloop.algos.run.fsdp import state_modules
-    from veriloop.algos.run.sharded_checkpoint import load_sharded
+    from veriloop.algos.run.sharded_checkpoint import load_sharded, written_by
 
     found = None
     if resume:
         found = load_sharded(run.run_dir, dist=run.dist, modules=state_modules(run.policy, run.critic),
-                             optimizer=run.optimizer)  # fmt: skip
+                             optimizer=run.optimizer, whole_keys=trainable_parameters(run.policy, run.critic))  # fmt: skip
     if found is not None:
         _apply_loop_state(run, found[1])
     if resume:
-        say(quiet=run.quiet, text=_resumed_what(run, found[0] if found else None))
+        text = _resumed_what(run, found[0] if found else None)
+        if found is not None:  # the rank count may differ from the one that wrote it
+            text += f"; written by {written_by(found[0])} rank(s), resumed on {run.dist.world_size}"
+        say(quiet=run.quiet, text=text)
     return found[0] if found else None
 
 

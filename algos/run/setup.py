@@ -105,13 +105,18 @@ def lr_lambda(cfg: ExperimentConfig) -> Any:
 
 def trainable_state(policy: Policy, critic: ValueModel | None) -> dict[str, torch.Tensor]:
     """Only what training changes (LoRA adapters, or all weights), plus a critic's head/model."""
-    state = {f"policy.{n}": p.detach() for n, p in policy.model.named_parameters() if p.requires_grad}
+    return {k: p.detach() for k, p in trainable_parameters(policy, critic).items()}
+
+
+def trainable_parameters(policy: Policy, critic: ValueModel | None) -> dict[str, torch.nn.Parameter]:
+    """The parameters of :func:`trainable_state`, under its keys (a checkpoint's ``model.pt``'s)."""
+    params = {f"policy.{n}": p for n, p in policy.model.named_parameters() if p.requires_grad}
     if critic is not None:
-        state.update({f"critic.{n}": p.detach() for n, p in critic.named_parameters()
-                      if p.requires_grad and not n.startswith("backbone.")})  # fmt: skip
+        params.update({f"critic.{n}": p for n, p in critic.named_parameters()
+                       if p.requires_grad and not n.startswith("backbone.")})  # fmt: skip
         if critic.backbone is not policy.model:
-            state.update({f"critic.{n}": p.detach() for n, p in critic.backbone.named_parameters()})
-    return state
+            params.update({f"critic.{n}": p for n, p in critic.backbone.named_parameters()})
+    return params
 
 
 def load_trainable_state(

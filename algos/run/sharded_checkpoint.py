@@ -15,8 +15,10 @@ Saving (all ranks): the ranks agree that the weights are finite, DCP writes into
 ``.tmp-*``), then rank 0 moves it into the checkpoint and commits it with ``save_checkpoint``.
 Only the committed rename makes the checkpoint exist, so a kill at any point leaves the previous
 one. Loading (all ranks): rank 0 picks the newest checkpoint whose checksums verify, every rank
-reads its rows. DCP reshards on load, so a run may resume on a different number of ranks (not
-tested here). Every rank must see the same ``run_dir`` (a shared file system across nodes).
+reads its rows. DCP reshards on load, so a run resumes on any number of ranks: a checkpoint of W
+ranks on W' ranks, on one process (:func:`load_into_whole`, no process group), and a one-process
+checkpoint (whole tensors) on W ranks (docs/scaling.md says what carries over). Every rank must
+see the same ``run_dir`` (a shared file system across nodes).
 """
 
 from __future__ import annotations
@@ -128,8 +130,8 @@ def save_sharded(
 def newest_sharded(run_dir: str | Path) -> Path | None:
     """The newest checkpoint of ``run_dir`` that is complete and whose checksums verify (one that
     is not is reported on stderr in one line and the previous one tried); None when the run has
-    no checkpoint. Raises :class:`CheckpointError` when every checkpoint fails, or when the one
-    found was written without sharding (``train.parallel: data``)."""
+    no checkpoint. Raises :class:`CheckpointError` when every checkpoint fails. The one found may
+    be sharded or, written by one process, whole (:func:`load_sharded` reads either)."""
     latest_checkpoint(run_dir)  # removes the leftovers of killed saves
     candidates = step_folders(run_dir)
     failures: list[str] = []
@@ -141,11 +143,6 @@ def newest_sharded(run_dir: str | Path) -> Path | None:
             print(f"veriloop: checkpoint {folder} cannot be resumed ({e}); {older}", file=sys.stderr)
             failures.append(f"{folder.name}: {str(e)[:300]}")
             continue
-        if not (folder / "model" / SHARDS).is_dir():
-            raise CheckpointError(
-                f"{folder} was written by an unsharded run (train.parallel: data): resume it with "
-                "train.parallel=data, or start a new run.name"
-            )
         return folder
     if failures:
         raise CheckpointError(
@@ -155,12 +152,21 @@ def newest_sharded(run_dir: str | Path) -> Path | None:
 
 
 def load_sharded(
-    run_dir: str | Path, *, dist: DistContext, modules: nn.Module, optimizer: torch.optim.Optimizer
+    run_dir: str | Path,
+    *,
+    dist: DistContext,
+    modules: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    whole_keys: Mapping[str, nn.Parameter],
 ) -> tuple[Path, dict[str, Any]] | None:
-    """Load the newest sharded checkpoint into ``modules`` and ``optimizer`` on every rank.
+    """Load the newest checkpoint into the sharded ``modules`` and ``optimizer`` on every rank.
 
-    Returns ``(folder, loaded)``, ``loaded`` as :func:`checkpoint.load_checkpoint` gives it (the
-    scheduler, trainer state; the RNG states are restored), or None when the run has none.
+    The checkpoint may have been written by any number of ranks (DCP reshards the rows), or by one
+    process (whole tensors in ``model/model.pt`` and ``optimizer.pt``: every rank reads them and
+    keeps its rows). ``whole_keys``: the keys of such a ``model.pt`` (``setup.trainable_parameters``)
+    and the parameters they name. Returns ``(folder, loaded)``, ``loaded`` as
+    :func:`checkpoint.load_checkpoint` gives it (the scheduler, trainer state; every rank restores
+    the RNG states rank 0 saved), or None when the run has none.
 
     Raises:
         CheckpointError: the checkpoint verifies but does not fit ``modules`` (it was written
@@ -176,16 +182,48 @@ def load_sharded(
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
     try:
-        _load_shards(folder / "model" / SHARDS, modules, optimizer)
+        if is_sharded(folder):
+            _load_shards(folder / "model" / SHARDS, modules, optimizer)
+        else:  # written by one process: whole tensors, every rank keeps its rows
+            _load_whole(loaded, modules, optimizer, whole_keys)
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as e:  # DCP and load_state_dict say "does not fit" in many ways
-        raise CheckpointError(
-            f"checkpoint {folder} is intact (its checksums verify) but does not fit this model "
-            f"({_first_failure(e)}); resume with the config it was saved with (RUN/config.yaml), or "
-            "start again with --overwrite"
-        ) from None
+        raise _misfit(folder, e) from None
     return folder, loaded
+
+
+def is_sharded(folder: str | Path) -> bool:
+    """Whether checkpoint ``folder`` was written by a sharded run (its model is a DCP folder)."""
+    return (Path(folder) / "model" / SHARDS).is_dir()
+
+
+def written_by(folder: str | Path) -> int:
+    """How many ranks wrote checkpoint ``folder`` (1 for a whole one)."""
+    info = Path(folder) / "model" / INFO
+    return int(json.loads(info.read_text()).get("world_size", 0)) if info.is_file() else 1
+
+
+def _misfit(folder: Path, e: BaseException) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {folder} is intact (its checksums verify) but does not fit this model "
+        f"({_first_failure(e)}); resume with the config it was saved with (RUN/config.yaml), or "
+        "start again with --overwrite"
+    )
+
+
+def load_into_whole(folder: str | Path, modules: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Read sharded checkpoint ``folder`` into ``modules`` and ``optimizer`` that are not sharded
+    (a run resumed by one process): every tensor is read whole from all the ranks' files, without
+    a process group. Raises :class:`CheckpointError` when it does not fit."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    try:
+        _load_shards(Path(folder) / "model" / SHARDS, modules, optimizer, no_dist=True)
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as e:
+        raise _misfit(Path(folder), e) from None
 
 
 def _first_failure(e: BaseException) -> str:
@@ -205,8 +243,11 @@ def _pick(run_dir: str | Path) -> tuple[str, str]:
         return "error", str(e)
 
 
-def _load_shards(shards: Path, modules: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Read this rank's rows of the trained weights and AdamW's state from ``shards`` (collective).
+def _load_shards(
+    shards: Path, modules: nn.Module, optimizer: torch.optim.Optimizer, *, no_dist: bool = False
+) -> None:
+    """Read this rank's rows of the trained weights and AdamW's state from ``shards`` (collective;
+    with ``no_dist`` this process alone reads whole tensors into a model that is not sharded).
 
     The checkpoint holds the trained weights only (a LoRA base model is frozen, left out on save),
     so the model is loaded non-strictly and then checked: every trainable weight must have been
@@ -216,14 +257,62 @@ def _load_shards(shards: Path, modules: nn.Module, optimizer: torch.optim.Optimi
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(modules, optimizer, options=_options())
-    dcp.load({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(shards))
+    dcp.load({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(shards), no_dist=no_dist)
     keys = set_state_dict(modules, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
                           options=StateDictOptions(ignore_frozen_params=True, strict=False))  # fmt: skip
+    _check_keys(shards.parent.parent, modules, keys.missing_keys, keys.unexpected_keys)
+
+
+def _check_keys(folder: Path, modules: nn.Module, missing: Any, unexpected: Any) -> None:
+    """Every trainable weight came from the checkpoint, and nothing in it is unknown to the model."""
     trainable = {n for n, p in modules.named_parameters() if p.requires_grad}
-    lost = sorted(trainable.intersection(keys.missing_keys))
-    if lost or keys.unexpected_keys:
+    lost = sorted(trainable.intersection(missing))
+    if lost or unexpected:
         raise CheckpointError(
-            f"the checkpoint in {shards.parent.parent} does not fit this model (missing trained weights "
-            f"{lost[:3]}, unexpected {sorted(keys.unexpected_keys)[:3]}); resume with the config it was "
+            f"the checkpoint in {folder} does not fit this model (missing trained weights "
+            f"{lost[:3]}, unexpected {sorted(unexpected)[:3]}); resume with the config it was "
             "saved with (RUN/config.yaml), or start again with --overwrite"
         )
+
+
+def _load_whole(
+    loaded: Mapping[str, Any],
+    modules: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    whole_keys: Mapping[str, nn.Parameter],
+) -> None:
+    """A one-process checkpoint (``model.pt``: whole tensors under ``setup.trainable_state``'s keys;
+    ``optimizer.pt``: ``optimizer.state_dict()``, parameters numbered in the optimizer's order) into
+    sharded ``modules``: both are renamed to the modules' names, then every rank keeps its rows."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    folder = Path(loaded["model_dir"]).parent
+    if loaded["model_state"] is None or loaded["optimizer"] is None:
+        raise CheckpointError(f"{folder} holds neither shards nor model/model.pt and optimizer.pt")
+    fqn = {id(p): n for n, p in modules.named_parameters()}
+    rename = {k: fqn[id(p)] for k, p in whole_keys.items() if id(p) in fqn}
+    unknown = sorted(set(loaded["model_state"]) - set(rename))
+    model_state = {rename[k]: v for k, v in loaded["model_state"].items() if k in rename}
+    order = [fqn.get(id(p), "?") for group in optimizer.param_groups for p in group["params"]]
+    optim_state = _named_optimizer_state(loaded["optimizer"], order, folder)
+    keys = set_state_dict(modules, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
+                          options=StateDictOptions(full_state_dict=True, ignore_frozen_params=True,
+                                                   strict=False))  # fmt: skip
+    _check_keys(folder, modules, keys.missing_keys, [*keys.unexpected_keys, *unknown])
+
+
+def _named_optimizer_state(state: Mapping[str, Any], order: list[str], folder: Path) -> dict[str, Any]:
+    """``optimizer.state_dict()`` (parameters numbered 0, 1, ... in param-group order) with the
+    numbers replaced by ``order``'s names, as ``set_state_dict`` reads it."""
+    groups = state["param_groups"]
+    numbered = [i for g in groups for i in g["params"]]
+    if numbered != list(range(len(order))):
+        raise CheckpointError(
+            f"the optimizer state in {folder} is for {len(numbered)} parameters, this model trains "
+            f"{len(order)}; resume with the config it was saved with (RUN/config.yaml), or start again "
+            "with --overwrite"
+        )
+    return {
+        "state": {order[i]: dict(v) for i, v in state["state"].items()},
+        "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in groups],
+    }

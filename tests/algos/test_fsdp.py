@@ -5,13 +5,16 @@
 * a sharded run killed after a checkpoint resumes (torch.distributed.checkpoint) to the weights
   of an uninterrupted run, full fine-tuning and LoRA (whose frozen base is not checkpointed), and
   its final model is the ordinary ``save_policy`` folder;
-* a checkpoint that verifies but does not fit the model is one line on every rank, exit 2.
+* a checkpoint that verifies but does not fit the model is one line on every rank, exit 2;
+* a checkpoint of 2 ranks resumes on 1 process and one of 1 process on 2 ranks: the weights
+  arrive bit for bit, the problem cursor, AdamW's state and the metrics file continue.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -252,6 +255,58 @@ def test_killed_sharded_run_resumes_to_the_uninterrupted_weights(tmp_path: Path,
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
     _report(f"fsdp-resume-{kind}", {"max_abs_weight_diff": diff, "steps": 3, "resumed_from_step": 1})
     assert diff == 0.0, diff  # same data, same order, same sums: bit for bit the same weights
+
+
+def _ranks(n: int, script: str, args: list[str]) -> list[subprocess.Popen[bytes]]:
+    """``n`` processes of ``script``: one plain process, or ranks as torchrun starts them."""
+    return [_start(script, args, {})] if n == 1 else _two_ranks(script, args)
+
+
+def _optimizer_steps(ckpt: Path) -> set[int]:
+    """AdamW's step counts in a checkpoint (one process's ``optimizer.pt``, or DCP shards read whole)."""
+    if (ckpt / "model" / "shards").is_dir():
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        dcp_to_torch_save(ckpt / "model" / "shards", ckpt.parent.parent / "whole.pt")
+        state = torch.load(ckpt.parent.parent / "whole.pt", weights_only=False)["optimizer"]["state"]
+    else:
+        state = torch.load(ckpt / "optimizer.pt", weights_only=True)["state"]
+    return {int(s["step"]) for s in state.values()}
+
+
+@pytest.mark.parametrize(
+    ("ranks", "lora"),
+    [((2, 1), True), pytest.param((2, 1), False, marks=pytest.mark.slow), pytest.param((1, 2), True, marks=pytest.mark.slow),
+     pytest.param((1, 2), False, marks=pytest.mark.slow)],  # ~1.5 min each on two cores
+    ids=["2to1-lora", "2to1-full", "1to2-lora", "1to2-full"],
+)  # fmt: skip
+def test_a_checkpoint_resumes_on_another_number_of_ranks(
+    tmp_path: Path, ranks: tuple[int, int], lora: bool
+) -> None:
+    """Written by ``ranks[0]`` processes at step 1, resumed by ``ranks[1]``: the weights arrive bit
+    for bit, then the run continues at step 2 with the problem cursor, AdamW's state and the
+    metrics file of the uninterrupted run."""
+    cfg = [*TINY, f"policy.lora={str(lora).lower()}", "train.parallel=fsdp", "run.checkpoint_every=1",
+           "run.keep_last=3", "eval.every=0", "eval.at_start=false", "run.tensorboard=false",
+           f"run.out_dir={tmp_path}", "run.name=moved"]  # fmt: skip
+    run, kind = tmp_path / "moved", "lora-adapter" if lora else "full"
+    _wait(_ranks(ranks[0], TRAIN, ["fresh", *cfg, "train.steps=1"]))
+    assert (run / "checkpoints" / "step-000001" / "model" / "shards").is_dir() == (ranks[0] > 1)
+    written = _final_weights(run, kind)  # the weights of step 1, saved as final/
+    _wait(_ranks(ranks[1], TRAIN, ["resume", *cfg, "train.steps=1"]))  # no step: final/ is what was loaded
+    loaded = _final_weights(run, kind)
+    assert written.keys() == loaded.keys()
+    assert all(torch.equal(written[k], loaded[k]) for k in written), "the weights changed on the way"
+    _wait(_ranks(ranks[1], TRAIN, ["resume", *cfg, "train.steps=3"]))
+    states = {s: json.loads((run / "checkpoints" / f"step-00000{s}" / "trainer_state.json").read_text())["state"]
+              for s in (1, 2, 3)}  # fmt: skip
+    # the problem cursor: each step plays the next prompts_per_step problems, as without the move
+    assert [states[s]["step"] for s in (2, 3)] == [2, 3]
+    assert [states[s]["next_seed"] - states[1]["next_seed"] for s in (2, 3)] == [2, 4]
+    assert _optimizer_steps(run / "checkpoints" / "step-000003") == {3}  # AdamW's state carried over
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r or "grad_norm" in r] == [1, 2, 3]
+    assert all(math.isfinite(r["grad_norm"]) for r in rows if "grad_norm" in r)
 
 
 def test_decoder_blocks_are_the_layers_of_the_tiny_model() -> None:
