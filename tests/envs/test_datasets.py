@@ -297,9 +297,7 @@ def test_hub_dataset_id_reads_from_a_local_hub_cache_offline(tmp_path: Path) -> 
 
 
 def test_env_kwarg_typo_gets_did_you_mean() -> None:
-    with pytest.raises(
-        ConfigError, match=r"has no argument 'levle'.*Did you mean 'level'\?.*takes: data, "
-    ):
+    with pytest.raises(ConfigError, match=r"has no argument 'levle'.*Did you mean 'level'\?.*takes: data, "):
         EnvConfig(kwargs={"levle": 1}).resolve()
 
 
