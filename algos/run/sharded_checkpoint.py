@@ -173,6 +173,7 @@ def load_sharded(
             with another model or config); one line saying so, on every rank.
     """
     chosen = dist.broadcast_object(_pick(run_dir) if dist.is_main else None)
+    assert chosen is not None  # rank 0 always picks, and every rank receives its pick
     if chosen[0] == "error":  # every rank stops with rank 0's one line (none waits for the others)
         raise CheckpointError(chosen[1])
     if not chosen[1]:

@@ -253,7 +253,7 @@ def test_an_unreachable_server_stops_the_run_and_resume_finishes_it(server, tmp_
     args = ["train", *TRAIN, f"rollout.server.urls=[{url}]", "rollout.server.retries=2",
             "rollout.server.backoff_s=0.2", "train.steps=2", "run.checkpoint_every=1", f"run.out_dir={tmp_path}",
             "run.name=resume"]  # fmt: skip
-    proxy = _Proxy(server["url"], port, completions=4)  # step 1's 4 episodes, then gone
+    proxy = _Proxy(server["url"], port, completions=5)  # step 1's 4 episodes and its sync probe, then gone
     t0 = time.perf_counter()
     code = cli(args)
     err = capsys.readouterr().err
