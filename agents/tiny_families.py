@@ -56,7 +56,7 @@ TINY_FAMILIES: dict[str, Callable[..., Any]] = {
         moe_intermediate_size=32,
         num_experts=4,
         num_experts_per_tok=2,
-    ),  # fmt: skip
+    ),
     "qwen3_5": _build(
         "Qwen3_5TextConfig",
         "Qwen3_5ForCausalLM",
@@ -65,7 +65,7 @@ TINY_FAMILIES: dict[str, Callable[..., Any]] = {
         linear_num_value_heads=4,
         linear_key_head_dim=16,
         linear_value_head_dim=16,
-    ),  # fmt: skip
+    ),
     "gemma3": _build(
         "Gemma3TextConfig",
         "Gemma3ForCausalLM",
@@ -74,7 +74,7 @@ TINY_FAMILIES: dict[str, Callable[..., Any]] = {
         query_pre_attn_scalar=16,
         final_logit_softcapping=30.0,
         attn_logit_softcapping=None,
-    ),  # fmt: skip
+    ),
     "mistral": _build("MistralConfig", "MistralForCausalLM", sliding_window=TINY_WINDOW),
     "phi3": _build("Phi3Config", "Phi3ForCausalLM"),
     "olmo2": _build("Olmo2Config", "Olmo2ForCausalLM"),
@@ -85,7 +85,7 @@ TINY_FAMILIES: dict[str, Callable[..., Any]] = {
         residual_multiplier=0.22,
         attention_multiplier=0.0625,
         logits_scaling=4.0,
-    ),  # fmt: skip
+    ),
     "smollm3": _build("SmolLM3Config", "SmolLM3ForCausalLM", no_rope_layers=[1, 0], no_rope_layer_interval=2),
 }
 

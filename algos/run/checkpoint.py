@@ -485,3 +485,11 @@ __all__ = [
     "step_folders",
     "verify_checkpoint",
 ]
+
+
+def missing_trained(modules: Any, missing: Any) -> list[str]:
+    """The trainable weights of ``modules`` among a load's ``missing`` keys, sorted: a checkpoint or
+    state that leaves any of them out was saved with another model or config (frozen weights,
+    e.g. a LoRA run's base, are never saved, so their absence is expected)."""
+    trainable = {n for n, p in modules.named_parameters() if p.requires_grad}
+    return sorted(trainable.intersection(missing))

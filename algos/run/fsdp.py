@@ -45,6 +45,7 @@ from torch import nn
 from veriloop.agents.policy import Policy
 from veriloop.algos.batch import TokenBatch
 from veriloop.algos.critic import ValueModel
+from veriloop.algos.run.checkpoint import missing_trained
 
 if TYPE_CHECKING:  # a type only: distributed.py imports this module when a run is sharded
     from veriloop.algos.run.distributed import DistContext
@@ -253,8 +254,7 @@ def load_trainable_state(policy: Policy, critic: ValueModel | None, state: dict[
     """
     target = state_modules(policy, critic)
     missing, unexpected = target.load_state_dict(state, strict=False)
-    trainable = {n for n, p in target.named_parameters() if p.requires_grad}
-    lost = sorted(trainable.intersection(missing))
+    lost = missing_trained(target, missing)
     if unexpected or lost:
         raise KeyError(
             f"the gathered weights do not fit this model (unexpected {sorted(unexpected)[:3]}, missing "

@@ -41,6 +41,7 @@ from veriloop.algos.run.checkpoint import (
     NonFiniteParametersError,
     latest_checkpoint,
     load_checkpoint,
+    missing_trained,
     save_checkpoint,
     step_folders,
     verify_checkpoint,
@@ -266,8 +267,7 @@ def _load_shards(
 
 def _check_keys(folder: Path, modules: nn.Module, missing: Any, unexpected: Any) -> None:
     """Every trainable weight came from the checkpoint, and nothing in it is unknown to the model."""
-    trainable = {n for n, p in modules.named_parameters() if p.requires_grad}
-    lost = sorted(trainable.intersection(missing))
+    lost = missing_trained(modules, missing)
     if lost or unexpected:
         raise CheckpointError(
             f"the checkpoint in {folder} does not fit this model (missing trained weights "
