@@ -310,7 +310,7 @@ class Player:
     """Plays episodes turn by turn: the one place that starts an episode (with its compactor and
     per-turn reserve) and plays a turn of many (requests within the budgets, one batched
     generation, the results applied, finished episodes released). :func:`rollout` drives it over
-    a fixed list of episodes; the asynchronous generation worker (``veriloop.algos.async_worker``)
+    a fixed list of episodes; the asynchronous generation worker (``veriloop.algos.loop.async_worker``)
     over the episodes running now, so both play with the same limits and the same compaction.
 
     Args:

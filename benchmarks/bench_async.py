@@ -4,7 +4,7 @@ Two parts, both written to ``benchmarks/results/async.json`` (the file is read b
 arm already there is skipped, so a killed run continues where it stopped; ``--fresh`` starts over):
 
 * ``simulated`` (always, ~1 s): the bounded-staleness scheduler itself
-  (``veriloop.algos.staleness_sim``) with a simulated trainer and generator on *separate devices*
+  (``benchmarks/staleness_sim.py``) with a simulated trainer and generator on *separate devices*
   (the GPU setting: generation does not slow the update down): fixed ``--train-s`` per update and
   ``--sync-s`` per weight sync, long-tail generation times (lognormal, median ``--gen-s`` per
   group, ``--sigma``), ``--groups`` groups per step, K = 0, 1, 2, 4, ``--seeds`` seeds. Reports the
@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from veriloop.algos.staleness_sim import long_tail_lengths, simulate
+from staleness_sim import long_tail_lengths, simulate
+
 from veriloop.cli.serve import running_server
 
 OUT = Path(__file__).parent / "results" / "async.json"

@@ -8,8 +8,8 @@ GRPO loss (per-sequence token mean, then mean; clip 0.2; group-normalised advant
 single-turn level-1 math from ``veriloop/MathVerify-v0``; both see the same problems (env seeds)
 rendered with the model's chat template (one user message, the template's default system prompt).
 
-* veriloop: ``veriloop.algos.train.train(cfg)`` with ``load_config("quickstart", overrides)``.
-  Evaluation is switched off by replacing ``veriloop.algos.train.evaluate_step`` with a no-op in the
+* veriloop: ``veriloop.algos.loop.train.train(cfg)`` with ``load_config("quickstart", overrides)``.
+  Evaluation is switched off by replacing ``veriloop.algos.loop.train.evaluate_step`` with a no-op in the
   worker process (it would run before the first and after the last step).
 * TRL: ``GRPOTrainer`` with a ``datasets.Dataset`` of the env's reset observations and a reward
   function that calls ``veriloop.envs.verifiers.check_math`` on the gold answer from
@@ -146,7 +146,7 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
     """``train(cfg)`` with a barrier before each step; per-step numbers come from its own metrics."""
     import torch
 
-    import veriloop.algos.train as vt
+    import veriloop.algos.loop.train as vt
     from veriloop.configs.loader import load_config
 
     overrides = [
@@ -490,7 +490,7 @@ def run_parent(args: argparse.Namespace) -> None:
             "target_modules": "all-linear",
             "kl": "off (beta = 0, no reference model)",
             "loss": "GRPO seq-mean-token-mean, clip 0.2",
-            "veriloop_eval": "off: veriloop.algos.train.evaluate_step replaced by a no-op",
+            "veriloop_eval": "off: veriloop.algos.loop.train.evaluate_step replaced by a no-op",
             "warmup_steps_discarded": 1,
         },  # fmt: skip
         "flops": {

@@ -96,7 +96,7 @@ def _load(args: argparse.Namespace, name: str | None = None) -> ExperimentConfig
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from veriloop.agents.backends.http_client import ServerError
-    from veriloop.algos.train import train
+    from veriloop.algos.loop.train import train
 
     cfg = _load(args)
     _check_resumable(args, Path(cfg.run.out_dir) / cfg.run_name)
@@ -176,8 +176,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 def _cmd_quickstart(args: argparse.Namespace) -> int:
     """Train the default model briefly on generated math, evaluate before/after, draw the curves.
     The same command continues an interrupted quickstart (a run folder without ``final/``)."""
+    from veriloop.algos.loop.train import train
     from veriloop.algos.run.plots import plot_run
-    from veriloop.algos.train import train
 
     cfg = _load(args, "quickstart")
     run_dir = Path(cfg.run.out_dir) / cfg.run_name

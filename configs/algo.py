@@ -37,7 +37,7 @@ SplitWeight = Literal["episode", "sample"]
 # ------------------------------------------------------------------------ the tables of choices
 #
 # One record per advantage estimator and per policy objective: where its function lives (a
-# ``"module:function"`` entry point, imported by ``veriloop.algos.algorithm.resolve``; settings
+# ``"module:function"`` entry point, imported by ``veriloop.algos.learner.algorithm.resolve``; settings
 # never import the trainer) and the traits the config checks and the update read. Adding one is
 # its function plus one row here (and its name in the ``Literal`` above, which a test holds equal
 # to the table's keys).
@@ -68,7 +68,7 @@ class EstimatorSpec:
     turn_rewards: bool = True
 
 
-_ALGO = "veriloop.algos.algorithm"
+_ALGO = "veriloop.algos.learner.algorithm"
 ADVANTAGES: dict[str, EstimatorSpec] = {
     "group_norm": EstimatorSpec(f"{_ALGO}:group_norm", group_based=True),
     "group_mean": EstimatorSpec(f"{_ALGO}:group_mean", group_based=True),

@@ -1,6 +1,6 @@
 """Difficulty-aware sampling settings (``curriculum``): which problems are drawn, which groups kept.
 
-The mechanism is :mod:`veriloop.algos.curriculum`; this section only holds its settings.
+The mechanism is :mod:`veriloop.algos.loop.curriculum`; this section only holds its settings.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def default_pools() -> dict[str, PoolEntry]:
 
 @dataclass
 class CurriculumConfig:
-    """Difficulty-aware sampling and the refilling group gate (``algos.curriculum``).
+    """Difficulty-aware sampling and the refilling group gate (``algos.loop.curriculum``).
 
     Attributes:
         pools_enabled: Draw problems by difficulty pool: a bucket's running success rate puts it

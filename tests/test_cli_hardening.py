@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from veriloop.algos.loop.train import train
 from veriloop.algos.run import checkpoint as ck
 from veriloop.algos.run.setup import claim_run_dir
-from veriloop.algos.train import train
 from veriloop.cli.eval import _default_eval_dir, run_folder_of
 from veriloop.cli.main import run as cli_run
 from veriloop.configs.loader import load_config

@@ -165,7 +165,7 @@ LAUNCHERS = ("torchrun", "accelerate")
 def _launcher_command(page: Path, cmd: str, words: list[str]) -> None:
     """``torchrun ... -m veriloop.cli SUB CONFIG KEY=VALUE...``: as the README's vLLM commands are
     checked where vLLM's venv is absent, the launcher must exist and the config with its overrides must
-    load and validate; the processes themselves are tested by the suite (tests/algos/test_fsdp.py)."""
+    load and validate; the processes themselves are tested by the suite (tests/algos/run/test_fsdp.py)."""
     from veriloop.configs.loader import load_config
 
     launcher = Path(sys.executable).with_name(words[0])

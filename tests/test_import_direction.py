@@ -12,11 +12,20 @@ Floors, lowest first (a module may import its own package and any floor below it
   import neither each other.
 * ``cli`` (commands) is the top floor: nothing imports it.
 
-Inside ``algos`` the rooms keep their own rules (each room's ``__init__`` states it): the maths room
-(``algos.maths``) imports no other part of ``algos`` and no model code (``veriloop.agents``,
-``transformers``, ``peft``, ``vllm``); ``algos.run``, ``algos.eval`` and ``algos.sft`` never import
-the RL loop, and evaluation and SFT never import each other. The code that builds the default
-models (``agents.models``) is reached from the rest of ``agents`` only by function-local imports.
+Inside ``algos`` the rooms keep their own rules (each room's ``__init__`` states it), and the top
+level of ``algos`` holds no module of its own:
+
+* the maths room (``algos.maths``) imports no other part of ``algos`` and no model code
+  (``veriloop.agents``, ``transformers``, ``peft``, ``vllm``);
+* the learner (``algos.learner``: one batch in, metrics out) never imports the loop, evaluation or
+  SFT rooms;
+* ``algos.run``, ``algos.eval`` and ``algos.sft`` never import the loop, and of the learner only its
+  records (``learner.batch``, ``learner.critic``, ``learner.signal``); evaluation and SFT never import
+  each other, and ``run`` imports neither;
+* the loop (``algos.loop``) may import every other room: nothing imports it but ``veriloop.cli``.
+
+The code that builds the default models (``agents.models``) is reached from the rest of ``agents``
+only by function-local imports.
 
 An import inside ``if TYPE_CHECKING:`` is an arrow (it must point down) but runs nothing, so it
 cannot close a circle.
@@ -31,7 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("envs", "configs", "agents", "algos", "interop", "cli")
 FLOOR = {"envs": 0, "configs": 1, "agents": 2, "algos": 3, "interop": 3, "cli": 4}
-ALGOS_ROOMS = ("maths", "run", "eval", "sft")
+ALGOS_ROOMS = ("maths", "learner", "loop", "run", "eval", "sft")
+#: what the run, evaluation and SFT rooms may take from the learner: its records, not its update
+LEARNER_RECORDS = ("veriloop.algos.learner.batch", "veriloop.algos.learner.critic", "veriloop.algos.learner.signal")
 MODEL_CODE = ("veriloop.agents", "transformers", "peft", "vllm")
 #: The old name of ``agents.models.text``, kept for users: it is the module, so it imports it.
 ALIASES = {"veriloop.agents.default_model"}
@@ -177,14 +188,18 @@ def room_breaches(arrows: list[Arrow]) -> list[str]:
                 bad.append(f"{here}: the maths room imports no model code")
             elif a.target.startswith("veriloop.algos.") and _room(a.target) != "algos.maths":
                 bad.append(f"{here}: the maths room imports nothing else of algos")
+        elif src_room == "algos.learner" and _room(a.target) in ("algos.loop", "algos.eval", "algos.sft"):
+            bad.append(f"{here}: the learner never imports the loop, evaluation or SFT rooms")
         elif src_room in ("algos.run", "algos.eval", "algos.sft") and a.target.startswith("veriloop.algos."):
             dst_room = _room(a.target)
-            if a.target in ("veriloop.algos.train", "veriloop.algos.update", "veriloop.algos.algorithm"):
-                bad.append(f"{here}: {src_room} never imports the RL loop")
+            if dst_room == "algos.loop" or (dst_room == "algos.learner" and a.target not in LEARNER_RECORDS):
+                bad.append(f"{here}: {src_room} never imports the RL loop or the learner's update")
             elif {src_room, dst_room} == {"algos.eval", "algos.sft"} or (
                 src_room == "algos.run" and dst_room in ("algos.eval", "algos.sft")
             ):
                 bad.append(f"{here}: {src_room} and {dst_room} are separate rooms")
+        elif src_room != "algos.loop" and _room(a.target) == "algos.loop" and _package(a.source) != "cli":
+            bad.append(f"{here}: only the command line imports the loop")
         if (_package(a.source) == "agents" and not a.source.startswith("veriloop.agents.models")
                 and a.target.startswith("veriloop.agents.models") and a.top_level and a.source not in ALIASES):  # fmt: skip
             bad.append(
@@ -215,6 +230,11 @@ def test_the_rooms_of_algos_keep_their_import_rules():
     assert not bad, "\n".join(bad)
 
 
+def test_the_top_level_of_algos_holds_only_rooms():
+    modules = sorted(p.name for p in (ROOT / "algos").glob("*.py") if p.name != "__init__.py")
+    assert not modules, f"algos/ keeps its code in rooms ({', '.join(ALGOS_ROOMS)}); move {modules} into one"
+
+
 def test_every_room_states_its_import_rule():
     for room in (*(ROOT / "algos" / r for r in ALGOS_ROOMS), ROOT / "agents" / "models"):
         doc = ast.get_docstring(ast.parse((room / "__init__.py").read_text())) or ""
@@ -226,18 +246,19 @@ def test_the_reader_sees_local_relative_and_typing_only_imports():
         "from typing import TYPE_CHECKING\n"
         "import veriloop.agents.engine\n"
         "from . import sibling\n"
-        "if TYPE_CHECKING:\n    from veriloop.algos.train import RunParts\n"
+        "if TYPE_CHECKING:\n    from veriloop.algos.loop.train import RunParts\n"
         "def f():\n    from veriloop.interop.trl_env import make\n"
     )
-    modules = {"veriloop.envs.x", "veriloop.envs.sibling", "veriloop.agents.engine", "veriloop.algos.train",
+    modules = {"veriloop.envs.x", "veriloop.envs.sibling", "veriloop.agents.engine", "veriloop.algos.loop.train",
                "veriloop.interop.trl_env"}  # fmt: skip
     got = {(a.target, a.runtime, a.top_level) for a in arrows_of(source, "veriloop.envs.x", modules)}
     assert got >= {("veriloop.agents.engine", True, True), ("veriloop.envs.sibling", True, True),
-                   ("veriloop.algos.train", False, True), ("veriloop.interop.trl_env", True, False)}  # fmt: skip
+                   ("veriloop.algos.loop.train", False, True), ("veriloop.interop.trl_env", True, False)}  # fmt: skip
 
 
 def test_the_checks_catch_a_bad_import():
-    """A circle, an upward arrow (also a function-local one) and a maths room importing a model."""
+    """A circle, an upward arrow (also a function-local one), a maths room importing a model, the learner
+    importing the loop and the run room importing the learner's update."""
     a = [Arrow("veriloop.agents.engine", "veriloop.agents.episode_log", 1, True, True),
          Arrow("veriloop.agents.episode_log", "veriloop.agents.engine", 9, True, False)]  # fmt: skip
     assert circles(a) == [["veriloop.agents.engine", "veriloop.agents.episode_log"]]
@@ -246,16 +267,20 @@ def test_the_checks_catch_a_bad_import():
     )
     up = [Arrow("veriloop.envs.verifiers._worker", "veriloop.interop.reasoning_gym_env", 89, True, False),
           Arrow("veriloop.configs.schema", "veriloop.agents.policy", 3, True, True),
-          Arrow("veriloop.algos.train", "veriloop.interop.trl_env", 3, True, True),
+          Arrow("veriloop.algos.loop.train", "veriloop.interop.trl_env", 3, True, True),
           Arrow("veriloop.agents.engine", "veriloop.cli.main", 3, True, True)]  # fmt: skip
     assert len(upward(up)) == 4
-    assert upward([Arrow("veriloop.cli.main", "veriloop.algos.train", 1, True, True)]) == []
+    assert upward([Arrow("veriloop.cli.main", "veriloop.algos.loop.train", 1, True, True)]) == []
     rooms = [Arrow("veriloop.algos.maths.losses", "transformers", 1, True, True),
-             Arrow("veriloop.algos.maths.losses", "veriloop.algos.batch", 1, True, False),
-             Arrow("veriloop.algos.eval.loop", "veriloop.algos.train", 1, True, False),
+             Arrow("veriloop.algos.maths.losses", "veriloop.algos.learner.batch", 1, True, False),
+             Arrow("veriloop.algos.eval.loop", "veriloop.algos.loop.train", 1, True, False),
              Arrow("veriloop.algos.sft.train", "veriloop.algos.eval.loop", 1, True, True),
-             Arrow("veriloop.agents.loading", "veriloop.agents.models.text", 1, True, True)]  # fmt: skip
-    assert len(room_breaches(rooms)) == 5
+             Arrow("veriloop.agents.loading", "veriloop.agents.models.text", 1, True, True),
+             Arrow("veriloop.algos.learner.update", "veriloop.algos.loop.sampling", 1, True, False),
+             Arrow("veriloop.algos.run.fsdp", "veriloop.algos.learner.update", 1, True, True)]  # fmt: skip
+    assert len(room_breaches(rooms)) == 7
+    assert room_breaches([Arrow("veriloop.algos.run.fsdp", "veriloop.algos.learner.batch", 1, True, True),
+                          Arrow("veriloop.algos.loop.train", "veriloop.algos.learner.update", 1, True, True)]) == []  # fmt: skip
     assert (
         room_breaches([Arrow("veriloop.agents.loading", "veriloop.agents.models.text", 1, True, False)]) == []
     )

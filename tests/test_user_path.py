@@ -140,7 +140,7 @@ def _finished_run(root: Path) -> Path:
 
 
 def test_reusing_a_run_name_never_touches_the_old_run(tmp_path: Path) -> None:
-    from veriloop.algos.train import train
+    from veriloop.algos.loop.train import train
 
     run = _finished_run(tmp_path)
     before = (run / "metrics.jsonl").read_text()

@@ -3,6 +3,6 @@ metrics log, progress lines, the step loop and its non-finite guard, the run-fol
 data-parallel and FSDP plumbing, and plots.
 
 Import rule: may import ``veriloop.agents``, ``veriloop.envs``, ``veriloop.configs`` and
-``veriloop.algos.maths`` and ``veriloop.algos.batch``/``critic`` (the records it saves or shards);
+``veriloop.algos.maths`` and ``veriloop.algos.learner.batch``/``critic`` (the records it saves or shards);
 never the RL loop, the SFT or evaluation rooms, or ``veriloop.cli``.
 """

@@ -7,7 +7,7 @@ Launch with ``accelerate launch --num_processes N -m veriloop.cli.main train ...
 both set ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` / ``MASTER_PORT``, which is all we read. A
 plain ``python`` run is one process and nothing here communicates.
 
-How a step is split (see ``algos/train.py``)::
+How a step is split (see ``algos/loop/train.py``)::
 
     groups of the step       g0 g1 g2 g3          (env seeds next_seed .. next_seed + 3)
     rank r rolls out         g_r, g_{r+W}, ...    (its own seeds; its own sampling generator)

@@ -43,8 +43,8 @@ import torch
 from torch import nn
 
 from veriloop.agents.policy import Policy
-from veriloop.algos.batch import TokenBatch
-from veriloop.algos.critic import ValueModel
+from veriloop.algos.learner.batch import TokenBatch
+from veriloop.algos.learner.critic import ValueModel
 from veriloop.algos.run.checkpoint import missing_trained
 
 if TYPE_CHECKING:  # a type only: distributed.py imports this module when a run is sharded

@@ -24,7 +24,7 @@ from veriloop.agents.loading import LoraSettings, load_policy
 from veriloop.agents.model_check import check_unknown_family
 from veriloop.agents.policy import Policy, place, resolve_device
 from veriloop.agents.precision import apply_precision
-from veriloop.algos.critic import ValueModel
+from veriloop.algos.learner.critic import ValueModel
 from veriloop.algos.run.checkpoint import complete_checkpoints
 from veriloop.algos.run.lock import LOCK_FILE, acquire, release
 from veriloop.configs.loader import config_to_yaml, dump_config

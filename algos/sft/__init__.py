@@ -3,6 +3,6 @@ masked next-token loss (``loss``), the image-bearing variant (``vision``) and th
 (``train``).
 
 Import rule: may import ``veriloop.algos.maths``, ``veriloop.algos.run``, the top-level batch
-helpers (``veriloop.algos.batch``), ``veriloop.agents``, ``veriloop.envs`` and ``veriloop.configs``;
-never the RL loop (``veriloop.algos.train``), evaluation or ``veriloop.cli``.
+helpers (``veriloop.algos.learner.batch``), ``veriloop.agents``, ``veriloop.envs`` and ``veriloop.configs``;
+never the RL loop (``veriloop.algos.loop.train``), evaluation or ``veriloop.cli``.
 """

@@ -36,10 +36,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from veriloop.algos.batch import collate_tokens, minibatches, with_row_extras
+from veriloop.algos.learner.batch import collate_tokens, minibatches, with_row_extras
 from veriloop.algos.run.log import RunLog
 from veriloop.algos.run.nonfinite import NonFiniteGuard
-from veriloop.algos.run.steps import StepLoop
+from veriloop.algos.run.phase import StepLoop
 from veriloop.algos.sft.data import SFTExample
 from veriloop.algos.sft.loss import build_sft_example, sft_loss
 from veriloop.configs.schema import ExperimentConfig, RunConfig, SFTConfig, TrainConfig

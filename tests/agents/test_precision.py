@@ -293,7 +293,7 @@ FAST = [
 @pytest.fixture
 def quiet_run(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """Runs without evaluation, whose response-length rule for reward makes groups vary."""
-    import veriloop.algos.train as T
+    import veriloop.algos.loop.train as T
     from veriloop.envs.math_env import MathVerifyEnv
     from veriloop.envs.verifiers import Verdict
 

@@ -19,9 +19,9 @@ from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.scripted import ScriptedPolicy
 from veriloop.agents.trajectory import Trajectory
-from veriloop.algos.algorithm import resolve
-from veriloop.algos.batch import collate, with_advantages
-from veriloop.algos.update import UpdateSettings, compute_advantages, prepare_batch
+from veriloop.algos.learner.algorithm import resolve
+from veriloop.algos.learner.batch import collate, with_advantages
+from veriloop.algos.learner.update import UpdateSettings, compute_advantages, prepare_batch
 from veriloop.configs.algo import AlgoConfig
 
 pytestmark = pytest.mark.skipif(
@@ -218,7 +218,7 @@ def test_a_summary_request_keeps_the_task_and_the_newest_turns_that_fit() -> Non
 
 
 def test_split_rate_metrics() -> None:
-    from veriloop.algos.step import rollout_metrics
+    from veriloop.algos.loop.step import rollout_metrics
 
     tokenizer = _tokenizer(THINKING_TEMPLATE)
     (split,), _ = _episodes(tokenizer, solve_on=2)
@@ -261,7 +261,7 @@ def test_a_real_model_is_trained_on_what_it_sampled_in_each_split_context(tiny_t
 
 
 def _pieces(trajs: list[Trajectory]) -> tuple[list[Trajectory], list[list[float]]]:
-    from veriloop.algos.batch import SampleRows
+    from veriloop.algos.learner.batch import SampleRows
 
     pieces = SampleRows.of(trajs).pieces(trajs)
     return pieces, [[0.0] * len(t.token_ids) for t in pieces]
@@ -270,7 +270,7 @@ def _pieces(trajs: list[Trajectory]) -> tuple[list[Trajectory], list[list[float]
 def test_one_update_on_split_episodes_moves_the_weights(tiny_text_policy: Any) -> None:
     """A GRPO update on a batch of split episodes (6 rows from 2 episodes) runs end to end: the
     gradient comes from the rows' own contexts, and the weights move."""
-    from veriloop.algos.update import update_step
+    from veriloop.algos.learner.update import update_step
 
     policy = tiny_text_policy
     policy.tokenizer.chat_template = DROPPING_TEMPLATE

@@ -29,7 +29,7 @@ from veriloop.agents.models.vision import (
     align_loss,
     token_slots,
 )
-from veriloop.algos.algorithm import resolve
+from veriloop.algos.learner.algorithm import resolve
 from veriloop.envs.points24.cards import parse_code
 
 
@@ -207,7 +207,7 @@ def test_one_lora_rl_step_on_a_two_turn_vision_episode(built):
     from veriloop.agents.engine import RolloutLimits, grouped_specs, rollout
     from veriloop.agents.loading import LoraSettings, load_policy
     from veriloop.agents.sampling_params import SamplingParams
-    from veriloop.algos.update import policy_loss, prepare_batch
+    from veriloop.algos.learner.update import policy_loss, prepare_batch
     from veriloop.configs.algo import AlgoConfig
 
     policy = load_policy(built[0], lora=LoraSettings(r=4, alpha=8))
@@ -258,7 +258,7 @@ def test_the_shipped_vision_config_names_default_vision():
 
 
 def test_the_shipped_vision_config_trains_one_step_with_a_built_vlm(built, tmp_path):
-    from veriloop.algos.train import train
+    from veriloop.algos.loop.train import train
     from veriloop.configs.loader import load_config
 
     overrides = [

@@ -8,7 +8,7 @@ import pytest
 
 from veriloop.agents.backends import BACKENDS
 from veriloop.agents.backends.base import BackendName
-from veriloop.algos import algorithm
+from veriloop.algos.learner import algorithm
 from veriloop.configs.algo import (
     ADVANTAGES,
     POLICY_LOSSES,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from veriloop.algos.train import train
+from veriloop.algos.loop.train import train
 from veriloop.configs.loader import MAX_DEPTH, MAX_VALUES, load_config
 from veriloop.configs.schema import ConfigError
 

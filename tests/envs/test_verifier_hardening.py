@@ -3,7 +3,7 @@
 Items: 3 (size cap on the extracted answer), 5 (FIFO slots, cold start), 6 (Math-Verify's thousands
 separators), 7 (Points24 ``==``), 8 (contradictory equations), 9 (malformed gold at load time),
 13 (no BrokenPipeError from workers), 14 (give-up check on a 10 MB response). Item 2's evaluation
-part is in ``tests/algos/test_eval_metrics.py``; its reward part is here.
+part is in ``tests/algos/eval/test_eval_metrics.py``; its reward part is here.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def test_one_rl_step_on_the_gpu_matches_the_cpu(tmp_path: Path, variant: str) ->
     """The same step (sampling, the forward passes of the update, critic / reference included) on
     ``policy.device=cuda`` and ``cpu`` logs the same numbers up to float rounding, and the GPU run
     saves and resumes (a second step from its checkpoint)."""
-    from veriloop.algos.train import train
+    from veriloop.algos.loop.train import train
     from veriloop.configs.loader import load_config
 
     rows = {}
@@ -131,7 +131,7 @@ def test_one_rl_step_on_the_gpu_matches_the_cpu(tmp_path: Path, variant: str) ->
 
 def test_bf16_quickstart_on_the_gpu(tmp_path: Path) -> None:
     """``policy.precision=bf16`` on the GPU through the training loop: a finite step, adapters fp32."""
-    from veriloop.algos.train import train
+    from veriloop.algos.loop.train import train
     from veriloop.configs.loader import load_config
 
     over = [*TINY, "policy.precision=bf16", f"run.out_dir={tmp_path}", "run.name=bf16"]

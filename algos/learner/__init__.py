@@ -1,0 +1,9 @@
+"""The learner room: one batch in, metrics out. The algorithm record a preset resolves to
+(``algorithm``), the token batch and its rows (``batch``), the value model (``critic``), what a
+group teaches (``signal``) and the update that turns a batch of episodes into one optimizer step
+(``update``).
+
+Import rule: may import ``veriloop.algos.maths``, ``veriloop.algos.run`` (the sharding helpers),
+``veriloop.agents``, ``veriloop.envs`` and ``veriloop.configs``; never the loop
+(``veriloop.algos.loop``), evaluation or SFT. The learner does not know where its batch came from.
+"""

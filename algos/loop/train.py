@@ -1,0 +1,531 @@
+"""The RL training loop, top to bottom.
+
+rollout (with dynamic sampling when on) -> shaping and advantages -> epochs x mini-batches of
+updates -> metrics -> periodic evaluation -> checkpoint. Every algorithm runs through this one
+loop; which parts it uses was decided by ``cfg.algo`` before the loop starts (``algorithm.resolve``
+builds the ``Algorithm`` record once, in ``train``).
+
+Reading order: ``train`` (set up, restore, SFT warm-up) -> ``_loop`` (one step: ``collect`` ->
+``train_on_batch`` -> metrics -> guard -> eval / log / checkpoint). Everything a step needs is
+one :class:`RunParts`; the step schedule, the non-finite guard and the log / checkpoint cadence
+are ``steps.StepLoop``, the same machinery the SFT warm-up (``sft_train.py``) runs on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+
+import veriloop.envs  # noqa: F401  (registers the environments)
+from veriloop.agents.backends import Backend, make_backend, resolve_backend
+from veriloop.agents.compaction import make_compactor
+from veriloop.agents.engine import EpisodeSpec, rollout
+from veriloop.agents.loading import save_policy
+from veriloop.agents.policy import Policy
+from veriloop.agents.trajectory import Trajectory
+from veriloop.algos.eval.report import run_summary
+from veriloop.algos.learner.algorithm import resolve
+from veriloop.algos.learner.signal import informative_fraction
+from veriloop.algos.learner.update import (
+    learning_signal,
+)
+from veriloop.algos.loop.curriculum import curriculum_step
+from veriloop.algos.loop.mixture import assign_envs, per_env_metrics
+from veriloop.algos.loop.sampling import dynamic_sampling
+from veriloop.algos.loop.step import (
+    SINGLE_PROCESS,
+    STEP_LEGEND,
+    LiveBackend,
+    RunParts,
+    TrainerState,
+    advance_schedule,
+    checkpoint_run,
+    evaluate_step,
+    guard_learning,
+    guard_nonfinite,
+    modes_line,
+    no_update,
+    report_first_step,
+    rollout_limits,
+    rollout_metrics,
+    sampling_for,
+    sampling_stream,
+    say_modes_tally,
+    step_loop,
+    step_summary,
+    step_timing,
+    train_on_batch,
+)
+from veriloop.algos.run.checkpoint import (
+    complete_checkpoints,
+    load_checkpoint,
+    resume_latest,
+)
+from veriloop.algos.run.distributed import DistContext, init_distributed, shutdown_distributed
+from veriloop.algos.run.lock import acquire, release
+from veriloop.algos.run.log import RunLog
+from veriloop.algos.run.phase import StepLoop
+from veriloop.algos.run.progress import say
+from veriloop.algos.run.setup import (
+    build_critic,
+    build_optimizer,
+    build_policy,
+    check_claim,
+    check_device,
+    check_model,
+    claim_run_dir,
+    load_trainable_state,
+    lr_lambda,
+    trainable_parameters,
+    trainable_state,
+)
+from veriloop.configs.schema import ExperimentConfig
+
+# ---------------------------------------------------------------------------------------- rollout
+
+
+@dataclass
+class GroupSampler:
+    """``n -> groups`` for ``dynamic_sampling``: each call plays ``n`` new problems (env seeds from
+    ``state.next_seed`` on, this rank's share of them) and gathers every rank's groups.
+
+    Attributes:
+        rounds: calls so far this step (the round number of ``sampling_stream``).
+        sampled: every episode played this step, for metrics (dropped groups included).
+        choose: ``(first seed, n) -> (seeds, next seed)``, the curriculum's draw by difficulty
+            (``curriculum.curriculum_step``); None = the next ``n`` seeds.
+    """
+
+    cfg: ExperimentConfig
+    policy: Policy
+    state: TrainerState
+    dist: DistContext
+    backend: Backend | None
+    rounds: int = 0
+    sampled: list[Trajectory] = field(default_factory=list)
+    choose: Callable[[int, int], tuple[Sequence[int], int]] | None = None
+
+    def __call__(self, n: int) -> list[list[Trajectory]]:
+        cfg, g, first = self.cfg, self.cfg.rollout.group_size, self.state.next_seed
+        chosen, nxt = self.choose(first, n) if self.choose else (range(first, first + n), first + n)
+        seeds = self.dist.shard(chosen)  # this rank's problems
+        self.state.next_seed = nxt  # seeds only move forward: training never repeats a problem
+        # each problem from one environment (a mixture draws it by weight, from the seed alone)
+        names = assign_envs(cfg.env.mixture_weights, seeds, cfg.rollout.seed)
+        envs = cfg.env.training_envs
+        specs = [EpisodeSpec(envs[e].id or cfg.env.id, dict(envs[e].kwargs), s, s)
+                 for s, e in zip(seeds, names) for _ in range(g)]  # fmt: skip
+        stream = sampling_stream(self.state.step, self.rounds, self.dist.rank)
+        mine = rollout(self.policy, specs, sampling=sampling_for(cfg, stream), limits=rollout_limits(cfg), backend=self.backend,
+                       system_prompt=cfg.env.system_prompt,
+                       compactor=make_compactor(cfg.rollout.compaction, cfg.rollout.compaction_keep)) if specs else []  # fmt: skip
+        self.rounds += 1
+        groups = self.dist.gather_shards(
+            [mine[i : i + g] for i in range(0, len(mine), g)]
+        )  # all ranks' groups
+        self.sampled.extend(t for group in groups for t in group)
+        return groups
+
+
+def collect(
+    cfg: ExperimentConfig,
+    policy: Policy,
+    state: TrainerState,
+    dist: DistContext = SINGLE_PROCESS,
+    backend: Backend | None = None,
+) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
+    """One step's experience: ``prompts_per_step`` groups of ``group_size`` episodes.
+
+    Each group is one env seed (same problem); seeds advance monotonically so training never
+    repeats a problem and a resumed run continues where it stopped. With dynamic sampling,
+    all-equal-reward groups are dropped and more are sampled (DAPO). With several processes each
+    rank plays its share of the groups and every rank ends up with all of them, in seed order.
+
+    Returns:
+        the episodes to train on, every episode sampled (for metrics: verifier failures that
+        dynamic sampling removed still count), and the sampling metrics.
+    """
+    sampler = GroupSampler(cfg, policy, state, dist, backend)
+    n = cfg.rollout.prompts_per_step
+    if cfg.curriculum.enabled:  # problems drawn by difficulty pool, groups gated and refilled
+        groups, metrics = curriculum_step(cfg, sampler, state.history, partial(learning_signal, cfg=cfg.algo))
+    elif cfg.algo.dynamic_sampling:
+        groups, stats = dynamic_sampling(sampler, num_groups=n, max_rounds=cfg.algo.max_sampling_rounds,
+                                         reward_fn=partial(learning_signal, cfg=cfg.algo))  # fmt: skip
+        metrics = {"sampling/rounds": stats["rounds"], "sampling/kept_fraction": stats["kept_fraction"],
+                   "sampling/informative_fraction": stats["informative_fraction"],
+                   "sampling/short_batch": stats["short_batch"]}  # fmt: skip
+    else:
+        groups = sampler(n)
+        # how many groups would have taught something (logged, not acted on, without dynamic sampling)
+        informative = informative_fraction(groups, partial(learning_signal, cfg=cfg.algo))
+        metrics = {"sampling/rounds": 1.0, "sampling/kept_fraction": 1.0,
+                   "sampling/informative_fraction": informative, "sampling/short_batch": 0.0}  # fmt: skip
+    return [t for group in groups for t in group], sampler.sampled, metrics
+
+
+# ------------------------------------------------------------------------------------------ update
+
+
+# -------------------------------------------------------------------------------------------- loop
+
+
+def train(
+    cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, quiet: bool = False
+) -> Path:
+    """Run ``cfg`` and return the run folder (metrics.jsonl, config.yaml, checkpoints/, final/).
+
+    An existing run folder is never written into unless asked: ``resume`` continues it (the
+    config must match the saved one but for the settings in :data:`RESUMABLE_CHANGES`),
+    ``overwrite`` deletes it first; otherwise :class:`ConfigError` names both, before any model
+    loads (see :func:`claim_run_dir`).
+
+    Under ``accelerate launch`` / ``torchrun`` with several processes this is data-parallel (see
+    :mod:`veriloop.algos.run.distributed`); only rank 0 writes anything.
+    """
+    _check_before_loading(cfg)
+    dist = init_distributed()
+    dist = replace(dist, sharded=dist.enabled and cfg.train.parallel == "fsdp")
+    if cfg.train.max_staleness > 0:
+        from veriloop.algos.loop.async_loop import check_async
+
+        check_async(cfg, dist)  # before the run folder is claimed or any model loads
+    run_dir = Path(cfg.run.out_dir) / cfg.run_name
+    if dist.is_main:  # every refusal before the lock file (or the folder) is made
+        check_claim(run_dir, cfg, resume=resume, overwrite=overwrite)
+    lock = acquire(run_dir) if dist.is_main else None  # one writer per run folder (run_lock.py)
+    try:
+        if dist.is_main:
+            claim_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite)
+        return _train_claimed(cfg, run_dir, dist, resume=resume, quiet=quiet)
+    finally:
+        if lock is not None:
+            release(lock)
+
+
+def _train_claimed(
+    cfg: ExperimentConfig, run_dir: Path, dist: DistContext, *, resume: bool, quiet: bool
+) -> Path:
+    """``train`` once the run folder is this process's: build, restore, warm up, loop, save."""
+    run = _build_run(cfg, run_dir, dist, quiet=quiet or not dist.is_main)
+    ckpt = _restore(run, resume)
+    with _whole_weights(run):  # sharded: the engine is handed the whole (restored) weights
+        run.backend = _rollout_backend(cfg, run.policy, dist)  # holds the (restored) weights from here on
+    if cfg.sft.steps > 0 and not run.state.sft_done:
+        _sft_warmup(run)
+    if not dist.sharded:  # sharded: broadcast before sharding (_build_run)
+        dist.broadcast_params(list(trainable_state(run.policy, run.critic).values()))  # rank 0's weights
+    if run.backend is not None and run.state.step == 0 and cfg.sft.steps > 0:
+        run.backend.sync()  # the warm-up's weights (and on every rank rank 0's, just broadcast)
+    # a resumed run keeps the rows up to its checkpoint's step; a fresh run, or one resumed from the
+    # warm-up's step-0 checkpoint (which evaluates step 0 again), starts an empty file
+    run.log = RunLog(run_dir, tensorboard=cfg.run.tensorboard, resume_from_step=run.state.step + 1 if ckpt and run.state.step > 0 else 0,
+                     wandb_project="veriloop" if cfg.run.wandb else None) if dist.is_main else None  # fmt: skip
+    try:
+        at_start = run.state.step == 0 and (cfg.eval.at_start or cfg.train.steps == 0)
+        with _whole_weights(run, at_start):  # sharded: all ranks gather, rank 0 evaluates
+            start = (  # resumed from the step-0 checkpoint: these weights may be evaluated already
+                evaluate_step(
+                    cfg, run.policy, 0, run.quiet, backend=_eval_backend(run), reuse=ckpt is not None
+                )
+                if at_start and run.log is not None
+                else {}
+            )
+        if run.state.step == 0 and run.log is not None:  # the base policy's numbers, for comparison
+            base = {**run.state.history.get("eval_base", {}), **start}
+            if base:
+                run.log.log(0, base)
+        _loop(run)
+        if dist.is_main:
+            _after_loop(run)
+        card = _model_card(cfg, run_dir, run.state) if dist.is_main else ""
+        if dist.sharded:  # all ranks gather the weights; rank 0 saves them in the ordinary format
+            from veriloop.algos.run.fsdp import save_final
+
+            save_final(
+                run.policy,
+                run.critic,
+                run_dir / "final",
+                dist=dist,
+                card=card,
+                rebuild=partial(build_policy, cfg),
+            )
+        elif dist.is_main:
+            save_policy(run.policy, run_dir / "final", card=card)
+    finally:
+        if run.log is not None:
+            run.log.close()
+        if run.backend is not None:
+            run.backend.close()
+        dist.barrier()
+        shutdown_distributed(dist)
+    return run_dir
+
+
+def _after_loop(run: RunParts) -> None:
+    """Rank 0, once the steps are done: what the modes did, and the run's evaluation table."""
+    say_modes_tally(run.cfg, run.run_dir, run.quiet)
+    if any((run.run_dir / "eval").glob("*.json")):
+        (run.run_dir / "summary.md").write_text(run_summary(run.run_dir / "eval"))
+
+
+def _check_before_loading(cfg: ExperimentConfig) -> None:
+    """Everything that can be wrong with ``cfg`` fails here, before any model loads."""
+    cfg.validate()
+    cfg.env.resolve()  # the environments exist (users' modules imported) before anything slow
+    check_model(cfg.policy.model)
+    check_device(cfg.policy.device)
+    if cfg.rollout.backend == "vllm_server":  # an unreachable server fails now, not after loading
+        _check_servers(cfg)
+    if cfg.sft.steps > 0:
+        from veriloop.algos.sft.data import check_source
+
+        check_source(cfg.sft.source, cfg.env.id, cfg.env.kwargs)
+
+
+def _build_run(cfg: ExperimentConfig, run_dir: Path, dist: DistContext, *, quiet: bool) -> RunParts:
+    """Seed, then policy, critic, optimizer, schedule, a fresh state and the algorithm's parts."""
+    say(quiet=quiet, text=modes_line(cfg))
+    torch.manual_seed(cfg.rollout.seed)  # before the model: a tiny/random init is reproducible
+    policy = build_policy(cfg)
+    critic = build_critic(cfg, policy)
+    sharded = None
+    if dist.sharded:  # every rank starts from rank 0's weights, then keeps its rows (before the optimizer)
+        from veriloop.algos.run.fsdp import shard
+
+        dist.broadcast_params(list(trainable_state(policy, critic).values()))
+        sharded = shard(policy, critic)
+    optimizer = build_optimizer(cfg, policy, critic)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    # SFT demonstrations use env seeds seed .. seed + examples - 1; RL problems come after them
+    sft_seeds = cfg.sft.examples if cfg.sft.steps > 0 else 0
+    return RunParts(cfg=cfg, algo=resolve(cfg.algo), policy=policy, critic=critic, optimizer=optimizer,
+                    scheduler=scheduler, state=TrainerState(next_seed=cfg.rollout.seed + sft_seeds),
+                    generator=torch.Generator().manual_seed(cfg.rollout.seed), run_dir=run_dir, dist=dist,
+                    quiet=quiet, sharded=sharded)  # fmt: skip
+
+
+def _restore(run: RunParts, resume: bool) -> Path | None:
+    """With ``resume``: load the newest checkpoint that verifies and fits into ``run`` (weights,
+    optimizer, schedule, state, shuffling generator; the RNG states too); a damaged newest one is
+    reported and the previous one used (``checkpoint.resume_latest``). Returns its folder, or None."""
+    if run.dist.sharded:
+        return _restore_sharded(run, resume)
+    apply = partial(_apply_checkpoint, run)
+    found = None
+    if resume and run.dist.is_main:
+        warn = partial(print, file=sys.stderr)
+        found = resume_latest(run.run_dir, apply, warn=lambda m: warn(f"veriloop: {m}"))
+    ckpt = run.dist.broadcast_object(found[0] if found else None)
+    if ckpt is not None and not run.dist.is_main:  # every rank reads the same folder (shared file system)
+        apply(load_checkpoint(ckpt))  # also restores the python/numpy/torch RNG states
+    if resume:
+        say(quiet=run.quiet, text=_resumed_what(run, ckpt))
+    return ckpt
+
+
+def _resumed_what(run: RunParts, ckpt: Path | None) -> str:
+    """What a resumed run continues, in words: the RL step, or the warm-up's step, or nothing yet."""
+    cfg, state = run.cfg, run.state
+    if ckpt is not None and state.step > 0:
+        return f"resumed from {ckpt} at step {state.step} of {cfg.train.steps} (RL; any warm-up is done)"
+    if ckpt is not None:
+        return f"resumed from {ckpt} at step 0: the warm-up is done, RL starts"
+    sft = complete_checkpoints(run.run_dir / "sft") if cfg.sft.steps > 0 else []
+    if sft:
+        done = int(sft[-1].name.split("-")[1])
+        return f"resuming {run.run_dir}: the warm-up from step {done} (no RL step done yet)"
+    return f"resuming {run.run_dir}: nothing was saved there yet (no complete checkpoint), so it starts at the beginning"
+
+
+def _apply_checkpoint(run: RunParts, loaded: dict[str, Any]) -> None:
+    """Put a loaded checkpoint into ``run``; raises (KeyError, ValueError...) when it does not fit.
+    A sharded one (written by several ``train.parallel: fsdp`` ranks) is read whole."""
+    from veriloop.algos.run.sharded_checkpoint import is_sharded, load_into_whole
+
+    if is_sharded(loaded["model_dir"].parent):
+        from veriloop.algos.run.fsdp import state_modules
+
+        load_into_whole(loaded["model_dir"].parent, state_modules(run.policy, run.critic), run.optimizer)
+    else:
+        load_trainable_state(run.policy, run.critic, loaded["model_state"])
+        run.optimizer.load_state_dict(loaded["optimizer"])
+    _apply_loop_state(run, loaded)
+
+
+def _apply_loop_state(run: RunParts, loaded: dict[str, Any]) -> None:
+    """The schedule, trainer state and shuffling generator of a loaded checkpoint."""
+    run.scheduler.load_state_dict(loaded["scheduler"])
+    run.state = TrainerState(**loaded["trainer_state"]["state"])
+    run.generator.set_state(torch.tensor(loaded["trainer_state"]["generator"], dtype=torch.uint8))
+
+
+def _restore_sharded(run: RunParts, resume: bool) -> Path | None:
+    """``_restore`` of a sharded run: every rank reads its rows of the newest checkpoint that
+    verifies (``sharded_checkpoint.load_sharded``)."""
+    from veriloop.algos.run.fsdp import state_modules
+    from veriloop.algos.run.sharded_checkpoint import load_sharded, written_by
+
+    found = None
+    if resume:
+        found = load_sharded(run.run_dir, dist=run.dist, modules=state_modules(run.policy, run.critic),
+                             optimizer=run.optimizer, whole_keys=trainable_parameters(run.policy, run.critic))  # fmt: skip
+    if found is not None:
+        _apply_loop_state(run, found[1])
+    if resume:
+        text = _resumed_what(run, found[0] if found else None)
+        if found is not None:  # the rank count may differ from the one that wrote it
+            text += f"; written by {written_by(found[0])} rank(s), resumed on {run.dist.world_size}"
+        say(quiet=run.quiet, text=text)
+    return found[0] if found else None
+
+
+def _whole_weights(run: RunParts, needed: bool = True) -> contextlib.AbstractContextManager[None]:
+    """Sharded runs: every rank holds the policy's whole weights inside (``fsdp.Sharded.gathered``),
+    so a rank may generate, evaluate or send weights alone. Otherwise (or not ``needed``): nothing."""
+    return run.sharded.gathered() if run.sharded is not None and needed else contextlib.nullcontext()
+
+
+def _sft_warmup(run: RunParts) -> None:
+    """The SFT warm-up (``cfg.sft``) before RL, once per run (a resumed run does not redo it), then
+    the run's step-0 checkpoint, which holds it (``sft/final`` keeps the warmed-up policy)."""
+    from veriloop.algos.sft.train import sft_summary, warmup_from_config
+
+    cfg, state, main = run.cfg, run.state, run.dist.is_main
+    if main and cfg.eval.before_sft:  # the base model, logged with step 0 as eval_base/...
+        state.history["eval_base"] = evaluate_step(cfg, run.policy, 0, run.quiet, tag="base", prefix="eval_base",
+                                               backend=_eval_backend(run), reuse=True)  # fmt: skip
+    # every rank runs the same warm-up; only rank 0 saves it, and its weights are broadcast after it
+    sft_metrics = warmup_from_config(cfg, run.policy, run_dir=run.run_dir / "sft" if main else None)
+    state.sft_done = True
+    state.history["sft"] = sft_metrics
+    say(quiet=run.quiet, text=f"SFT warm-up done: {sft_summary(sft_metrics)}")
+    if main and cfg.run.checkpoint_every > 0:
+        checkpoint_run(run)  # step 0: a run cut before its first RL checkpoint keeps its warm-up
+        # which makes the warm-up's own checkpoints (adapter + optimizer state each) redundant
+        shutil.rmtree(run.run_dir / "sft" / "checkpoints", ignore_errors=True)
+
+
+def _loop(run: RunParts) -> None:
+    """RL steps ``state.step .. train.steps - 1``: collect -> update -> metrics -> eval / log / save."""
+    if run.cfg.train.max_staleness > 0:  # generation beside the update, at most K steps stale
+        from veriloop.algos.loop.async_loop import async_loop
+
+        return async_loop(run)
+    cfg, state, backend = run.cfg, run.state, run.backend
+    loop = step_loop(run)
+    left = cfg.train.steps - state.step
+    say(quiet=run.quiet, text=f"RL: {left} steps of {cfg.rollout.batch_size} episodes ({cfg.rollout.prompts_per_step} problems "
+                    f"x {cfg.rollout.group_size}) = {left * cfg.rollout.batch_size} episodes, algorithm {cfg.algo.name}"
+                    f"{f', evaluated every {cfg.eval.every} steps' if cfg.eval.every else ''}\n{STEP_LEGEND}")  # fmt: skip
+    for step in loop.steps(state.step):
+        t0 = time.perf_counter()
+        with _whole_weights(run, backend is None):  # the HF engine generates with the policy itself
+            trajs, sampled, sampling = collect(cfg, run.policy, state, run.dist, backend)
+        metrics: dict[str, Any] = dict(sampling)
+        t_rollout = time.perf_counter() - t0
+        metrics.update(rollout_metrics(sampled, run.policy.tokenizer))  # every episode played, kept or not
+        if cfg.env.mixture:
+            envs = {n: (str(e.id), e.kwargs) for n, e in cfg.env.training_envs.items()}
+            metrics.update(per_env_metrics(sampled, envs))
+        report_first_step(run, step, metrics)  # the base policy's groups, before the first update
+        t1 = time.perf_counter()
+        # dynamic sampling may keep no group at all (every group had equal rewards): nothing to learn
+        if trajs:
+            metrics.update(train_on_batch(cfg, run.policy, run.critic, run.optimizer, trajs, run.generator,
+                                          run.dist, run.algo))  # fmt: skip
+            if backend is not None:
+                t_sync = time.perf_counter()
+                with _whole_weights(run):
+                    backend.sync()  # the engine samples the next step with the weights just trained
+                    metrics["time/weight_sync_s"] = time.perf_counter() - t_sync
+                    metrics.update(_probe_sampler(run, step + 1))  # it really does, or the run stops
+        else:
+            metrics.update(no_update())
+        t_train = time.perf_counter() - t1
+        advance_schedule(run.scheduler)  # once per RL step, whatever the number of optimizer steps in it
+        metrics.update(step_timing(metrics, run.scheduler.get_last_lr()[0], sampled, t_rollout, t_train))
+        guard_nonfinite(loop, state, metrics)  # a skipped step is counted; too many in a row stop the run
+        state.step = step + 1
+        _evaluate_and_log(run, loop, metrics)
+        loop.show(step_summary(metrics))
+        say(quiet=run.quiet, text=f"step {state.step:4d}/{cfg.train.steps} | {step_summary(metrics)}")
+        guard_learning(run, metrics)  # no informative group for too long: stop (the rows are logged)
+        if (run.dist.is_main or run.dist.sharded) and loop.checkpoint_due(state.step):
+            checkpoint_run(run)  # sharded: every rank writes its shards
+
+
+def _probe_sampler(run: RunParts, version: int) -> dict[str, float]:
+    """``sync/probe_gap`` (``sync_probe.check_sampler``) and its cost, after a sync to ``run.backend``."""
+    if not run.cfg.train.sync_probe or run.backend is None:
+        return {}
+    from veriloop.algos.run.sync_probe import check_sampler
+
+    t0 = time.perf_counter()
+    gap = check_sampler(
+        run.policy, run.backend, version=version, tolerance=run.cfg.train.sync_probe_tolerance
+    )
+    return {"sync/probe_gap": gap, "time/sync_probe_s": time.perf_counter() - t0}
+
+
+def _rollout_backend(cfg: ExperimentConfig, policy: Policy, dist: DistContext) -> LiveBackend | None:
+    """vLLM: one engine for the run, updated in place after every optimizer step; vllm_server: the
+    same through HTTP (rank 0 pushes, every rank waits); None: each rollout call uses
+    ``engine.default_backend`` (the HF backend). ``auto`` is resolved here (``resolve_backend``)."""
+    name = resolve_backend(cfg.rollout.backend, policy)
+    if name == "vllm_server":
+        server = asdict(cfg.rollout.server)
+        return cast(LiveBackend, make_backend("vllm_server", policy, dist=dist, **server))
+    if name != "vllm":
+        return None
+    return cast(LiveBackend, make_backend("vllm", policy, **cfg.rollout.vllm_kwargs))
+
+
+def _eval_backend(run: RunParts) -> LiveBackend | None:
+    """The engine evaluations sample with: the rollouts' (``eval.backend: rollout``) or HF (None)."""
+    return run.backend if run.cfg.eval.backend == "rollout" else None
+
+
+def _check_servers(cfg: ExperimentConfig) -> None:
+    from veriloop.agents.backends.http_client import RetryPolicy, check_servers
+
+    server = cfg.rollout.server
+    check_servers(server.urls, RetryPolicy(server.retries, server.backoff_s, server.timeout_s))
+
+
+def _evaluate_and_log(run: RunParts, loop: StepLoop, metrics: dict[str, Any]) -> None:
+    """Evaluate (rank 0) every ``eval.every`` steps and log as ``loop`` says; both after the last step."""
+    cfg, step, main = run.cfg, run.state.step, run.dist.is_main
+    last = step == cfg.train.steps
+    every_eval = cfg.eval.every
+    due = bool(every_eval and step % every_eval == 0) or last
+    with _whole_weights(run, due):  # sharded: all ranks gather, rank 0 evaluates
+        if main and due:
+            metrics.update(evaluate_step(cfg, run.policy, step, run.quiet, backend=_eval_backend(run)))
+    loop.log_metrics(step, metrics)  # rank 0 only: the others have no log
+
+
+def _model_card(cfg: ExperimentConfig, run_dir: Path, state: TrainerState) -> str:
+    """README.md of ``final/``: what trained this policy, and how it evaluated."""
+    summary = (
+        (run_dir / "summary.md").read_text() if (run_dir / "summary.md").is_file() else "(no evaluation)\n"
+    )
+    base = cfg.policy.model
+    return (
+        f"# {cfg.run_name}: a veriloop policy\n\n"
+        f"Base model `{base}`{' with a LoRA adapter (r=' + str(cfg.policy.lora_r) + ')' if cfg.policy.lora else ''}, "
+        f"trained by veriloop: {cfg.sft.steps} SFT steps ({cfg.sft.source}), then {state.step} RL steps of "
+        f"`{cfg.algo.name}` on `{cfg.env.id}` ({cfg.rollout.prompts_per_step} problems x {cfg.rollout.group_size} "
+        f"samples per step, lr {cfg.train.lr}). The full config is `../config.yaml`; load with "
+        "`veriloop.agents.load_policy(<this folder>)`.\n\n## Evaluation (held-out problems: sources below the table)\n\n"
+        + summary
+    )

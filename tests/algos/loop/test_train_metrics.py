@@ -1,0 +1,63 @@
+"""Hand cases for the training loop's small pure helpers: the LR schedule and the rollout metrics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import veriloop.algos.loop.step as step_module
+import veriloop.algos.loop.train as T
+import veriloop.algos.run.setup as S
+from veriloop.configs.loader import load_config
+
+
+def _factor(schedule: str, steps: int = 10, warmup: int = 2):  # type: ignore[no-untyped-def]
+    cfg = load_config(None, ["policy.model=tiny", f"train.steps={steps}", f"train.warmup_steps={warmup}",
+                             f"train.schedule={schedule}"])  # fmt: skip
+    return S.lr_lambda(cfg)
+
+
+def test_lr_lambda_hand_cases():
+    # warm-up: (step + 1) / warmup, then progress = (step - warmup) / (steps - warmup)
+    lin = _factor("linear")
+    assert [lin(s) for s in (0, 1, 2, 6, 10, 12)] == [0.5, 1.0, 1.0, 0.5, 0.0, 0.0]
+    cos = _factor("cosine")
+    assert cos(0) == 0.5 and cos(2) == 1.0 and cos(10) == pytest.approx(0.0, abs=1e-12)
+    assert cos(6) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))
+    const = _factor("constant")
+    assert [const(s) for s in (0, 1, 2, 9, 50)] == [0.5, 1.0, 1.0, 1.0, 1.0]
+    assert _factor("linear", warmup=0)(0) == 1.0  # no warm-up: starts at the full rate
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear", "cosine"])
+def test_lr_lambda_stays_in_0_1_and_never_rises_after_warmup(schedule):
+    f = _factor(schedule, steps=20, warmup=3)
+    values = [f(s) for s in range(30)]
+    assert all(0.0 <= v <= 1.0 for v in values)
+    after = values[3:]
+    assert all(b <= a + 1e-12 for a, b in zip(after, after[1:]))
+
+
+def test_rollout_metrics_hand_case(make_traj, monkeypatch):
+    monkeypatch.setattr(step_module, "drift_rate", lambda tokenizer, t: float(t.num_turns))
+    right = make_traj([([10, 11], [30], 1.0)])
+    cut = make_traj([([12], [], -1.0)], hit_limit=[True])
+    failed = make_traj([([13], [31], 0.0), ([14], [], 0.0)], error="timeout")
+    m = T.rollout_metrics([right, cut, failed], tokenizer=None)
+    assert m["reward/mean"] == 0.0 and m["reward/std"] == 1.0  # [1, -1, 0], Bessel-corrected
+    assert m["success_rate"] == pytest.approx(1 / 3)  # only the first ends on a correct verdict
+    assert m["response_length/mean"] == pytest.approx(5 / 3) and m["response_length/max"] == 2.0
+    assert m["truncation_rate"] == pytest.approx(1 / 3) and m["turns/mean"] == pytest.approx(4 / 3)
+    assert m["verifier/errors"] == 1.0 and m["verifier/timeouts"] == 1.0
+    assert m["drift_rate"] == pytest.approx(4 / 3)  # mean over the first (up to 8) episodes
+
+
+def test_rollout_metrics_single_episode_and_drift_sample(make_traj, monkeypatch):
+    seen = []
+    monkeypatch.setattr(step_module, "drift_rate", lambda tokenizer, t: seen.append(t) or 0.0)
+    trajs = [make_traj([([10], [], 1.0)], group_id=i) for i in range(10)]
+    assert T.rollout_metrics(trajs[:1], tokenizer=None)["reward/std"] == 0.0  # one episode: no spread
+    seen.clear()
+    T.rollout_metrics(trajs, tokenizer=None)
+    assert len(seen) == 8  # drift is measured on the first 8 episodes only (it re-tokenizes)

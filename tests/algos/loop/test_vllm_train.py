@@ -1,0 +1,105 @@
+"""Training through vLLM where it is installed: ``rollout.backend: auto``
+resolves to the in-process vLLM engine for the default model, the SFT warm-up's weights are pushed
+into it, and evaluation samples with it (``eval.backend: rollout``). Runs under ``make test-vllm``;
+skipped elsewhere unless ``VERILOOP_REQUIRE_VLLM=1`` makes a missing vLLM a failure."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+requires_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None and os.environ.get("VERILOOP_REQUIRE_VLLM") != "1",
+    reason="needs vLLM: `make setup-vllm`, then `make test-vllm`",
+)
+
+SHORT = ["policy.precision=fp32", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=16", "train.steps=1",
+         "train.micro_batch_size=4", "sft.steps=1", "sft.examples=4", "eval.num_problems=2", "eval.n_samples=1",
+         "eval.k_list=[1]", "eval.every=1", "eval.before_sft=false", "run.checkpoint_every=0"]  # fmt: skip
+
+
+@requires_vllm
+def test_quickstart_defaults_to_vllm_and_evaluates_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import veriloop.algos.loop.train as T
+    from veriloop.agents.backends.vllm import VLLMBackend
+    from veriloop.configs.loader import load_config
+
+    made: list[Any] = []
+    evals: list[Any] = []
+    build, evaluate = T._rollout_backend, T.evaluate_step
+    monkeypatch.setattr(T, "_rollout_backend", lambda *a: made.append(build(*a)) or made[-1])
+    monkeypatch.setattr(
+        T, "evaluate_step", lambda *a, **k: evals.append(k.get("backend")) or evaluate(*a, **k)
+    )
+    cfg = load_config("quickstart", [*SHORT, f"run.out_dir={tmp_path}", "run.name=v"])
+    assert cfg.rollout.backend == "auto"
+    run = T.train(cfg, quiet=True)
+    (engine,) = made
+    assert isinstance(engine, VLLMBackend)
+    assert len(evals) == 2 and all(b is engine for b in evals)  # start (after SFT) and step 1
+    row = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    # the engine sampled with the trainer's weights (fp32, synced after SFT): log-probs agree
+    assert row["mismatch/tokens"] > 0 and row["mismatch/k3_kl"] < 1e-5
+    assert 0.0 <= row["eval/id/avg@n"] <= 1.0
+    assert "llm" not in vars(engine)  # closed at the end
+
+
+@requires_vllm
+def test_dppo_takes_its_ratio_against_the_log_probs_vllm_recorded(tmp_path: Path) -> None:
+    """DPPO with the vLLM sampler: mu is what vLLM recorded (processed log-probs), kept by
+    prepare_batch as ``sampler_logprobs``; the step trains and the mismatch is measured against it."""
+    import veriloop.algos.loop.train as T
+    from veriloop.configs.loader import load_config
+
+    over = [
+        *SHORT,
+        "sft.steps=0",
+        "eval.every=0",
+        "eval.at_start=false",
+        "algo.preset=dppo",
+        "algo.epochs=2",
+        "rollout.backend=vllm",
+    ]
+    run = T.train(load_config("quickstart", [*over, f"run.out_dir={tmp_path}", "run.name=d"]), quiet=True)
+    row = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert row["updates"] == 2 and row["skipped"] == 0 and row["mismatch/tokens"] > 0
+    assert row["mismatch/k3_kl"] < 1e-3  # fp32 vLLM-CPU vs the trainer, same weights
+    assert 0.0 <= row["clip_frac_high"] <= 1.0 and 0.0 <= row["clip_frac_low"] <= 1.0
+
+
+@requires_vllm
+def test_veriloop_eval_samples_with_the_configs_vllm_engine_and_closes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import veriloop.cli.eval as E
+    from veriloop.agents.backends.vllm import VLLMBackend
+
+    used: list[Any] = []
+    evaluate = E.evaluate_config
+    monkeypatch.setattr(
+        E, "evaluate_config", lambda *a, **k: used.append(k.get("backend")) or evaluate(*a, **k)
+    )
+    overrides = ["eval.num_problems=2", "eval.n_samples=1", "eval.k_list=[1]", "rollout.max_new_tokens=16"]
+    reports = E.run_eval_cli("quickstart", ["base"], overrides, tmp_path)
+    (engine,) = used
+    assert isinstance(engine, VLLMBackend) and "llm" not in vars(engine)  # used, then closed
+    assert 0.0 <= reports["base"]["splits"]["id"]["avg@n"] <= 1.0
+    # eval.backend=hf keeps the HF engine, as in training
+    used.clear()
+    E.run_eval_cli("quickstart", ["base"], [*overrides, "eval.backend=hf"], tmp_path / "hf")
+    assert used == [None]
+
+
+def test_veriloop_eval_without_vllm_uses_the_hf_engine(tmp_path: Path) -> None:
+    from veriloop.cli.eval import _cli_backend
+    from veriloop.configs.loader import load_config
+
+    cfg = load_config("quickstart", ["rollout.backend=hf"])
+    assert _cli_backend(cfg, policy=None) is None

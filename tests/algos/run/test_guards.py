@@ -1,0 +1,163 @@
+"""The learning guards: a run with no informative group for N steps stops (exit 4 from the CLI),
+a step with too many samples cut at ``max_new_tokens`` warns once, the non-finite guard stays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import veriloop.algos.loop.train as T
+from veriloop.algos.run.guards import LearningGuard, RunStoppedError, UninformativeRunError
+from veriloop.algos.run.log import read_metrics
+from veriloop.algos.run.nonfinite import NonFiniteTrainingError
+from veriloop.cli.main import run as cli_run
+from veriloop.configs.loader import load_config
+from veriloop.configs.schema import ConfigError
+from veriloop.envs.math_env import MathVerifyEnv
+from veriloop.envs.verifiers import Verdict
+
+FAST = [
+    "policy.model=tiny", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}", "run.algo_preset=grpo",
+    "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
+    "rollout.max_context=256", "train.micro_batch_size=2", "eval.at_start=false", "eval.every=0",
+    "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]", "eval.greedy=false",
+    "run.tensorboard=false", "run.checkpoint_every=0",
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():  # type: ignore[no-untyped-def]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def always_right(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scripted verifier: every response is correct, so every sample gets reward 1."""
+    monkeypatch.setattr(
+        MathVerifyEnv, "check", lambda self, response, task: Verdict(correct=True, reason="correct")
+    )
+
+
+@pytest.fixture
+def coin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scripted verifier whose rewards differ within a group (even length = correct)."""
+
+    def check(self, response: str, task) -> Verdict:  # type: ignore[no-untyped-def]
+        return Verdict(correct=len(response) % 2 == 0, reason="scripted")
+
+    monkeypatch.setattr(MathVerifyEnv, "check", check)
+
+
+def test_guard_counts_resets_and_stops() -> None:
+    guard = LearningGuard(limit=3, warn_truncation_above=0.5, group_size=4)
+    for frac in (0.0, 0.0, 0.5, 0.0, 0.0):  # an informative step resets the count
+        guard.observe({"sampling/informative_fraction": frac})
+    assert guard.in_a_row == 2
+    with pytest.raises(UninformativeRunError, match="no informative group for 3 steps in a row") as e:
+        guard.observe({"sampling/informative_fraction": 0.0, "reward/mean": 0.0, "reward/std": 0.0})
+    assert "rollout.group_size=4" in str(e.value) and "train.max_uninformative_steps=0" in str(e.value)
+    assert isinstance(e.value, RunStoppedError)
+    off = LearningGuard(limit=0, warn_truncation_above=0.5, group_size=4)
+    for _ in range(50):
+        off.observe({"sampling/informative_fraction": 0.0})  # 0 = never stops
+
+
+def test_truncation_warns_once_above_the_threshold() -> None:
+    said: list[str] = []
+    guard = LearningGuard(limit=0, warn_truncation_above=0.5, group_size=2)
+    for rate in (0.5, 0.2):  # at the threshold is not above it
+        guard.observe({"truncation_rate": rate}, warn=said.append)
+    assert said == []
+    for rate in (0.75, 1.0, 0.9):
+        guard.observe({"truncation_rate": rate}, warn=said.append)
+    assert len(said) == 1 and "75%" in said[0] and "rollout.max_new_tokens" in said[0]
+
+
+def test_a_run_where_every_sample_gets_the_same_reward_stops(tmp_path: Path, always_right) -> None:
+    cfg = load_config(None, [*FAST, "train.steps=5", "train.max_uninformative_steps=2",
+                             f"run.out_dir={tmp_path}", "run.name=same"])  # fmt: skip
+    with pytest.raises(UninformativeRunError, match="2 steps in a row"):
+        T.train(cfg, quiet=True)
+    rows = read_metrics(tmp_path / "same")
+    assert [r["step"] for r in rows] == [1, 2]  # the steps that led to the stop are logged
+    assert all(r["sampling/informative_fraction"] == 0.0 and r["reward/mean"] == 1.0 for r in rows)
+    assert not (tmp_path / "same" / "final").exists()  # nothing trained: no final policy
+
+
+def test_the_cli_exits_non_zero_with_one_line(tmp_path: Path, always_right, capsys) -> None:
+    rc = cli_run(["train", "quickstart", *FAST, "train.steps=4", "train.max_uninformative_steps=2", "sft.steps=0",
+                  f"run.out_dir={tmp_path}", "run.name=same"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 4, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("veriloop train: train: no informative group for 2 steps in a row")
+    assert "reward/mean 1" in last and "too hard or too easy" in last and "Traceback" not in err
+    assert (
+        "warning: step-0 groups (base policy): 100% with zero reward variance" in err
+    )  # before the first update
+
+
+def test_an_informative_run_finishes_and_warns_about_truncation_once(tmp_path: Path, coin, capsys) -> None:
+    cfg = load_config(None, [*FAST, "train.steps=3", "train.max_uninformative_steps=0",
+                             "train.warn_truncation_above=0", f"run.out_dir={tmp_path}", "run.name=coin"])  # fmt: skip
+    T.train(cfg, quiet=True)
+    rows = read_metrics(tmp_path / "coin")
+    err = capsys.readouterr().err
+    assert any(r["truncation_rate"] > 0 for r in rows)  # the tiny random model runs into the limit
+    assert err.count("were cut at rollout.max_new_tokens") == 1
+
+
+def test_the_non_finite_guard_is_a_run_stop() -> None:
+    assert issubclass(NonFiniteTrainingError, RunStoppedError)  # the CLI gives it one line and exit 4
+
+
+@pytest.mark.parametrize("bad", ["train.max_uninformative_steps=-1", "train.warn_truncation_above=1.5"])
+def test_bad_settings_are_refused(bad: str) -> None:
+    with pytest.raises(ConfigError, match="max_uninformative_steps"):
+        load_config(None, ["policy.model=tiny", bad]).validate()
+
+
+# ---------------------------------------------------------------------- start-of-run checks
+
+KEEP = "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}"
+NO_SYSTEM = (  # a template that silently leaves the system message out
+    "{%- for m in messages -%}{%- if m['role'] != 'system' -%}" + KEEP + "{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+NO_USER = NO_SYSTEM.replace("!= 'system'", "!= 'user'")
+
+
+def _tokenizer(template: str):  # type: ignore[no-untyped-def]
+    from veriloop.agents.testing import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def test_a_template_that_drops_the_prompt_is_refused() -> None:
+    from veriloop.agents.chat import ChatFormat
+
+    with pytest.raises(ValueError, match="drops the system message"):
+        ChatFormat(_tokenizer(NO_SYSTEM), system_prompt="Answer in \\boxed{}.")
+    ChatFormat(_tokenizer(NO_SYSTEM))  # no system prompt set: nothing is lost
+    with pytest.raises(ValueError, match="drops the user message"):
+        ChatFormat(_tokenizer(NO_USER))
+
+
+def test_first_step_line_and_its_advice() -> None:
+    from veriloop.algos.run.guards import first_step_check
+
+    line, extreme = first_step_check({"sampling/informative_fraction": 0.25, "truncation_rate": 0.125,
+                                      "verifier/errors": 1.0, "samples/episodes": 16.0}, 4)  # fmt: skip
+    assert line == ("step-0 groups (base policy): 75% with zero reward variance, 12% of samples cut at "
+                    "rollout.max_new_tokens, 6% verifier errors") and not extreme  # fmt: skip
+    line, extreme = first_step_check({"sampling/informative_fraction": 0.0, "truncation_rate": 0.75,
+                                      "verifier/errors": 4.0, "samples/episodes": 16.0, "reward/mean": 0.0}, 4)  # fmt: skip
+    assert extreme and "too hard or too easy for this model at this group size" in line
+    assert "raise rollout.max_new_tokens" in line and "check the verifier" in line
