@@ -42,7 +42,11 @@ PACKAGES = ("envs", "configs", "agents", "algos", "interop", "cli")
 FLOOR = {"envs": 0, "configs": 1, "agents": 2, "algos": 3, "interop": 3, "cli": 4}
 ALGOS_ROOMS = ("maths", "learner", "loop", "run", "eval", "sft")
 #: what the run, evaluation and SFT rooms may take from the learner: its records, not its update
-LEARNER_RECORDS = ("veriloop.algos.learner.batch", "veriloop.algos.learner.critic", "veriloop.algos.learner.signal")
+LEARNER_RECORDS = (
+    "veriloop.algos.learner.batch",
+    "veriloop.algos.learner.critic",
+    "veriloop.algos.learner.signal",
+)
 MODEL_CODE = ("veriloop.agents", "transformers", "peft", "vllm")
 #: The old name of ``agents.models.text``, kept for users: it is the module, so it imports it.
 ALIASES = {"veriloop.agents.default_model"}
