@@ -14,6 +14,7 @@ from veriloop.agents.architecture import is_recurrent, say_once
 from veriloop.agents.packed_attention import KWARG as PACKED_KWARG
 from veriloop.agents.packed_attention import PackedRows, row_mask
 from veriloop.agents.packed_attention import install as install_packed_attention
+from veriloop.agents.vision import token_type_inputs
 
 
 def token_logprobs(
@@ -69,6 +70,7 @@ def token_logprobs(
         logits = _text_logits(model, ids, mask, keep, prefix, packed_only)
         logits = logits[:, -keep:]  # [B, T-first, V]; a view of the whole when the model kept only these
     else:  # multimodal inputs may be laid out per token: keep every column
+        model_inputs = token_type_inputs(model, input_ids, model_inputs)  # Qwen-VL's multimodal RoPE
         logits = _logits(model, input_ids, attention_mask, keep + 1 if first > 1 else 0, model_inputs)
         logits = logits[:, -keep - 1 : -1]
     picked, ent = _picked_logprobs(logits, input_ids[:, first:], temperature, with_entropy)
