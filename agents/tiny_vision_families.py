@@ -16,7 +16,8 @@ SmolLM2 tokenizer (plus the family's image tokens) and a ChatML template that re
 every turn), and ``docs/models.md``'s support table is generated from its results.
 
 transformers' Qwen2.5-VL processor also wants a video processor, which needs torchvision (not a
-dependency); the processors here take images only (:func:`images_only`).
+dependency); the processors here take images only
+(:func:`veriloop.agents.loading.images_only`, which ``load_policy`` falls back to as well).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from veriloop.agents.loading import build_policy
+from veriloop.agents.loading import build_policy, images_only
 from veriloop.agents.policy import Policy
 
 #: Side (pixels) every image is resized to; 16 patches of 8x8, merged 2x2 into 4 image tokens.
@@ -49,18 +50,6 @@ _TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-
-
-def images_only(processor_class: type) -> type:
-    """``processor_class`` taking an image processor and a tokenizer only (no video processor)."""
-
-    class ImagesOnly(processor_class):  # type: ignore[misc,valid-type]
-        @classmethod
-        def get_attributes(cls) -> list[str]:
-            return ["image_processor", "tokenizer"]
-
-    ImagesOnly.__name__ = ImagesOnly.__qualname__ = processor_class.__name__
-    return ImagesOnly
 
 
 def _text(tokenizer: Any, **extra: Any) -> dict[str, Any]:
