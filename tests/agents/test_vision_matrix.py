@@ -263,3 +263,26 @@ def test_the_vision_config_trains_a_saved_qwen2_5_vl_from_the_cli(tmp_path: Path
         rows[-1]["mismatch/abs_log_ratio"] <= 1e-5
     )  # what the sampler recorded is what the trainer computes
     assert (tmp_path / "r" / "final" / "adapter_config.json").is_file()
+
+
+def test_docs_table_holds_the_vision_results() -> None:
+    """docs/results/model_matrix.json covers every vision combination this file runs, within its
+    bounds, and docs/models.md's table is its rendering (a vision row per family)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("model_table", root / "benchmarks" / "model_table.py")
+    table = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(table)  # type: ignore[union-attr]
+    results = json.loads(table.RESULTS.read_text())
+    vision = [r for r in results if r.get("vision")]
+    combos = {(r["family"], r["mode"], r["precision"]) for r in vision}
+    assert combos == {
+        (f, m, p) for f in TINY_VISION_FAMILIES for m in ("full", "lora") for p in ("fp32", "bf16")
+    }
+    for r in vision:
+        assert r["logprob_gap"] <= BOUND[r["precision"]] and r["rollout_gap"] <= ROLLOUT_BOUND[r["precision"]]
+        assert r["grad_cosine"] >= MIN_COSINE[r["precision"]] and r["path"] == "batched"
+    page = table.PAGE.read_text()
+    assert table.page_block(results) in page
+    assert all(f"| {f} (`" in page for f in TINY_VISION_FAMILIES)
