@@ -8,11 +8,13 @@ SmolLM2 tokenizer (plus the family's image tokens) and a ChatML template that re
                  and multimodal RoPE (``mrope``): an image's tokens take (time, row, column)
                  positions and the text after it continues from the largest, so a token's
                  position is not its index (``<|vision_start|><|image_pad|>...<|vision_end|>``)
+    qwen3_vl     Qwen3-VL: the same markup, interleaved multimodal RoPE, and "deepstack" features of
+                 a ViT layer added into the language model's first layers
     idefics3     Idefics3, the architecture of SmolVLM: a SigLIP-style ViT, a pixel-shuffle
                  connector (4 tokens per 32x32 image) and a Llama; each image is
                  ``<fake_token_around_image><global-img><image>...<fake_token_around_image>``
 
-``tests/agents/test_vision_matrix.py`` runs both through the HF engine and the trainer (an image in
+``tests/agents/test_vision_matrix.py`` runs each through the HF engine and the trainer (an image in
 every turn), and ``docs/models.md``'s support table is generated from its results.
 
 transformers' Qwen2.5-VL processor also wants a video processor, which needs torchvision (not a
@@ -63,29 +65,53 @@ def _text(tokenizer: Any, **extra: Any) -> dict[str, Any]:
     )  # fmt: skip
 
 
-def _qwen2_5_vl(tokenizer: Any) -> tuple[Any, Any]:
+def _qwen_vl_processor(tokenizer: Any, processor_name: str) -> tuple[Any, list[int]]:
+    """A Qwen-VL processor (images only) and the ids of its start, end, image and video tokens."""
     import transformers
 
     marks = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
     tokenizer.add_tokens(marks, special_tokens=True)
-    start, end, image, video = tokenizer.convert_tokens_to_ids(marks)
     side = TINY_VISION_SIZE * TINY_VISION_SIZE
     image_processor = transformers.Qwen2VLImageProcessorPil(
         min_pixels=side, max_pixels=side, patch_size=_PATCH, merge_size=2, temporal_patch_size=2
     )
     template = _TEMPLATE.replace("{image}", "<|vision_start|><|image_pad|><|vision_end|>")
-    processor = images_only(transformers.Qwen2_5_VLProcessor)(
+    processor = images_only(getattr(transformers, processor_name))(
         image_processor=image_processor, tokenizer=tokenizer, chat_template=template
     )
-    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}  # head_dim 16
+    return processor, tokenizer.convert_tokens_to_ids(marks)
+
+
+def _qwen_vl(tokenizer: Any, name: str, rope: dict[str, Any], vision: dict[str, Any]) -> tuple[Any, Any]:
+    """A tiny ``{name}ForConditionalGeneration`` (Qwen2.5-VL, Qwen3-VL) and its processor."""
+    import transformers
+
+    processor, (start, end, image, video) = _qwen_vl_processor(tokenizer, f"{name}Processor")
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=_PATCH,
-                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, window_size=16,
-                  fullatt_block_indexes=[1])  # fmt: skip
-    config = transformers.Qwen2_5_VLConfig(
-        text_config=_text(tokenizer, rope_parameters=rope), vision_config=vision, image_token_id=image,
-        video_token_id=video, vision_start_token_id=start, vision_end_token_id=end, tie_word_embeddings=True,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, **vision)  # fmt: skip
+    config = getattr(transformers, f"{name}Config")(
+        text_config=_text(tokenizer, head_dim=16, rope_parameters=rope), vision_config=vision,
+        image_token_id=image, video_token_id=video, vision_start_token_id=start, vision_end_token_id=end,
+        tie_word_embeddings=True,
     )  # fmt: skip
-    return transformers.Qwen2_5_VLForConditionalGeneration(config), processor
+    return getattr(transformers, f"{name}ForConditionalGeneration")(config), processor
+
+
+def _qwen2_5_vl(tokenizer: Any) -> tuple[Any, Any]:
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}  # head_dim 16
+    return _qwen_vl(tokenizer, "Qwen2_5_VL", rope, dict(window_size=16, fullatt_block_indexes=[1]))
+
+
+def _qwen3_vl(tokenizer: Any) -> tuple[Any, Any]:
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [2, 3, 3],
+        "mrope_interleaved": True,
+    }
+    return _qwen_vl(
+        tokenizer, "Qwen3VL", rope, dict(num_position_embeddings=16, deepstack_visual_indexes=[0])
+    )
 
 
 def _idefics3(tokenizer: Any) -> tuple[Any, Any]:
@@ -114,6 +140,7 @@ def _idefics3(tokenizer: Any) -> tuple[Any, Any]:
 #: family -> builder(tokenizer) of (tiny random VLM, its processor); the tokenizer gains image tokens.
 TINY_VISION_FAMILIES: dict[str, Callable[[Any], tuple[Any, Any]]] = {
     "qwen2_5_vl": _qwen2_5_vl,
+    "qwen3_vl": _qwen3_vl,
     "idefics3": _idefics3,
 }
 

@@ -48,6 +48,7 @@ FAMILIES = {
         "SmolVLM's architecture: ViT, pixel-shuffle connector, Llama",
     ),
     "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "windowed ViT, 2x2 patch merger, multimodal RoPE"),
+    "qwen3_vl": ("Qwen3VLForConditionalGeneration", "interleaved multimodal RoPE, deepstack ViT features"),
 }
 PATHS = {
     "packed": "packed behind the shared prompt",

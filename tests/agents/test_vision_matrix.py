@@ -1,5 +1,6 @@
-"""The architecture matrix's vision families (agents/tiny_vision_families.py): Qwen2.5-VL (multimodal
-RoPE) and Idefics3 (SmolVLM's architecture), LoRA and full, fp32 and bf16, an image in every turn.
+"""The architecture matrix's vision families (agents/tiny_vision_families.py): Qwen2.5-VL and Qwen3-VL
+(multimodal RoPE) and Idefics3 (SmolVLM's architecture), LoRA and full, fp32 and bf16, an image in
+every turn.
 
 Per combination:
   - a 2-turn rollout of a group of 3 on the HF engine (Points24-vision: the hand's image in both
@@ -37,8 +38,9 @@ from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.tiny_vision_families import TINY_VISION_FAMILIES, tiny_vision_base, tiny_vision_policy
 from veriloop.agents.trajectory import Trajectory
 
-#: The trainer's batch against per-sequence forwards (measured: fp32 <= 2e-6, bf16 <= 4e-6).
-BOUND = {"fp32": 1e-5, "bf16": 1e-4}
+#: The trainer's batch against per-sequence forwards (measured: fp32 <= 2e-6; bf16 <= 2e-6, but
+#: 4.8e-4 for Qwen3-VL in full fine-tuning, whose batch of padded rows rounds otherwise in bf16).
+BOUND = {"fp32": 1e-5, "bf16": 2e-3}
 #: The sampler's recorded log-probs against a plain forward (measured: fp32 <= 2e-6; bf16 <= 1e-2,
 #: from the dithered bf16 LoRA merge and batch-dependent bf16 rounding).
 ROLLOUT_BOUND = {"fp32": 1e-5, "bf16": 2e-2}
@@ -223,7 +225,7 @@ def _images(tr: Trajectory) -> int:
 def test_trainer_inputs_equal_the_processors_own(name: str) -> None:
     """A 2-turn conversation with 2 images, encoded by the family's processor: the trainer's
     forward (which rebuilds Qwen-VL's ``mm_token_type_ids`` from the ids) gives the log-probs of
-    ``model(**processor_outputs)``; and for Qwen-VL they differ from 1-D positions (mrope matters)."""
+    ``model(**processor_outputs)``; for Qwen-VL, 1-D positions would give other numbers (or a refusal)."""
     from veriloop.agents.vision import encode_vision_messages, user_content, vision_inputs
 
     policy = tiny_vision_policy(name)
@@ -239,8 +241,14 @@ def test_trainer_inputs_equal_the_processors_own(name: str) -> None:
         torch.testing.assert_close(ours[0, 1:], theirs, atol=1e-5, rtol=0)
         if "mm_token_type_ids" in enc:
             assert torch.equal(enc["mm_token_type_ids"], _types(policy.processor, ids)["mm_token_type_ids"])
-            flat = policy.model(**{k: v for k, v in enc.items() if k != "mm_token_type_ids"}).logits[0, :-1]
-            assert (flat - logits).abs().max() > 1e-4  # 1-D positions would give other numbers
+            try:  # without the types: Qwen2.5-VL falls back to 1-D positions, Qwen3-VL refuses
+                flat = policy.model(**{k: v for k, v in enc.items() if k != "mm_token_type_ids"}).logits[
+                    0, :-1
+                ]
+            except ValueError as err:
+                assert "mm_token_type_ids" in str(err)
+            else:
+                assert (flat - logits).abs().max() > 1e-4  # 1-D positions would give other numbers
 
 
 def test_the_vision_config_trains_a_saved_qwen2_5_vl_from_the_cli(tmp_path: Path) -> None:
