@@ -70,7 +70,6 @@ def token_logprobs(
         logits = _text_logits(model, ids, mask, keep, prefix, packed_only)
         logits = logits[:, -keep:]  # [B, T-first, V]; a view of the whole when the model kept only these
     else:  # multimodal inputs may be laid out per token: keep every column
-        model_inputs = token_type_inputs(model, input_ids, model_inputs)  # Qwen-VL's multimodal RoPE
         logits = _logits(model, input_ids, attention_mask, keep + 1 if first > 1 else 0, model_inputs)
         logits = logits[:, -keep - 1 : -1]
     picked, ent = _picked_logprobs(logits, input_ids[:, first:], temperature, with_entropy)
@@ -215,7 +214,10 @@ def _text_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
 def _logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int,
             model_inputs: dict[str, Any]) -> torch.Tensor:  # fmt: skip
     """``model(...).logits``, for the last ``keep`` positions only when ``keep`` > 0 and the model
-    takes ``logits_to_keep`` (transformers' causal LMs do); all positions otherwise."""
+    takes ``logits_to_keep`` (transformers' causal LMs do); all positions otherwise. A Qwen-VL
+    family's images get their ``mm_token_type_ids`` (its multimodal RoPE's positions need them)."""
+    if model_inputs:
+        model_inputs = token_type_inputs(model, input_ids, model_inputs)
     if keep > 0:
         try:
             return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep,

@@ -21,7 +21,10 @@ A model with recurrent layers (Qwen3.5's linear attention; :mod:`veriloop.agents
 is served without cross-turn reuse either, and with the model's own cache, which holds their states.
 
 Vision policies (``policy.processor`` set) are served without cross-turn reuse: each turn the
-whole context, with every image so far (``GenRequest.model_inputs``), is re-encoded.
+whole context, with every image so far (``GenRequest.model_inputs``), is re-encoded. A Qwen-VL
+family's multimodal RoPE positions ([3, B, W], from its images' grids:
+``veriloop.agents.vision.mrope_positions``) are computed for the prefill, and each decode step
+goes on from the last one + 1.
 
 Sampling always runs in eval mode (dropout off, e.g. LoRA dropout, which peft leaves in training
 mode), so recorded log-probs are those of the deterministic policy that training recomputes; each
