@@ -14,6 +14,7 @@ from veriloop.agents.architecture import is_recurrent, say_once
 from veriloop.agents.packed_attention import KWARG as PACKED_KWARG
 from veriloop.agents.packed_attention import PackedRows, row_mask
 from veriloop.agents.packed_attention import install as install_packed_attention
+from veriloop.agents.vision import token_type_inputs
 
 
 def token_logprobs(
@@ -213,7 +214,10 @@ def _text_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
 def _logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int,
             model_inputs: dict[str, Any]) -> torch.Tensor:  # fmt: skip
     """``model(...).logits``, for the last ``keep`` positions only when ``keep`` > 0 and the model
-    takes ``logits_to_keep`` (transformers' causal LMs do); all positions otherwise."""
+    takes ``logits_to_keep`` (transformers' causal LMs do); all positions otherwise. A Qwen-VL
+    family's images get their ``mm_token_type_ids`` (its multimodal RoPE's positions need them)."""
+    if model_inputs:
+        model_inputs = token_type_inputs(model, input_ids, model_inputs)
     if keep > 0:
         try:
             return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep,

@@ -339,20 +339,56 @@ def _name(ref: ModelRef) -> str:
 
 def _load_weights(ref: ModelRef, is_vision: bool, dtype: str) -> tuple[Any, Any, Any]:
     """(model, tokenizer, processor-or-None) from a checkpoint folder or a Hub id."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     from veriloop.agents.models.text import normalize_tokenizer
 
     path, extra = _source(ref)
     if is_vision:
         net = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype(dtype), **extra)
-        processor = AutoProcessor.from_pretrained(path, **extra)
+        processor = load_processor(path, **extra)
         return net, processor.tokenizer, processor
     net = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), **extra)
     tokenizer = AutoTokenizer.from_pretrained(path, **extra)
     if tokenizer.pad_token is None:
         tokenizer = normalize_tokenizer(tokenizer)
     return net, tokenizer, None
+
+
+def images_only(processor_class: type) -> type:
+    """``processor_class`` (a transformers processor that also takes a video processor, e.g. Qwen2.5-VL's)
+    built from an image processor and a tokenizer alone: video processors need torchvision, which
+    veriloop does not depend on, and its environments send images only."""
+
+    class ImagesOnly(processor_class):  # type: ignore[misc,valid-type]
+        @classmethod
+        def get_attributes(cls) -> list[str]:
+            return ["image_processor", "tokenizer"]
+
+    ImagesOnly.__name__ = ImagesOnly.__qualname__ = processor_class.__name__
+    return ImagesOnly
+
+
+def load_processor(path: str | Path, **extra: Any) -> Any:
+    """``AutoProcessor.from_pretrained(path)``; where that fails on the video processor (no
+    torchvision, or a folder saved without one), the same processor class for images only
+    (:func:`images_only`), from the folder's image processor, tokenizer and chat template."""
+    import inspect
+
+    import transformers
+
+    try:
+        return transformers.AutoProcessor.from_pretrained(path, **extra)
+    except (OSError, ImportError, ValueError) as err:
+        model_type = transformers.AutoConfig.from_pretrained(path, **extra).model_type
+        name = transformers.models.auto.processing_auto.PROCESSOR_MAPPING_NAMES.get(model_type)
+        cls = getattr(transformers, name, None) if isinstance(name, str) else None
+        if cls is None or "video_processor" not in inspect.signature(cls.__init__).parameters:
+            raise err from None
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, **extra)
+    image_processor = transformers.AutoImageProcessor.from_pretrained(path, **extra)
+    return images_only(cls)(image_processor=image_processor, tokenizer=tokenizer,
+                            chat_template=tokenizer.chat_template)  # fmt: skip
 
 
 def _load_adapter(
@@ -383,10 +419,10 @@ def _load_adapter(
 
 
 def _with_saved_tokenizer(path: Path, net: Any, tokenizer: Any, processor: Any) -> tuple[Any, Any, Any]:
-    from transformers import AutoProcessor, AutoTokenizer
+    from transformers import AutoTokenizer
 
     if processor is not None and (path / "processor_config.json").is_file():
-        processor = AutoProcessor.from_pretrained(path)
+        processor = load_processor(path)
         return net, processor.tokenizer, processor
     if (path / "tokenizer_config.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(path)

@@ -107,6 +107,25 @@ def engine_gap(policy: Any, turns: int = 2, tokens: int = 5) -> tuple[float, dic
     return worst, dict(backend.stats)
 
 
+def needs_startup_check(model: str) -> bool:
+    """Whether :func:`check_unknown_family` could refuse ``model`` (a folder or Hub id), read from
+    its ``config.json`` alone (nothing loads): False for a family of the matrix or a VLM; True for
+    any other family, and for an adapter folder (its base is known only once loaded)."""
+    from transformers import AutoConfig
+
+    from veriloop.agents.loading import _hub_file, _resolve, _source
+
+    ref = _resolve(model)
+    if _hub_file(ref, "config.json") is None:
+        return True
+    source, extra = _source(ref)
+    config = AutoConfig.from_pretrained(source, **extra)
+    if getattr(config, "vision_config", None) is not None:
+        return False
+    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    return str(getattr(text, "model_type", "")) not in KNOWN_FAMILIES
+
+
 def check_unknown_family(policy: Any) -> str | None:
     """For a model whose family the architecture matrix does not cover (text models only): run the
     trainer's and the HF engine's log-prob checks on one short batch. Returns None when the family

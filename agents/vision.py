@@ -40,8 +40,10 @@ CHATML_VISION_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-#: Processor outputs that are token-level, not vision inputs.
-_TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+#: Processor outputs that are token-level, not vision inputs. ``mm_token_type_ids`` (which tokens
+#: are image tokens, for the Qwen-VL families' multimodal RoPE) is rebuilt from the ids of the
+#: whole sequence where it is needed (:func:`token_type_inputs`): a turn's delta has its own.
+_TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
 
 
 def to_pil(image: Any) -> Any:
@@ -155,3 +157,44 @@ def encode_vision_messages(
 def vision_inputs(encoded: dict[str, Any]) -> dict[str, Any]:
     """The model inputs of ``encoded`` other than token ids / masks (e.g. ``pixel_values``)."""
     return {k: v for k, v in encoded.items() if k not in _TEXT_KEYS}
+
+
+def _rope_index_owner(model: Any) -> Any:
+    """The module of ``model`` (a VLM, or a peft wrapper of one) with a ``get_rope_index``: the
+    Qwen-VL families' multimodal RoPE, whose positions are not the token indices; else None."""
+    modules = model.modules() if hasattr(model, "modules") else ()
+    return next((m for m in modules if callable(getattr(type(m), "get_rope_index", None))), None)
+
+
+def _token_types(owner: Any, input_ids: Any) -> Any:
+    """``mm_token_type_ids`` [B, T] as the family's processor writes it: 1 on image tokens, 2 on video."""
+    config = owner.config
+    types = (input_ids == config.image_token_id).long()
+    if getattr(config, "video_token_id", None) is not None:
+        types += 2 * (input_ids == config.video_token_id).long()
+    return types
+
+
+def token_type_inputs(model: Any, input_ids: Any, model_inputs: dict[str, Any]) -> dict[str, Any]:
+    """``model_inputs`` plus the ``mm_token_type_ids`` of ``input_ids`` [B, T] where ``model`` uses
+    multimodal RoPE and images are given (without them its forward falls back to 1-D positions:
+    other numbers than the processor's own inputs give); unchanged otherwise."""
+    if "image_grid_thw" not in model_inputs or "mm_token_type_ids" in model_inputs:
+        return model_inputs
+    owner = _rope_index_owner(model)
+    if owner is None:
+        return model_inputs
+    return {**model_inputs, "mm_token_type_ids": _token_types(owner, input_ids)}
+
+
+def mrope_positions(model: Any, input_ids: Any, attention_mask: Any, model_inputs: dict[str, Any]) -> Any:
+    """The multimodal-RoPE position ids [3, B, T] of ``input_ids`` [B, T] (left or right padded, as
+    ``attention_mask`` [B, T] says) for a Qwen-VL family model with images; None for any other."""
+    owner = _rope_index_owner(model) if "image_grid_thw" in model_inputs else None
+    if owner is None:
+        return None
+    positions, _ = owner.get_rope_index(
+        input_ids, _token_types(owner, input_ids), image_grid_thw=model_inputs["image_grid_thw"],
+        attention_mask=attention_mask,
+    )  # fmt: skip
+    return positions

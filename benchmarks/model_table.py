@@ -1,11 +1,13 @@
 """docs/models.md's support table, generated from the architecture matrix's results.
 
     python benchmarks/model_table.py            # run the matrix, save its results, rewrite the table
+    python benchmarks/model_table.py --vision   # run the vision families only (the text rows kept)
     python benchmarks/model_table.py --render   # rewrite the table from the saved results only
     python benchmarks/model_table.py --check    # exit 1 when the page's table is not the results'
 
-The matrix (tests/agents/test_model_matrix.py) writes one JSON file per family x LoRA/full x
-fp32/bf16 when ``VERILOOP_MODEL_MATRIX`` names a folder; they are collected into
+The matrix (tests/agents/test_model_matrix.py, and for the vision families
+tests/agents/test_vision_matrix.py) writes one JSON file per family x LoRA/full x fp32/bf16 when
+``VERILOOP_MODEL_MATRIX`` names a folder; they are collected into
 docs/results/model_matrix.json, and the table between the page's two markers is rendered from it
 (tests/agents/test_model_matrix.py checks that the page holds exactly that rendering and that the
 results cover every combination the matrix runs). The memory table below it is computed here from
@@ -41,11 +43,23 @@ FAMILIES = {
     "qwen3_5": ("Qwen3_5ForCausalLM", "Gated DeltaNet linear attention + full attention"),
     "qwen3_moe": ("Qwen3MoeForCausalLM", "4 experts, 2 per token"),
     "smollm3": ("SmolLM3ForCausalLM", "a layer without RoPE"),
+    "idefics3": (
+        "Idefics3ForConditionalGeneration",
+        "SmolVLM's architecture: ViT, pixel-shuffle connector, Llama",
+    ),
+    "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "windowed ViT, 2x2 patch merger, multimodal RoPE"),
+    "qwen3_vl": ("Qwen3VLForConditionalGeneration", "interleaved multimodal RoPE, deepstack ViT features"),
 }
 PATHS = {
     "packed": "packed behind the shared prompt",
     "shared-kv": "prompt once, through its KV cache (window too short to pack)",
     "per-row": "each row whole (recurrent layers: no packing)",
+    "batched": "one padded batch, each row with its own images (a VLM's is never packed)",
+}
+#: What the HF engine does between turns, by the trainer's path.
+ENGINE = {
+    "per-row": "fresh prefill per turn",
+    "batched": "whole context and every image re-encoded each turn",
 }
 
 
@@ -55,6 +69,13 @@ def _vllm(fam: str) -> str:
     if fam in VLLM_FAMILIES:
         return "✓ LoRA + full, fp32 (`make test-vllm`)"
     return "cannot load (vLLM 0.32)" if fam == "qwen3_5" else "not tested"
+
+
+def _targets(found: list[str] | dict[str, list[str]]) -> str:
+    """A text family's adapted modules, or a VLM's by part (language model, connector, vision tower)."""
+    if isinstance(found, list):
+        return ", ".join(found)
+    return "; ".join(f"{part}: {', '.join(names)}" for part, names in found.items() if names)
 
 
 def _cell(r: dict[str, Any] | None) -> str:
@@ -71,13 +92,13 @@ def render(results: list[dict[str, Any]]) -> str:
         "LoRA targets (all-linear) | full fp32 | full bf16 | LoRA fp32 | LoRA bf16 | vLLM |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for fam in sorted({r["family"] for r in results}):
+    for _, fam in sorted({(bool(r.get("vision")), r["family"]) for r in results}):  # text first
         cls, what = FAMILIES.get(fam, (fam, ""))
         lora = by.get((fam, "lora", "fp32")) or {}
         path = by[(fam, "full", "fp32")]["path"]
-        engine = "fresh prefill per turn" if path == "per-row" else "KV cache reused"
+        engine = ENGINE.get(path, "KV cache reused")
         cells = [_cell(by.get((fam, m, p))) for m in ("full", "lora") for p in ("fp32", "bf16")]
-        targets = ", ".join(lora.get("lora_targets", []))
+        targets = _targets(lora.get("lora_targets", []))
         lines.append(f"| {fam} (`{cls}`) | {what} | {engine} | {PATHS[path]} | {targets} | "
                      f"{' | '.join(cells)} | {_vllm(fam)} |")  # fmt: skip
     return "\n".join(lines)
@@ -92,8 +113,8 @@ POPULAR = [
     ("Qwen3.5-0.8B", 0.8e9, "qwen3_5 (text tower; the checkpoint is a VLM, whose vision path is untested)"),
     ("Gemma-3-270M", 0.268e9, "gemma3"),
     ("Llama-3.2-1B-Instruct", 1.24e9, "llama"),
-    ("Qwen2.5-VL-3B-Instruct", 3.75e9, "none: vision family, untested"),
-    ("SmolVLM-256M-Instruct", 0.256e9, "none: vision family (Idefics3), untested"),
+    ("Qwen2.5-VL-3B-Instruct", 3.75e9, "qwen2_5_vl"),
+    ("SmolVLM-256M-Instruct", 0.256e9, "idefics3 (SmolVLM's architecture)"),
 ]
 #: Bytes per parameter: weights (+ the sampler's saved copy of the adapted weights while LoRA is
 #: merged) for LoRA; weights, gradients and AdamW's two moments (all fp32) for full fine-tuning.
@@ -121,16 +142,17 @@ def _replace_block(text: str, block: str) -> str:
     return head + block + rest.split(END, 1)[1]
 
 
-def run_matrix() -> list[dict[str, Any]]:
+def run_matrix(vision_only: bool = False) -> list[dict[str, Any]]:
+    """The matrix's results: every family's, or (``vision_only``) the vision families' beside the
+    saved text families' results."""
+    tests = ["test_vision_matrix.py"] if vision_only else ["test_model_matrix.py", "test_vision_matrix.py"]
+    kept = [r for r in json.loads(RESULTS.read_text()) if not r.get("vision")] if vision_only else []
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "VERILOOP_MODEL_MATRIX": out}
-        test = ROOT / "tests" / "agents" / "test_model_matrix.py"
-        subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "test_family", str(test)],
-            env=env,
-            check=True,
-        )
-        return sorted((json.loads(p.read_text()) for p in Path(out).glob("*.json")),
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
+                        "test_family or test_vision_family", *(str(ROOT / "tests" / "agents" / t) for t in tests)],
+                       env=env, check=True)  # fmt: skip
+        return sorted(kept + [json.loads(p.read_text()) for p in Path(out).glob("*.json")],
                       key=lambda r: (r["family"], r["mode"], r["precision"]))  # fmt: skip
 
 
@@ -138,9 +160,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--render", action="store_true", help="rewrite the table from the saved results")
     parser.add_argument("--check", action="store_true", help="exit 1 if the page's table is stale")
+    parser.add_argument("--vision", action="store_true", help="run the vision families only")
     args = parser.parse_args()
     if not (args.render or args.check):
-        RESULTS.write_text(json.dumps(run_matrix(), indent=1) + "\n")
+        RESULTS.write_text(json.dumps(run_matrix(vision_only=args.vision), indent=1) + "\n")
     block = page_block(json.loads(RESULTS.read_text()))
     text = PAGE.read_text()
     if args.check:

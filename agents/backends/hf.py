@@ -21,7 +21,10 @@ A model with recurrent layers (Qwen3.5's linear attention; :mod:`veriloop.agents
 is served without cross-turn reuse either, and with the model's own cache, which holds their states.
 
 Vision policies (``policy.processor`` set) are served without cross-turn reuse: each turn the
-whole context, with every image so far (``GenRequest.model_inputs``), is re-encoded.
+whole context, with every image so far (``GenRequest.model_inputs``), is re-encoded. A Qwen-VL
+family's multimodal RoPE positions ([3, B, W], from its images' grids:
+``veriloop.agents.vision.mrope_positions``) are computed for the prefill, and each decode step
+goes on from the last one + 1.
 
 Sampling always runs in eval mode (dropout off, e.g. LoRA dropout, which peft leaves in training
 mode), so recorded log-probs are those of the deterministic policy that training recomputes; each
@@ -44,6 +47,7 @@ from veriloop.agents.forward import CACHE_ARG
 from veriloop.agents.policy import Policy
 from veriloop.agents.precision import base_weight, causal_lm, lora_delta, merge_delta
 from veriloop.agents.sampling_params import SamplingParams, sample_next
+from veriloop.agents.vision import mrope_positions
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [H, L, D]
 
@@ -263,7 +267,7 @@ class HFBackend:
         rows, logits, cache, mask, pos = self._prefill(reqs, sampling, device)
         active = list(range(len(rows)))  # batch row b -> rows[active[b]]
         done: list[int] = []
-        next_pos = pos[:, -1] + 1  # [B]
+        next_pos = pos[..., -1] + 1  # [B] ([3, B] for multimodal RoPE)
         while True:
             tokens, lps = sample_next(logits, sampling, generator)  # [B], [B]
             for b, r in enumerate(active):
@@ -284,10 +288,10 @@ class HFBackend:
                 done += [active[b] for b in finished]
                 index = torch.tensor(keep)
                 self._select_rows(cache, index)
-                tokens, mask, next_pos = tokens[index], mask[index], next_pos[index]
+                tokens, mask, next_pos = tokens[index], mask[index], next_pos[..., index]
                 active = [active[b] for b in keep]
             mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
-            logits = self._forward(tokens[:, None], mask, next_pos[:, None], cache, device)
+            logits = self._forward(tokens[:, None], mask, next_pos[..., None], cache, device)
             next_pos = next_pos + 1
         self._save(cache, [rows[r] for r in active], [reqs[r].key for r in active], list(range(len(active))))
         return [GenResult(row.sampled, row.logprobs, row.finish or "length") for row in rows]  # type: ignore[arg-type]
@@ -297,7 +301,7 @@ class HFBackend:
     ) -> tuple[list[_Row], torch.Tensor, Any, torch.Tensor, torch.Tensor]:
         """Left-padded forward of every request's uncached context (each distinct one once when
         ``share_prefill``). Returns the rows, the next-token logits [B, V], the cache, the
-        attention mask [B, P + W] and the positions [B, W] of the tokens fed."""
+        attention mask [B, P + W] and the positions [B, W] of the tokens fed ([3, B, W]: multimodal RoPE)."""
         cached = [self._cached_length(r) for r in reqs]
         lengths = [len(r.context_ids) for r in reqs]
         width = max(t - c for t, c in zip(lengths, cached))  # W
@@ -316,6 +320,9 @@ class HFBackend:
         cols = torch.arange(past, total)[None, :]  # [1, W]
         pos = (cols - torch.tensor([r.pad for r in rows])[:, None]).clamp(min=0)  # [B, W]
         extra = self._vision_inputs(reqs)
+        # a Qwen-VL family's multimodal RoPE: positions [3, B, W] from the images' grids (prefill is
+        # the whole context for a VLM: past is 0); each decode step goes on from the last one + 1
+        rope = mrope_positions(self.model, ids, mask, extra) if extra and past == 0 else None
         # a group's samples start from the same prompt: prefill each distinct context once, then
         # copy its keys/values and logits to the rows that share it (first turn, text only)
         first: dict[tuple[int, ...], int] = {}
@@ -325,14 +332,16 @@ class HFBackend:
         cache = self._batched_cache([reqs[b].key for b in fed], [rows[b] for b in fed], past, width)
         self.stats["fed_tokens"] += int(mask[fed, past:].sum())
         self.stats["reused_tokens"] += sum(max(0, t - width) for t in lengths)
-        logits = self._forward(ids[fed], mask[fed], pos[fed], cache, device, **extra)
+        logits = self._forward(
+            ids[fed], mask[fed], pos[fed] if rope is None else rope, cache, device, **extra
+        )
         if share:
             slot_of = {b: j for j, b in enumerate(fed)}  # request -> its row in the prefill batch
             expand = torch.tensor([slot_of[b] for b in inverse])
             logits = logits[expand.to(logits.device)]
             self._select_rows(cache, expand.to(device))
             self.stats["shared_prefill_rows"] += len(reqs) - len(fed)
-        return rows, logits, cache, mask, pos
+        return rows, logits, cache, mask, pos if rope is None else rope
 
     def _append(self, row: _Row, token: int, logprob: float, sampling: SamplingParams) -> None:
         row.sampled.append(token)

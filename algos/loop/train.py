@@ -82,6 +82,7 @@ from veriloop.algos.run.setup import (
     check_claim,
     check_device,
     check_model,
+    check_policy_family,
     claim_run_dir,
     load_trainable_state,
     lr_lambda,
@@ -202,6 +203,7 @@ def train(
     run_dir = Path(cfg.run.out_dir) / cfg.run_name
     if dist.is_main:  # every refusal before the lock file (or the folder) is made
         check_claim(run_dir, cfg, resume=resume, overwrite=overwrite)
+    check_policy_family(cfg)  # a family outside the matrix: loaded and checked before the folder exists
     lock = acquire(run_dir) if dist.is_main else None  # one writer per run folder (run_lock.py)
     try:
         if dist.is_main:

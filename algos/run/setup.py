@@ -60,9 +60,36 @@ def build_policy(cfg: ExperimentConfig) -> Policy:
         place(policy, device), p.precision
     )  # bf16: frozen weights bf16, trained ones fp32
     # a family outside the tested matrix: its batched/cached log-probs checked against a plain forward
-    if (problem := check_unknown_family(policy)) is not None:
+    # (``train`` checks it before the run folder is made: check_policy_family; not twice)
+    if _family_key(cfg) not in _CHECKED and (problem := check_unknown_family(policy)) is not None:
         raise ConfigError(problem)
     return policy
+
+
+#: The (model, LoRA, precision, device) settings whose family check passed in this process.
+_CHECKED: set[tuple[Any, ...]] = set()
+
+
+def _family_key(cfg: ExperimentConfig) -> tuple[Any, ...]:
+    p = cfg.policy
+    return (p.model, p.lora, p.precision, p.dtype, p.device)
+
+
+def check_policy_family(cfg: ExperimentConfig) -> None:
+    """The start-up log-prob check (``agents.model_check.check_unknown_family``) before the run
+    folder exists: a model whose ``config.json`` names a family the architecture matrix covers (or
+    a VLM, or a shipped model) is not loaded here; any other is loaded once, checked and dropped,
+    and a mismatch raises :class:`ConfigError` (one line) with nothing written."""
+    from veriloop.agents.model_check import needs_startup_check
+
+    if cfg.policy.model in ("tiny", "default", "default-vision", "gemma3-270m"):
+        return
+    if not needs_startup_check(cfg.policy.model) or _family_key(cfg) in _CHECKED:
+        return
+    with torch.random.fork_rng(devices=[]):  # the run's own build draws the same LoRA init later
+        policy = build_policy(cfg)  # raises ConfigError on a mismatch
+    del policy
+    _CHECKED.add(_family_key(cfg))
 
 
 def build_critic(cfg: ExperimentConfig, policy: Policy) -> ValueModel | None:

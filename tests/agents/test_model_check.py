@@ -74,13 +74,9 @@ def test_unknown_family_is_checked_and_passes(
     assert calls == ["trainer_gap", "engine_gap"]  # both checks ran, and agreed
 
 
-def test_a_mismatch_stops_the_run(
-    starcoder2_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A packed forward that gets the numbers wrong (as an unsupported layout would) is refused."""
+def _wrong_packing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A packed forward that gets the numbers wrong (as an unsupported layout would)."""
     from veriloop.agents import forward
-    from veriloop.algos.run.setup import build_policy
-    from veriloop.configs.schema import ConfigError
 
     real = forward._packed_prefix_logits
 
@@ -89,11 +85,53 @@ def test_a_mismatch_stops_the_run(
         return logits + 0.1 * (torch.arange(logits.shape[-1]) % 7)  # moves every log-softmax
 
     monkeypatch.setattr(forward, "_packed_prefix_logits", wrong)
+
+
+def test_a_mismatch_stops_the_run(
+    starcoder2_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A packed forward that gets the numbers wrong (as an unsupported layout would) is refused."""
+    from veriloop.algos.run.setup import build_policy
+    from veriloop.configs.schema import ConfigError
+
+    _wrong_packing(monkeypatch)
     with pytest.raises(
         ConfigError, match=r"model family 'starcoder2' is untested .* trainer's batched forward"
     ):
         build_policy(_cfg(starcoder2_folder, tmp_path))
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_mismatch_stops_train_before_the_run_folder_exists(
+    starcoder2_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Through the CLI: exit 2, one line on stderr, and no run folder (nor its config.yaml or lock)."""
+    from veriloop.cli.main import run as cli_run
+
+    _wrong_packing(monkeypatch)
+    rc = cli_run(["train", "quickstart", f"policy.model={starcoder2_folder}", "policy.lora=false",
+                  f"run.out_dir={tmp_path / 'runs'}", "run.name=r", "train.steps=1"])  # fmt: skip
+    err = [
+        line
+        for line in capsys.readouterr().err.splitlines()
+        if line.strip() and "Loading weights" not in line
+    ]
+    assert rc == 2 and len(err) == 1, err  # one line (transformers' own progress bars aside)
+    assert err[0].startswith("veriloop train: policy.model: model family 'starcoder2' is untested"), err
+    assert not (tmp_path / "runs" / "r").exists()
+
+
+def test_only_an_unknown_family_is_loaded_before_the_folder(starcoder2_folder: Path, tmp_path: Path) -> None:
+    """Read from config.json alone: a matrix family needs no early load, Starcoder2 does."""
+    from veriloop.agents.model_check import needs_startup_check
+    from veriloop.agents.testing import tiny_tokenizer
+    from veriloop.agents.tiny_families import tiny_family_base
+
+    folder = tmp_path / "qwen3"
+    tiny_family_base("qwen3").save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    assert not needs_startup_check(str(folder))
+    assert needs_startup_check(str(starcoder2_folder))
 
 
 def test_known_family_is_not_checked(monkeypatch: pytest.MonkeyPatch) -> None:
