@@ -53,14 +53,15 @@ def _default_eval_dir(cfg: ExperimentConfig, checkpoints: Sequence[str]) -> Path
 
 
 def _cli_backend(cfg: ExperimentConfig, policy: Any) -> Any:
-    """The engine ``veriloop eval`` samples with: the config's vLLM engine (one per checkpoint) when its
-    evaluations use the rollouts' backend (``eval.backend: rollout``) and that resolves to ``vllm``,
-    as in training; otherwise None, the HF engine (a ``vllm_server`` is not started by ``eval``)."""
-    from veriloop.agents.backends import make_backend, resolve_backend
+    """The engine ``veriloop eval`` samples with: the one training builds
+    (``agents.backends.serving_backend``; vLLM, one per checkpoint) when its evaluations use the
+    rollouts' backend (``eval.backend: rollout``); otherwise None, the HF engine (a ``vllm_server``
+    is not attached to by ``eval``: it evaluates with the HF engine)."""
+    from veriloop.agents.backends import serving_backend
 
-    if cfg.eval.backend != "rollout" or resolve_backend(cfg.rollout.backend, policy) != "vllm":
+    if cfg.eval.backend != "rollout":
         return None
-    return make_backend("vllm", policy, **cfg.rollout.vllm_kwargs)
+    return serving_backend(cfg.rollout, policy, servers=False)
 
 
 def run_eval_cli(

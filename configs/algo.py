@@ -9,7 +9,7 @@ docstring.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Advantage = Literal[
@@ -36,16 +36,23 @@ SplitWeight = Literal["episode", "sample"]
 
 # ------------------------------------------------------------------------ the tables of choices
 #
-# One record per advantage estimator and per policy objective: where its function lives (a
-# ``"module:function"`` entry point, imported by ``veriloop.algos.learner.algorithm.resolve``; settings
-# never import the trainer) and the traits the config checks and the update read. Adding one is
-# its function plus one row here (and its name in the ``Literal`` above, which a test holds equal
-# to the table's keys).
+# One record per advantage estimator and per policy objective: the pure function it runs (a
+# ``"module:function"`` entry point, imported by ``veriloop.algos.learner.algorithm``; settings never
+# import the trainer), which ``AlgoConfig`` fields bind to which of its keyword parameters, and the
+# traits the config checks and the update read. Adding one is its function plus one row here (and
+# its name in the ``Literal`` above, which a test holds equal to the table's keys): the learner
+# binds the row's settings itself, no adapter is written by hand.
 
 #: What an estimator's advantages vary with: one value per episode (``episode``; per turn under
 #: ``reward_level=turn``), one per action from the env's process rewards (``action``), one per
 #: token (``token``, bootstrapped by a critic).
 SignalLevel = Literal["episode", "action", "token"]
+#: What an estimator's function takes: the episode rewards of a batch (``episode``:
+#: ``(rewards [N], group_ids [N], *, valid [N], ...) -> [N]``, a baseline per episode that the
+#: learner spreads over the tokens, with the KL reward to go added) or the whole batch (``batch``:
+#: ``(AlgoConfig, RewardInputs) -> (advantages [N, T], returns [N, T] | None)``, for estimators that
+#: read the critic, the trajectories or the token layout).
+EstimatorForm = Literal["episode", "batch"]
 
 
 @dataclass(frozen=True)
@@ -53,12 +60,16 @@ class EstimatorSpec:
     """One advantage estimator.
 
     Attributes:
-        estimator: ``"module:function"``; the function maps (AlgoConfig, RewardInputs) to
-            (advantages [N, T], returns [N, T] | None).
+        estimator: ``"module:function"``, of the shape ``form`` says.
         group_based: its baseline is the other samples of the same prompt (``group_size >= 2``).
         needs_critic: it bootstraps from a learned value (``algo.critic`` must be set).
         signal: :data:`SignalLevel`: ``action`` reads ``signal.process_reward`` per turn.
-        turn_rewards: it accepts ``reward_level=turn`` (per-turn credit).
+        turn_rewards: it accepts ``reward_level=turn`` (per-turn credit). An ``episode`` form then
+            runs ``advantages.turn_level`` (each turn's return to go against the group's other
+            episodes at that turn), std-normalised when ``fixed`` sets ``std_normalize``.
+        form: :data:`EstimatorForm`.
+        bind: keyword parameter of the function -> the ``AlgoConfig`` field passed to it.
+        fixed: keyword parameter of the function -> a constant passed to it.
     """
 
     estimator: str
@@ -66,18 +77,22 @@ class EstimatorSpec:
     needs_critic: bool = False
     signal: SignalLevel = "episode"
     turn_rewards: bool = True
+    form: EstimatorForm = "episode"
+    bind: dict[str, str] = field(default_factory=dict)
+    fixed: dict[str, Any] = field(default_factory=dict)
 
 
 _ALGO = "veriloop.algos.learner.algorithm"
+_ADV = "veriloop.algos.maths.advantages"
 ADVANTAGES: dict[str, EstimatorSpec] = {
-    "group_norm": EstimatorSpec(f"{_ALGO}:group_norm", group_based=True),
-    "group_mean": EstimatorSpec(f"{_ALGO}:group_mean", group_based=True),
-    "rloo": EstimatorSpec(f"{_ALGO}:rloo", group_based=True),
-    "batch_norm": EstimatorSpec(f"{_ALGO}:batch_norm", group_based=False),
-    "group_mean_batch_norm": EstimatorSpec(f"{_ALGO}:group_mean_batch_norm", group_based=True),
-    "gae": EstimatorSpec(f"{_ALGO}:gae", group_based=False, needs_critic=True, signal="token"),
-    "process": EstimatorSpec(f"{_ALGO}:process", group_based=True, signal="action"),
-    "gdpo": EstimatorSpec(f"{_ALGO}:gdpo", group_based=True, turn_rewards=False),
+    "group_norm": EstimatorSpec(f"{_ADV}:group_normalized", group_based=True, fixed={"std_normalize": True}),
+    "group_mean": EstimatorSpec(f"{_ADV}:group_normalized", group_based=True, fixed={"std_normalize": False}),
+    "rloo": EstimatorSpec(f"{_ADV}:leave_one_out", group_based=True),
+    "batch_norm": EstimatorSpec(f"{_ALGO}:batch_norm", group_based=False, form="batch"),
+    "group_mean_batch_norm": EstimatorSpec(f"{_ALGO}:group_mean_batch_norm", group_based=True, form="batch"),
+    "gae": EstimatorSpec(f"{_ALGO}:gae", group_based=False, needs_critic=True, signal="token", form="batch"),
+    "process": EstimatorSpec(f"{_ALGO}:process", group_based=True, signal="action", form="batch"),
+    "gdpo": EstimatorSpec(f"{_ALGO}:gdpo", group_based=True, turn_rewards=False, form="batch"),
 }
 
 
@@ -86,34 +101,65 @@ class PolicyLossSpec:
     """One policy objective.
 
     Attributes:
-        objective: ``"module:function"``; the function maps an AlgoConfig to the objective with its
-            hyperparameters bound: (logp, old, adv, mask, segments, extras) -> (loss [B, T], stats).
+        objective: ``"module:function"`` of the pure per-token loss, ``(logprobs, old_logprobs,
+            advantages, mask, *, ...) -> (loss [B, T], stats)``. Besides ``bind`` and ``fixed`` the
+            learner passes the keyword parameters it declares of ``segments`` (the turn index under
+            ``sequence_unit=turn``), ``episodes`` (the episode of each row), ``select`` (the
+            tokens ``selector`` chose) and ``is_weights`` (the rollout-correction weights); a
+            function without ``is_weights`` has its per-token loss multiplied by them.
+        bind: keyword parameter of the loss -> the ``AlgoConfig`` field passed to it.
+        fixed: keyword parameter of the loss -> a constant passed to it.
         sequence_level: one loss per sequence, put on each of its tokens: only
             ``loss_agg=seq_mean_token_mean`` weighs sequences equally.
         per_sequence_advantage: it needs one advantage per sequence (``sequence_unit``).
         reads_sampler: its ratio is against the sampler's recorded mu (no top-p / top-k, no
-            rollout correction on top).
-        selector: ``"module:function"`` choosing the tokens it acts on once per mini-batch
-            (AlgoConfig -> (advantages, log pi_old, mask) -> [B, T] bool), or None.
+            rollout correction on top): the loss's second argument is log mu, not log pi_old.
+        selector: ``"module:function"`` choosing the tokens it acts on once per mini-batch,
+            ``(advantages, log pi_old, mask, *, ...) -> [B, T] bool``, given the row's ``bind`` and
+            ``fixed`` entries its signature names; or None.
     """
 
     objective: str
+    bind: dict[str, str] = field(default_factory=dict)
+    fixed: dict[str, Any] = field(default_factory=dict)
     sequence_level: bool = False
     per_sequence_advantage: bool = False
     reads_sampler: bool = False
     selector: str | None = None
 
 
+_LOSS = "veriloop.algos.maths.losses"
+_CLIP = {"clip_low": "clip_low", "clip_high": "clip_high"}
+_COV = {"cov_ratio": "cov_ratio", "cov_lb": "cov_lb", "cov_ub": "cov_ub"}
+_DPPO = {
+    "divergence": "dppo_divergence",
+    "delta_low": "dppo_low",
+    "delta_high": "dppo_high",
+    "tau": "dppo_tau",
+    "ratio_cap": "dppo_ratio_cap",
+}
 POLICY_LOSSES: dict[str, PolicyLossSpec] = {
-    "ppo_clip": PolicyLossSpec(f"{_ALGO}:ppo_clip"),
-    "gspo": PolicyLossSpec(f"{_ALGO}:gspo", sequence_level=True, per_sequence_advantage=True),
-    "gspo_token": PolicyLossSpec(f"{_ALGO}:gspo_token", sequence_level=True),
-    "cispo": PolicyLossSpec(f"{_ALGO}:cispo"),
-    "sapo": PolicyLossSpec(f"{_ALGO}:sapo"),
-    "gmpo": PolicyLossSpec(f"{_ALGO}:gmpo", sequence_level=True, per_sequence_advantage=True),
-    "clip_cov": PolicyLossSpec(f"{_ALGO}:clip_cov", selector=f"{_ALGO}:clip_cov_selector"),
-    "kl_cov": PolicyLossSpec(f"{_ALGO}:kl_cov", selector=f"{_ALGO}:kl_cov_selector"),
-    "dppo": PolicyLossSpec(f"{_ALGO}:dppo", reads_sampler=True),
+    "ppo_clip": PolicyLossSpec(f"{_LOSS}:clipped_pg_loss", bind={**_CLIP, "dual_clip": "dual_clip"}),
+    "gspo": PolicyLossSpec(
+        f"{_LOSS}:gspo_loss", bind=_CLIP, sequence_level=True, per_sequence_advantage=True
+    ),
+    "gspo_token": PolicyLossSpec(
+        f"{_LOSS}:gspo_loss", bind=_CLIP, fixed={"level": "token"}, sequence_level=True
+    ),
+    "cispo": PolicyLossSpec(f"{_LOSS}:cispo_loss", bind=_CLIP),
+    "sapo": PolicyLossSpec(f"{_LOSS}:sapo_loss", bind={"tau_pos": "sapo_tau_pos", "tau_neg": "sapo_tau_neg"}),
+    "gmpo": PolicyLossSpec(
+        f"{_LOSS}:gmpo_loss", bind=_CLIP, sequence_level=True, per_sequence_advantage=True
+    ),
+    "clip_cov": PolicyLossSpec(
+        f"{_LOSS}:clip_cov_loss", bind={**_CLIP, **_COV}, selector=f"{_LOSS}:clip_cov_select"
+    ),
+    "kl_cov": PolicyLossSpec(
+        f"{_LOSS}:kl_cov_loss",
+        bind={"cov_ratio": "cov_ratio", "kl_coef": "cov_kl_coef"},
+        selector=f"{_LOSS}:kl_cov_select",
+    ),
+    "dppo": PolicyLossSpec(f"{_LOSS}:dppo_loss", bind=_DPPO, reads_sampler=True),
 }
 #: Policy objectives whose loss is one number per sequence: they take the per-sequence mean only.
 SEQUENCE_LEVEL_LOSSES = tuple(name for name, spec in POLICY_LOSSES.items() if spec.sequence_level)

@@ -11,13 +11,19 @@ GPU), ``"vllm"`` (:class:`~veriloop.agents.backends.vllm.VLLMBackend`, in-proces
 ``"vllm_server"`` (:class:`~veriloop.agents.backends.vllm_server.VLLMServerBackend`, separate
 ``vllm serve`` processes over HTTP, shared by every trainer rank; the trainer needs no vLLM).
 :class:`~veriloop.agents.scripted.ScriptedPolicy` is a backend too.
+
+Every backend keeps :class:`~veriloop.agents.backends.base.Backend` (``generate``, ``release``); the
+ones with their own copy of the weights keep
+:class:`~veriloop.agents.backends.base.ServingBackend` too (``sync``, ``close`` and the adapter
+calls), and :func:`serving_backend` builds them from the config for the trainer and ``veriloop eval``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from veriloop.agents.backends.base import (
     Backend,
@@ -25,12 +31,18 @@ from veriloop.agents.backends.base import (
     FinishReason,
     GenRequest,
     GenResult,
+    ServingBackend,
     eos_token_ids,
     hit_stop,
+    missing_members,
 )
 
-__all__ = ["BACKENDS", "Backend", "BackendName", "FinishReason", "GenRequest", "GenResult", "eos_token_ids",
-           "hit_stop", "make_backend", "resolve_backend"]  # fmt: skip
+if TYPE_CHECKING:
+    from veriloop.agents.backends.vllm_server import Coordinator
+    from veriloop.configs.schema import RolloutConfig
+
+__all__ = ["BACKENDS", "Backend", "BackendName", "FinishReason", "GenRequest", "GenResult", "ServingBackend",
+           "backend_class", "eos_token_ids", "hit_stop", "make_backend", "resolve_backend", "serving_backend"]  # fmt: skip
 
 #: Every backend by name: the class that implements it, as a ``"module:Class"`` entry point (its
 #: module, and vLLM with it, is imported only when that backend is made). ``BackendName`` (the
@@ -59,12 +71,45 @@ def resolve_backend(name: str, policy: Any) -> str:
     return "vllm" if (Path(vllm_model_path(policy, None)) / "config.json").is_file() else "hf"
 
 
-def make_backend(name: str, policy: Any, **kwargs: Any) -> Backend:
-    """Build a backend by name (a key of :data:`BACKENDS`: ``"hf"``, ``"vllm"`` or ``"vllm_server"``)."""
+def backend_class(name: str) -> type:
+    """The class :data:`BACKENDS` names for ``name`` (its module imported now), or a clear error."""
     if name not in BACKENDS:
         close = difflib.get_close_matches(name, list(BACKENDS), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown backend {name!r}: expected one of {', '.join(map(repr, BACKENDS))}{hint}")
     module, _, cls = BACKENDS[name].partition(":")
-    backend: Backend = getattr(importlib.import_module(module), cls)(policy, **kwargs)
+    found: type = getattr(importlib.import_module(module), cls)
+    return found
+
+
+def make_backend(name: str, policy: Any, **kwargs: Any) -> Backend:
+    """Build a backend by name (a key of :data:`BACKENDS`: ``"hf"``, ``"vllm"`` or ``"vllm_server"``)."""
+    backend: Backend = backend_class(name)(policy, **kwargs)
     return backend
+
+
+def serving_backend(
+    rollout: RolloutConfig, policy: Any, *, dist: Coordinator | None = None, servers: bool = True
+) -> ServingBackend | None:
+    """The engine a run samples with, as ``rollout`` says: the one call the trainer and
+    ``veriloop eval`` build it by. ``rollout.backend`` (``auto`` resolved by :func:`resolve_backend`)
+    ``vllm`` is one in-process engine (``rollout.vllm_kwargs``), ``vllm_server`` the servers of
+    ``rollout.server`` (``dist``: the data-parallel group; rank 0 pushes weights, every rank waits);
+    both hold their own copy of the weights and keep :class:`ServingBackend`. None: the HF engine
+    on the policy itself (``hf``, and ``vllm_server`` when ``servers`` is False: ``veriloop eval``
+    attaches to no servers). A backend class missing part of the contract is refused before it is
+    built."""
+    name = resolve_backend(rollout.backend, policy)
+    if name == "hf" or (name == "vllm_server" and not servers):
+        return None
+    missing = missing_members(backend_class(name), ServingBackend)
+    if missing:
+        raise TypeError(
+            f"backend {name!r} cannot serve a run: its class lacks {', '.join(missing)} of ServingBackend "
+            "(agents/backends/base.py); define them, or use rollout.backend=hf"
+        )
+    if name == "vllm_server":
+        kwargs: dict[str, Any] = {"dist": dist, **dataclasses.asdict(rollout.server)}
+    else:
+        kwargs = dict(rollout.vllm_kwargs)
+    return cast(ServingBackend, make_backend(name, policy, **kwargs))

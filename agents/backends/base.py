@@ -1,12 +1,13 @@
 """The records and helpers every generation backend shares: :class:`GenRequest`, :class:`GenResult`,
-the :class:`Backend` protocol, end-of-turn ids and stop strings. The backends themselves
+the :class:`Backend` and :class:`ServingBackend` protocols (the contract every backend keeps),
+end-of-turn ids and stop strings. The backends themselves
 (``hf``, ``vllm``, ``vllm_server``) import this module, never the package that picks one."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -57,38 +58,75 @@ class GenResult:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
+@runtime_checkable
 class Backend(Protocol):
-    """What the rollout engine needs from a generation backend."""
+    """What the rollout engine needs from a generation backend: the HF engine
+    (:class:`~veriloop.agents.backends.hf.HFBackend`, which samples with the policy's own weights)
+    and :class:`~veriloop.agents.scripted.ScriptedPolicy` are this and no more."""
 
     def generate(
         self, requests: Sequence[GenRequest], sampling: SamplingParams, generator: torch.Generator
-    ) -> list[GenResult]: ...
+    ) -> list[GenResult]:
+        """One :class:`GenResult` per request, in order, sampled in one batched call."""
+        ...
 
     def release(self, key: Hashable) -> None:
         """Forget any state kept for an episode (called when it ends)."""
         ...
 
 
+@runtime_checkable
 class ServingBackend(Backend, Protocol):
-    """A backend with its own copy of the weights (vLLM in-process, or vLLM servers), as training
-    drives it. ``sync`` loads the trained weights into it: merged into the full weights, or, when
+    """A backend with its own copy of the weights (vLLM in-process, or vLLM servers): the whole
+    contract the trainer, the asynchronous worker and ``veriloop eval`` use, built by
+    :func:`~veriloop.agents.backends.serving_backend`.
+
+    ``sync`` loads the trained weights into it: merged into the full weights, or, when
     ``serves_adapter``, as a new adapter version named ``model_name``; the engine keeps the newest
-    ``keep_adapters`` of them, ``pin`` holds an episode's requests to the version it started with
-    and one batch mixes at most ``adapter_slots()`` (None: the servers do not say)."""
+    ``keep_adapters`` of them (asynchronous training sets K + 2), ``pin`` holds an episode's
+    requests to the version it started with and one batch mixes at most ``adapter_slots()`` (None:
+    the servers do not say). ``close`` frees the engine at the end of a run (it is unusable after).
+    """
 
     serves_adapter: bool
     keep_adapters: int
 
     @property
-    def model_name(self) -> str: ...
+    def model_name(self) -> str:
+        """The weight version :meth:`sync` served last (an adapter's name, or the base model's)."""
+        ...
 
-    def sync(self) -> None: ...
+    def sync(self) -> None:
+        """Load the policy's current weights (call after every optimizer step)."""
+        ...
 
     def close(self) -> None: ...
 
-    def pin(self, key: Hashable, adapter: str) -> None: ...
+    def pin(self, key: Hashable, adapter: str) -> None:
+        """Requests with ``key`` sample with the adapter version named ``adapter`` (still kept)."""
+        ...
 
     def adapter_slots(self) -> int | None: ...
+
+
+def protocol_members(protocol: type) -> set[str]:
+    """The names a protocol class declares (its methods, properties and annotated attributes),
+    with those of the protocols it extends."""
+    names: set[str] = set()
+    for cls in protocol.__mro__:
+        if cls is object or cls is Protocol or not getattr(cls, "_is_protocol", False):
+            continue
+        names |= {n for n in vars(cls) if not n.startswith("_")} | set(getattr(cls, "__annotations__", {}))
+    return names
+
+
+def missing_members(cls: type, protocol: type) -> list[str]:
+    """The members of ``protocol`` that ``cls`` neither defines nor annotates at class level
+    (an attribute set in ``__init__`` is declared by its class-level annotation)."""
+    declared: set[str] = set()
+    for klass in cls.__mro__:
+        declared |= set(vars(klass)) | set(getattr(klass, "__annotations__", {}))
+    return sorted(protocol_members(protocol) - declared)
 
 
 def eos_token_ids(tokenizer: Any, model: Any = None) -> tuple[int, ...]:

@@ -192,6 +192,10 @@ class VLLMBackend:
             ``gpu_memory_utilization`` on GPUs, ``kv_cache_memory_bytes``).
     """
 
+    # the ServingBackend contract (agents/backends/base.py): set in __init__, declared here
+    serves_adapter: bool
+    keep_adapters: int
+
     def __init__(
         self,
         policy: Policy,

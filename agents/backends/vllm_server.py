@@ -112,6 +112,11 @@ class VLLMServerBackend:
             (:class:`~veriloop.agents.backends.http_client.RetryPolicy`).
     """
 
+    # the ServingBackend contract (agents/backends/base.py): set in __init__, declared here
+    serves_adapter: bool
+    keep_adapters: int
+    model_name: str
+
     def __init__(self, policy: Policy, *, urls: Sequence[str], dist: Coordinator | None = None,
                  sync_dir: str = "", lora_sync: str = "auto", retries: int = 4, backoff_s: float = 1.0,
                  timeout_s: float = 600.0, weight_transfer: str = "auto", transfer_host: str = "") -> None:  # fmt: skip

@@ -1,7 +1,8 @@
 """An algorithm, picked once: the estimators and objectives every ``AlgoConfig`` choice names.
 
 The choices and their traits are one record each in ``configs.algo`` (``ADVANTAGES``,
-``POLICY_LOSSES``); each row names its function here as ``"module:function"``. ``resolve(cfg)``
+``POLICY_LOSSES``); each row names its pure function as ``"module:function"`` and which
+``AlgoConfig`` fields bind to which of its parameters. ``resolve(cfg)``
 validates an ``AlgoConfig`` and looks its three parts up, once per run, into a frozen
 :class:`Algorithm` record that the update (``algos/learner/update.py``) reads on every batch:
 
@@ -9,27 +10,30 @@ validates an ``AlgoConfig`` and looks its three parts up, once per run, into a f
     cfg.policy_loss  -> POLICY_LOSS_BUILDERS   (cfg) -> (logp, old, adv, mask, segments, extras) -> (loss [B, T], stats)
     cfg.loss_agg     -> losses.aggregate       (per-token loss [B, T], mask, ...) -> scalar
 
-Every entry shares its table's signature, so adding an estimator or an objective is one function
-plus one row in ``configs.algo``. The maths lives in ``maths/advantages.py`` and ``maths/losses.py``
-(pure functions over tensors); the functions below only adapt their arguments.
+Every entry shares its table's signature, made here from the row (``build_objective``,
+``build_selector``, ``build_estimator``: the row's settings bound, the batch's extras passed by
+parameter name), so adding an estimator or an objective is one pure function plus one row in
+``configs.algo``. The maths lives in ``maths/advantages.py`` and ``maths/losses.py``; the
+estimators below that read the whole batch (``form="batch"``) adapt it to them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from collections.abc import Callable, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.maths import advantages as A
-from veriloop.algos.maths import losses as L
 from veriloop.algos.maths.losses import aggregate
 from veriloop.algos.maths.multi_reward import component_normalized
-from veriloop.configs.algo import ADVANTAGES, POLICY_LOSSES, AlgoConfig
+from veriloop.configs.algo import ADVANTAGES, POLICY_LOSSES, AlgoConfig, EstimatorSpec, PolicyLossSpec
 
 #: A policy objective in its table's one signature:
 #: (logp, old, adv, mask, segments, extras) -> (per-token loss [B, T], stats); extras may be None.
@@ -41,9 +45,10 @@ class ObjectiveExtras:
     """What some objectives read besides (logp, old, adv, mask, segments), all [B, T] or None.
 
     Attributes:
-        is_weights: rollout-correction weights pi_old / mu (detached). Each objective applies them
-            itself: token-level losses per token; GSPO (both levels) per token of its token form,
-            as verl; GMPO as the geometric mean of the sequence's weights, as verl.
+        is_weights: rollout-correction weights pi_old / mu (detached). A loss that takes
+            ``is_weights`` applies them itself (GSPO, both levels, per token of its token form, as
+            verl; GMPO as the geometric mean of the sequence's weights, as verl); any other has its
+            per-token loss multiplied by them.
         sampler_logprobs: the sampler's recorded log mu (DPPO's ratio is pi_theta / mu).
         cov_select: Clip-Cov / KL-Cov tokens chosen once per mini-batch (``Algorithm.selector``).
         episodes: the episode of each row (``TokenBatch.episode_index``): GSPO / GMPO take the
@@ -56,118 +61,85 @@ class ObjectiveExtras:
     episodes: torch.Tensor | None = None
 
 
-def _weighted(fn: Objective) -> Objective:
-    """A token-level objective with the rollout-correction weights applied per token."""
-
-    def objective(lp, old, adv, m, seg, x=None):  # type: ignore[no-untyped-def]
-        loss, stats = fn(lp, old, adv, m, seg, x)
-        w = None if x is None else x.is_weights
-        return (loss if w is None else loss * w.detach()), stats
-
-    return objective
-
-
-def _sampler(x: ObjectiveExtras | None) -> torch.Tensor:
-    if x is None or x.sampler_logprobs is None:
-        raise ValueError(
-            "policy_loss=dppo needs the sampler's log-probs mu (batch.sampler_logprobs): use prepare_batch"
-        )
-    return x.sampler_logprobs
-
-
-def _select(x: ObjectiveExtras | None) -> torch.Tensor | None:
-    return None if x is None else x.cov_select
-
-
-def _weights(x: ObjectiveExtras | None) -> torch.Tensor | None:
-    return None if x is None else x.is_weights
-
-
-def _episodes(x: ObjectiveExtras | None) -> torch.Tensor | None:
-    return None if x is None else x.episodes
-
-
-# ------------------------------------------------------------------------------ policy objectives
-
-# One builder per ``configs.algo.POLICY_LOSSES`` row: (cfg) -> fn(logp, old, adv, mask, segments,
-# extras) -> (per_token_loss [B, T], stats). ``segments`` is the turn index for
-# ``sequence_unit="turn"``; ``extras`` an ``ObjectiveExtras`` (or None).
-
-
-def ppo_clip(c: AlgoConfig) -> Objective:
-    return _weighted(lambda lp, old, adv, m, seg, x: L.clipped_pg_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, dual_clip=c.dual_clip))  # fmt: skip
-
-
-def gspo(c: AlgoConfig) -> Objective:
-    return lambda lp, old, adv, m, seg, x=None: L.gspo_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, segments=seg, is_weights=_weights(x),
-        episodes=_episodes(x))  # fmt: skip
-
-
-def gspo_token(c: AlgoConfig) -> Objective:
-    return lambda lp, old, adv, m, seg, x=None: L.gspo_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, level="token", segments=seg,
-        is_weights=_weights(x), episodes=_episodes(x))  # fmt: skip
-
-
-def cispo(c: AlgoConfig) -> Objective:
-    return _weighted(lambda lp, old, adv, m, seg, x: L.cispo_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high))  # fmt: skip
-
-
-def sapo(c: AlgoConfig) -> Objective:
-    return _weighted(lambda lp, old, adv, m, seg, x: L.sapo_loss(
-        lp, old, adv, m, tau_pos=c.sapo_tau_pos, tau_neg=c.sapo_tau_neg))  # fmt: skip
-
-
-def gmpo(c: AlgoConfig) -> Objective:
-    return lambda lp, old, adv, m, seg, x=None: L.gmpo_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, segments=seg, is_weights=_weights(x),
-        episodes=_episodes(x))  # fmt: skip
-
-
-def clip_cov(c: AlgoConfig) -> Objective:
-    return _weighted(lambda lp, old, adv, m, seg, x: L.clip_cov_loss(
-        lp, old, adv, m, clip_low=c.clip_low, clip_high=c.clip_high, cov_ratio=c.cov_ratio,
-        cov_lb=c.cov_lb, cov_ub=c.cov_ub, select=_select(x)))  # fmt: skip
-
-
-def kl_cov(c: AlgoConfig) -> Objective:
-    return _weighted(lambda lp, old, adv, m, seg, x: L.kl_cov_loss(
-        lp, old, adv, m, cov_ratio=c.cov_ratio, kl_coef=c.cov_kl_coef, select=_select(x)))  # fmt: skip
-
-
-def dppo(c: AlgoConfig) -> Objective:
-    return _weighted(lambda lp, old, adv, m, seg, x: L.dppo_loss(
-        lp, _sampler(x), adv, m, divergence=c.dppo_divergence, delta_low=c.dppo_low,
-        delta_high=c.dppo_high, tau=c.dppo_tau, ratio_cap=c.dppo_ratio_cap))  # fmt: skip
-
-
-# Token selectors (a row's ``selector``): objectives that act on a share of the batch's tokens,
-# chosen once per mini-batch (before micro-batching, so that it cannot change the gradient):
-# (cfg) -> fn(advantages, logprobs, mask) -> [B, T] bool. The update passes log pi_old (the
-# sampling policy; pi_theta at the first update).
-
-
-def clip_cov_selector(c: AlgoConfig) -> Callable[..., torch.Tensor]:
-    return partial(L.clip_cov_select, cov_ratio=c.cov_ratio, cov_lb=c.cov_lb, cov_ub=c.cov_ub)
-
-
-def kl_cov_selector(c: AlgoConfig) -> Callable[..., torch.Tensor]:
-    return partial(L.kl_cov_select, cov_ratio=c.cov_ratio)
-
-
 def _entry(name: str) -> Any:
     """The function a ``"module:function"`` row names (the rows live in ``configs.algo``)."""
     module, _, attr = name.partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
+def bound_settings(
+    fn: Callable[..., Any], bind: Mapping[str, str], fixed: Mapping[str, Any], cfg: AlgoConfig, row: str
+) -> dict[str, Any]:
+    """The keyword arguments a row gives ``fn``: ``bind`` (parameter -> ``AlgoConfig`` field, read
+    from ``cfg``) and ``fixed`` (parameter -> constant), each checked against ``fn``'s signature
+    and ``cfg``'s fields, so that a misspelt row fails when the run is resolved, naming it."""
+    params = inspect.signature(fn).parameters
+    unknown = [p for p in (*bind, *fixed) if p not in params]
+    if unknown:
+        raise ValueError(
+            f"{row}: {fn.__qualname__} has no parameter {unknown[0]!r}; fix the row's bind/fixed"
+        )
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    missing = [f for f in bind.values() if f not in fields]
+    if missing:
+        raise ValueError(f"{row}: AlgoConfig has no field {missing[0]!r}; add it or fix the row's bind")
+    return {**{p: getattr(cfg, f) for p, f in bind.items()}, **fixed}
+
+
+#: What the learner hands an objective besides its four tensors and the row's settings, by
+#: parameter name: the ``ObjectiveExtras`` field each one reads (``segments`` is its own argument).
+OBJECTIVE_EXTRAS = {"is_weights": "is_weights", "episodes": "episodes", "select": "cov_select"}
+
+
+def _sampler(x: ObjectiveExtras | None, name: str) -> torch.Tensor:
+    if x is None or x.sampler_logprobs is None:
+        raise ValueError(
+            f"policy_loss={name} needs the sampler's log-probs mu (batch.sampler_logprobs): use prepare_batch"
+        )
+    return x.sampler_logprobs
+
+
+def build_objective(spec: PolicyLossSpec, cfg: AlgoConfig, name: str = "") -> Objective:
+    """A ``POLICY_LOSSES`` row made an objective of the table's one signature, ``(logp, old, adv,
+    mask, segments, extras) -> (per-token loss [B, T], stats)``: the row's loss function with its
+    settings bound (``bind``, ``fixed``), the extras its signature names (``OBJECTIVE_EXTRAS``,
+    ``segments``), log mu in place of log pi_old when the row ``reads_sampler``, and the
+    rollout-correction weights multiplied in per token unless the loss takes ``is_weights``."""
+    fn = _entry(spec.objective)
+    settings = bound_settings(fn, spec.bind, spec.fixed, cfg, f"policy_loss {name or spec.objective}")
+    params = inspect.signature(fn).parameters
+    extras = {p: f for p, f in OBJECTIVE_EXTRAS.items() if p in params}
+    segments, weigh = "segments" in params, "is_weights" not in params
+
+    def objective(lp, old, adv, m, seg, x=None):  # type: ignore[no-untyped-def]
+        ref = _sampler(x, name or spec.objective) if spec.reads_sampler else old
+        given = {p: None if x is None else getattr(x, f) for p, f in extras.items()}
+        if segments:
+            given["segments"] = seg
+        loss, stats = fn(lp, ref, adv, m, **settings, **given)
+        w = None if x is None else x.is_weights
+        return (loss * w.detach() if weigh and w is not None else loss), stats
+
+    return objective
+
+
+def build_selector(spec: PolicyLossSpec, cfg: AlgoConfig) -> Callable[..., torch.Tensor] | None:
+    """The row's token selector, ``(advantages, log pi_old, mask) -> [B, T] bool``, with the row's
+    settings its signature names bound; None for a row without one. Clip-Cov / KL-Cov choose their
+    tokens once per mini-batch (before micro-batching, so that it cannot change the gradient); the
+    update passes log pi_old (the sampling policy; pi_theta at the first update)."""
+    if not spec.selector:
+        return None
+    fn = _entry(spec.selector)
+    params = inspect.signature(fn).parameters
+    bind = {p: f for p, f in spec.bind.items() if p in params}
+    fixed = {p: v for p, v in spec.fixed.items() if p in params}
+    return partial(fn, **bound_settings(fn, bind, fixed, cfg, f"selector {spec.selector}"))
+
+
 def pick_policy_loss(cfg: AlgoConfig) -> Objective:
     """The policy objective ``cfg.policy_loss`` names, with its hyperparameters bound."""
-    builder: Callable[[AlgoConfig], Objective] = _entry(cfg.objective.objective)
-    return builder(cfg)
+    return build_objective(cfg.objective, cfg, cfg.policy_loss)
 
 
 # ---------------------------------------------------------------------------- advantage estimators
@@ -254,19 +226,23 @@ def process(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tenso
     return adv.double() + _kl_to_go(x), None
 
 
-def group_norm(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """GRPO: (R - mean) / std over the group."""
-    return _critic_free(cfg, x, partial(A.group_normalized, std_normalize=True), std=True)
+def build_estimator(spec: EstimatorSpec, name: str = "") -> Estimator:
+    """An ``ADVANTAGES`` row made an estimator of the table's one signature (``Estimator``). A
+    ``batch`` row names one already; an ``episode`` row names a baseline over episode rewards,
+    ``(rewards [N], group_ids [N], *, valid [N], ...) -> [N]``, which ``_critic_free`` runs with the
+    row's settings bound (``bind``, ``fixed``), spreads over the tokens and adds the KL reward to
+    go to; under ``reward_level=turn`` it runs ``advantages.turn_level`` instead, std-normalised when
+    the row fixes ``std_normalize``."""
+    fn = _entry(spec.estimator)
+    if spec.form == "batch":
+        return cast(Estimator, fn)
+    row, std = f"advantage {name or spec.estimator}", bool(spec.fixed.get("std_normalize", False))
 
+    def estimator(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        settings = bound_settings(fn, spec.bind, spec.fixed, cfg, row)
+        return _critic_free(cfg, x, partial(fn, **settings), std=std)
 
-def group_mean(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Dr. GRPO: R - mean over the group."""
-    return _critic_free(cfg, x, partial(A.group_normalized, std_normalize=False), std=False)
-
-
-def rloo(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """RLOO: R minus the mean of the group's other samples."""
-    return _critic_free(cfg, x, A.leave_one_out, std=False)
+    return estimator
 
 
 def _critic_free(
@@ -400,14 +376,14 @@ def gdpo(cfg: AlgoConfig, x: RewardInputs) -> tuple[torch.Tensor, torch.Tensor |
     return A.broadcast_to_tokens(per, x.turn_index, x.loss_mask).double() + _kl_to_go(x), None
 
 
-#: ``cfg.advantage`` -> its estimator, all of one signature (``Estimator``): the functions the rows
-#: of ``configs.algo.ADVANTAGES`` name.
+#: ``cfg.advantage`` -> its estimator, all of one signature (``Estimator``), built from the rows of
+#: ``configs.algo.ADVANTAGES`` (a row added later is built when ``resolve`` first meets it).
 ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
-    name: _entry(spec.estimator) for name, spec in ADVANTAGES.items()
+    name: build_estimator(spec, name) for name, spec in ADVANTAGES.items()
 }
-#: ``cfg.policy_loss`` -> its objective's builder (the rows of ``configs.algo.POLICY_LOSSES``).
+#: ``cfg.policy_loss`` -> (cfg) -> its objective, built from the rows of ``configs.algo.POLICY_LOSSES``.
 POLICY_LOSS_BUILDERS: dict[str, Callable[[AlgoConfig], Objective]] = {
-    name: _entry(spec.objective) for name, spec in POLICY_LOSSES.items()
+    name: partial(build_objective, spec, name=name) for name, spec in POLICY_LOSSES.items()
 }
 
 
@@ -448,11 +424,11 @@ def resolve(cfg: AlgoConfig | Algorithm) -> Algorithm:
     cfg.validate()  # unknown names included: cfg.estimator / cfg.objective say which, with a suggestion
     return Algorithm(
         cfg=cfg,
-        estimator=ADVANTAGE_ESTIMATORS[cfg.advantage],
+        estimator=ADVANTAGE_ESTIMATORS.get(cfg.advantage) or build_estimator(cfg.estimator, cfg.advantage),
         objective=pick_policy_loss(cfg),
         aggregation=partial(aggregate, mode=cfg.loss_agg),
         per_turn_segments=cfg.sequence_unit == "turn",
         kl_loss_coef=cfg.kl_coef if cfg.kl_coef > 0 and cfg.kl_mode == "loss" else 0.0,
         kl_reward_coef=cfg.kl_coef if cfg.kl_coef > 0 and cfg.kl_mode == "reward" else 0.0,
-        selector=_entry(cfg.objective.selector)(cfg) if cfg.objective.selector else None,
+        selector=build_selector(cfg.objective, cfg),
     )

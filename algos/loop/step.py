@@ -16,11 +16,11 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from veriloop.agents.backends import Backend
+from veriloop.agents.backends import Backend, ServingBackend
 from veriloop.agents.drift import drift_rate
 from veriloop.agents.engine import RolloutLimits
 from veriloop.agents.policy import Policy
@@ -254,12 +254,9 @@ def step_loop(run: RunParts) -> StepLoop:
                     checkpoint_every=cfg.run.checkpoint_every, log=run.log, advice=advice, quiet=run.quiet)  # fmt: skip
 
 
-class LiveBackend(Backend, Protocol):
-    """A backend with its own copy of the weights (vLLM): ``sync`` loads the trained ones into it."""
-
-    def sync(self) -> None: ...
-
-    def close(self) -> None: ...
+#: The loop's name for a backend with its own copy of the weights: the contract declared beside the
+#: backends (``agents.backends.base.ServingBackend``).
+LiveBackend = ServingBackend
 
 
 def step_timing(

@@ -18,15 +18,15 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 import veriloop.envs  # noqa: F401  (registers the environments)
-from veriloop.agents.backends import Backend, make_backend, resolve_backend
+from veriloop.agents.backends import Backend, serving_backend
 from veriloop.agents.compaction import make_compactor
 from veriloop.agents.engine import EpisodeSpec, rollout
 from veriloop.agents.loading import save_policy
@@ -480,16 +480,10 @@ def _probe_sampler(run: RunParts, version: int) -> dict[str, float]:
 
 
 def _rollout_backend(cfg: ExperimentConfig, policy: Policy, dist: DistContext) -> LiveBackend | None:
-    """vLLM: one engine for the run, updated in place after every optimizer step; vllm_server: the
-    same through HTTP (rank 0 pushes, every rank waits); None: each rollout call uses
-    ``engine.default_backend`` (the HF backend). ``auto`` is resolved here (``resolve_backend``)."""
-    name = resolve_backend(cfg.rollout.backend, policy)
-    if name == "vllm_server":
-        server = asdict(cfg.rollout.server)
-        return cast(LiveBackend, make_backend("vllm_server", policy, dist=dist, **server))
-    if name != "vllm":
-        return None
-    return cast(LiveBackend, make_backend("vllm", policy, **cfg.rollout.vllm_kwargs))
+    """The run's engine (``agents.backends.serving_backend``, as ``veriloop eval`` builds it): vLLM,
+    updated in place after every optimizer step, or vLLM servers (rank 0 pushes, every rank waits);
+    None: each rollout call uses ``engine.default_backend`` (the HF backend)."""
+    return serving_backend(cfg.rollout, policy, dist=dist)
 
 
 def _eval_backend(run: RunParts) -> LiveBackend | None:

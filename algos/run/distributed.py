@@ -24,6 +24,7 @@ Only rank 0 writes logs, evaluates and saves checkpoints.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 from collections.abc import Callable, Sequence
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
+
+from veriloop.algos.learner.batch import TokenBatch
 
 T = TypeVar("T")
 
@@ -105,8 +108,6 @@ class DistContext:
         if not self.enabled:
             return {}
         if self.sharded:
-            from veriloop.algos.run.fsdp import agree_finite, lockstep
-
             sync = {"on_before_step": agree_finite(self.world_size),
                     "pad_micro_batches": lockstep(self.world_size, mini_batch)}  # fmt: skip
         else:
@@ -142,6 +143,50 @@ class DistContext:
             return bool(ok.item() == 0.0)
 
         return sync
+
+
+# ------------------------------------------------------------------ the sharded update's collectives
+
+
+def lockstep(world_size: int, mini_batch: TokenBatch) -> Callable[[list[TokenBatch]], list[TokenBatch]]:
+    """``update_step(pad_micro_batches=...)``: this rank's micro-batches, padded to every rank's count.
+
+    The padding micro-batches are row 0 of ``mini_batch`` with an empty loss mask: their loss is
+    0, they add nothing to the gradient, and they run the forward/backward collectives that the
+    rank with the most micro-batches runs. Collective (one all-reduce) when ``world_size > 1``.
+    """
+
+    def pad(micro: list[TokenBatch]) -> list[TokenBatch]:
+        count = torch.tensor([len(micro)])
+        if world_size > 1:
+            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        missing = int(count.item()) - len(micro)
+        return micro + [empty_like_row(mini_batch)] * missing
+
+    return pad
+
+
+def empty_like_row(batch: TokenBatch) -> TokenBatch:
+    """Row 0 of ``batch`` with nothing to learn: loss mask and advantages zero."""
+    row = batch.select(slice(0, 1))
+    return dataclasses.replace(
+        row, loss_mask=torch.zeros_like(row.loss_mask), advantages=torch.zeros_like(row.advantages)
+    )
+
+
+def agree_finite(world_size: int) -> Callable[[list[torch.nn.Parameter], bool], bool]:
+    """``update_step(on_before_step=...)`` under FSDP: the gradients are already summed (by the
+    backward's reduce-scatter), so only the ranks' "my loss was finite" flags are combined: one
+    rank's NaN makes every rank skip the step together."""
+
+    def hook(params: list[torch.nn.Parameter], finite: bool) -> bool:
+        if world_size <= 1:
+            return finite
+        bad = torch.tensor([0.0 if finite else 1.0])
+        torch.distributed.all_reduce(bad)
+        return bool(bad.item() == 0.0)
+
+    return hook
 
 
 def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> DistContext:

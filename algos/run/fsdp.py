@@ -17,9 +17,9 @@ the *summed* gradient is the single-process one (the gradient divide factor is s
 Two rules that sharding adds, both kept here:
 
 * **Lockstep.** A forward or backward pass is a collective: every rank must run the same number
-  of them. :func:`lockstep` pads a rank's micro-batches with zero-weight copies up to the largest
+  of them. :func:`~veriloop.algos.run.distributed.lockstep` pads a rank's micro-batches with zero-weight copies up to the largest
   count of any rank, and ``update_step(pad_micro_batches=...)`` runs every one of them, even after
-  a non-finite loss (the ranks then agree to skip the step, :func:`agree_finite`).
+  a non-finite loss (the ranks then agree to skip the step, :func:`~veriloop.algos.run.distributed.agree_finite`).
 * **Generation needs whole weights.** HF ``generate`` on sharded weights would all-gather at every
   decoded token, and ranks stop decoding at different times. :meth:`Sharded.gathered` all-gathers
   every layer once (all ranks), holds the whole weights while a rank generates, evaluates, or
@@ -33,22 +33,18 @@ gathered to rank 0 and saved in the ordinary ``save_policy`` format.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from veriloop.agents.policy import Policy
-from veriloop.algos.learner.batch import TokenBatch
 from veriloop.algos.learner.critic import ValueModel
 from veriloop.algos.run.checkpoint import missing_trained
-
-if TYPE_CHECKING:  # a type only: distributed.py imports this module when a run is sharded
-    from veriloop.algos.run.distributed import DistContext
+from veriloop.algos.run.distributed import DistContext
 
 #: Names of the module lists that hold a model's repeated blocks (HF decoders, ViTs, GPT-2's ``h``).
 BLOCK_LISTS = ("layers", "layer", "h", "blocks")
@@ -150,50 +146,6 @@ def shard(policy: Policy, critic: ValueModel | None, mesh: Any = None) -> Sharde
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)
     return Sharded(units=units, policy_units=policy_units)
-
-
-# ------------------------------------------------------------------------------------ the update
-
-
-def lockstep(world_size: int, mini_batch: TokenBatch) -> Callable[[list[TokenBatch]], list[TokenBatch]]:
-    """``update_step(pad_micro_batches=...)``: this rank's micro-batches, padded to every rank's count.
-
-    The padding micro-batches are row 0 of ``mini_batch`` with an empty loss mask: their loss is
-    0, they add nothing to the gradient, and they run the forward/backward collectives that the
-    rank with the most micro-batches runs. Collective (one all-reduce) when ``world_size > 1``.
-    """
-
-    def pad(micro: list[TokenBatch]) -> list[TokenBatch]:
-        count = torch.tensor([len(micro)])
-        if world_size > 1:
-            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-        missing = int(count.item()) - len(micro)
-        return micro + [empty_like_row(mini_batch)] * missing
-
-    return pad
-
-
-def empty_like_row(batch: TokenBatch) -> TokenBatch:
-    """Row 0 of ``batch`` with nothing to learn: loss mask and advantages zero."""
-    row = batch.select(slice(0, 1))
-    return dataclasses.replace(
-        row, loss_mask=torch.zeros_like(row.loss_mask), advantages=torch.zeros_like(row.advantages)
-    )
-
-
-def agree_finite(world_size: int) -> Callable[[list[nn.Parameter], bool], bool]:
-    """``update_step(on_before_step=...)`` under FSDP: the gradients are already summed (by the
-    backward's reduce-scatter), so only the ranks' "my loss was finite" flags are combined: one
-    rank's NaN makes every rank skip the step together."""
-
-    def hook(params: list[nn.Parameter], finite: bool) -> bool:
-        if world_size <= 1:
-            return finite
-        bad = torch.tensor([0.0 if finite else 1.0])
-        torch.distributed.all_reduce(bad)
-        return bool(bad.item() == 0.0)
-
-    return hook
 
 
 # ------------------------------------------------------------------------------------ memory

@@ -61,3 +61,56 @@ def test_every_policy_loss_has_one_signature():
         )
         assert loss.shape == (1, 3), name
         assert {"clip_frac_low", "clip_frac_high", "approx_kl"} <= set(stats), name
+
+
+def test_a_row_binds_its_loss_to_config_fields_with_no_adapter():
+    """A row is the loss, its bindings and its traits: the objective the learner builds from it is
+    the pure function with those settings, and the rollout weights multiply a loss that takes none."""
+    import torch
+
+    from veriloop.algos.learner.algorithm import ObjectiveExtras, build_objective
+    from veriloop.algos.maths.losses import clipped_pg_loss
+    from veriloop.configs.algo import PolicyLossSpec
+
+    row = PolicyLossSpec("veriloop.algos.maths.losses:clipped_pg_loss", bind={"clip_low": "clip_high"},
+                         fixed={"clip_high": 0.1})  # fmt: skip
+    cfg = AlgoConfig(clip_low=0.9, clip_high=0.3)
+    logp = torch.tensor([[0.5, -0.5, 0.2]])
+    old, adv, mask = torch.zeros(1, 3), torch.tensor([[1.0, -1.0, 2.0]]), torch.ones(1, 3)
+    want, _ = clipped_pg_loss(logp, old, adv, mask, clip_low=0.3, clip_high=0.1)
+    got, _ = build_objective(row, cfg)(logp, old, adv, mask, None)
+    assert torch.equal(got, want)
+    w = torch.tensor([[2.0, 1.0, 0.5]])
+    assert torch.equal(
+        build_objective(row, cfg)(logp, old, adv, mask, None, ObjectiveExtras(is_weights=w))[0], want * w
+    )
+
+
+@pytest.mark.parametrize(
+    ("bind", "says"),
+    [
+        ({"clip_lo": "clip_low"}, "has no parameter 'clip_lo'"),
+        ({"clip_low": "clip_lo"}, "no field 'clip_lo'"),
+    ],
+)
+def test_a_misspelt_binding_is_named_when_resolved(bind, says):
+    from veriloop.algos.learner.algorithm import build_objective
+    from veriloop.configs.algo import PolicyLossSpec
+
+    row = PolicyLossSpec("veriloop.algos.maths.losses:cispo_loss", bind={"clip_high": "clip_high", **bind})
+    with pytest.raises(ValueError, match=says):
+        build_objective(row, AlgoConfig(), "mine")
+
+
+def test_an_episode_row_is_its_baseline_spread_over_the_tokens():
+    """An ``episode`` estimator row (RLOO's) is its maths function on the episode rewards, spread
+    over each episode's sampled tokens: R = (1, 0, 0, 0) in groups (0, 0, 1, 1) gives 1, -1, 0, 0."""
+    import torch
+
+    x = U.RewardInputs(trajectories=[], turn_rewards=torch.tensor([[1.0], [0.0], [0.0], [0.0]], dtype=torch.float64),
+                       turn_mask=torch.ones(4, 1), groups=torch.tensor([0, 0, 1, 1]),
+                       valid=torch.ones(4, dtype=torch.bool), turn_index=torch.zeros(4, 2, dtype=torch.long),
+                       loss_mask=torch.tensor([[0.0, 1.0]] * 4), kl_tokens=torch.zeros(4, 2, dtype=torch.float64),
+                       values=None)  # fmt: skip
+    adv, returns = U.ADVANTAGE_ESTIMATORS["rloo"](AlgoConfig(advantage="rloo"), x)
+    assert adv.tolist() == [[0.0, 1.0], [0.0, -1.0], [0.0, 0.0], [0.0, 0.0]] and returns is None

@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from veriloop.algos.learner.batch import collate_tokens
-from veriloop.algos.run.fsdp import decoder_blocks, empty_like_row
+from veriloop.algos.run.distributed import empty_like_row
+from veriloop.algos.run.fsdp import decoder_blocks
 from veriloop.cli.serve import free_port
 
 # A deterministic coin as the math check, so that groups have differing rewards (non-zero advantages).
