@@ -71,6 +71,7 @@ from veriloop.algos.run.checkpoint import (
     resume_latest,
 )
 from veriloop.algos.run.distributed import DistContext, init_distributed, shutdown_distributed
+from veriloop.algos.run.guards import stop_if_nothing_trained
 from veriloop.algos.run.lock import acquire, release
 from veriloop.algos.run.log import RunLog
 from veriloop.algos.run.phase import StepLoop
@@ -245,6 +246,7 @@ def _train_claimed(
             if base:
                 run.log.log(0, base)
         _loop(run)
+        stop_if_nothing_trained(cfg, run.state)  # no step had an informative group: exit 4, no final/
         if dist.is_main:
             _after_loop(run)
         card = _model_card(cfg, run_dir, run.state) if dist.is_main else ""

@@ -7,8 +7,16 @@ rewards equal within each group) has no group-relative advantage anywhere, so it
 share of samples cut at ``rollout.max_new_tokens`` (``truncation_rate``) above
 ``train.warn_truncation_above`` is reported once per run.
 
-Both loops (``train.py``, ``async_loop.py``) call :func:`observe_step` after a step is logged, so the
-rows that led to a stop are in ``metrics.jsonl``.
+A run shorter than that limit is judged at its end (:func:`stop_if_nothing_trained`): if none of
+its steps had an informative group and it played at least ``train.untrained_after_groups`` groups
+(default 32), it trained nothing and fails the same way. Fewer groups are too few to tell: a
+1-step smoke test, or a tiny random model that never solves a problem, ends as before. With 32
+groups, a task on which a group is informative one time in ten ends up with none 3% of the time
+(0.9^32), one time in five 0.08%.
+
+Both loops (``train.py``, ``async_loop.py``) count a step after it is logged, so the rows that led
+to a stop are in ``metrics.jsonl``; the end-of-run check runs once the loop is done, before
+``final/`` is written.
 """
 
 from __future__ import annotations
@@ -79,6 +87,25 @@ class LearningGuard:
             "with an SFT warm-up (sft.steps), or check the verifier and the chat template; "
             "train.max_uninformative_steps=0 turns this check off"
         )
+
+
+def stop_if_nothing_trained(cfg: Any, state: Any) -> None:
+    """At the end of the run: raise :class:`UninformativeRunError` when none of its ``state.step``
+    steps had an informative group (``state.uninformative_in_a_row`` counts them all, a resumed run's
+    included) and they played at least ``cfg.train.untrained_after_groups`` groups
+    (``state.step * cfg.rollout.prompts_per_step``, the groups asked for; 0 = never)."""
+    steps, least = int(state.step), int(cfg.train.untrained_after_groups)
+    groups = steps * int(cfg.rollout.prompts_per_step)
+    if least <= 0 or steps == 0 or int(state.uninformative_in_a_row) < steps or groups < least:
+        return
+    raise UninformativeRunError(
+        f"train: the run ended without one informative group: in all {steps} steps ({groups} groups of "
+        f"rollout.group_size={cfg.rollout.group_size} samples) every sample of a group got the same learning "
+        "signal, so there was no advantage and nothing was trained. The task is too hard or too easy for this "
+        "model at this group size: raise rollout.group_size or rollout.temperature, pick an easier (or harder) "
+        "task, start with an SFT warm-up (sft.steps), or check the verifier and the chat template; "
+        "train.untrained_after_groups=0 turns this check off"
+    )
 
 
 def first_step_check(metrics: Mapping[str, Any], group_size: int) -> tuple[str, bool]:

@@ -9,7 +9,12 @@ import pytest
 import torch
 
 import veriloop.algos.loop.train as T
-from veriloop.algos.run.guards import LearningGuard, RunStoppedError, UninformativeRunError
+from veriloop.algos.run.guards import (
+    LearningGuard,
+    RunStoppedError,
+    UninformativeRunError,
+    stop_if_nothing_trained,
+)
 from veriloop.algos.run.log import read_metrics
 from veriloop.algos.run.nonfinite import NonFiniteTrainingError
 from veriloop.cli.main import run as cli_run
@@ -102,6 +107,44 @@ def test_the_cli_exits_non_zero_with_one_line(tmp_path: Path, always_right, caps
     )  # before the first update
 
 
+def _ended(steps: int, in_a_row: int, prompts: int = 8, least: int = 32):  # type: ignore[no-untyped-def]
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(train=SimpleNamespace(untrained_after_groups=least),
+                          rollout=SimpleNamespace(prompts_per_step=prompts, group_size=2))  # fmt: skip
+    return cfg, SimpleNamespace(step=steps, uninformative_in_a_row=in_a_row)
+
+
+def test_the_end_of_run_rule() -> None:
+    """None of the run's steps informative and at least 32 groups played: trained nothing."""
+    with pytest.raises(UninformativeRunError, match="in all 4 steps \\(32 groups") as e:
+        stop_if_nothing_trained(*_ended(4, 4))
+    assert "train.untrained_after_groups=0" in str(e.value) and "too hard or too easy" in str(e.value)
+    stop_if_nothing_trained(*_ended(4, 3))  # the first step had an informative group
+    stop_if_nothing_trained(*_ended(3, 3))  # 24 groups: too few to tell
+    stop_if_nothing_trained(*_ended(1, 1, prompts=2))  # a 1-step smoke test of a tiny model: ends as before
+    stop_if_nothing_trained(*_ended(4, 4, least=0))  # 0 = off
+    stop_if_nothing_trained(*_ended(0, 0))  # no step (train.steps=0): nothing to judge
+
+
+def test_a_short_run_that_trained_nothing_exits_non_zero(tmp_path: Path, always_right, capsys) -> None:
+    """4 steps, under train.max_uninformative_steps=10, of 8 groups each where every sample gets reward 1."""
+    rc = cli_run(["train", "quickstart", *FAST, "train.steps=4", "rollout.prompts_per_step=8", "sft.steps=0",
+                  "train.micro_batch_size=16", f"run.out_dir={tmp_path}", "run.name=same"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 4, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("veriloop train: train: the run ended without one informative group: in all 4 steps "
+                           "(32 groups of rollout.group_size=2 samples)")  # fmt: skip
+    assert "train.untrained_after_groups=0 turns this check off" in last and "Traceback" not in err
+    assert [r["step"] for r in read_metrics(tmp_path / "same")] == [1, 2, 3, 4]  # it ran to its end
+    assert not (tmp_path / "same" / "final").exists()  # nothing trained: no final policy
+    off = ["train.untrained_after_groups=0", "run.name=unchecked"]
+    assert cli_run(["train", "quickstart", *FAST, "train.steps=4", "rollout.prompts_per_step=8", "sft.steps=0",
+                    "train.micro_batch_size=16", f"run.out_dir={tmp_path}", *off]) == 0  # fmt: skip
+    assert (tmp_path / "unchecked" / "final").is_dir()
+
+
 def test_an_informative_run_finishes_and_warns_about_truncation_once(tmp_path: Path, coin, capsys) -> None:
     cfg = load_config(None, [*FAST, "train.steps=3", "train.max_uninformative_steps=0",
                              "train.warn_truncation_above=0", f"run.out_dir={tmp_path}", "run.name=coin"])  # fmt: skip
@@ -116,9 +159,16 @@ def test_the_non_finite_guard_is_a_run_stop() -> None:
     assert issubclass(NonFiniteTrainingError, RunStoppedError)  # the CLI gives it one line and exit 4
 
 
-@pytest.mark.parametrize("bad", ["train.max_uninformative_steps=-1", "train.warn_truncation_above=1.5"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "train.max_uninformative_steps=-1",
+        "train.warn_truncation_above=1.5",
+        "train.untrained_after_groups=-1",
+    ],
+)
 def test_bad_settings_are_refused(bad: str) -> None:
-    with pytest.raises(ConfigError, match="max_uninformative_steps"):
+    with pytest.raises(ConfigError, match=bad.split("=")[0]):
         load_config(None, ["policy.model=tiny", bad]).validate()
 
 
