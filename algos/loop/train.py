@@ -80,6 +80,7 @@ from veriloop.algos.run.setup import (
     build_critic,
     build_optimizer,
     build_policy,
+    check_chat_template_files,
     check_claim,
     check_device,
     check_model,
@@ -285,6 +286,7 @@ def _check_before_loading(cfg: ExperimentConfig) -> None:
     cfg.validate()
     cfg.env.resolve()  # the environments exist (users' modules imported) before anything slow
     check_model(cfg.policy.model)
+    check_chat_template_files(cfg)  # a template that drops the prompt, before the run folder is made
     check_device(cfg.policy.device)
     if cfg.rollout.backend == "vllm_server":  # an unreachable server fails now, not after loading
         _check_servers(cfg)

@@ -211,3 +211,36 @@ def test_first_step_line_and_its_advice() -> None:
                                       "verifier/errors": 4.0, "samples/episodes": 16.0, "reward/mean": 0.0}, 4)  # fmt: skip
     assert extreme and "too hard or too easy for this model at this group size" in line
     assert "raise rollout.max_new_tokens" in line and "check the verifier" in line
+
+
+def test_a_run_on_a_template_that_drops_the_system_message_stops_before_training(
+    tmp_path: Path, capsys
+) -> None:
+    """A local model whose chat template leaves the system message out: one line (exit 2) before the
+    run folder is made or the model loads."""
+    from veriloop.agents.loading import save_policy
+    from veriloop.agents.testing import tiny_policy
+
+    policy = tiny_policy()
+    policy.tokenizer.chat_template = NO_SYSTEM
+    save_policy(policy, tmp_path / "model")
+    args = ["train", "quickstart", *FAST, f"policy.model={tmp_path / 'model'}", "policy.lora=false", "sft.steps=0",
+            "train.steps=1", "env.system_prompt='Answer in \\boxed{}.'", f"run.out_dir={tmp_path}", "run.name=r"]  # fmt: skip
+    rc = cli_run(args)
+    err = capsys.readouterr().err
+    assert rc == 2, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("veriloop train: policy.model: the chat template drops the system"), err[-2000:]
+    assert "Traceback" not in err and not (tmp_path / "r").exists()  # before the run folder is made
+    assert cli_run([*args, "env.system_prompt=null"]) == 0, capsys.readouterr().err[
+        -1500:
+    ]  # the same folder starts
+
+
+def test_a_loaded_policy_whose_template_drops_the_user_text_is_refused_in_one_line() -> None:
+    """Models whose tokenizer is not checked before loading (shipped, Hub) are checked once loaded."""
+    from veriloop.algos.run.setup import check_chat_template
+
+    with pytest.raises(ConfigError, match="^policy.model: the chat template drops the user message"):
+        check_chat_template(_tokenizer(NO_USER), None, None)
+    check_chat_template(_tokenizer(NO_SYSTEM), None, None)  # no system prompt set: nothing is lost
