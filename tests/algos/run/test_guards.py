@@ -72,6 +72,20 @@ def test_guard_counts_resets_and_stops() -> None:
         off.observe({"sampling/informative_fraction": 0.0})  # 0 = never stops
 
 
+def test_without_a_group_baseline_a_step_teaches_when_its_rewards_differ() -> None:
+    """batch_norm and gae (PPO) need no group: with rollout.group_size=1 no group is ever informative,
+    yet a step whose rewards differ has an advantage; only a step of equal rewards counts."""
+    guard = LearningGuard(limit=2, warn_truncation_above=0.5, group_size=1, group_based=False)
+    for _ in range(5):
+        guard.observe({"sampling/informative_fraction": 0.0, "reward/std": 0.5})
+    assert guard.in_a_row == 0
+    guard.observe({"sampling/informative_fraction": 0.0, "reward/std": 0.0})
+    with pytest.raises(UninformativeRunError, match="every sample of a step got the same reward for 2 steps"):
+        guard.observe({"sampling/informative_fraction": 0.0, "reward/std": 0.0, "reward/mean": 0.0})
+    cfg = load_config(None, ["run.algo_preset=ppo", "rollout.group_size=1"])
+    assert cfg.algo.estimator.group_based is False  # what the loop passes as group_based
+
+
 def test_truncation_warns_once_above_the_threshold() -> None:
     said: list[str] = []
     guard = LearningGuard(limit=0, warn_truncation_above=0.5, group_size=2)
@@ -111,7 +125,8 @@ def _ended(steps: int, in_a_row: int, prompts: int = 8, least: int = 32):  # typ
     from types import SimpleNamespace
 
     cfg = SimpleNamespace(train=SimpleNamespace(untrained_after_groups=least),
-                          rollout=SimpleNamespace(prompts_per_step=prompts, group_size=2))  # fmt: skip
+                          rollout=SimpleNamespace(prompts_per_step=prompts, group_size=2),
+                          algo=load_config(None, []).algo)  # fmt: skip
     return cfg, SimpleNamespace(step=steps, uninformative_in_a_row=in_a_row)
 
 
@@ -170,6 +185,28 @@ def test_the_non_finite_guard_is_a_run_stop() -> None:
 def test_bad_settings_are_refused(bad: str) -> None:
     with pytest.raises(ConfigError, match=bad.split("=")[0]):
         load_config(None, ["policy.model=tiny", bad]).validate()
+
+
+def test_step_0_shares_of_cut_samples_and_verifier_errors_come_with_advice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """A scripted verifier that crashes on every answer, and 2 new tokens that cut every sample: the
+    line before the first update gives both shares (as logged at step 1) and what to change."""
+
+    def crash(self, response: str, task) -> Verdict:  # type: ignore[no-untyped-def]
+        raise RuntimeError("scripted verifier crash")
+
+    monkeypatch.setattr(MathVerifyEnv, "check", crash)
+    rc = cli_run(["train", "quickstart", *FAST, "rollout.max_new_tokens=2", "train.steps=1", "sft.steps=0",
+                  f"run.out_dir={tmp_path}", "run.name=crash"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 0, err[-2000:]  # one step of 2 groups: too few to judge the run (it ends as before)
+    (row,) = read_metrics(tmp_path / "crash")
+    assert row["truncation_rate"] == 1.0 and row["verifier/errors"] == row["samples/episodes"] == 4.0
+    line = next(x for x in err.splitlines() if "step-0 groups (base policy)" in x)
+    assert line.startswith("veriloop: warning: step-0 groups (base policy): 100% with zero reward variance, "
+                           "100% of samples cut at rollout.max_new_tokens, 100% verifier errors")  # fmt: skip
+    assert "raise rollout.max_new_tokens" in line and "check the verifier" in line
 
 
 # ---------------------------------------------------------------------- start-of-run checks
