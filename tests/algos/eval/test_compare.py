@@ -1,5 +1,6 @@
 """``veriloop compare``: paired differences on fake run folders that hold the files a real run writes
-(``config.yaml`` from the config loader, ``eval/step-*.json`` from ``write_report``)."""
+(``config.yaml`` from the config loader, ``eval/step-*.json`` from ``write_report``), and the docs'
+example on two real tiny runs of ``veriloop train quickstart``."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def test_two_arms_two_seeds(tmp_path: Path) -> None:
     row = "| algo.name=rloo | veriloop/MathVerify-v0 | id | 0, 1 | +0.250 ± 0.144, +0.500 ± 0.289 | +0.375 ± 0.125 | needs ≥ 3 seeds | yes |"
     assert row in text
     assert "| algo.name=grpo | veriloop/MathVerify-v0 | id | 0, 1 | 0.375, 0.000 | 0.188 ± 0.188 |" in text
-    assert (out / "compare.png").is_file()
+    assert (out / "compare.png").stat().st_size > 10_000  # the two arms' curves with their bands
 
 
 def test_three_seeds_get_a_bootstrap_interval(tmp_path: Path) -> None:
@@ -106,3 +107,26 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, capsys) -> Non
     assert cli_run(["compare", str(a), str(tmp_path / "nowhere")]) == 2
     assert "is not a run folder" in capsys.readouterr().err
     assert not (tmp_path / "compare").exists()
+
+
+def test_two_quickstart_runs_from_veriloop_train(tmp_path: Path, capsys) -> None:
+    """The docs' example on real run folders: two tiny `veriloop train quickstart` runs, one with
+    another loss, evaluated at the start and after their one step on the same 2 held-out problems."""
+    import torch
+
+    torch.set_num_threads(1)
+    tiny = ["policy.model=tiny", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
+            "rollout.max_context=256", "train.steps=1", "train.micro_batch_size=2", "sft.steps=0",
+            "eval.at_start=true", "eval.num_problems=2", "eval.n_samples=2", "eval.k_list=[1]", "eval.greedy=false",
+            "run.tensorboard=false", "run.checkpoint_every=0", f"run.out_dir={tmp_path}"]  # fmt: skip
+    assert cli_run(["train", "quickstart", *tiny, "run.name=qs_grpo"]) == 0
+    assert cli_run(["train", "quickstart", *tiny, "run.name=qs_rloo", "algo.preset=rloo"]) == 0
+    capsys.readouterr()
+    assert cli_run(["compare", str(tmp_path / "qs_grpo"), str(tmp_path / "qs_rloo")]) == 0
+    text = (tmp_path / "compare" / "compare.md").read_text()
+    assert "| qs_grpo | veriloop/MathVerify-v0 | id | 0 |" in text  # the reference row, its accuracy
+    paired = "| qs_rloo | veriloop/MathVerify-v0 | id | 0 | +0.000 ± 0.000 | +0.000 ± 0.000 (eval) | needs ≥ 3 seeds | yes |"
+    assert paired in text  # minus the first, paired by problem (a tiny random model solves nothing)
+    assert "n = 2 problems (< 100)" in text and "different problems" not in text
+    assert (tmp_path / "compare" / "compare.png").stat().st_size > 10_000
+    assert text in capsys.readouterr().out
