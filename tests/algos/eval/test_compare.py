@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from veriloop.algos.eval.compare import bootstrap_ci, compare_markdown, group_runs, load_run
+from veriloop.algos.eval.compare import bootstrap_ci, compare_markdown, curve, group_runs, load_run
 from veriloop.algos.eval.metrics import standard_error
 from veriloop.algos.eval.report import write_report
 from veriloop.cli.main import run as cli_run
@@ -73,10 +73,11 @@ def test_runs_on_different_problems_are_not_paired(tmp_path: Path) -> None:
 
 def test_two_arms_two_seeds(tmp_path: Path) -> None:
     """Per seed d = +0.25 (seed 0) and +0.5 (seed 1): mean +0.375, SE over seeds sd/sqrt(2) = 0.125."""
-    runs = [fake_run(tmp_path, "g0", {4: [0, 0.5, 1, 0]}, seed=0, preset="grpo"),
-            fake_run(tmp_path, "g1", {4: [0, 0, 0, 0]}, seed=1, preset="grpo"),
-            fake_run(tmp_path, "d0", {4: [0.5, 0.5, 1, 0.5]}, seed=0, preset="rloo"),
-            fake_run(tmp_path, "d1", {4: [1, 1, 0, 0]}, seed=1, preset="rloo")]  # fmt: skip
+    start = [0.0, 0.0, 0.5, 0.0]  # step 0, the same base policy: the curves start together
+    runs = [fake_run(tmp_path, "g0", {0: start, 4: [0, 0.5, 1, 0]}, seed=0, preset="grpo"),
+            fake_run(tmp_path, "g1", {0: start, 4: [0, 0, 0, 0]}, seed=1, preset="grpo"),
+            fake_run(tmp_path, "d0", {0: start, 4: [0.5, 0.5, 1, 0.5]}, seed=0, preset="rloo"),
+            fake_run(tmp_path, "d1", {0: start, 4: [1, 1, 0, 0]}, seed=1, preset="rloo")]  # fmt: skip
     out = tmp_path / "cmp"
     assert cli_run(["compare", *map(str, runs), "--group-by", "algo.name", "--out", str(out)]) == 0
     text = (out / "compare.md").read_text()
@@ -84,6 +85,11 @@ def test_two_arms_two_seeds(tmp_path: Path) -> None:
     assert row in text
     assert "| algo.name=grpo | veriloop/MathVerify-v0 | id | 0, 1 | 0.375, 0.000 | 0.188 ± 0.188 |" in text
     assert (out / "compare.png").stat().st_size > 10_000  # the two arms' curves with their bands
+    # rloo's curve: seeds 0.625 and 0.5 at step 4, mean 0.5625, SE over seeds sd/sqrt(2) = 0.0625
+    steps, means, bands = curve(
+        group_runs([load_run(r, "algo.name") for r in runs])["algo.name=rloo"], "id", "avg@n"
+    )
+    assert (steps, means, bands) == ([0, 4], [0.125, 0.5625], [0.0, pytest.approx(0.0625)])
 
 
 def test_three_seeds_get_a_bootstrap_interval(tmp_path: Path) -> None:
