@@ -240,6 +240,11 @@ class TrainConfig:
         max_uninformative_steps: Stop the run (exit code 4) after this many consecutive steps in
             which no group had an informative learning signal (every group's rewards equal, so
             nothing was trained); 0 = never.
+        untrained_after_groups: A run that ends having played at least this many groups
+            (``train.steps`` x ``rollout.prompts_per_step``) without one informative group trained
+            nothing and exits 4 at its end, also when it was shorter than
+            ``max_uninformative_steps``; fewer groups are too few to tell (a 1-step smoke test);
+            0 = never.
         warn_truncation_above: Warn once when more than this share of a step's samples were cut at
             ``rollout.max_new_tokens`` (in [0, 1]; 1 = never).
         sync_probe: After every weight sync to a backend with its own copy of the weights (vLLM,
@@ -270,6 +275,7 @@ class TrainConfig:
     micro_batch_tokens: int = 0
     max_consecutive_nonfinite: int = 3
     max_uninformative_steps: int = 10
+    untrained_after_groups: int = 32
     warn_truncation_above: float = 0.5
     sync_probe: bool = True
     sync_probe_tolerance: float | None = None
@@ -288,6 +294,10 @@ class TrainConfig:
             raise ConfigError(
                 "train.max_uninformative_steps must be >= 0 (0 = never stop) and train.warn_truncation_above "
                 f"in [0, 1] (1 = never warn), got {self.max_uninformative_steps} and {self.warn_truncation_above}"
+            )
+        if self.untrained_after_groups < 0:
+            raise ConfigError(
+                f"train.untrained_after_groups must be >= 0 (0 = never stop), got {self.untrained_after_groups}"
             )
         if self.sync_probe_tolerance is not None and not self.sync_probe_tolerance > 0:
             raise ConfigError(

@@ -381,8 +381,8 @@ def guard_learning(run: RunParts, metrics: dict[str, Any]) -> None:
     after ``train.max_uninformative_steps`` steps in a row without an informative group, one warning
     when ``truncation_rate`` passes ``train.warn_truncation_above``); ``run.state`` keeps its counts."""
     cfg, state = run.cfg, run.state
-    guard = LearningGuard(cfg.train.max_uninformative_steps, cfg.train.warn_truncation_above,
-                          cfg.rollout.group_size, state.uninformative_in_a_row, state.truncation_warned)  # fmt: skip
+    guard = LearningGuard(cfg.train.max_uninformative_steps, cfg.train.warn_truncation_above, cfg.rollout.group_size,
+                          state.uninformative_in_a_row, state.truncation_warned, cfg.algo.estimator.group_based)  # fmt: skip
     try:
         guard.observe(metrics) if run.dist.is_main else guard.observe(metrics, warn=lambda _: None)
     finally:  # also when it raises: the state says how the run ended

@@ -71,6 +71,7 @@ from veriloop.algos.run.checkpoint import (
     resume_latest,
 )
 from veriloop.algos.run.distributed import DistContext, init_distributed, shutdown_distributed
+from veriloop.algos.run.guards import stop_if_nothing_trained
 from veriloop.algos.run.lock import acquire, release
 from veriloop.algos.run.log import RunLog
 from veriloop.algos.run.phase import StepLoop
@@ -79,6 +80,7 @@ from veriloop.algos.run.setup import (
     build_critic,
     build_optimizer,
     build_policy,
+    check_chat_template_files,
     check_claim,
     check_device,
     check_model,
@@ -247,6 +249,7 @@ def _train_claimed(
             if base:
                 run.log.log(0, base)
         _loop(run)
+        stop_if_nothing_trained(cfg, run.state)  # no step had an informative group: exit 4, no final/
         if dist.is_main:
             _after_loop(run)
         card = _model_card(cfg, run_dir, run.state) if dist.is_main else ""
@@ -285,6 +288,7 @@ def _check_before_loading(cfg: ExperimentConfig) -> None:
     cfg.validate()
     cfg.env.resolve()  # the environments exist (users' modules imported) before anything slow
     check_model(cfg.policy.model)
+    check_chat_template_files(cfg)  # a template that drops the prompt, before the run folder is made
     check_device(cfg.policy.device)
     if cfg.rollout.backend == "vllm_server":  # an unreachable server fails now, not after loading
         _check_servers(cfg)

@@ -52,7 +52,9 @@ def build_policy(cfg: ExperimentConfig) -> Policy:
         tiny = tiny_policy(
             lora=p.lora, seed=cfg.rollout.seed, keep_reference=cfg.keep_reference and not p.lora
         )
-        return apply_precision(place(tiny, device), p.precision)
+        tiny = apply_precision(place(tiny, device), p.precision)
+        check_chat_template(tiny.tokenizer, tiny.processor, cfg.env.system_prompt)
+        return tiny
     lora = LoraSettings(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
                         target_modules=_modules(p.target_modules)) if p.lora else None  # fmt: skip
     policy = load_policy(p.model, lora=lora, dtype=p.dtype, keep_reference=cfg.keep_reference and not p.lora)
@@ -63,6 +65,7 @@ def build_policy(cfg: ExperimentConfig) -> Policy:
     # (``train`` checks it before the run folder is made: check_policy_family; not twice)
     if _family_key(cfg) not in _CHECKED and (problem := check_unknown_family(policy)) is not None:
         raise ConfigError(problem)
+    check_chat_template(policy.tokenizer, policy.processor, cfg.env.system_prompt)
     return policy
 
 
@@ -90,6 +93,39 @@ def check_policy_family(cfg: ExperimentConfig) -> None:
         policy = build_policy(cfg)  # raises ConfigError on a mismatch
     del policy
     _CHECKED.add(_family_key(cfg))
+
+
+def check_chat_template_files(cfg: ExperimentConfig) -> None:
+    """Before the run folder is made or the model loads: the chat template of ``policy.model``'s
+    tokenizer alone, where that is cheap (``tiny``, or a local text-model folder holding its
+    tokenizer); :func:`check_chat_template` checks every other model once it is loaded."""
+    model = cfg.policy.model
+    if model == "tiny":
+        from veriloop.agents.testing import tiny_tokenizer
+
+        tokenizer = tiny_tokenizer()
+    else:
+        path = Path(model).expanduser()
+        if not (path / "tokenizer_config.json").is_file() or any(
+            (path / name).is_file() for name in ("preprocessor_config.json", "processor_config.json")
+        ):  # a shipped or Hub model (checked once loaded), or a vision model (its processor renders)
+            return
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    check_chat_template(tokenizer, None, cfg.env.system_prompt)
+
+
+def check_chat_template(tokenizer: Any, processor: Any, system_prompt: str | None) -> None:
+    """The chat template renders a prompt (``agents.chat.ChatFormat``: there is one, and it writes the
+    user's text and ``system_prompt``), before any step; else a one-line :class:`ConfigError` (a
+    template that drops the task trains for hours on prompts without it)."""
+    from veriloop.agents.chat import ChatFormat
+
+    try:
+        ChatFormat(tokenizer, system_prompt, processor=processor)
+    except ValueError as e:
+        raise ConfigError(f"policy.model: {e}") from None
 
 
 def build_critic(cfg: ExperimentConfig, policy: Policy) -> ValueModel | None:
@@ -180,7 +216,7 @@ def load_trainable_state(
 #: Settings a resumed run may change from the saved config (how long, how often, how it is measured).
 RESUMABLE_CHANGES = ("train.steps", "eval.", "run.checkpoint_every", "run.keep_last", "run.tensorboard",
                      "run.wandb", "train.log_every", "rollout.server.", "policy.device",
-                     "train.max_uninformative_steps", "train.warn_truncation_above")  # fmt: skip
+                     "train.max_uninformative_steps", "train.warn_truncation_above", "train.untrained_after_groups")  # fmt: skip
 
 
 def claim_run_dir(run_dir: Path, cfg: ExperimentConfig, *, resume: bool, overwrite: bool) -> None:

@@ -97,3 +97,45 @@ def test_math500_evaluates_a_checkpoint_from_the_cli(tmp_path: Path, monkeypatch
     assert report["splits"]["math500"]["num_problems"] == 2
     assert str(data) in report["meta"]["splits"]["math500"]["source"]
     assert report["meta"]["splits"]["math500"]["kwargs"]["preset"] == "math500"
+
+
+def test_math500_as_the_env_evaluates_a_checkpoint_from_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`env.kwargs.data=math500.jsonl env.kwargs.preset=math500` is all it takes: the held-out split
+    is the file's held-out part, graded against its `answer` column."""
+    import torch
+
+    from veriloop.agents.loading import save_policy
+    from veriloop.algos.run.setup import build_policy
+    from veriloop.cli.main import run as cli_run
+    from veriloop.configs.loader import load_config
+
+    torch.set_num_threads(1)
+    golds: list[str] = []
+    check = MathVerifyEnv.check
+
+    def recording(self, response, task):  # type: ignore[no-untyped-def]
+        golds.append(task.answer)
+        return check(self, response, task)
+
+    monkeypatch.setattr(MathVerifyEnv, "check", recording)
+    tiny = ["policy.model=tiny", "policy.lora=false", "rollout.max_new_tokens=8", "rollout.max_context=256",
+            "eval.num_problems=2", "eval.n_samples=2", "eval.k_list=[1,2]", "eval.greedy=false"]  # fmt: skip
+    data = write(tmp_path / "math500.jsonl", MATH500)
+    ckpt = tmp_path / "ckpt"
+    save_policy(build_policy(load_config("quickstart", tiny)), ckpt)
+    env = [f"env.kwargs.data={data}", "env.kwargs.preset=math500", "env.kwargs.level=null"]
+    out = tmp_path / "eval-out"
+    assert cli_run(["eval", "quickstart", *tiny, *env, "--checkpoints", str(ckpt), "--out", str(out)]) == 0
+    report = json.loads(next(out.rglob("*.json")).read_text())
+    (split,) = report["splits"]
+    assert report["splits"][split]["num_problems"] == 2
+    assert report["meta"]["splits"][split]["kwargs"]["preset"] == "math500"
+    held = {
+        p.question: p.answer
+        for p in MathVerifyEnv(data=data, preset="math500", part="heldout").problems or []
+    }
+    asked = report["per_problem"][split]["problem"]
+    assert sorted(asked) == sorted(held)  # the file's 2 held-out rows of 10, named by their question
+    assert set(golds) == {held[q] for q in asked}  # graded against their `answer` column

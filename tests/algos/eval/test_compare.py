@@ -1,5 +1,6 @@
 """``veriloop compare``: paired differences on fake run folders that hold the files a real run writes
-(``config.yaml`` from the config loader, ``eval/step-*.json`` from ``write_report``)."""
+(``config.yaml`` from the config loader, ``eval/step-*.json`` from ``write_report``), and the docs'
+example on two real tiny runs of ``veriloop train quickstart``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from veriloop.algos.eval.compare import bootstrap_ci, compare_markdown, group_runs, load_run
+from veriloop.algos.eval.compare import bootstrap_ci, compare_markdown, curve, group_runs, load_run
 from veriloop.algos.eval.metrics import standard_error
 from veriloop.algos.eval.report import write_report
 from veriloop.cli.main import run as cli_run
@@ -72,17 +73,23 @@ def test_runs_on_different_problems_are_not_paired(tmp_path: Path) -> None:
 
 def test_two_arms_two_seeds(tmp_path: Path) -> None:
     """Per seed d = +0.25 (seed 0) and +0.5 (seed 1): mean +0.375, SE over seeds sd/sqrt(2) = 0.125."""
-    runs = [fake_run(tmp_path, "g0", {4: [0, 0.5, 1, 0]}, seed=0, preset="grpo"),
-            fake_run(tmp_path, "g1", {4: [0, 0, 0, 0]}, seed=1, preset="grpo"),
-            fake_run(tmp_path, "d0", {4: [0.5, 0.5, 1, 0.5]}, seed=0, preset="rloo"),
-            fake_run(tmp_path, "d1", {4: [1, 1, 0, 0]}, seed=1, preset="rloo")]  # fmt: skip
+    start = [0.0, 0.0, 0.5, 0.0]  # step 0, the same base policy: the curves start together
+    runs = [fake_run(tmp_path, "g0", {0: start, 4: [0, 0.5, 1, 0]}, seed=0, preset="grpo"),
+            fake_run(tmp_path, "g1", {0: start, 4: [0, 0, 0, 0]}, seed=1, preset="grpo"),
+            fake_run(tmp_path, "d0", {0: start, 4: [0.5, 0.5, 1, 0.5]}, seed=0, preset="rloo"),
+            fake_run(tmp_path, "d1", {0: start, 4: [1, 1, 0, 0]}, seed=1, preset="rloo")]  # fmt: skip
     out = tmp_path / "cmp"
     assert cli_run(["compare", *map(str, runs), "--group-by", "algo.name", "--out", str(out)]) == 0
     text = (out / "compare.md").read_text()
     row = "| algo.name=rloo | veriloop/MathVerify-v0 | id | 0, 1 | +0.250 ± 0.144, +0.500 ± 0.289 | +0.375 ± 0.125 | needs ≥ 3 seeds | yes |"
     assert row in text
     assert "| algo.name=grpo | veriloop/MathVerify-v0 | id | 0, 1 | 0.375, 0.000 | 0.188 ± 0.188 |" in text
-    assert (out / "compare.png").is_file()
+    assert (out / "compare.png").stat().st_size > 10_000  # the two arms' curves with their bands
+    # rloo's curve: seeds 0.625 and 0.5 at step 4, mean 0.5625, SE over seeds sd/sqrt(2) = 0.0625
+    steps, means, bands = curve(
+        group_runs([load_run(r, "algo.name") for r in runs])["algo.name=rloo"], "id", "avg@n"
+    )
+    assert (steps, means, bands) == ([0, 4], [0.125, 0.5625], [0.0, pytest.approx(0.0625)])
 
 
 def test_three_seeds_get_a_bootstrap_interval(tmp_path: Path) -> None:
@@ -106,3 +113,26 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, capsys) -> Non
     assert cli_run(["compare", str(a), str(tmp_path / "nowhere")]) == 2
     assert "is not a run folder" in capsys.readouterr().err
     assert not (tmp_path / "compare").exists()
+
+
+def test_two_quickstart_runs_from_veriloop_train(tmp_path: Path, capsys) -> None:
+    """The docs' example on real run folders: two tiny `veriloop train quickstart` runs, one with
+    another loss, evaluated at the start and after their one step on the same 2 held-out problems."""
+    import torch
+
+    torch.set_num_threads(1)
+    tiny = ["policy.model=tiny", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
+            "rollout.max_context=256", "train.steps=1", "train.micro_batch_size=2", "sft.steps=0",
+            "eval.at_start=true", "eval.num_problems=2", "eval.n_samples=2", "eval.k_list=[1]", "eval.greedy=false",
+            "run.tensorboard=false", "run.checkpoint_every=0", f"run.out_dir={tmp_path}"]  # fmt: skip
+    assert cli_run(["train", "quickstart", *tiny, "run.name=qs_grpo"]) == 0
+    assert cli_run(["train", "quickstart", *tiny, "run.name=qs_rloo", "algo.preset=rloo"]) == 0
+    capsys.readouterr()
+    assert cli_run(["compare", str(tmp_path / "qs_grpo"), str(tmp_path / "qs_rloo")]) == 0
+    text = (tmp_path / "compare" / "compare.md").read_text()
+    assert "| qs_grpo | veriloop/MathVerify-v0 | id | 0 |" in text  # the reference row, its accuracy
+    paired = "| qs_rloo | veriloop/MathVerify-v0 | id | 0 | +0.000 ± 0.000 | +0.000 ± 0.000 (eval) | needs ≥ 3 seeds | yes |"
+    assert paired in text  # minus the first, paired by problem (a tiny random model solves nothing)
+    assert "n = 2 problems (< 100)" in text and "different problems" not in text
+    assert (tmp_path / "compare" / "compare.png").stat().st_size > 10_000
+    assert text in capsys.readouterr().out

@@ -9,7 +9,12 @@ import pytest
 import torch
 
 import veriloop.algos.loop.train as T
-from veriloop.algos.run.guards import LearningGuard, RunStoppedError, UninformativeRunError
+from veriloop.algos.run.guards import (
+    LearningGuard,
+    RunStoppedError,
+    UninformativeRunError,
+    stop_if_nothing_trained,
+)
 from veriloop.algos.run.log import read_metrics
 from veriloop.algos.run.nonfinite import NonFiniteTrainingError
 from veriloop.cli.main import run as cli_run
@@ -67,6 +72,20 @@ def test_guard_counts_resets_and_stops() -> None:
         off.observe({"sampling/informative_fraction": 0.0})  # 0 = never stops
 
 
+def test_without_a_group_baseline_a_step_teaches_when_its_rewards_differ() -> None:
+    """batch_norm and gae (PPO) need no group: with rollout.group_size=1 no group is ever informative,
+    yet a step whose rewards differ has an advantage; only a step of equal rewards counts."""
+    guard = LearningGuard(limit=2, warn_truncation_above=0.5, group_size=1, group_based=False)
+    for _ in range(5):
+        guard.observe({"sampling/informative_fraction": 0.0, "reward/std": 0.5})
+    assert guard.in_a_row == 0
+    guard.observe({"sampling/informative_fraction": 0.0, "reward/std": 0.0})
+    with pytest.raises(UninformativeRunError, match="every sample of a step got the same reward for 2 steps"):
+        guard.observe({"sampling/informative_fraction": 0.0, "reward/std": 0.0, "reward/mean": 0.0})
+    cfg = load_config(None, ["run.algo_preset=ppo", "rollout.group_size=1"])
+    assert cfg.algo.estimator.group_based is False  # what the loop passes as group_based
+
+
 def test_truncation_warns_once_above_the_threshold() -> None:
     said: list[str] = []
     guard = LearningGuard(limit=0, warn_truncation_above=0.5, group_size=2)
@@ -102,6 +121,45 @@ def test_the_cli_exits_non_zero_with_one_line(tmp_path: Path, always_right, caps
     )  # before the first update
 
 
+def _ended(steps: int, in_a_row: int, prompts: int = 8, least: int = 32):  # type: ignore[no-untyped-def]
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(train=SimpleNamespace(untrained_after_groups=least),
+                          rollout=SimpleNamespace(prompts_per_step=prompts, group_size=2),
+                          algo=load_config(None, []).algo)  # fmt: skip
+    return cfg, SimpleNamespace(step=steps, uninformative_in_a_row=in_a_row)
+
+
+def test_the_end_of_run_rule() -> None:
+    """None of the run's steps informative and at least 32 groups played: trained nothing."""
+    with pytest.raises(UninformativeRunError, match="in all 4 steps \\(32 groups") as e:
+        stop_if_nothing_trained(*_ended(4, 4))
+    assert "train.untrained_after_groups=0" in str(e.value) and "too hard or too easy" in str(e.value)
+    stop_if_nothing_trained(*_ended(4, 3))  # the first step had an informative group
+    stop_if_nothing_trained(*_ended(3, 3))  # 24 groups: too few to tell
+    stop_if_nothing_trained(*_ended(1, 1, prompts=2))  # a 1-step smoke test of a tiny model: ends as before
+    stop_if_nothing_trained(*_ended(4, 4, least=0))  # 0 = off
+    stop_if_nothing_trained(*_ended(0, 0))  # no step (train.steps=0): nothing to judge
+
+
+def test_a_short_run_that_trained_nothing_exits_non_zero(tmp_path: Path, always_right, capsys) -> None:
+    """4 steps, under train.max_uninformative_steps=10, of 8 groups each where every sample gets reward 1."""
+    rc = cli_run(["train", "quickstart", *FAST, "train.steps=4", "rollout.prompts_per_step=8", "sft.steps=0",
+                  "train.micro_batch_size=16", f"run.out_dir={tmp_path}", "run.name=same"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 4, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("veriloop train: train: the run ended without one informative group: in all 4 steps "
+                           "(32 groups of rollout.group_size=2 samples)")  # fmt: skip
+    assert "train.untrained_after_groups=0 turns this check off" in last and "Traceback" not in err
+    assert [r["step"] for r in read_metrics(tmp_path / "same")] == [1, 2, 3, 4]  # it ran to its end
+    assert not (tmp_path / "same" / "final").exists()  # nothing trained: no final policy
+    off = ["train.untrained_after_groups=0", "run.name=unchecked"]
+    assert cli_run(["train", "quickstart", *FAST, "train.steps=4", "rollout.prompts_per_step=8", "sft.steps=0",
+                    "train.micro_batch_size=16", f"run.out_dir={tmp_path}", *off]) == 0  # fmt: skip
+    assert (tmp_path / "unchecked" / "final").is_dir()
+
+
 def test_an_informative_run_finishes_and_warns_about_truncation_once(tmp_path: Path, coin, capsys) -> None:
     cfg = load_config(None, [*FAST, "train.steps=3", "train.max_uninformative_steps=0",
                              "train.warn_truncation_above=0", f"run.out_dir={tmp_path}", "run.name=coin"])  # fmt: skip
@@ -116,10 +174,39 @@ def test_the_non_finite_guard_is_a_run_stop() -> None:
     assert issubclass(NonFiniteTrainingError, RunStoppedError)  # the CLI gives it one line and exit 4
 
 
-@pytest.mark.parametrize("bad", ["train.max_uninformative_steps=-1", "train.warn_truncation_above=1.5"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "train.max_uninformative_steps=-1",
+        "train.warn_truncation_above=1.5",
+        "train.untrained_after_groups=-1",
+    ],
+)
 def test_bad_settings_are_refused(bad: str) -> None:
-    with pytest.raises(ConfigError, match="max_uninformative_steps"):
+    with pytest.raises(ConfigError, match=bad.split("=")[0]):
         load_config(None, ["policy.model=tiny", bad]).validate()
+
+
+def test_step_0_shares_of_cut_samples_and_verifier_errors_come_with_advice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """A scripted verifier that crashes on every answer, and 2 new tokens that cut every sample: the
+    line before the first update gives both shares (as logged at step 1) and what to change."""
+
+    def crash(self, response: str, task) -> Verdict:  # type: ignore[no-untyped-def]
+        raise RuntimeError("scripted verifier crash")
+
+    monkeypatch.setattr(MathVerifyEnv, "check", crash)
+    rc = cli_run(["train", "quickstart", *FAST, "rollout.max_new_tokens=2", "train.steps=1", "sft.steps=0",
+                  f"run.out_dir={tmp_path}", "run.name=crash"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 0, err[-2000:]  # one step of 2 groups: too few to judge the run (it ends as before)
+    (row,) = read_metrics(tmp_path / "crash")
+    assert row["truncation_rate"] == 1.0 and row["verifier/errors"] == row["samples/episodes"] == 4.0
+    line = next(x for x in err.splitlines() if "step-0 groups (base policy)" in x)
+    assert line.startswith("veriloop: warning: step-0 groups (base policy): 100% with zero reward variance, "
+                           "100% of samples cut at rollout.max_new_tokens, 100% verifier errors")  # fmt: skip
+    assert "raise rollout.max_new_tokens" in line and "check the verifier" in line
 
 
 # ---------------------------------------------------------------------- start-of-run checks
@@ -161,3 +248,36 @@ def test_first_step_line_and_its_advice() -> None:
                                       "verifier/errors": 4.0, "samples/episodes": 16.0, "reward/mean": 0.0}, 4)  # fmt: skip
     assert extreme and "too hard or too easy for this model at this group size" in line
     assert "raise rollout.max_new_tokens" in line and "check the verifier" in line
+
+
+def test_a_run_on_a_template_that_drops_the_system_message_stops_before_training(
+    tmp_path: Path, capsys
+) -> None:
+    """A local model whose chat template leaves the system message out: one line (exit 2) before the
+    run folder is made or the model loads."""
+    from veriloop.agents.loading import save_policy
+    from veriloop.agents.testing import tiny_policy
+
+    policy = tiny_policy()
+    policy.tokenizer.chat_template = NO_SYSTEM
+    save_policy(policy, tmp_path / "model")
+    args = ["train", "quickstart", *FAST, f"policy.model={tmp_path / 'model'}", "policy.lora=false", "sft.steps=0",
+            "train.steps=1", "env.system_prompt='Answer in \\boxed{}.'", f"run.out_dir={tmp_path}", "run.name=r"]  # fmt: skip
+    rc = cli_run(args)
+    err = capsys.readouterr().err
+    assert rc == 2, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("veriloop train: policy.model: the chat template drops the system"), err[-2000:]
+    assert "Traceback" not in err and not (tmp_path / "r").exists()  # before the run folder is made
+    assert cli_run([*args, "env.system_prompt=null"]) == 0, capsys.readouterr().err[
+        -1500:
+    ]  # the same folder starts
+
+
+def test_a_loaded_policy_whose_template_drops_the_user_text_is_refused_in_one_line() -> None:
+    """Models whose tokenizer is not checked before loading (shipped, Hub) are checked once loaded."""
+    from veriloop.algos.run.setup import check_chat_template
+
+    with pytest.raises(ConfigError, match="^policy.model: the chat template drops the user message"):
+        check_chat_template(_tokenizer(NO_USER), None, None)
+    check_chat_template(_tokenizer(NO_SYSTEM), None, None)  # no system prompt set: nothing is lost
