@@ -20,6 +20,8 @@ from veriloop.cli.serve import free_port
 WORKER = r"""
 import dataclasses, os, sys, torch
 import veriloop.algos.loop.train as T
+from veriloop.algos.loop.source import collect
+from veriloop.algos.loop.parts import TrainerState
 import veriloop.algos.run.setup as S
 from veriloop.algos.run.distributed import init_distributed, check_params_equal, shutdown_distributed
 from veriloop.configs.loader import load_config
@@ -39,7 +41,7 @@ start = {k: v.clone() for k, v in S.trainable_state(policy, critic).items()}
 if single:  # the batch both ranks gathered, trained by one process
     trajs = torch.load(os.path.join(out, "batch.pt"), weights_only=False)
 else:
-    trajs, _, _ = T.collect(cfg, policy, T.TrainerState(), dist)
+    trajs, _, _ = collect(cfg, policy, TrainerState(), dist)
     # uneven ranks: the first episode trains on 5 fewer tokens (its first ones), so a rank's share
     # of the tokens differs from its share of the sequences
     t0, turn = trajs[0], trajs[0].turns[0]

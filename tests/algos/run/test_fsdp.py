@@ -40,6 +40,8 @@ UPDATE = (
     + r"""
 import dataclasses, json, os, sys, torch
 import veriloop.algos.loop.train as T
+from veriloop.algos.loop.source import collect
+from veriloop.algos.loop.parts import TrainerState
 import veriloop.algos.run.setup as S
 from veriloop.algos.run import fsdp
 from veriloop.algos.run.distributed import init_distributed, shutdown_distributed
@@ -72,7 +74,7 @@ if single:  # the batch the two ranks gathered, trained by one process
     trajs = torch.load(os.path.join(out, "batch.pt"), weights_only=False)
 else:
     with sharded.gathered():  # each rank samples its own groups with the whole weights
-        trajs, _, _ = T.collect(cfg, policy, T.TrainerState(), dist)
+        trajs, _, _ = collect(cfg, policy, TrainerState(), dist)
     if dist.rank == 0:
         torch.save(trajs, os.path.join(out, "batch.pt"))
 m = T.train_on_batch(cfg, policy, critic, opt, trajs, torch.Generator().manual_seed(0), dist)
