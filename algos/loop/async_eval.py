@@ -30,7 +30,7 @@ class EvalBeside:
 
     Args:
         policy: the trainer's policy (copied once, lazily; the copy never trains).
-        evaluate: runs the evaluation of a policy at a version (``step.evaluate_step`` in the loop).
+        evaluate: runs the evaluation of a policy at a version (``in_training.evaluate_step`` in the loop).
     """
 
     def __init__(self, policy: Policy, evaluate: Evaluate) -> None:

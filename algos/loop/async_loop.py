@@ -1,13 +1,15 @@
-"""The RL loop with generation beside the update (``train.max_staleness`` K > 0).
+"""The asynchronous batch source (``train.max_staleness`` K > 0): generation beside the update.
 
-The synchronous loop alternates: collect a step's groups, then train on them; K = 0 runs it and
-never reaches this module. Here a :class:`~veriloop.algos.loop.async_worker.GenerationWorker` thread
+The step body is the synchronous one (:func:`~veriloop.algos.loop.run_steps.run_steps`); K = 0
+draws from :class:`~veriloop.algos.loop.source.SyncSource` and never reaches this module. Here
+:class:`AsyncSource` runs a :class:`~veriloop.algos.loop.async_worker.GenerationWorker` thread that
 keeps admitting and playing groups while the trainer updates, under the bound of
-:mod:`veriloop.algos.loop.staleness`. One step, top to bottom:
+:mod:`veriloop.algos.loop.staleness`. What it does in a step:
 
-    wait for the step's groups (oldest first; the bound says when to wait)
-    -> train on them (decoupled PPO: pi_prox recomputed by the trainer, pi_prox / mu by TIS/MIS)
-    -> hand the new weights to the generator (version v + 1) -> metrics -> eval / log / checkpoint
+    next_batch: wait for the step's groups (oldest first; the bound says when to wait)
+    (the step body trains on them: decoupled PPO, pi_prox recomputed by the trainer, pi_prox / mu by TIS/MIS)
+    hand_over: the new weights go to the generator (version v + 1), the sampler is probed
+    step_metrics: async/* (staleness, counts, idle shares); evaluations run beside training
 
 Resume: a checkpoint keeps the data cursor (``TrainerState.next_seed``: the next new problem) and
 the seeds admitted but not yet trained (``history["async"]["pending"]``, oldest first). In-flight
