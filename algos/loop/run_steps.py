@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 import veriloop.algos.eval.in_training as in_training
+from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.learner.train_batch import no_update, train_on_batch
-from veriloop.algos.loop.async_eval import eval_due
+from veriloop.algos.loop.async_eval import EvalBeside, eval_due
 from veriloop.algos.loop.metrics import STEP_LEGEND, rollout_metrics, step_summary, step_timing
 from veriloop.algos.loop.mixture import per_env_metrics
 from veriloop.algos.loop.parts import RunParts, TrainerState, checkpoint_run, whole_weights
@@ -97,7 +98,7 @@ def _step(run: RunParts, source: BatchSource, loop: StepLoop, step: int) -> None
         checkpoint_run(run)  # sharded: every rank writes its shards
 
 
-def _episode_metrics(run: RunParts, sampled: list[Any]) -> dict[str, float]:
+def _episode_metrics(run: RunParts, sampled: list[Trajectory]) -> dict[str, float]:
     """``rollout_metrics`` of the episodes played, and per environment under a mixture."""
     if not sampled:
         return {}
@@ -134,7 +135,7 @@ def evaluate_and_log(run: RunParts, source: BatchSource, loop: StepLoop, metrics
         _log_evals(loop, beside)
 
 
-def _log_evals(loop: StepLoop, evals: Any) -> None:
+def _log_evals(loop: StepLoop, evals: EvalBeside) -> None:
     """The evaluations done beside training since the last call, each in its own row."""
     for version, metrics in evals.finished():
         if loop.log is not None:
