@@ -56,7 +56,9 @@ def main() -> None:
     ap.add_argument("run_b", type=Path)
     ap.add_argument("--out", type=Path, help="also write the comparison here (JSON)")
     ap.add_argument("--note", default="", help="what the two runs are (kept in the JSON)")
-    ap.add_argument("--ignore", action="append", default=[], help="leave out keys with this prefix (repeatable)")
+    ap.add_argument(
+        "--ignore", action="append", default=[], help="leave out keys with this prefix (repeatable)"
+    )
     ap.add_argument("--weights", action="store_true", help="also compare the sha256 of final/'s weight files")
     args = ap.parse_args()
     result = {"note": args.note, "ignored": args.ignore, **compare(args.run_a, args.run_b, args.ignore)}
