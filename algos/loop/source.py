@@ -19,7 +19,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 
 from veriloop.agents.backends import Backend
 from veriloop.agents.compaction import make_compactor
@@ -35,6 +34,7 @@ from veriloop.algos.loop.mixture import assign_envs
 from veriloop.algos.loop.parts import RunParts, TrainerState, eval_backend, whole_weights
 from veriloop.algos.loop.sampling import dynamic_sampling, rollout_limits, sampling_for, sampling_stream
 from veriloop.algos.run.distributed import DistContext
+from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.schema import ExperimentConfig
 
 
@@ -107,6 +107,21 @@ def probe_sampler(run: RunParts, version: int) -> dict[str, float]:
         run.policy, run.backend, version=version, tolerance=run.cfg.train.sync_probe_tolerance
     )
     return {"sync/probe_gap": gap, "time/sync_probe_s": time.perf_counter() - t0}
+
+
+class StepSignals:
+    """``update.learning_signal`` of each episode of one step, computed once and read by every
+    question asked of its group: the dynamic-sampling drop, the curriculum's gate and
+    ``sampling/informative_fraction``."""
+
+    def __init__(self, algo: AlgoConfig) -> None:
+        self.algo = algo
+        self._seen: dict[int, tuple[Trajectory, tuple[float, ...]]] = {}  # id -> (episode, its signal)
+
+    def __call__(self, traj: Trajectory) -> tuple[float, ...]:
+        if id(traj) not in self._seen:  # the episode is held too, so its id is never reused meanwhile
+            self._seen[id(traj)] = (traj, learning_signal(traj, self.algo))
+        return self._seen[id(traj)][1]
 
 
 def group_specs(cfg: ExperimentConfig, seeds: Sequence[int]) -> list[EpisodeSpec]:
@@ -187,7 +202,7 @@ def collect(
     """
     sampler = GroupSampler(cfg, policy, state, dist, backend)
     n = cfg.rollout.prompts_per_step
-    signal = partial(learning_signal, cfg=cfg.algo)
+    signal = StepSignals(cfg.algo)
     if cfg.curriculum.enabled:  # problems drawn by difficulty pool, groups gated and refilled
         groups, metrics = curriculum_step(cfg, sampler, state.history, signal)
     elif cfg.algo.dynamic_sampling:

@@ -40,6 +40,7 @@ UPDATE = (
     + r"""
 import dataclasses, json, os, sys, torch
 import veriloop.algos.loop.train as T
+from veriloop.algos.learner.train_batch import SINGLE_PROCESS, train_on_batch
 from veriloop.algos.loop.source import collect
 from veriloop.algos.loop.parts import TrainerState
 import veriloop.algos.run.setup as S
@@ -62,7 +63,7 @@ forward._packed_prefix_logits = counted("packed", forward._packed_prefix_logits)
 forward._shared_prefix_logits = counted("kv_cache", forward._shared_prefix_logits)
 out, single = sys.argv[1], sys.argv[2] == "single"
 cfg = load_config(None, sys.argv[3:])
-dist = T.SINGLE_PROCESS if single else dataclasses.replace(init_distributed(), sharded=True)
+dist = SINGLE_PROCESS if single else dataclasses.replace(init_distributed(), sharded=True)
 torch.manual_seed(0)
 policy = S.build_policy(cfg)
 critic = S.build_critic(cfg, policy)
@@ -77,7 +78,7 @@ else:
         trajs, _, _ = collect(cfg, policy, TrainerState(), dist)
     if dist.rank == 0:
         torch.save(trajs, os.path.join(out, "batch.pt"))
-m = T.train_on_batch(cfg, policy, critic, opt, trajs, torch.Generator().manual_seed(0), dist)
+m = train_on_batch(cfg, policy, critic, opt, trajs, torch.Generator().manual_seed(0), dist)
 memory = fsdp.training_state_bytes(opt)  # after the step: AdamW's moments exist
 if single:
     after = {n: p.detach() for n, p in parts.named_parameters() if p.requires_grad}
