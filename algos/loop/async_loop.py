@@ -168,17 +168,18 @@ class AsyncSource(BatchSource):
         self.run = run
         self.ledger = Ledger(run.run_dir, run.state.step)
         self.worker = build_worker(run, self.ledger)
-        self.evals = EvalBeside(
+        self.beside = EvalBeside(
             run.policy,
             lambda policy, v: in_training.evaluate_step(run.cfg, policy, v, run.quiet, backend=None),
         )
+        self.evals = self.beside  # the step body starts due evaluations here and logs them when done
         self.eval_backend = None  # the worker uses the rollout engine: the last evaluation runs on HF
         self._groups: list[Group] = []
         self._waited = 0.0
 
     def start(self) -> None:
         if self.run.state.history.get("async", {}).get("eval_pending") == self.run.state.step:
-            self.evals.start(self.run.state.step)  # killed while evaluating these weights: evaluate them now
+            self.beside.start(self.run.state.step)  # killed while evaluating these weights: evaluate them now
         self.worker.start()
 
     def next_batch(self, step: int) -> StepBatch:
@@ -246,7 +247,7 @@ class AsyncSource(BatchSource):
         return f" | stale={metrics['async/staleness_mean']}"
 
     def before_checkpoint(self) -> None:
-        self.run.state.history.setdefault("async", {})["eval_pending"] = self.evals.in_flight
+        self.run.state.history.setdefault("async", {})["eval_pending"] = self.beside.in_flight
 
     def close(self, finished: bool) -> None:
         worker = self.worker
