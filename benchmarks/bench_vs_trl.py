@@ -9,7 +9,7 @@ single-turn level-1 math from ``veriloop/MathVerify-v0``; both see the same prob
 rendered with the model's chat template (one user message, the template's default system prompt).
 
 * veriloop: ``veriloop.algos.loop.train.train(cfg)`` with ``load_config("quickstart", overrides)``.
-  Evaluation is switched off by replacing ``veriloop.algos.loop.train.evaluate_step`` with a no-op in the
+  Evaluation is switched off by replacing ``veriloop.algos.eval.in_training.evaluate_step`` with a no-op in the
   worker process (it would run before the first and after the last step).
 * TRL: ``GRPOTrainer`` with a ``datasets.Dataset`` of the env's reset observations and a reward
   function that calls ``veriloop.envs.verifiers.check_math`` on the gold answer from
@@ -146,6 +146,8 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
     """``train(cfg)`` with a barrier before each step; per-step numbers come from its own metrics."""
     import torch
 
+    import veriloop.algos.eval.in_training as ve
+    import veriloop.algos.loop.run_steps as vs
     import veriloop.algos.loop.train as vt
     from veriloop.configs.loader import load_config
 
@@ -167,8 +169,8 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
         ]
     cfg = load_config("quickstart", overrides=overrides)
     # no evaluation: only training steps are compared
-    vt.evaluate_step = lambda cfg, policy, step, quiet, **kw: {}
-    inner_loop, inner_guard = vt._loop, vt.guard_nonfinite
+    ve.evaluate_step = lambda cfg, policy, step, quiet, **kw: {}
+    inner_loop, inner_guard = vt._loop, vs.guard_nonfinite
 
     def loop(*a: Any, **k: Any) -> None:  # the policy is built: wait for the first "go"
         chan.send(event="ready", hwm_mb=vm_hwm_mb(), torch_threads=torch.get_num_threads())
@@ -185,7 +187,7 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
         if state.step + 1 < loop.total:
             chan.wait_go()
 
-    vt._loop, vt.guard_nonfinite = loop, guard
+    vt._loop, vs.guard_nonfinite = loop, guard
     vt.train(cfg, quiet=True)
 
 
@@ -490,7 +492,7 @@ def run_parent(args: argparse.Namespace) -> None:
             "target_modules": "all-linear",
             "kl": "off (beta = 0, no reference model)",
             "loss": "GRPO seq-mean-token-mean, clip 0.2",
-            "veriloop_eval": "off: veriloop.algos.loop.train.evaluate_step replaced by a no-op",
+            "veriloop_eval": "off: veriloop.algos.eval.in_training.evaluate_step replaced by a no-op",
             "warmup_steps_discarded": 1,
         },  # fmt: skip
         "flops": {

@@ -254,8 +254,8 @@ def test_the_curriculum_gate_reports_as_itself_and_an_idle_step_does_not_warn(
 ) -> None:
     import warnings
 
+    from veriloop.algos.loop.run_steps import advance_schedule
     from veriloop.algos.loop.sampling import dynamic_sampling
-    from veriloop.algos.loop.step import advance_schedule
 
     with caplog.at_level("WARNING"):
         dynamic_sampling(lambda n: [[1, 1]] * n, num_groups=4, max_rounds=1, reward_fn=float,
@@ -271,7 +271,7 @@ def test_the_curriculum_gate_reports_as_itself_and_an_idle_step_does_not_warn(
 
 
 def test_the_modes_say_what_is_on_and_count_what_they_did() -> None:
-    from veriloop.algos.loop.step import modes_line, modes_tally
+    from veriloop.algos.loop.metrics import modes_line, modes_tally
     from veriloop.configs.loader import load_config
 
     cfg = load_config(

@@ -1,7 +1,7 @@
 """The learner room: one batch in, metrics out. The algorithm record a preset resolves to
 (``algorithm``), the token batch and its rows (``batch``), the value model (``critic``), what a
-group teaches (``signal``) and the update that turns a batch of episodes into one optimizer step
-(``update``).
+group teaches (``signal``), the update's parts (``update``) and the update of one batch of
+episodes with its metrics (``train_batch``).
 
 Import rule: may import ``veriloop.algos.maths``, ``veriloop.algos.run`` (the sharding helpers),
 ``veriloop.agents``, ``veriloop.envs`` and ``veriloop.configs``; never the loop

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from veriloop.agents.policy import Policy
 from veriloop.algos.loop.async_worker import HFWeights
+from veriloop.configs.schema import ExperimentConfig
 
 #: ``(policy, version) -> eval metrics``: the trainer's evaluation of one weight version.
 Evaluate = Callable[[Policy, int], dict[str, float]]
@@ -30,7 +30,7 @@ class EvalBeside:
 
     Args:
         policy: the trainer's policy (copied once, lazily; the copy never trains).
-        evaluate: runs the evaluation of a policy at a version (``step.evaluate_step`` in the loop).
+        evaluate: runs the evaluation of a policy at a version (``in_training.evaluate_step`` in the loop).
     """
 
     def __init__(self, policy: Policy, evaluate: Evaluate) -> None:
@@ -90,6 +90,6 @@ class EvalBeside:
                 raise RuntimeError(f"the evaluation beside training failed: {self._error!r}") from self._error
 
 
-def eval_due(cfg: Any, step: int) -> bool:
+def eval_due(cfg: ExperimentConfig, step: int) -> bool:
     """Evaluate after ``step`` steps? Every ``eval.every`` steps, and after the last."""
     return bool(cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.train.steps

@@ -1,13 +1,15 @@
-"""The RL loop with generation beside the update (``train.max_staleness`` K > 0).
+"""The asynchronous batch source (``train.max_staleness`` K > 0): generation beside the update.
 
-The synchronous loop alternates: collect a step's groups, then train on them; K = 0 runs it and
-never reaches this module. Here a :class:`~veriloop.algos.loop.async_worker.GenerationWorker` thread
+The step body is the synchronous one (:func:`~veriloop.algos.loop.run_steps.run_steps`); K = 0
+draws from :class:`~veriloop.algos.loop.source.SyncSource` and never reaches this module. Here
+:class:`AsyncSource` runs a :class:`~veriloop.algos.loop.async_worker.GenerationWorker` thread that
 keeps admitting and playing groups while the trainer updates, under the bound of
-:mod:`veriloop.algos.loop.staleness`. One step, top to bottom:
+:mod:`veriloop.algos.loop.staleness`. What it does in a step:
 
-    wait for the step's groups (oldest first; the bound says when to wait)
-    -> train on them (decoupled PPO: pi_prox recomputed by the trainer, pi_prox / mu by TIS/MIS)
-    -> hand the new weights to the generator (version v + 1) -> metrics -> eval / log / checkpoint
+    next_batch: wait for the step's groups (oldest first; the bound says when to wait)
+    (the step body trains on them: decoupled PPO, pi_prox recomputed by the trainer, pi_prox / mu by TIS/MIS)
+    hand_over: the new weights go to the generator (version v + 1), the sampler is probed
+    step_metrics: async/* (staleness, counts, idle shares); evaluations run beside training
 
 Resume: a checkpoint keeps the data cursor (``TrainerState.next_seed``: the next new problem) and
 the seeds admitted but not yet trained (``history["async"]["pending"]``, oldest first). In-flight
@@ -24,17 +26,22 @@ import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import veriloop.algos.eval.in_training as in_training
 from veriloop.agents.backends import eos_token_ids
 from veriloop.agents.chat import ChatFormat
 from veriloop.agents.compaction import make_compactor
-from veriloop.agents.engine import EpisodeSpec
 from veriloop.agents.trajectory import Trajectory
-from veriloop.algos.loop.async_eval import EvalBeside, eval_due
-from veriloop.algos.loop.async_worker import GenerationWorker, HFWeights, LiveWeights
+from veriloop.algos.learner.signal import group_informative
+from veriloop.algos.learner.update import learning_signal
+from veriloop.algos.loop.async_eval import EvalBeside
+from veriloop.algos.loop.async_worker import Finished, GenerationWorker, HFWeights, Judge, LiveWeights
+from veriloop.algos.loop.parts import RunParts
+from veriloop.algos.loop.sampling import rollout_limits, sampling_for, sampling_stream
+from veriloop.algos.loop.source import BatchSource, StepBatch, group_specs, probe_sampler
 from veriloop.algos.loop.staleness import Group, Scheduler, count_metrics, idle_shares, staleness_metrics
-from veriloop.algos.run.progress import say
+from veriloop.algos.run.distributed import DistContext
 from veriloop.configs.schema import ConfigError, ExperimentConfig
 
 LEDGER = "prompts.jsonl"
@@ -64,7 +71,7 @@ def read_ledger(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / LEDGER).read_text().splitlines() if line.strip()]
 
 
-def check_async(cfg: ExperimentConfig, dist: Any) -> None:
+def check_async(cfg: ExperimentConfig, dist: DistContext) -> None:
     """What asynchronous training cannot do yet, refused before the loop starts."""
     if dist.enabled:
         raise ConfigError(
@@ -94,202 +101,158 @@ def _budget(cfg: ExperimentConfig, cursor: int, pending: list[int]) -> int:
     return len(pending) + max(0, stop - cursor)
 
 
-def _specs(cfg: ExperimentConfig) -> Any:
-    from veriloop.algos.loop.mixture import assign_envs
-
-    envs, g = cfg.env.training_envs, cfg.rollout.group_size
-
-    def specs(seed: int) -> list[EpisodeSpec]:
-        name = assign_envs(cfg.env.mixture_weights, [seed], cfg.rollout.seed)[0]  # from the seed alone
-        return [
-            EpisodeSpec(envs[name].id or cfg.env.id, dict(envs[name].kwargs), seed, seed) for _ in range(g)
-        ]
-
-    return specs
+def group_judge(cfg: ExperimentConfig) -> Judge:
+    """Whether a finished group teaches something: ``signal.group_informative`` of its learning
+    signals, the test every mode shares. The worker asks it once per group, when the group finishes;
+    the drop rule and the ``sampling/*`` metrics read the answer."""
+    signal = partial(learning_signal, cfg=cfg.algo)
+    return lambda trajs: group_informative(trajs, signal)
 
 
-def _drop_rule(cfg: ExperimentConfig) -> Any:
-    """Dynamic sampling: a group whose learning signals are all equal is dropped (``uninformative``)."""
-    from veriloop.algos.learner.signal import group_informative
-    from veriloop.algos.learner.update import learning_signal
+def sampling_metrics(cfg: ExperimentConfig, finished: list[Finished], taken: int) -> dict[str, float]:
+    """The synchronous source's ``sampling/*`` keys, over the groups ``finished`` since the last step
+    (each judged once, when it finished); ``taken``: the groups the step trains on."""
+    n = cfg.rollout.prompts_per_step
+    informative = sum(f.informative for f in finished) / len(finished) if finished else 0.0
+    kept = informative if cfg.algo.dynamic_sampling else 1.0  # dynamic sampling drops the rest
+    return {
+        "sampling/rounds": len(finished) / n,
+        "sampling/kept_fraction": kept if finished else 0.0,
+        "sampling/informative_fraction": informative,
+        "sampling/short_batch": float(taken < n),
+    }
 
-    def drop(trajs: list[Trajectory]) -> str | None:
-        if cfg.algo.dynamic_sampling and not group_informative(trajs, partial(learning_signal, cfg=cfg.algo)):
-            return "uninformative"
-        return None
 
-    return drop
-
-
-def build_worker(run: Any, ledger: Ledger) -> GenerationWorker:
+def build_worker(run: RunParts, ledger: Ledger) -> GenerationWorker:
     """The scheduler (at the restored version, with the restored pending problems) and its worker."""
-    from veriloop.algos.loop import step as T
-
     cfg, state, policy = run.cfg, run.state, run.policy
     pending = list(state.history.get("async", {}).get("pending", []))
-    sched = Scheduler(cfg.train.max_staleness, cfg.rollout.prompts_per_step,
-                      budget=_budget(cfg, state.next_seed, pending), version=state.step)  # fmt: skip
-    sched.accepted = state.step * cfg.rollout.prompts_per_step  # the groups trained before a resume
     k = cfg.train.max_staleness
-    weights = (
-        HFWeights(policy, state.step) if run.backend is None else LiveWeights(run.backend, state.step, k)
+    sched = Scheduler(k, cfg.rollout.prompts_per_step, budget=_budget(cfg, state.next_seed, pending),
+                      version=state.step)  # fmt: skip
+    sched.accepted = state.step * cfg.rollout.prompts_per_step  # the groups trained before a resume
+    weights: HFWeights | LiveWeights
+    if run.backend is None:
+        weights = HFWeights(policy, state.step)
+    else:
+        weights = LiveWeights(run.backend, state.step, k)
+        if weights.lora:
+            check_adapter_slots(run.backend.adapter_slots(), k)
+    worker = GenerationWorker(
+        sched=sched,
+        cond=threading.Condition(),
+        weights=weights,
+        specs=lambda seed: group_specs(cfg, [seed]),
+        judge=group_judge(cfg),
+        drop_uninformative=cfg.algo.dynamic_sampling,
+        fmt=ChatFormat(policy.tokenizer, cfg.env.system_prompt, processor=policy.processor),
+        eos=eos_token_ids(policy.tokenizer, policy.model),
+        sampling=sampling_for(cfg, sampling_stream(state.step, 0, 0)),
+        limits=rollout_limits(cfg),
+        cursor=state.next_seed,
+        pending=pending,
+        compactor=make_compactor(cfg.rollout.compaction, cfg.rollout.compaction_keep),
     )
-    if isinstance(weights, LiveWeights) and weights.lora:
-        check_adapter_slots(run.backend.adapter_slots(), k)
-    fmt = ChatFormat(policy.tokenizer, cfg.env.system_prompt, processor=policy.processor)
-    worker = GenerationWorker(sched=sched, cond=threading.Condition(), weights=weights, specs=_specs(cfg),
-                              drop=_drop_rule(cfg), fmt=fmt, eos=eos_token_ids(policy.tokenizer, policy.model),
-                              sampling=T.sampling_for(cfg, T.sampling_stream(state.step, 0, 0)), limits=T.rollout_limits(cfg),
-                              cursor=state.next_seed, pending=pending,
-                              compactor=make_compactor(cfg.rollout.compaction, cfg.rollout.compaction_keep))  # fmt: skip
     worker.on_drop = lambda g: ledger.write("dropped", g, sched.version, g.dropped)
     return worker
 
 
-def async_loop(run: Any) -> None:
-    """RL steps ``state.step .. train.steps - 1`` with generation beside the update (module docstring)."""
-    from veriloop.algos.loop import step as T
+class AsyncSource(BatchSource):
+    """K > 0: a generation worker plays groups beside the update (module docstring); a step takes
+    the finished ones the staleness bound allows, and hands the trained weights to the worker.
 
-    cfg, state = run.cfg, run.state
-    check_async(cfg, run.dist)
-    loop = T.step_loop(run)
-    ledger = Ledger(run.run_dir, state.step)
-    worker = build_worker(run, ledger)
-    say(quiet=run.quiet, text=f"RL (asynchronous, max_staleness={cfg.train.max_staleness}): {cfg.train.steps - state.step} "
-                      f"steps of {cfg.rollout.batch_size} episodes, algorithm {cfg.algo.name}\n{T.STEP_LEGEND}")  # fmt: skip
-    evals = EvalBeside(run.policy, lambda policy, v: T.evaluate_step(cfg, policy, v, run.quiet, backend=None))
-    if state.history.get("async", {}).get("eval_pending") == state.step:
-        evals.start(state.step)  # killed while evaluating this checkpoint's weights: evaluate them now
-    worker.start()
-    finished = False
-    try:
-        for step in loop.steps(state.step):
-            _async_step(run, loop, worker, ledger, step, evals)
-        finished = True
-    finally:
+    Owns the ledger (``prompts.jsonl``), the worker and the evaluations beside training."""
+
+    def __init__(self, run: RunParts) -> None:
+        check_async(run.cfg, run.dist)
+        self.run = run
+        self.ledger = Ledger(run.run_dir, run.state.step)
+        self.worker = build_worker(run, self.ledger)
+        self.beside = EvalBeside(
+            run.policy,
+            lambda policy, v: in_training.evaluate_step(run.cfg, policy, v, run.quiet, backend=None),
+        )
+        self.evals = self.beside  # the step body starts due evaluations here and logs them when done
+        self.eval_backend = None  # the worker uses the rollout engine: the last evaluation runs on HF
+        self._groups: list[Group] = []
+        self._waited = 0.0
+
+    def start(self) -> None:
+        if self.run.state.history.get("async", {}).get("eval_pending") == self.run.state.step:
+            self.beside.start(self.run.state.step)  # killed while evaluating these weights: evaluate them now
+        self.worker.start()
+
+    def next_batch(self, step: int) -> StepBatch:
+        worker = self.worker
+        self._groups, self._waited = worker.wait_batch(step)
+        with worker.cond:
+            finished, worker.finished = worker.finished, []  # every group finished since the last step
+        trajs = [t for g in self._groups for t in cast(list[Trajectory], g.payload)]
+        sampled = [t for f in finished for t in f.trajs]
+        return StepBatch(trajs, sampled or trajs, sampling_metrics(self.run.cfg, finished, len(self._groups)))
+
+    def hand_over(self, step: int, trained: bool) -> dict[str, float]:
+        """The trained weights become version ``step + 1`` for the worker (every step, trained or not:
+        the scheduler's version moves), the sampler is probed, and the step's groups are recorded
+        trained. In the same critical section the checkpointed resume point (cursor, pending) is taken."""
+        run, worker, version, t0 = self.run, self.worker, step + 1, time.perf_counter()
+        w = worker.weights
+        probe: dict[str, float] = {}
+        if isinstance(w, HFWeights):
+            w.publish(version, run.policy)  # the worker loads it between two turns
+        else:
+            probe = self._sync_live(w, version)
+        synced = {"time/weight_sync_s": time.perf_counter() - t0}
+        with worker.cond:
+            worker.sched.trained()
+            run.state.next_seed = worker.cursor
+            run.state.history["async"] = {"pending": worker.sched.pending_seeds() + list(worker.pending)}
+            worker.cond.notify_all()
+        for g in self._groups:
+            self.ledger.write("trained", g, step)
+        return {**synced, **probe}
+
+    def _sync_live(self, w: LiveWeights, version: int) -> dict[str, float]:
+        """An engine with its own weights: ``sync``, then the probe (``source.probe_sampler``). Full
+        weights: with the worker held between two turns. Adapters: a new adapter beside the ones in
+        use, no pause, unless the probe runs (it samples from the engine, which the worker then leaves
+        alone)."""
+        backend = self.run.backend
+        assert backend is not None
+        pause = not w.lora or self.run.cfg.train.sync_probe
+        if pause:
+            self.worker.pause()  # the worker holds between two turns
+        try:
+            backend.sync()  # pushes the weights (a new adapter, or merged ones); vLLM resets its prefix cache
+            if w.lora:
+                w.served(version)
+            else:
+                w.loaded = version
+            return probe_sampler(self.run, version)  # it really serves them, or the run stops
+        finally:
+            if pause:
+                self.worker.resume()
+
+    def step_metrics(self, step: int, batch: StepBatch, wall_s: float) -> dict[str, float | None]:
+        worker = self.worker
+        with worker.cond:
+            metrics: dict[str, float | None] = {**count_metrics(worker.sched)}
+            gen_wait, worker.clock.waited_s = worker.clock.waited_s, 0.0
+        metrics.update(staleness_metrics(step, self._groups))
+        metrics.update(idle_shares(self._waited, gen_wait, wall_s))
+        metrics["async/weight_versions_held"] = float(worker.weights.most_held)
+        return metrics
+
+    def step_note(self, metrics: dict[str, object]) -> str:
+        return f" | stale={metrics['async/staleness_mean']}"
+
+    def before_checkpoint(self) -> None:
+        self.run.state.history.setdefault("async", {})["eval_pending"] = self.beside.in_flight
+
+    def close(self, finished: bool) -> None:
+        worker = self.worker
         worker.stop()
         if finished:  # a crash leaves the pending problems to the checkpoint: a resume plays them
             with worker.cond:
                 for g in worker.sched.close():
-                    ledger.write("dropped", g, worker.sched.version, g.dropped)
-
-
-def _async_step(
-    run: Any, loop: Any, worker: GenerationWorker, ledger: Ledger, step: int, evals: EvalBeside
-) -> None:
-    """One step: wait for its groups, train, hand the weights over, then metrics / eval / log / save."""
-    from veriloop.algos.loop import step as T
-
-    cfg, state, t0 = run.cfg, run.state, time.perf_counter()
-    batch, waited = worker.wait_batch(step)
-    with worker.cond:
-        sampled, worker.sampled = worker.sampled, []  # every episode finished since the last step
-    trajs = [t for g in batch for t in g.payload]  # type: ignore[union-attr]
-    metrics: dict[str, Any] = _sampling_metrics(cfg, batch, sampled)
-    shown = sampled or trajs
-    if shown:
-        metrics.update(T.rollout_metrics(shown, run.policy.tokenizer))
-    if shown and cfg.env.mixture:  # per environment, as the synchronous loop logs them
-        from veriloop.algos.loop.mixture import per_env_metrics
-
-        metrics.update(
-            per_env_metrics(shown, {n: (str(e.id), e.kwargs) for n, e in cfg.env.training_envs.items()})
-        )
-    T.report_first_step(run, step, metrics)  # the base policy's groups, before the first update
-    t1 = time.perf_counter()
-    if trajs:
-        metrics.update(T.train_on_batch(cfg, run.policy, run.critic, run.optimizer, trajs, run.generator,
-                                        run.dist, run.algo))  # fmt: skip
-    else:
-        metrics.update(T.no_update())
-    metrics["time/weight_sync_s"] = _hand_over_weights(run, worker, step + 1)
-    for g in batch:
-        ledger.write("trained", g, step)
-    t_train = time.perf_counter() - t1
-    T.advance_schedule(run.scheduler)
-    with worker.cond:
-        metrics.update(count_metrics(worker.sched))
-        gen_wait, worker.clock.waited_s = worker.clock.waited_s, 0.0
-    metrics.update(staleness_metrics(step, batch))
-    metrics.update(idle_shares(waited, gen_wait, time.perf_counter() - t0))
-    metrics["async/weight_versions_held"] = float(worker.weights.most_held)
-    metrics.update(T.step_timing(metrics, run.scheduler.get_last_lr()[0], shown, waited, t_train))
-    T.guard_nonfinite(loop, state, metrics)
-    state.step = step + 1
-    _evaluate_and_log(run, loop, metrics, evals)
-    loop.show(T.step_summary(metrics))
-    say(quiet=run.quiet, text=f"step {state.step:4d}/{cfg.train.steps} | {T.step_summary(metrics)} | "
-                      f"stale={metrics['async/staleness_mean']}")  # fmt: skip
-    T.guard_learning(run, metrics)  # no informative group for too long: stop (the rows are logged)
-    if loop.checkpoint_due(state.step):
-        state.history.setdefault("async", {})["eval_pending"] = evals.in_flight
-        T.checkpoint_run(run)
-
-
-def _hand_over_weights(run: Any, worker: GenerationWorker, version: int) -> float:
-    """The trained weights become version ``version`` for the generator, and the scheduler's v moves
-    to it; in the same critical section the checkpointed resume point (cursor, pending) is taken."""
-    t0 = time.perf_counter()
-    w = worker.weights
-    if isinstance(w, HFWeights):
-        w.publish(version, run.policy)  # the worker loads it between two turns
-    elif w.lora:  # adapters on servers: a new adapter beside the ones in use, no pause
-        run.backend.sync()
-        w.served(version)
-    else:
-        worker.pause()  # the worker holds between two turns
-        try:
-            run.backend.sync()  # pushes the weights; vLLM resets its prefix cache
-            w.loaded = version
-        finally:
-            worker.resume()
-    with worker.cond:
-        worker.sched.trained()
-        run.state.next_seed = worker.cursor
-        run.state.history["async"] = {"pending": worker.sched.pending_seeds() + list(worker.pending)}
-        worker.cond.notify_all()
-    return time.perf_counter() - t0
-
-
-def _sampling_metrics(
-    cfg: ExperimentConfig, batch: list[Group], sampled: list[Trajectory]
-) -> dict[str, float]:
-    """The synchronous loop's ``sampling/*`` keys, over the groups that finished since the last step."""
-    from veriloop.algos.learner.signal import informative_fraction
-    from veriloop.algos.learner.update import learning_signal
-
-    g = cfg.rollout.group_size
-    groups = [sampled[i : i + g] for i in range(0, len(sampled), g)]
-    informative = informative_fraction(groups, partial(learning_signal, cfg=cfg.algo))
-    n = cfg.rollout.prompts_per_step
-    kept = informative if cfg.algo.dynamic_sampling else 1.0  # dynamic sampling drops the rest
-    return {
-        "sampling/rounds": len(groups) / n,
-        "sampling/kept_fraction": kept if groups else 0.0,
-        "sampling/informative_fraction": informative,
-        "sampling/short_batch": float(len(batch) < n),
-    }
-
-
-def _evaluate_and_log(run: Any, loop: Any, metrics: dict[str, Any], evals: EvalBeside) -> None:
-    """Log the step. A due evaluation starts beside training (``algos.loop.async_eval``) and every one
-    done by now is logged in its own row, at the step (version) it evaluated; the last step's is
-    run by the trainer, after the ones in flight, into the step's own row (nothing is left to overlap)."""
-    from veriloop.algos.loop import step as T
-
-    cfg, step = run.cfg, run.state.step
-    if step == cfg.train.steps:
-        evals.wait()
-        _log_evals(loop, evals)
-        metrics.update(T.evaluate_step(cfg, run.policy, step, run.quiet, backend=None))
-        metrics["async/eval_version"] = float(step)
-    elif eval_due(cfg, step):
-        evals.start(step)
-    loop.log_metrics(step, metrics)
-    _log_evals(loop, evals)
-
-
-def _log_evals(loop: Any, evals: EvalBeside) -> None:
-    for version, metrics in evals.finished():
-        if loop.log is not None:
-            loop.log.log(version, metrics)
+                    self.ledger.write("dropped", g, worker.sched.version, g.dropped)

@@ -32,7 +32,6 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import torch
 
@@ -44,10 +43,23 @@ from veriloop.agents.engine import EpisodeSpec, Player, RolloutLimits, _Episode
 from veriloop.agents.policy import Policy
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.trajectory import Trajectory
-from veriloop.algos.loop.staleness import Scheduler
+from veriloop.algos.loop.staleness import Group, Scheduler
 
-#: ``group trajectories -> reason to drop it, or None to keep it`` (dynamic sampling).
-DropRule = Callable[[list[Trajectory]], str | None]
+#: ``group trajectories -> whether the group teaches something`` (``signal.group_informative`` of
+#: the learning signals): asked once per group, when it finishes.
+Judge = Callable[[list[Trajectory]], bool]
+
+
+@dataclass
+class Finished:
+    """A group that finished playing, kept or dropped: its episodes and whether it is informative."""
+
+    trajs: list[Trajectory]
+    informative: bool
+
+    def drop_reason(self, drop_uninformative: bool) -> str | None:
+        """Why the group is not trained (``uninformative`` under dynamic sampling), or None: kept."""
+        return "uninformative" if drop_uninformative and not self.informative else None
 
 
 class HFWeights:
@@ -170,20 +182,19 @@ class GenerationWorker:
     cond: threading.Condition
     weights: HFWeights | LiveWeights
     specs: Callable[[int], list[EpisodeSpec]]  # seed -> the group's episodes
-    drop: DropRule
+    judge: Judge
     fmt: ChatFormat
     eos: Sequence[int]
     sampling: SamplingParams
     limits: RolloutLimits
     cursor: int  # the next new problem's seed
+    drop_uninformative: bool = False  # dynamic sampling: an uninformative group is dropped, not trained
     compactor: Compactor | None = None  # ``rollout.compaction``, as the synchronous rollout applies it
     pending: list[int] = field(default_factory=list)
-    on_drop: Callable[[Any], None] = lambda group: None  # called under ``cond``
+    on_drop: Callable[[Group], None] = lambda group: None  # called under ``cond``
     clock: WorkerClock = field(default_factory=WorkerClock)
     error: BaseException | None = None
-    sampled: list[Trajectory] = field(
-        default_factory=list
-    )  # every finished episode since the trainer last read
+    finished: list[Finished] = field(default_factory=list)  # every group finished since the trainer last read
     _running: dict[int, Running] = field(default_factory=dict)
     _keys: int = 0
     _stop: bool = False
@@ -230,7 +241,7 @@ class GenerationWorker:
             self._pause = False
             self.cond.notify_all()
 
-    def wait_batch(self, step: int) -> tuple[list[Any], float]:
+    def wait_batch(self, step: int) -> tuple[list[Group], float]:
         """Step ``step``'s groups from the scheduler (waiting as it says); returns them and the wait."""
         t0 = time.perf_counter()
         with self.cond:
@@ -342,7 +353,8 @@ class GenerationWorker:
         self._player.turn(eps)
 
     def _hand_over(self) -> None:
-        """Every group whose episodes all ended goes to the scheduler (kept, or dropped with a reason)."""
+        """Every group whose episodes all ended goes to the scheduler, judged once (``judge``): kept, or
+        dropped as ``uninformative`` under dynamic sampling."""
         done = [g for g in self._running.values() if all(ep.done for ep in g.episodes)]
         finished = []
         for group in done:
@@ -350,15 +362,16 @@ class GenerationWorker:
             for ep in group.episodes:
                 ep.env.close()
             del self._running[group.gid]
-            finished.append((group.gid, trajs, self.drop(trajs), group.last_version))
+            finished.append((group.gid, Finished(trajs, self.judge(trajs)), group.last_version))
         if not finished:
             return
         with self.cond:
-            for gid, trajs, reason, v_end in finished:
-                g = self.sched.finish(gid, keep=reason is None, reason=reason, payload=trajs, v_end=v_end)
+            for gid, fin, v_end in finished:
+                reason = fin.drop_reason(self.drop_uninformative)
+                g = self.sched.finish(gid, keep=reason is None, reason=reason, payload=fin.trajs, v_end=v_end)
                 if reason is not None:
                     self.on_drop(g)
-                self.sampled.extend(trajs)
+                self.finished.append(fin)
             self.cond.notify_all()
 
     @property

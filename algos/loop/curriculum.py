@@ -298,7 +298,7 @@ def curriculum_step(
 
     Args:
         cfg: The experiment (its ``curriculum``, ``env`` and ``rollout`` sections are read).
-        sampler: ``n -> groups`` (``train.GroupSampler``); under pools its ``choose`` is set to the
+        sampler: ``n -> groups`` (``source.GroupSampler``); under pools its ``choose`` is set to the
             difficulty draw. Every rank gets every rank's groups from it, so the statistics
             below are the same on every rank.
         history: ``TrainerState.history``: the running rates live in ``history["curriculum"]``

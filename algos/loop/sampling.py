@@ -1,4 +1,6 @@
-"""DAPO dynamic sampling: keep only groups that carry a learning signal.
+"""How a step samples: the sampler's settings and seed of every rollout call (``sampling_for``,
+``sampling_stream``), its limits (``rollout_limits``), and DAPO dynamic sampling, which keeps only
+groups that carry a learning signal.
 
 A group whose rewards are all equal has zero group-relative advantage everywhere, so it only
 dilutes the batch. DAPO over-samples and keeps sampling until the batch holds N informative groups.
@@ -10,10 +12,38 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from veriloop.agents.engine import RolloutLimits
+from veriloop.agents.sampling_params import SamplingParams
 from veriloop.algos.learner.signal import group_informative, verifier_failed
+from veriloop.configs.schema import ExperimentConfig
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
+
+
+def sampling_for(cfg: ExperimentConfig, stream: int) -> SamplingParams:
+    return SamplingParams.from_rollout(cfg.rollout, seed=cfg.rollout.seed * 100_003 + stream)
+
+
+def rollout_limits(cfg: ExperimentConfig) -> RolloutLimits:
+    return RolloutLimits.from_rollout(cfg.rollout)
+
+
+#: Rounds of dynamic sampling one step may run, and data-parallel ranks, that ``sampling_stream``
+#: keeps apart (``max_sampling_rounds`` <= 16 and <= 64 processes give every draw its own stream).
+ROUNDS_PER_STEP = 16
+
+
+MAX_RANKS = 64
+
+
+def sampling_stream(step: int, round_: int, rank: int) -> int:
+    """The sampling stream of one rollout call: ``(step * 16 + round) * 64 + rank``.
+
+    Reproducible (a resumed run draws the same numbers at the same step) and distinct across
+    steps, dynamic-sampling rounds within a step and data-parallel ranks; ``sampling_for`` turns it
+    into the sampler's seed."""
+    return (step * ROUNDS_PER_STEP + round_) * MAX_RANKS + rank
 
 
 def dynamic_sampling(

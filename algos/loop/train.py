@@ -1,70 +1,38 @@
-"""The RL training loop, top to bottom.
+"""Training a policy, top to bottom: ``train`` checks the config, claims the run folder, builds the
+run (:class:`~veriloop.algos.loop.parts.RunParts`), restores a checkpoint, runs the SFT warm-up,
+then the RL steps, and saves the final policy.
 
-rollout (with dynamic sampling when on) -> shaping and advantages -> epochs x mini-batches of
-updates -> metrics -> periodic evaluation -> checkpoint. Every algorithm runs through this one
-loop; which parts it uses was decided by ``cfg.algo`` before the loop starts (``algorithm.resolve``
-builds the ``Algorithm`` record once, in ``train``).
-
-Reading order: ``train`` (set up, restore, SFT warm-up) -> ``_loop`` (one step: ``collect`` ->
-``train_on_batch`` -> metrics -> guard -> eval / log / checkpoint). Everything a step needs is
-one :class:`RunParts`; the step schedule, the non-finite guard and the log / checkpoint cadence
-are ``steps.StepLoop``, the same machinery the SFT warm-up (``sft_train.py``) runs on.
+The RL steps are the one step body, :func:`~veriloop.algos.loop.run_steps.run_steps`, over a
+batch source: :class:`~veriloop.algos.loop.source.SyncSource` for ``train.max_staleness`` 0 (each
+step plays its groups, then trains on them), :class:`~veriloop.algos.loop.async_loop.AsyncSource`
+above it (a worker plays groups beside the update). Every algorithm runs through this one loop;
+which parts it uses was decided by ``cfg.algo`` before the loop starts (``algorithm.resolve``
+builds the ``Algorithm`` record once, in ``_build_run``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
+import veriloop.algos.eval.in_training as in_training
 import veriloop.envs  # noqa: F401  (registers the environments)
-from veriloop.agents.backends import Backend, serving_backend
-from veriloop.agents.compaction import make_compactor
-from veriloop.agents.engine import EpisodeSpec, rollout
+from veriloop.agents.backends import serving_backend
+from veriloop.agents.backends.base import ServingBackend
 from veriloop.agents.loading import save_policy
 from veriloop.agents.policy import Policy
-from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.eval.report import run_summary
 from veriloop.algos.learner.algorithm import resolve
-from veriloop.algos.learner.signal import informative_fraction
-from veriloop.algos.learner.update import (
-    learning_signal,
-)
-from veriloop.algos.loop.curriculum import curriculum_step
-from veriloop.algos.loop.mixture import assign_envs, per_env_metrics
-from veriloop.algos.loop.sampling import dynamic_sampling
-from veriloop.algos.loop.step import (
-    SINGLE_PROCESS,
-    STEP_LEGEND,
-    LiveBackend,
-    RunParts,
-    TrainerState,
-    advance_schedule,
-    checkpoint_run,
-    evaluate_step,
-    guard_learning,
-    guard_nonfinite,
-    modes_line,
-    no_update,
-    report_first_step,
-    rollout_limits,
-    rollout_metrics,
-    sampling_for,
-    sampling_stream,
-    say_modes_tally,
-    step_loop,
-    step_summary,
-    step_timing,
-    train_on_batch,
-)
+from veriloop.algos.loop.metrics import modes_line, say_modes_tally
+from veriloop.algos.loop.parts import RunParts, TrainerState, checkpoint_run, eval_backend, whole_weights
+from veriloop.algos.loop.run_steps import run_steps
+from veriloop.algos.loop.source import SyncSource
 from veriloop.algos.run.checkpoint import (
     complete_checkpoints,
     load_checkpoint,
@@ -74,7 +42,6 @@ from veriloop.algos.run.distributed import DistContext, init_distributed, shutdo
 from veriloop.algos.run.guards import stop_if_nothing_trained
 from veriloop.algos.run.lock import acquire, release
 from veriloop.algos.run.log import RunLog
-from veriloop.algos.run.phase import StepLoop
 from veriloop.algos.run.progress import say
 from veriloop.algos.run.setup import (
     build_critic,
@@ -92,94 +59,6 @@ from veriloop.algos.run.setup import (
     trainable_state,
 )
 from veriloop.configs.schema import ExperimentConfig
-
-# ---------------------------------------------------------------------------------------- rollout
-
-
-@dataclass
-class GroupSampler:
-    """``n -> groups`` for ``dynamic_sampling``: each call plays ``n`` new problems (env seeds from
-    ``state.next_seed`` on, this rank's share of them) and gathers every rank's groups.
-
-    Attributes:
-        rounds: calls so far this step (the round number of ``sampling_stream``).
-        sampled: every episode played this step, for metrics (dropped groups included).
-        choose: ``(first seed, n) -> (seeds, next seed)``, the curriculum's draw by difficulty
-            (``curriculum.curriculum_step``); None = the next ``n`` seeds.
-    """
-
-    cfg: ExperimentConfig
-    policy: Policy
-    state: TrainerState
-    dist: DistContext
-    backend: Backend | None
-    rounds: int = 0
-    sampled: list[Trajectory] = field(default_factory=list)
-    choose: Callable[[int, int], tuple[Sequence[int], int]] | None = None
-
-    def __call__(self, n: int) -> list[list[Trajectory]]:
-        cfg, g, first = self.cfg, self.cfg.rollout.group_size, self.state.next_seed
-        chosen, nxt = self.choose(first, n) if self.choose else (range(first, first + n), first + n)
-        seeds = self.dist.shard(chosen)  # this rank's problems
-        self.state.next_seed = nxt  # seeds only move forward: training never repeats a problem
-        # each problem from one environment (a mixture draws it by weight, from the seed alone)
-        names = assign_envs(cfg.env.mixture_weights, seeds, cfg.rollout.seed)
-        envs = cfg.env.training_envs
-        specs = [EpisodeSpec(envs[e].id or cfg.env.id, dict(envs[e].kwargs), s, s)
-                 for s, e in zip(seeds, names) for _ in range(g)]  # fmt: skip
-        stream = sampling_stream(self.state.step, self.rounds, self.dist.rank)
-        mine = rollout(self.policy, specs, sampling=sampling_for(cfg, stream), limits=rollout_limits(cfg), backend=self.backend,
-                       system_prompt=cfg.env.system_prompt,
-                       compactor=make_compactor(cfg.rollout.compaction, cfg.rollout.compaction_keep)) if specs else []  # fmt: skip
-        self.rounds += 1
-        groups = self.dist.gather_shards(
-            [mine[i : i + g] for i in range(0, len(mine), g)]
-        )  # all ranks' groups
-        self.sampled.extend(t for group in groups for t in group)
-        return groups
-
-
-def collect(
-    cfg: ExperimentConfig,
-    policy: Policy,
-    state: TrainerState,
-    dist: DistContext = SINGLE_PROCESS,
-    backend: Backend | None = None,
-) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
-    """One step's experience: ``prompts_per_step`` groups of ``group_size`` episodes.
-
-    Each group is one env seed (same problem); seeds advance monotonically so training never
-    repeats a problem and a resumed run continues where it stopped. With dynamic sampling,
-    all-equal-reward groups are dropped and more are sampled (DAPO). With several processes each
-    rank plays its share of the groups and every rank ends up with all of them, in seed order.
-
-    Returns:
-        the episodes to train on, every episode sampled (for metrics: verifier failures that
-        dynamic sampling removed still count), and the sampling metrics.
-    """
-    sampler = GroupSampler(cfg, policy, state, dist, backend)
-    n = cfg.rollout.prompts_per_step
-    if cfg.curriculum.enabled:  # problems drawn by difficulty pool, groups gated and refilled
-        groups, metrics = curriculum_step(cfg, sampler, state.history, partial(learning_signal, cfg=cfg.algo))
-    elif cfg.algo.dynamic_sampling:
-        groups, stats = dynamic_sampling(sampler, num_groups=n, max_rounds=cfg.algo.max_sampling_rounds,
-                                         reward_fn=partial(learning_signal, cfg=cfg.algo))  # fmt: skip
-        metrics = {"sampling/rounds": stats["rounds"], "sampling/kept_fraction": stats["kept_fraction"],
-                   "sampling/informative_fraction": stats["informative_fraction"],
-                   "sampling/short_batch": stats["short_batch"]}  # fmt: skip
-    else:
-        groups = sampler(n)
-        # how many groups would have taught something (logged, not acted on, without dynamic sampling)
-        informative = informative_fraction(groups, partial(learning_signal, cfg=cfg.algo))
-        metrics = {"sampling/rounds": 1.0, "sampling/kept_fraction": 1.0,
-                   "sampling/informative_fraction": informative, "sampling/short_batch": 0.0}  # fmt: skip
-    return [t for group in groups for t in group], sampler.sampled, metrics
-
-
-# ------------------------------------------------------------------------------------------ update
-
-
-# -------------------------------------------------------------------------------------------- loop
 
 
 def train(
@@ -222,7 +101,7 @@ def _train_claimed(
     """``train`` once the run folder is this process's: build, restore, warm up, loop, save."""
     run = _build_run(cfg, run_dir, dist, quiet=quiet or not dist.is_main)
     ckpt = _restore(run, resume)
-    with _whole_weights(run):  # sharded: the engine is handed the whole (restored) weights
+    with whole_weights(run):  # sharded: the engine is handed the whole (restored) weights
         run.backend = _rollout_backend(cfg, run.policy, dist)  # holds the (restored) weights from here on
     if cfg.sft.steps > 0 and not run.state.sft_done:
         _sft_warmup(run)
@@ -236,10 +115,10 @@ def _train_claimed(
                      wandb_project="veriloop" if cfg.run.wandb else None) if dist.is_main else None  # fmt: skip
     try:
         at_start = run.state.step == 0 and (cfg.eval.at_start or cfg.train.steps == 0)
-        with _whole_weights(run, at_start):  # sharded: all ranks gather, rank 0 evaluates
+        with whole_weights(run, at_start):  # sharded: all ranks gather, rank 0 evaluates
             start = (  # resumed from the step-0 checkpoint: these weights may be evaluated already
-                evaluate_step(
-                    cfg, run.policy, 0, run.quiet, backend=_eval_backend(run), reuse=ckpt is not None
+                in_training.evaluate_step(
+                    cfg, run.policy, 0, run.quiet, backend=eval_backend(run), reuse=ckpt is not None
                 )
                 if at_start and run.log is not None
                 else {}
@@ -395,12 +274,6 @@ def _restore_sharded(run: RunParts, resume: bool) -> Path | None:
     return found[0] if found else None
 
 
-def _whole_weights(run: RunParts, needed: bool = True) -> contextlib.AbstractContextManager[None]:
-    """Sharded runs: every rank holds the policy's whole weights inside (``fsdp.Sharded.gathered``),
-    so a rank may generate, evaluate or send weights alone. Otherwise (or not ``needed``): nothing."""
-    return run.sharded.gathered() if run.sharded is not None and needed else contextlib.nullcontext()
-
-
 def _sft_warmup(run: RunParts) -> None:
     """The SFT warm-up (``cfg.sft``) before RL, once per run (a resumed run does not redo it), then
     the run's step-0 checkpoint, which holds it (``sft/final`` keeps the warmed-up policy)."""
@@ -408,8 +281,8 @@ def _sft_warmup(run: RunParts) -> None:
 
     cfg, state, main = run.cfg, run.state, run.dist.is_main
     if main and cfg.eval.before_sft:  # the base model, logged with step 0 as eval_base/...
-        state.history["eval_base"] = evaluate_step(cfg, run.policy, 0, run.quiet, tag="base", prefix="eval_base",
-                                               backend=_eval_backend(run), reuse=True)  # fmt: skip
+        state.history["eval_base"] = in_training.evaluate_step(cfg, run.policy, 0, run.quiet, tag="base", prefix="eval_base",
+                                               backend=eval_backend(run), reuse=True)  # fmt: skip
     # every rank runs the same warm-up; only rank 0 saves it, and its weights are broadcast after it
     sft_metrics = warmup_from_config(cfg, run.policy, run_dir=run.run_dir / "sft" if main else None)
     state.sft_done = True
@@ -422,77 +295,20 @@ def _sft_warmup(run: RunParts) -> None:
 
 
 def _loop(run: RunParts) -> None:
-    """RL steps ``state.step .. train.steps - 1``: collect -> update -> metrics -> eval / log / save."""
-    if run.cfg.train.max_staleness > 0:  # generation beside the update, at most K steps stale
-        from veriloop.algos.loop.async_loop import async_loop
+    """RL steps ``state.step .. train.steps - 1``: the one step body over the run's batch source,
+    synchronous for ``train.max_staleness`` 0, asynchronous (generation beside the update) above."""
+    if run.cfg.train.max_staleness > 0:
+        from veriloop.algos.loop.async_loop import AsyncSource
 
-        return async_loop(run)
-    cfg, state, backend = run.cfg, run.state, run.backend
-    loop = step_loop(run)
-    left = cfg.train.steps - state.step
-    say(quiet=run.quiet, text=f"RL: {left} steps of {cfg.rollout.batch_size} episodes ({cfg.rollout.prompts_per_step} problems "
-                    f"x {cfg.rollout.group_size}) = {left * cfg.rollout.batch_size} episodes, algorithm {cfg.algo.name}"
-                    f"{f', evaluated every {cfg.eval.every} steps' if cfg.eval.every else ''}\n{STEP_LEGEND}")  # fmt: skip
-    for step in loop.steps(state.step):
-        t0 = time.perf_counter()
-        with _whole_weights(run, backend is None):  # the HF engine generates with the policy itself
-            trajs, sampled, sampling = collect(cfg, run.policy, state, run.dist, backend)
-        metrics: dict[str, Any] = dict(sampling)
-        t_rollout = time.perf_counter() - t0
-        metrics.update(rollout_metrics(sampled, run.policy.tokenizer))  # every episode played, kept or not
-        if cfg.env.mixture:
-            envs = {n: (str(e.id), e.kwargs) for n, e in cfg.env.training_envs.items()}
-            metrics.update(per_env_metrics(sampled, envs))
-        report_first_step(run, step, metrics)  # the base policy's groups, before the first update
-        t1 = time.perf_counter()
-        # dynamic sampling may keep no group at all (every group had equal rewards): nothing to learn
-        if trajs:
-            metrics.update(train_on_batch(cfg, run.policy, run.critic, run.optimizer, trajs, run.generator,
-                                          run.dist, run.algo))  # fmt: skip
-            if backend is not None:
-                t_sync = time.perf_counter()
-                with _whole_weights(run):
-                    backend.sync()  # the engine samples the next step with the weights just trained
-                    metrics["time/weight_sync_s"] = time.perf_counter() - t_sync
-                    metrics.update(_probe_sampler(run, step + 1))  # it really does, or the run stops
-        else:
-            metrics.update(no_update())
-        t_train = time.perf_counter() - t1
-        advance_schedule(run.scheduler)  # once per RL step, whatever the number of optimizer steps in it
-        metrics.update(step_timing(metrics, run.scheduler.get_last_lr()[0], sampled, t_rollout, t_train))
-        guard_nonfinite(loop, state, metrics)  # a skipped step is counted; too many in a row stop the run
-        state.step = step + 1
-        _evaluate_and_log(run, loop, metrics)
-        loop.show(step_summary(metrics))
-        say(quiet=run.quiet, text=f"step {state.step:4d}/{cfg.train.steps} | {step_summary(metrics)}")
-        guard_learning(run, metrics)  # no informative group for too long: stop (the rows are logged)
-        if (run.dist.is_main or run.dist.sharded) and loop.checkpoint_due(state.step):
-            checkpoint_run(run)  # sharded: every rank writes its shards
+        return run_steps(run, AsyncSource(run))
+    return run_steps(run, SyncSource(run))
 
 
-def _probe_sampler(run: RunParts, version: int) -> dict[str, float]:
-    """``sync/probe_gap`` (``sync_probe.check_sampler``) and its cost, after a sync to ``run.backend``."""
-    if not run.cfg.train.sync_probe or run.backend is None:
-        return {}
-    from veriloop.algos.run.sync_probe import check_sampler
-
-    t0 = time.perf_counter()
-    gap = check_sampler(
-        run.policy, run.backend, version=version, tolerance=run.cfg.train.sync_probe_tolerance
-    )
-    return {"sync/probe_gap": gap, "time/sync_probe_s": time.perf_counter() - t0}
-
-
-def _rollout_backend(cfg: ExperimentConfig, policy: Policy, dist: DistContext) -> LiveBackend | None:
+def _rollout_backend(cfg: ExperimentConfig, policy: Policy, dist: DistContext) -> ServingBackend | None:
     """The run's engine (``agents.backends.serving_backend``, as ``veriloop eval`` builds it): vLLM,
     updated in place after every optimizer step, or vLLM servers (rank 0 pushes, every rank waits);
     None: each rollout call uses ``engine.default_backend`` (the HF backend)."""
     return serving_backend(cfg.rollout, policy, dist=dist)
-
-
-def _eval_backend(run: RunParts) -> LiveBackend | None:
-    """The engine evaluations sample with: the rollouts' (``eval.backend: rollout``) or HF (None)."""
-    return run.backend if run.cfg.eval.backend == "rollout" else None
 
 
 def _check_servers(cfg: ExperimentConfig) -> None:
@@ -500,18 +316,6 @@ def _check_servers(cfg: ExperimentConfig) -> None:
 
     server = cfg.rollout.server
     check_servers(server.urls, RetryPolicy(server.retries, server.backoff_s, server.timeout_s))
-
-
-def _evaluate_and_log(run: RunParts, loop: StepLoop, metrics: dict[str, Any]) -> None:
-    """Evaluate (rank 0) every ``eval.every`` steps and log as ``loop`` says; both after the last step."""
-    cfg, step, main = run.cfg, run.state.step, run.dist.is_main
-    last = step == cfg.train.steps
-    every_eval = cfg.eval.every
-    due = bool(every_eval and step % every_eval == 0) or last
-    with _whole_weights(run, due):  # sharded: all ranks gather, rank 0 evaluates
-        if main and due:
-            metrics.update(evaluate_step(cfg, run.policy, step, run.quiet, backend=_eval_backend(run)))
-    loop.log_metrics(step, metrics)  # rank 0 only: the others have no log
 
 
 def _model_card(cfg: ExperimentConfig, run_dir: Path, state: TrainerState) -> str:

@@ -1,7 +1,8 @@
 """The sampler serves what was just trained: a fixed probe after every weight sync.
 
 A backend with its own copy of the weights (vLLM in-process or on servers, any
-:class:`~veriloop.agents.backends.base.ServingBackend`) is handed the trained weights after every update. A
+:class:`~veriloop.agents.backends.base.ServingBackend`) is handed the trained weights after every update,
+by the synchronous and the asynchronous batch source alike (``algos/loop/source.py``). A
 sync that silently failed (an adapter not loaded, a stale copy, a push to the wrong engine) leaves
 a run that samples from old weights and trains on the wrong policy's log-probs without any error.
 After every sync the backend samples a few tokens from a fixed probe prompt at temperature 1

@@ -293,6 +293,7 @@ FAST = [
 @pytest.fixture
 def quiet_run(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """Runs without evaluation, whose response-length rule for reward makes groups vary."""
+    import veriloop.algos.eval.in_training as in_training
     import veriloop.algos.loop.train as T
     from veriloop.envs.math_env import MathVerifyEnv
     from veriloop.envs.verifiers import Verdict
@@ -302,7 +303,7 @@ def quiet_run(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
         return Verdict(correct=ok, reason="correct" if ok else "wrong_value", parsed=response[:8])
 
     monkeypatch.setattr(MathVerifyEnv, "check", check)
-    monkeypatch.setattr(T, "evaluate_step", lambda cfg, policy, step, quiet, **kw: {})
+    monkeypatch.setattr(in_training, "evaluate_step", lambda cfg, policy, step, quiet, **kw: {})
 
     def run(tmp_path: Path, precision: str, *extra: str) -> tuple[Path, list[dict]]:
         from veriloop.algos.run.log import read_metrics

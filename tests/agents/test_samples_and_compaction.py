@@ -218,7 +218,7 @@ def test_a_summary_request_keeps_the_task_and_the_newest_turns_that_fit() -> Non
 
 
 def test_split_rate_metrics() -> None:
-    from veriloop.algos.loop.step import rollout_metrics
+    from veriloop.algos.loop.metrics import rollout_metrics
 
     tokenizer = _tokenizer(THINKING_TEMPLATE)
     (split,), _ = _episodes(tokenizer, solve_on=2)

@@ -17,12 +17,14 @@ import gymnasium
 import pytest
 import torch
 
-import veriloop.algos.loop.train as T
+import veriloop.algos.loop.source as source_module
 import veriloop.algos.run.setup as S
 import veriloop.envs  # noqa: F401  (registers the environments)
 from veriloop.agents.trajectory import TurnRecord
 from veriloop.algos.learner.algorithm import resolve
 from veriloop.algos.learner.update import compute_advantages
+from veriloop.algos.loop.parts import TrainerState
+from veriloop.algos.loop.source import collect
 from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.loader import load_config
 from veriloop.envs.base import SIGNAL_KEY, LearnerSignal
@@ -142,10 +144,10 @@ def test_6_dynamic_sampling_judges_the_estimators_signal(make_traj, monkeypatch)
     def fake_rollout(policy, specs, **kw):  # type: ignore[no-untyped-def]
         return [traj(1.0 if i % 2 == 0 else -1.0, s.group_id) for i, s in enumerate(specs)]
 
-    monkeypatch.setattr(T, "rollout", fake_rollout)
+    monkeypatch.setattr(source_module, "rollout", fake_rollout)
     cfg = load_config(None, ["policy.model=tiny", "run.algo_preset=dapo", "algo.reward_level=outcome",
                              "algo.overlong_penalty=false", "rollout.prompts_per_step=2", "rollout.group_size=2",
                              "algo.max_sampling_rounds=1"])  # fmt: skip
-    trajs, _, metrics = T.collect(cfg, None, T.TrainerState())
+    trajs, _, metrics = collect(cfg, None, TrainerState())
     assert len(trajs) == 4 and metrics["sampling/kept_fraction"] == 1.0
     assert metrics["sampling/informative_fraction"] == 1.0

@@ -92,7 +92,7 @@ def test_rollout_correction_logs_the_same_k3_formula_over_every_sampled_token(
 
 
 def test_metric_parts_that_share_a_key_are_an_error():
-    from veriloop.algos.loop.step import merge_metrics
+    from veriloop.algos.learner.train_batch import merge_metrics
 
     assert merge_metrics({"a": 1.0}, {"b": None}) == {"a": 1.0, "b": None}
     with pytest.raises(ValueError, match="mismatch/k3_kl"):

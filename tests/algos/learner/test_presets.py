@@ -113,6 +113,7 @@ FAST = [
 def test_new_presets_train_two_steps(tmp_path, preset, monkeypatch) -> None:
     """As tests/algos/loop/test_train.py does for the older presets (a deterministic coin as the
     verifier so that advantages are non-zero); two epochs so that ratios move off 1."""
+    import veriloop.algos.eval.in_training as in_training
     import veriloop.algos.loop.train as T
     import veriloop.algos.run.setup as S
     from veriloop.algos.run.log import read_metrics
@@ -123,7 +124,7 @@ def test_new_presets_train_two_steps(tmp_path, preset, monkeypatch) -> None:
     monkeypatch.setattr(
         MathVerifyEnv, "check", lambda self, r, task: Verdict(correct=len(r) % 2 == 0, reason="coin")
     )
-    monkeypatch.setattr(T, "evaluate_step", lambda *a, **kw: {})
+    monkeypatch.setattr(in_training, "evaluate_step", lambda *a, **kw: {})
     torch.set_num_threads(1)
     name, _, tis = preset.partition("+")
     extra = ["algo.rollout_is=truncate", "algo.rollout_seq_mask=true"] if tis else []

@@ -62,7 +62,7 @@ def _worker_groups(policy: _Serving, limits: RolloutLimits, sampling: SamplingPa
     """Step 0's two groups (seeds 0 and 1) as the asynchronous worker plays them, K = 1."""
     sched = Scheduler(1, 2, budget=2)
     worker = GenerationWorker(sched=sched, cond=threading.Condition(), weights=LiveWeights(policy, 0, 1),
-                              specs=_specs, drop=lambda trajs: None, fmt=ChatFormat(policy.tokenizer),
+                              specs=_specs, judge=lambda trajs: True, fmt=ChatFormat(policy.tokenizer),
                               eos=(int(policy.tokenizer.eos_token_id),), sampling=sampling, limits=limits,
                               cursor=0, compactor=compactor)  # fmt: skip
     worker.start()
@@ -111,7 +111,7 @@ def test_compaction_replies_sample_with_the_episodes_adapter_version() -> None:
 def test_compaction_in_an_asynchronous_training_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`rollout.compaction=keep_last` through the real loop at K = 1: every episode plays its three
     turns in two samples, as the synchronous step does (``test_train_compaction``)."""
-    import veriloop.algos.loop.step as S
+    import veriloop.algos.eval.in_training as S
     from veriloop.algos.loop.train import train
     from veriloop.algos.run.log import read_metrics
     from veriloop.configs.loader import load_config

@@ -70,7 +70,7 @@ def test_k0_is_the_synchronous_loop_bit_for_bit(tmp_path: Path, monkeypatch: pyt
     import veriloop.algos.loop.async_loop as A
     from veriloop.algos.loop.train import train
 
-    monkeypatch.setattr(A, "async_loop", lambda run: pytest.fail("K = 0 must not start the async loop"))
+    monkeypatch.setattr(A, "AsyncSource", lambda run: pytest.fail("K = 0 must not start the async source"))
     a = train(_cfg(tmp_path, "a", "train.steps=2"), quiet=True)
     b = train(_cfg(tmp_path, "b", "train.steps=2", "train.max_staleness=0"), quiet=True)
     strip = [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in _rows(a)]
@@ -246,12 +246,13 @@ def _slow_eval_spy(
     the trainer, the event that releases every hold)."""
     import threading
 
-    import veriloop.algos.loop.step as T
+    import veriloop.algos.eval.in_training as E
+    import veriloop.algos.loop.run_steps as R
 
     updates: list[int] = []
     released: list[bool] = []
     free = threading.Event()
-    train_on_batch, evaluate = T.train_on_batch, T.evaluate_step
+    train_on_batch, evaluate = R.train_on_batch, E.evaluate_step
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         out = train_on_batch(*args, **kwargs)
@@ -266,8 +267,8 @@ def _slow_eval_spy(
             released.append(len(updates) >= until_step)
         return evaluate(cfg, policy, step, *args, **kwargs)
 
-    monkeypatch.setattr(T, "train_on_batch", counted)
-    monkeypatch.setattr(T, "evaluate_step", slow)
+    monkeypatch.setattr(R, "train_on_batch", counted)
+    monkeypatch.setattr(E, "evaluate_step", slow)
     return updates, released, free
 
 
@@ -278,8 +279,8 @@ def test_evaluation_runs_beside_generation_and_the_update(
     made its 4th update (it would never come if the update waited for the evaluation), the worker
     thread stays alive and unpaused meanwhile, and each evaluation is logged in its own row at the
     step it evaluated, tagged with that version; the last step's in its own row, last."""
+    import veriloop.algos.eval.in_training as E
     import veriloop.algos.loop.async_worker as W
-    import veriloop.algos.loop.step as T
     from veriloop.algos.loop.train import train
 
     workers: list[W.GenerationWorker] = []
@@ -287,7 +288,7 @@ def test_evaluation_runs_beside_generation_and_the_update(
     monkeypatch.setattr(W.GenerationWorker, "start", lambda self: workers.append(self) or start(self))
     updates, released, _ = _slow_eval_spy(monkeypatch, hold=2, until_step=4)
     during: list[bool] = []
-    slow = T.evaluate_step
+    slow = E.evaluate_step
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         if workers:  # the evaluations inside the RL loop (not the one at step 0)
@@ -295,7 +296,7 @@ def test_evaluation_runs_beside_generation_and_the_update(
             during.append(w._thread is not None and w._thread.is_alive() and not w._pause)
         return slow(*args, **kwargs)
 
-    monkeypatch.setattr(T, "evaluate_step", spy)
+    monkeypatch.setattr(E, "evaluate_step", spy)
     cfg = _cfg(tmp_path, "ev", "train.steps=4", "train.max_staleness=1", *ASYNC, "eval.every=2")
     run = train(cfg, quiet=True)
     assert released == [True] and len(updates) == 4
@@ -317,11 +318,11 @@ def test_an_evaluation_cut_by_a_crash_is_redone_from_its_checkpoint(
 ) -> None:
     """The checkpoint at step 2 is written while version 2's evaluation runs; the run then crashes.
     Resumed from that checkpoint, the run evaluates version 2 first: its row is there, once."""
-    import veriloop.algos.loop.step as T
+    import veriloop.algos.loop.run_steps as R
     from veriloop.algos.loop.train import train
 
     _, _, free = _slow_eval_spy(monkeypatch, hold=2, until_step=99)  # held until the crash
-    train_on_batch = T.train_on_batch
+    train_on_batch = R.train_on_batch
     calls: list[int] = []
 
     def crash_at_3(*args: Any, **kwargs: Any) -> Any:
@@ -330,7 +331,7 @@ def test_an_evaluation_cut_by_a_crash_is_redone_from_its_checkpoint(
             raise RuntimeError("killed")
         return train_on_batch(*args, **kwargs)
 
-    monkeypatch.setattr(T, "train_on_batch", crash_at_3)
+    monkeypatch.setattr(R, "train_on_batch", crash_at_3)
     over = ["train.steps=4", "train.max_staleness=1", *ASYNC, "eval.every=2", "run.checkpoint_every=2"]
     with pytest.raises(RuntimeError, match="killed"):
         train(_cfg(tmp_path, "cut", *over), quiet=True)

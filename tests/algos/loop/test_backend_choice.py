@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+import veriloop.algos.eval.in_training as in_training
 import veriloop.algos.loop.train as T
 from veriloop.agents.backends import resolve_backend
 from veriloop.agents.backends.hf import HFBackend
@@ -83,8 +84,10 @@ def test_the_live_engine_gets_the_warmup_and_does_the_evaluations(
     monkeypatch.setattr(
         T, "_rollout_backend", lambda cfg, policy, dist: made.append(Recording(policy)) or made[-1]
     )
-    inner = T.evaluate_step
-    monkeypatch.setattr(T, "evaluate_step", lambda *a, **k: evals.append(k.get("backend")) or inner(*a, **k))
+    inner = in_training.evaluate_step
+    monkeypatch.setattr(
+        in_training, "evaluate_step", lambda *a, **k: evals.append(k.get("backend")) or inner(*a, **k)
+    )
     cfg = load_config(
         "quickstart",  # the sync probe's own generate calls are counted in test_sync_probe.py
         [

@@ -18,6 +18,8 @@ from veriloop.cli.serve import free_port
 WORKER = r"""
 import os, sys, torch
 import veriloop.algos.loop.train as T
+from veriloop.algos.loop.source import collect
+from veriloop.algos.loop.parts import TrainerState
 try:
     import veriloop.algos.run.setup as S
 except ImportError:  # the policy builders before they moved
@@ -33,11 +35,11 @@ cfg = load_config(None, sys.argv[2:])
 dist = init_distributed()
 torch.manual_seed(0)
 policy = S.build_policy(cfg)
-state = T.TrainerState()
+state = TrainerState()
 steps = []
 for step in range(3):
     state.step = step
-    trajs, sampled, metrics = T.collect(cfg, policy, state, dist)
+    trajs, sampled, metrics = collect(cfg, policy, state, dist)
     steps.append({"trained": [t.seed for t in trajs], "played": [t.seed for t in sampled],
                   "next_seed": state.next_seed, "rates": dict(state.history["curriculum"]["rates"]),
                   "metrics": {k: v for k, v in metrics.items() if k.startswith(("curriculum/", "sampling/"))}})

@@ -27,7 +27,7 @@ def _cfg(*extra: str) -> Any:
 
 
 class _Sampler:
-    """``train.GroupSampler`` replaced by the four groups, all at once (an over-sampling round)."""
+    """``source.GroupSampler`` replaced by the four groups, all at once (an over-sampling round)."""
 
     groups: list[list[Trajectory]] = []
 
@@ -48,24 +48,26 @@ class _Sampler:
 def test_synchronous_modes_share_the_formula(
     make_traj: Any, monkeypatch: pytest.MonkeyPatch, extra: Any
 ) -> None:
-    import veriloop.algos.loop.train as T
-    from veriloop.algos.loop.step import TrainerState
+    import veriloop.algos.loop.source as source
+    from veriloop.algos.loop.parts import TrainerState
 
     monkeypatch.setattr(_Sampler, "groups", _groups(make_traj))
-    monkeypatch.setattr(T, "GroupSampler", _Sampler)
-    _, sampled, metrics = T.collect(_cfg(*extra), None, TrainerState())  # type: ignore[arg-type]
+    monkeypatch.setattr(source, "GroupSampler", _Sampler)
+    _, sampled, metrics = source.collect(_cfg(*extra), None, TrainerState())  # type: ignore[arg-type]
     assert len(sampled) == 8
     assert metrics["sampling/informative_fraction"] == 0.5  # groups 1 and 4 of 4
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_asynchronous_mode_shares_the_formula(make_traj: Any, dynamic: bool) -> None:
-    from veriloop.algos.loop.async_loop import _drop_rule, _sampling_metrics
+    from veriloop.algos.loop.async_loop import group_judge, sampling_metrics
+    from veriloop.algos.loop.async_worker import Finished
 
     cfg = _cfg(f"algo.dynamic_sampling={str(dynamic).lower()}")
-    groups = _groups(make_traj)
-    metrics = _sampling_metrics(cfg, [], [t for g in groups for t in g])
+    judge = group_judge(cfg)
+    finished = [Finished(g, judge(g)) for g in _groups(make_traj)]  # each group judged once
+    metrics = sampling_metrics(cfg, finished, 0)
     assert metrics["sampling/informative_fraction"] == 0.5
     assert metrics["sampling/kept_fraction"] == (0.5 if dynamic else 1.0)
-    drops = [_drop_rule(cfg)(g) for g in groups]
+    drops = [f.drop_reason(cfg.algo.dynamic_sampling) for f in finished]
     assert drops == ([None, "uninformative", "uninformative", None] if dynamic else [None] * 4)

@@ -46,11 +46,13 @@ def test_mixture_config_errors():
 def test_a_two_env_mixture_trains_and_evaluates_every_env(tmp_path: Path):
     import veriloop.algos.loop.train as T
     import veriloop.algos.run.setup as S
+    from veriloop.algos.loop.parts import TrainerState
+    from veriloop.algos.loop.source import collect
 
     cfg = load_config("quickstart", [*MIX, *TINY, f"run.out_dir={tmp_path}", "run.name=mix"])
     cfg.env.resolve()
     policy = S.build_policy(cfg)
-    trajs, _, _ = T.collect(cfg, policy, T.TrainerState(next_seed=0))
+    trajs, _, _ = collect(cfg, policy, TrainerState(next_seed=0))
     by_group: dict[int, set[str]] = {}
     for t in trajs:
         by_group.setdefault(t.group_id, set()).add(t.env_id)

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import veriloop.algos.loop.step as step_module
+import veriloop.algos.eval.in_training as in_training
+import veriloop.algos.learner.train_batch as train_batch
+import veriloop.algos.loop.source as source_module
 import veriloop.algos.loop.train as T
 import veriloop.algos.run.setup as S
 from veriloop.algos.run.log import read_metrics
@@ -80,7 +82,9 @@ def varied_rewards(monkeypatch: pytest.MonkeyPatch) -> None:
 def no_eval(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Evaluation is tested in test_evaluate.py; here only record when the loop asks for it."""
     calls: list[int] = []
-    monkeypatch.setattr(T, "evaluate_step", lambda cfg, policy, step, quiet, **kw: calls.append(step) or {})
+    monkeypatch.setattr(
+        in_training, "evaluate_step", lambda cfg, policy, step, quiet, **kw: calls.append(step) or {}
+    )
     return calls
 
 
@@ -174,7 +178,7 @@ def test_verifier_timeouts_are_counted_not_scored(tmp_path, monkeypatch, no_eval
 
 def test_nonfinite_loss_skips_then_stops(tmp_path, monkeypatch, varied_rewards, no_eval) -> None:
     """NaN losses skip the step (weights untouched, counted); too many in a row stop the run."""
-    real = step_module.update_step
+    real = train_batch.update_step
     state = {"calls": 0}
 
     def nan_on_second(model, optimizer, batch, algo, settings, **kw):  # type: ignore[no-untyped-def]
@@ -184,7 +188,7 @@ def test_nonfinite_loss_skips_then_stops(tmp_path, monkeypatch, varied_rewards, 
                 batch.advantages.fill_(float("nan"))
         return real(model, optimizer, batch, algo, settings, **kw)
 
-    monkeypatch.setattr(step_module, "update_step", nan_on_second)
+    monkeypatch.setattr(train_batch, "update_step", nan_on_second)
     cfg = config(
         tmp_path, "rloo", "train.steps=5", "train.max_consecutive_nonfinite=2", "run.checkpoint_every=1"
     )
@@ -209,13 +213,13 @@ def test_rl_seeds_start_after_sft_examples(tmp_path, monkeypatch, no_eval) -> No
     monkeypatch.setattr(sft, "warmup_from_config", lambda cfg, policy, run_dir: warmups.append(run_dir) or {},
                         raising=False)  # fmt: skip
     seen: list[int] = []
-    real = T.rollout
+    real = source_module.rollout
 
     def spy(policy, specs, **kw):  # type: ignore[no-untyped-def]
         seen.extend(s.seed for s in specs)
         return real(policy, specs, **kw)
 
-    monkeypatch.setattr(T, "rollout", spy)
+    monkeypatch.setattr(source_module, "rollout", spy)
     T.train(
         config(tmp_path, "grpo", "train.steps=1", "sft.steps=1", "sft.source=generator", "sft.examples=5"),
         quiet=True,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import veriloop.algos.eval.in_training as in_training
 import veriloop.algos.loop.train as T
 from veriloop.agents.compaction import KeepLastTurns, PolicySummary, make_compactor
 from veriloop.algos.run.log import read_metrics
@@ -25,7 +26,7 @@ TINY = [
 @pytest.mark.parametrize(("compaction", "split"), [("none", False), ("keep_last", True)])
 def test_compaction_in_a_training_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compaction: str,
                                        split: bool) -> None:  # fmt: skip
-    monkeypatch.setattr(T, "evaluate_step", lambda cfg, policy, step, quiet, **kw: {})
+    monkeypatch.setattr(in_training, "evaluate_step", lambda cfg, policy, step, quiet, **kw: {})
     cfg = load_config(None, [*TINY, f"run.out_dir={tmp_path}", "run.name=c", f"rollout.compaction={compaction}",
                              "rollout.compaction_keep=0"])  # fmt: skip
     (row,) = read_metrics(T.train(cfg, quiet=True))

@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-import veriloop.algos.loop.step as step_module
-import veriloop.algos.loop.train as T
+import veriloop.algos.loop.metrics as step_module
 import veriloop.algos.run.setup as S
 from veriloop.configs.loader import load_config
 
@@ -44,7 +43,7 @@ def test_rollout_metrics_hand_case(make_traj, monkeypatch):
     right = make_traj([([10, 11], [30], 1.0)])
     cut = make_traj([([12], [], -1.0)], hit_limit=[True])
     failed = make_traj([([13], [31], 0.0), ([14], [], 0.0)], error="timeout")
-    m = T.rollout_metrics([right, cut, failed], tokenizer=None)
+    m = step_module.rollout_metrics([right, cut, failed], tokenizer=None)
     assert m["reward/mean"] == 0.0 and m["reward/std"] == 1.0  # [1, -1, 0], Bessel-corrected
     assert m["success_rate"] == pytest.approx(1 / 3)  # only the first ends on a correct verdict
     assert m["response_length/mean"] == pytest.approx(5 / 3) and m["response_length/max"] == 2.0
@@ -57,7 +56,9 @@ def test_rollout_metrics_single_episode_and_drift_sample(make_traj, monkeypatch)
     seen = []
     monkeypatch.setattr(step_module, "drift_rate", lambda tokenizer, t: seen.append(t) or 0.0)
     trajs = [make_traj([([10], [], 1.0)], group_id=i) for i in range(10)]
-    assert T.rollout_metrics(trajs[:1], tokenizer=None)["reward/std"] == 0.0  # one episode: no spread
+    assert (
+        step_module.rollout_metrics(trajs[:1], tokenizer=None)["reward/std"] == 0.0
+    )  # one episode: no spread
     seen.clear()
-    T.rollout_metrics(trajs, tokenizer=None)
+    step_module.rollout_metrics(trajs, tokenizer=None)
     assert len(seen) == 8  # drift is measured on the first 8 episodes only (it re-tokenizes)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from veriloop.algos.loop.step import SAVE_DELAY_ENV
+from veriloop.algos.loop.parts import SAVE_DELAY_ENV
 from veriloop.algos.run.log import read_metrics
 
 STEPS = 3

@@ -27,16 +27,17 @@ SHORT = ["policy.precision=fp32", "rollout.prompts_per_step=2", "rollout.group_s
 def test_quickstart_defaults_to_vllm_and_evaluates_with_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import veriloop.algos.eval.in_training as in_training
     import veriloop.algos.loop.train as T
     from veriloop.agents.backends.vllm import VLLMBackend
     from veriloop.configs.loader import load_config
 
     made: list[Any] = []
     evals: list[Any] = []
-    build, evaluate = T._rollout_backend, T.evaluate_step
+    build, evaluate = T._rollout_backend, in_training.evaluate_step
     monkeypatch.setattr(T, "_rollout_backend", lambda *a: made.append(build(*a)) or made[-1])
     monkeypatch.setattr(
-        T, "evaluate_step", lambda *a, **k: evals.append(k.get("backend")) or evaluate(*a, **k)
+        in_training, "evaluate_step", lambda *a, **k: evals.append(k.get("backend")) or evaluate(*a, **k)
     )
     cfg = load_config("quickstart", [*SHORT, f"run.out_dir={tmp_path}", "run.name=v"])
     assert cfg.rollout.backend == "auto"

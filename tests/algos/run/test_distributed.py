@@ -19,7 +19,9 @@ from veriloop.cli.serve import free_port
 
 WORKER = r"""
 import dataclasses, os, sys, torch
-import veriloop.algos.loop.train as T
+from veriloop.algos.learner.train_batch import SINGLE_PROCESS, train_on_batch
+from veriloop.algos.loop.source import collect
+from veriloop.algos.loop.parts import TrainerState
 import veriloop.algos.run.setup as S
 from veriloop.algos.run.distributed import init_distributed, check_params_equal, shutdown_distributed
 from veriloop.configs.loader import load_config
@@ -30,7 +32,7 @@ from veriloop.envs.verifiers import Verdict
 MathVerifyEnv.check = lambda self, r, task: Verdict(correct=len(r) % 2 == 0, reason="coin")
 out, single = sys.argv[1], sys.argv[2] == "single"
 cfg = load_config(None, sys.argv[3:])
-dist = init_distributed() if not single else T.SINGLE_PROCESS
+dist = init_distributed() if not single else SINGLE_PROCESS
 torch.manual_seed(0)
 policy = S.build_policy(cfg)
 critic = S.build_critic(cfg, policy)
@@ -39,7 +41,7 @@ start = {k: v.clone() for k, v in S.trainable_state(policy, critic).items()}
 if single:  # the batch both ranks gathered, trained by one process
     trajs = torch.load(os.path.join(out, "batch.pt"), weights_only=False)
 else:
-    trajs, _, _ = T.collect(cfg, policy, T.TrainerState(), dist)
+    trajs, _, _ = collect(cfg, policy, TrainerState(), dist)
     # uneven ranks: the first episode trains on 5 fewer tokens (its first ones), so a rank's share
     # of the tokens differs from its share of the sequences
     t0, turn = trajs[0], trajs[0].turns[0]
@@ -47,7 +49,7 @@ else:
     trajs[0] = dataclasses.replace(t0, loss_mask=cut)
     if dist.rank == 0:
         torch.save(trajs, os.path.join(out, "batch.pt"))
-m = T.train_on_batch(cfg, policy, critic, opt, trajs, torch.Generator().manual_seed(0), dist)
+m = train_on_batch(cfg, policy, critic, opt, trajs, torch.Generator().manual_seed(0), dist)
 after = S.trainable_state(policy, critic)
 same = check_params_equal(dist, list(after.values()))
 torch.save({"start": start, "after": after, "same": same, "grad_norm": m["grad_norm"],

@@ -41,6 +41,9 @@ UPDATE = (
     + r"""
 import dataclasses, json, os, sys, torch
 import veriloop.algos.loop.train as T
+from veriloop.algos.learner.train_batch import SINGLE_PROCESS, train_on_batch
+from veriloop.algos.loop.source import collect
+from veriloop.algos.loop.parts import TrainerState
 import veriloop.algos.run.setup as S
 from veriloop.algos.run import fsdp
 from veriloop.algos.run.distributed import init_distributed, shutdown_distributed
@@ -61,7 +64,7 @@ forward._packed_prefix_logits = counted("packed", forward._packed_prefix_logits)
 forward._shared_prefix_logits = counted("kv_cache", forward._shared_prefix_logits)
 out, single = sys.argv[1], sys.argv[2] == "single"
 cfg = load_config(None, sys.argv[3:])
-dist = T.SINGLE_PROCESS if single else dataclasses.replace(init_distributed(), sharded=True)
+dist = SINGLE_PROCESS if single else dataclasses.replace(init_distributed(), sharded=True)
 torch.manual_seed(0)
 policy = S.build_policy(cfg)
 critic = S.build_critic(cfg, policy)
@@ -73,10 +76,10 @@ if single:  # the batch the two ranks gathered, trained by one process
     trajs = torch.load(os.path.join(out, "batch.pt"), weights_only=False)
 else:
     with sharded.gathered():  # each rank samples its own groups with the whole weights
-        trajs, _, _ = T.collect(cfg, policy, T.TrainerState(), dist)
+        trajs, _, _ = collect(cfg, policy, TrainerState(), dist)
     if dist.rank == 0:
         torch.save(trajs, os.path.join(out, "batch.pt"))
-m = T.train_on_batch(cfg, policy, critic, opt, trajs, torch.Generator().manual_seed(0), dist)
+m = train_on_batch(cfg, policy, critic, opt, trajs, torch.Generator().manual_seed(0), dist)
 memory = fsdp.training_state_bytes(opt)  # after the step: AdamW's moments exist
 if single:
     after = {n: p.detach() for n, p in parts.named_parameters() if p.requires_grad}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from veriloop.algos.loop.step import MAX_RANKS, ROUNDS_PER_STEP, sampling_stream
+from veriloop.algos.loop.sampling import MAX_RANKS, ROUNDS_PER_STEP, sampling_stream
 from veriloop.algos.run.nonfinite import NonFiniteGuard
 
 
@@ -34,7 +34,8 @@ def test_rl_step_loop_takes_its_guard_from_the_config_and_the_resumed_state():
 
     import pytest
 
-    from veriloop.algos.loop.step import TrainerState, guard_nonfinite, step_loop
+    from veriloop.algos.loop.parts import TrainerState
+    from veriloop.algos.loop.run_steps import guard_nonfinite, step_loop
     from veriloop.algos.run.nonfinite import NonFiniteTrainingError
     from veriloop.configs.loader import load_config
 

@@ -33,9 +33,13 @@ FAST = [
 
 class CopyBackend:
     """The HF engine on its own copy of the policy; ``sync`` copies the trained tensors into it,
-    except at the syncs listed in ``skip`` (1 = the first), which it leaves stale."""
+    except at the syncs listed in ``skip`` (1 = the first), which it leaves stale. A serving backend
+    of full weights (``ServingBackend`` without adapters), so asynchronous training can drive it."""
 
     name = "hf-copy"
+    model_name = "hf-copy"
+    serves_adapter = False
+    keep_adapters = 1
 
     def __init__(self, policy: Policy, skip: Sequence[int] = ()) -> None:
         model = copy.deepcopy(policy.model).eval()
@@ -56,6 +60,12 @@ class CopyBackend:
 
     def close(self) -> None:
         pass
+
+    def pin(self, key: Hashable, adapter: str) -> None:
+        raise AssertionError("full weights: no adapter to pin")
+
+    def adapter_slots(self) -> int | None:
+        return None
 
 
 @pytest.fixture(autouse=True)
@@ -89,6 +99,31 @@ def test_a_skipped_sync_is_caught_at_that_step(tmp_path: Path, monkeypatch: pyte
         _run(tmp_path, monkeypatch, (2,), "train.steps=4")
     assert "tolerance 0.001 for fp32" in str(e.value)
     assert [r["step"] for r in read_metrics(tmp_path / "r")] == [1]  # step 2 never logged as if fine
+
+
+ASYNC = ("train.max_staleness=1", "algo.rollout_is=truncate")
+
+
+def test_asynchronous_hand_overs_are_probed_every_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """K = 1: the worker is handed the weights after every step (``AsyncSource.hand_over``) and the
+    sampler is probed there as in the synchronous loop."""
+    rows = [
+        r for r in read_metrics(_run(tmp_path, monkeypatch, (), "train.steps=3", *ASYNC)) if "updates" in r
+    ]
+    gaps = [r["sync/probe_gap"] for r in rows]
+    assert len(gaps) == 3 and max(gaps) <= TOLERANCE["fp32"]
+
+
+def test_a_skipped_asynchronous_sync_is_caught_at_that_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """K = 1: a backend that skips the second sync stops the run at that hand-over, before step 2 is
+    logged, naming the backend and the version, while the generation worker plays beside it."""
+    with pytest.raises(SamplerMismatchError, match=r"sampler \(hf-copy\).*version 2"):
+        _run(tmp_path, monkeypatch, (2,), "train.steps=4", *ASYNC)
+    assert [r["step"] for r in read_metrics(tmp_path / "r")] == [1]
 
 
 def test_probe_gap_of_the_trainer_itself_is_zero(tiny_text_policy) -> None:  # type: ignore[no-untyped-def]
