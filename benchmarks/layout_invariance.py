@@ -58,6 +58,10 @@ LAYOUTS: dict[str, tuple[int, list[str]]] = {
     "lora/2-data-parallel": (2, ["policy.lora=true", "train.parallel=data"]),
     "lora/2-fsdp": (2, ["policy.lora=true", "train.parallel=fsdp"]),
 }
+#: Numbers that are a difference of near-equal terms (the policy loss of advantages that sum to ~0,
+#: the approximate KL of ratios near 1): their relative difference measures the cancellation, not
+#: the layout, so they are bounded absolutely (fp32 rounding of terms of size ~1).
+CANCELLING = ("loss/policy", "approx_kl")
 #: The per-step numbers compared (metrics.jsonl keys).
 COMPARED = ("loss/policy", "grad_norm", "reward/mean", "entropy", "approx_kl", "clip_frac_low", "mean_token_prob",
             "mismatch/tokens")  # fmt: skip
@@ -123,21 +127,21 @@ def relative(a: float, b: float) -> float:
 
 
 def compare(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
-    """The largest relative difference of each per-step number, and of the final weights (per
-    tensor: max |a - b| / max |a|, then the largest over tensors) and the largest absolute one."""
+    """The largest relative and absolute difference of each per-step number, and of the final
+    weights (relative per tensor: max |a - b| / max |a|, then the largest over tensors)."""
     if sorted(ref["steps"]) != sorted(other["steps"]):
         raise AssertionError(f"steps differ: {sorted(ref['steps'])} vs {sorted(other['steps'])}")
     out: dict[str, Any] = {}
     for key in COMPARED:
         pairs = [(ref["steps"][s].get(key), other["steps"][s].get(key)) for s in sorted(ref["steps"])]
-        out[key] = max(relative(a, b) for a, b in pairs if a is not None and b is not None)
+        pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+        out[key] = max(relative(a, b) for a, b in pairs)
+        out[f"{key} abs"] = max(abs(a - b) for a, b in pairs)
     wa, wb = ref["weights"], other["weights"]
     if wa.keys() != wb.keys():
         raise AssertionError(f"the final weights name other tensors: {sorted(wa.keys() ^ wb.keys())[:4]}")
-    out["weights_rel"] = max(
-        float((wa[k] - wb[k]).abs().max() / wa[k].abs().max().clamp_min(1e-12)) for k in wa
-    )
-    out["weights_abs"] = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+    out["weights"] = max(float((wa[k] - wb[k]).abs().max() / wa[k].abs().max().clamp_min(1e-12)) for k in wa)
+    out["weights abs"] = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
     return out
 
 
@@ -174,12 +178,17 @@ def main() -> None:
                     "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "load_avg": os.getloadavg()}  # fmt: skip
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-    print(
-        f"{'layout':28} {'vs':16} " + " ".join(f"{k:>12}" for k in (*COMPARED, "weights_rel", "weights_abs"))
-    )
-    for name, row in res["table"].items():
-        vals = " ".join(f"{row[k]:12.2e}" for k in (*COMPARED, "weights_rel", "weights_abs"))
-        print(f"{name:28} {row['against']:16} {vals}")
+    print(table(res["table"]))
+
+
+def table(rows: dict[str, Any]) -> str:
+    """The invariance table (markdown): per layout, the largest relative difference of each number,
+    and the absolute one of the two cancellations (``CANCELLING``) and of the weights."""
+    cols = [*COMPARED, "weights", *(f"{k} abs" for k in CANCELLING), "weights abs"]
+    lines = ["| layout | against | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for name, row in rows.items():
+        lines.append(f"| {name} | {row['against']} | " + " | ".join(f"{row[k]:.1e}" for k in cols) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,10 @@ import layout_invariance as L  # noqa: E402
 #: accumulation, an all-reduce, a reduce-scatter), a rounding-level difference that AdamW and 4
 #: steps carry into the weights.
 REL = 1e-5
+#: The policy loss and the approximate KL are differences of near-equal terms of size ~1 (advantages
+#: that sum to about zero, ratios near 1): their relative difference is the cancellation's, so they
+#: are held to 1e-6 absolute (measured: at most 1.2e-7 and 3e-8).
+ABS = 1e-6
 
 
 @pytest.mark.parametrize(
@@ -34,7 +38,8 @@ def test_one_process_data_parallel_and_fsdp_give_the_same_run(tmp_path: Path, ki
     assert sorted(steps) == list(range(1, L.STEPS + 1))
     # the run learns something in most steps, so equal numbers are not equal zeros
     assert sum(s["grad_norm"] > 0 for s in steps.values()) >= L.STEPS - 1, steps
+    print(L.table(res["table"]))
     for name, row in res["table"].items():
-        print(name, row)
-        for key in (*L.COMPARED, "weights_rel"):
-            assert row[key] <= REL, (name, key, row[key])
+        for key in (*L.COMPARED, "weights"):
+            ok = row[key] <= REL or (key in L.CANCELLING and row[f"{key} abs"] <= ABS)
+            assert ok, (name, key, row[key], row[f"{key} abs"] if key in L.CANCELLING else None)

@@ -44,7 +44,9 @@ CONFIG = [
 ]  # fmt: skip
 
 
-def _node(tmp: Path, node: str, port: int, job: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def _node(
+    tmp: Path, node: str, port: int, job: str, args: list[str], env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """One node's launcher: ``torchrun --nnodes 2 --nproc_per_node 1`` in its own folder and session."""
     home = tmp / "nodes" / job / node
     (home / "tmp").mkdir(parents=True, exist_ok=True)
@@ -56,7 +58,9 @@ def _node(tmp: Path, node: str, port: int, job: str, args: list[str], env: dict[
                             start_new_session=True)  # fmt: skip
 
 
-def _cluster(tmp: Path, job: str, args: list[str], env: dict[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
+def _cluster(
+    tmp: Path, job: str, args: list[str], env: dict[str, str] | None = None
+) -> list[subprocess.Popen[bytes]]:
     port = free_port()
     return [_node(tmp, n, port, job, args, env) for n in ("node0", "node1")]
 
@@ -85,7 +89,9 @@ def test_a_two_node_run_loses_a_node_and_resumes_to_the_uninterrupted_weights(tm
     cfg = [*CONFIG, f"run.out_dir={tmp_path / 'shared'}"]
     straight = _cluster(tmp_path, "straight", ["fresh", *cfg, "run.name=straight"])
     # each checkpoint's commit waits 3 s first, so step 2's cannot be committed when step 1's is seen
-    killed = _cluster(tmp_path, "killed", ["fresh", *cfg, "run.name=killed"], {"VERILOOP_TEST_SAVE_DELAY": "3"})
+    killed = _cluster(
+        tmp_path, "killed", ["fresh", *cfg, "run.name=killed"], {"VERILOOP_TEST_SAVE_DELAY": "3"}
+    )
     ckpts = tmp_path / "shared" / "killed" / "checkpoints"
     deadline = time.time() + 300
     while not (ckpts / "step-000001" / "COMPLETE").exists():
