@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from veriloop.cli.serve import free_port
@@ -59,10 +59,18 @@ def _node(
 
 
 def _cluster(
-    tmp: Path, job: str, args: list[str], env: dict[str, str] | None = None
+    tmp: Path, job: str, args: list[str], env: dict[str, str] | None = None, port: int | None = None
 ) -> list[subprocess.Popen[bytes]]:
-    port = free_port()
+    port = port or free_port()
     return [_node(tmp, n, port, job, args, env) for n in ("node0", "node1")]
+
+
+def _two_ports() -> tuple[int, int]:
+    """Two distinct free ports (both held while the second is picked)."""
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        return a.getsockname()[1], b.getsockname()[1]
 
 
 def _wait(nodes: list[subprocess.Popen[bytes]], timeout: float = 300) -> None:
@@ -73,8 +81,35 @@ def _wait(nodes: list[subprocess.Popen[bytes]], timeout: float = 300) -> None:
     finally:
         for p in nodes:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+                _kill_node(p)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under ``pid`` (torchrun starts each rank in a session of its own, so a signal
+    to the launcher's process group does not reach it)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            child, ppid = int(stat.parent.name), int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # the process ended meanwhile
+        parents.setdefault(ppid, []).append(child)
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def _kill_node(launcher: subprocess.Popen[bytes]) -> None:
+    """A node dies: its launcher and every rank it started, at once (SIGKILL)."""
+    for pid in [launcher.pid, *_descendants(launcher.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    launcher.wait()
 
 
 def _adapter(run: Path) -> dict[str, torch.Tensor]:
@@ -83,30 +118,30 @@ def _adapter(run: Path) -> dict[str, torch.Tensor]:
     return load_file(run / "final" / "adapter_model.safetensors")
 
 
-@pytest.mark.slow  # ~3 min on two busy cores: four launchers and their workers
 def test_a_two_node_run_loses_a_node_and_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
     (tmp_path / "worker.py").write_text(WORKER)
     cfg = [*CONFIG, f"run.out_dir={tmp_path / 'shared'}"]
-    straight = _cluster(tmp_path, "straight", ["fresh", *cfg, "run.name=straight"])
+    ports = _two_ports()
+    straight = _cluster(tmp_path, "straight", ["fresh", *cfg, "run.name=straight"], port=ports[0])
     # each checkpoint's commit waits 3 s first, so step 2's cannot be committed when step 1's is seen
     killed = _cluster(
-        tmp_path, "killed", ["fresh", *cfg, "run.name=killed"], {"VERILOOP_TEST_SAVE_DELAY": "3"}
+        tmp_path, "killed", ["fresh", *cfg, "run.name=killed"], {"VERILOOP_TEST_SAVE_DELAY": "3"}, ports[1]
     )
     ckpts = tmp_path / "shared" / "killed" / "checkpoints"
     deadline = time.time() + 300
     while not (ckpts / "step-000001" / "COMPLETE").exists():
         assert time.time() < deadline and all(p.poll() is None for p in killed), "no first checkpoint"
         time.sleep(0.05)
-    os.killpg(killed[1].pid, signal.SIGKILL)  # node 1 is gone: its launcher and its rank
-    killed[1].wait()
+    ranks = _descendants(killed[1].pid)
+    assert ranks, "node 1's launcher started no rank"
+    _kill_node(killed[1])  # node 1 is gone: its launcher and its rank
     t0 = time.time()
     try:  # node 0's rank loses its peer in the next collective; its launcher ends the job
         killed[0].wait(timeout=120)
     finally:
         survivor = killed[0].returncode
         if survivor is None:
-            os.killpg(killed[0].pid, signal.SIGKILL)
-            killed[0].wait()
+            _kill_node(killed[0])
     print(f"node 0's launcher exited {survivor} {time.time() - t0:.1f} s after node 1 was killed")
     assert survivor not in (None, 0), "the surviving node carried on alone"
     assert sorted(p.name for p in ckpts.glob("step-*")) == ["step-000001"]
