@@ -99,9 +99,13 @@ def main() -> int:
             model = qwen3_tiny(Path(tmp) / "qwen3_tiny") if name == "qwen3_tiny" else name
             for k in args.ks:
                 try:
-                    res["arms"].append({"name": name, **arm(model, k, args.steps, backend, Path(tmp), f"{name}-k{k}")})
+                    res["arms"].append(
+                        {"name": name, **arm(model, k, args.steps, backend, Path(tmp), f"{name}-k{k}")}
+                    )
                 except Exception as e:  # noqa: BLE001 - one arm's failure is recorded, the others still run
-                    res["arms"].append({"name": name, "max_staleness": k, "error": f"{type(e).__name__}: {e}"[:2000]})
+                    res["arms"].append(
+                        {"name": name, "max_staleness": k, "error": f"{type(e).__name__}: {e}"[:2000]}
+                    )
                 print(json.dumps(res["arms"][-1]), flush=True)
     out = RESULTS / f"gpu_{re.sub(r'[^a-z0-9]+', '_', gpu.lower()).strip('_')}.json"
     out.write_text(json.dumps(res, indent=1) + "\n")
