@@ -6,7 +6,8 @@ checkpoints) for ``--steps`` steps; the sampler is vLLM's in-process CUDA engine
 of vLLM imports, else the HF engine (named in the results). Per arm: the median
 ``time/weight_sync_s`` over the steps after the first (the first includes compilation and warm-up),
 the median step time, and the generated tokens per second over those steps (episodes x mean
-response length / the wall time between the first and the last step's log). Writes
+response length / the wall time between the first and the last step's log; the synchronous HF
+engine samples with the trained model itself, so it has no sync and its sync time is null). Writes
 ``benchmarks/results/gpu_<gpu name>.json``. On a machine without CUDA it prints why and writes
 nothing. ``benchmarks/gpu_check.sh`` runs it after ``tests/gpu``::
 
@@ -58,7 +59,8 @@ def arm(model: str, k: int, steps: int, backend: str, out: Path, name: str) -> d
     from veriloop.configs.loader import load_config
 
     over = [f"policy.model={model}", "sft.steps=0", f"train.steps={steps}", f"train.max_staleness={k}",
-            f"rollout.backend={backend}", "eval.every=0", "eval.at_start=false", "run.checkpoint_every=0",
+            f"rollout.backend={backend}", "eval.every=0", "eval.at_start=false", "eval.num_problems=1",
+            "eval.n_samples=1", "eval.k_list=[1]", "run.checkpoint_every=0",
             "run.tensorboard=false", f"run.out_dir={out}", f"run.name={name}"]  # fmt: skip
     if k > 0:
         over.append("algo.rollout_is=truncate")
