@@ -467,6 +467,8 @@ def _write_policy(policy: Policy, path: Path, *, merge: bool) -> None:
         adapter_config = path / "adapter_config.json"
         config = json.loads(adapter_config.read_text())
         config["base_model_name_or_path"] = portable_base_name(base)
+        if isinstance(config.get("target_modules"), list):  # peft writes a set in hash order: sorted,
+            config["target_modules"] = sorted(config["target_modules"])  # two saves are byte-identical
         adapter_config.write_text(json.dumps(config, indent=2) + "\n")
     else:
         model = policy.model

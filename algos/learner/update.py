@@ -485,12 +485,19 @@ class RankSync:
             larger mini-batch (``loss_normalisers``); None = the batch's own counts.
         pad_micro_batches: sharded training (``fsdp.lockstep``: every pass is a collective, so all
             ranks run as many, also without training tokens or after a non-finite loss).
+        merge_metrics: ``(sums, mismatch) -> (sums, mismatch)`` over the ranks
+            (``DistContext.merge_step_metrics``), so the logged losses, rates and mismatch are the
+            whole mini-batch's, as one process logs them, not this rank's part.
     """
 
     on_before_step: Callable[[list[torch.nn.Parameter], bool], bool] | None = None
     global_tokens: float | None = None
     global_seqs: float | None = None
     pad_micro_batches: Callable[[list[TokenBatch]], list[TokenBatch]] | None = None
+    merge_metrics: (
+        Callable[[dict[str, float], MismatchStats | None], tuple[dict[str, float], MismatchStats | None]]
+        | None
+    ) = None
 
 
 NO_SYNC = RankSync()
@@ -537,7 +544,14 @@ def update_step(
                       total_seqs=total_seqs, mismatch=mismatch)  # fmt: skip
     # similar lengths, little padding; at most micro_batch_tokens padded tokens each when set
     micro = minibatches(batch, s.micro_batch_size, by_length=True, max_tokens=s.micro_batch_tokens)
-    sums, finite = _accumulate_gradients(model, micro, loss_fn, float(lengths.sum()), sync.pad_micro_batches)
+    first = len(mismatch) if mismatch is not None else 0
+    # rates weighted by the whole mini-batch's tokens: the ranks' parts then add up to its means
+    sums, finite = _accumulate_gradients(model, micro, loss_fn, total_tokens, sync.pad_micro_batches)
+    if sync.merge_metrics is not None:
+        mine = sum(mismatch[first:], MismatchStats()) if mismatch is not None else None
+        sums, merged = sync.merge_metrics(sums, mine)
+        if mismatch is not None and merged is not None:
+            mismatch[first:] = [merged]
     if sync.on_before_step is not None:
         trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         finite = sync.on_before_step(trainable, finite)
@@ -565,11 +579,12 @@ def _accumulate_gradients(
     model: Any,
     micro_batches: Any,
     loss_fn: Callable[..., tuple[torch.Tensor, dict[str, float]]],
-    own_tokens: float,
+    total_tokens: float,
     pad: Callable[[list[TokenBatch]], list[TokenBatch]] | None = None,
 ) -> tuple[dict[str, float], bool]:
     """Backward every micro-batch's loss (already in the whole batch's units); stop at the first
-    non-finite loss. Returns the summed metrics (rates weighted by tokens) and whether all were finite.
+    non-finite loss. Returns the summed metrics (rates weighted by their share of ``total_tokens``,
+    the mini-batch's) and whether all were finite.
     ``pad`` (sharded training, see ``update_step``): pad the micro-batches to every rank's count and
     run every one, stopping at nothing."""
     sums = dict.fromkeys(METRIC_NAMES, 0.0)
@@ -589,7 +604,7 @@ def _accumulate_gradients(
         if n_tok == 0 or not finite:
             continue
         for k, v in m.items():
-            sums[k] = sums.get(k, 0.0) + (v if k in _SUMMED else v * n_tok / max(own_tokens, 1.0))
+            sums[k] = sums.get(k, 0.0) + (v if k in _SUMMED else v * n_tok / max(total_tokens, 1.0))
     return sums, finite
 
 

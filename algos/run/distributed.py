@@ -34,8 +34,18 @@ from typing import Any, TypeVar
 import torch
 
 from veriloop.algos.learner.batch import TokenBatch
+from veriloop.algos.maths.mismatch import MismatchStats
 
 T = TypeVar("T")
+
+#: Update metrics only some objectives compute (``update.policy_loss``'s optional keys): every rank
+#: reduces them, so a rank without training tokens, which computed none, still joins the collective.
+OPTIONAL_METRICS = (
+    "cov_frac",
+    "distill/reverse_kl",
+    "distill/teacher_better_frac",
+    "distill/trust_masked_frac",
+)
 
 
 @dataclass(frozen=True)
@@ -112,7 +122,32 @@ class DistContext:
                     "pad_micro_batches": lockstep(self.world_size, mini_batch)}  # fmt: skip
         else:
             sync = {"on_before_step": self.grad_sync(1.0)}
-        return sync
+        return {**sync, "merge_metrics": self.merge_step_metrics}
+
+    def merge_step_metrics(
+        self, sums: dict[str, float], mismatch: MismatchStats | None
+    ) -> tuple[dict[str, float], MismatchStats | None]:
+        """One optimizer step's metrics over every rank: each rank's ``sums`` are its part of the
+        mini-batch's (losses in the mini-batch's units, rates weighted by its share of the tokens),
+        so they add up; the sampler-vs-trainer mismatch adds its counts and keeps the extremes.
+        A metric some rank did not compute (no training tokens there) counts as 0 on it; one no
+        rank computed stays out. Every rank calls this once per step (two all-reduces)."""
+        if not self.enabled:
+            return sums, mismatch
+        names = sorted(sums.keys() | set(OPTIONAL_METRICS))
+        flat = torch.tensor([[sums.get(k, 0.0) for k in names], [float(k in sums) for k in names]],
+                            dtype=torch.float64)  # fmt: skip
+        torch.distributed.all_reduce(flat)
+        merged = {k: float(flat[0, i]) for i, k in enumerate(names) if flat[1, i] > 0}
+        if mismatch is None:
+            return merged, None
+        m = mismatch
+        counts = torch.tensor([m.tokens, m.k3_sum, m.abs_log_sum, m.outside], dtype=torch.float64)
+        extremes = torch.tensor([m.log_ratio_max, -m.log_ratio_min], dtype=torch.float64)
+        torch.distributed.all_reduce(counts)
+        torch.distributed.all_reduce(extremes, op=torch.distributed.ReduceOp.MAX)
+        c, e = counts.tolist(), extremes.tolist()
+        return merged, MismatchStats(c[0], c[1], c[2], c[3], e[0], -e[1])
 
     def grad_sync(self, weight: float) -> Callable[[list[torch.nn.Parameter], bool], bool]:
         """A ``update_step(on_before_step=...)`` hook: sum ``weight * grad`` over ranks.

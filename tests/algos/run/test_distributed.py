@@ -52,7 +52,8 @@ else:
 m = train_on_batch(cfg, policy, critic, opt, trajs, torch.Generator().manual_seed(0), dist)
 after = S.trainable_state(policy, critic)
 same = check_params_equal(dist, list(after.values()))
-torch.save({"start": start, "after": after, "same": same, "grad_norm": m["grad_norm"],
+logged = {k: m[k] for k in ("loss/policy", "loss/value", "entropy", "approx_kl", "mean_token_prob", "mismatch/tokens")}
+torch.save({"start": start, "after": after, "same": same, "grad_norm": m["grad_norm"], "logged": logged,
             "seeds": [t.seed for t in trajs]}, os.path.join(out, f"{'single' if single else dist.rank}.pt"))
 shutdown_distributed(dist)
 """
@@ -104,6 +105,10 @@ def test_two_ranks_hold_identical_updated_weights(tmp_path: Path, extra: tuple[s
     _wait([_run(tmp_path, "single", {"OMP_NUM_THREADS": "1"}, extra)])
     one = torch.load(tmp_path / "single.pt", weights_only=False)
     assert one["grad_norm"] == pytest.approx(r0["grad_norm"], rel=1e-4)
+    # the logged losses, rates and mismatch are the whole batch's on every rank, not a rank's part
+    for k, v in one["logged"].items():
+        assert r0["logged"][k] == r1["logged"][k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+    assert one["logged"]["mismatch/tokens"] > 0
     for k in one["after"]:  # AdamW's first step is ~lr * sign(g): rounding moves only g ~ eps entries
         torch.testing.assert_close(one["after"][k], r0["after"][k], rtol=0, atol=1e-3)
 
