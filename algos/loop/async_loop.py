@@ -72,11 +72,13 @@ def read_ledger(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def check_async(cfg: ExperimentConfig, dist: DistContext) -> None:
-    """What asynchronous training cannot do yet, refused before the loop starts."""
-    if dist.enabled:
+    """What asynchronous training cannot do yet, refused before the loop starts. Several data-parallel
+    ranks train asynchronously (``async_ranks``: rank 0 generates); sharded ones do not yet."""
+    if dist.enabled and dist.sharded:
         raise ConfigError(
-            f"train.max_staleness={cfg.train.max_staleness} runs in one process; with several processes "
-            "(torchrun / accelerate) use train.max_staleness=0"
+            f"train.max_staleness={cfg.train.max_staleness} with train.parallel=fsdp is not supported yet "
+            "(the generation copy of sharded weights): use train.parallel=data with several ranks, or "
+            "train.max_staleness=0"
         )
 
 

@@ -291,6 +291,10 @@ def _sft_warmup(run: RunParts) -> None:
 def _loop(run: RunParts) -> None:
     """RL steps ``state.step .. train.steps - 1``: the one step body over the run's batch source,
     synchronous for ``train.max_staleness`` 0, asynchronous (generation beside the update) above."""
+    if run.cfg.train.max_staleness > 0 and run.dist.enabled:  # rank 0 generates, every rank trains
+        from veriloop.algos.loop.async_ranks import RankedAsyncSource
+
+        return run_steps(run, RankedAsyncSource(run))
     if run.cfg.train.max_staleness > 0:
         from veriloop.algos.loop.async_loop import AsyncSource
 
@@ -301,8 +305,14 @@ def _loop(run: RunParts) -> None:
 def _rollout_backend(cfg: ExperimentConfig, policy: Policy, dist: DistContext) -> ServingBackend | None:
     """vLLM: one engine for the run, updated in place after every optimizer step; vllm_server: the
     same through HTTP (rank 0 pushes, every rank waits); None: each rollout call uses
-    ``engine.default_backend`` (the HF backend). ``auto`` is resolved here (``resolve_backend``)."""
+    ``engine.default_backend`` (the HF backend). ``auto`` is resolved here (``resolve_backend``).
+    Asynchronous training with several ranks: rank 0 alone generates, so it alone holds the engine
+    (or the servers' connection, as one process) and the other ranks none (``async_ranks``)."""
     name = resolve_backend(cfg.rollout.backend, policy)
+    if cfg.train.max_staleness > 0 and dist.enabled:
+        if not dist.is_main:
+            return None
+        dist = DistContext()  # one process: no other rank joins its pushes
     if name == "vllm_server":
         server = asdict(cfg.rollout.server)
         return cast(ServingBackend, make_backend("vllm_server", policy, dist=dist, **server))
