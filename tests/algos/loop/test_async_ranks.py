@@ -212,3 +212,19 @@ def test_kill9_of_both_ranks_then_resume_loses_nothing_and_trains_nothing_twice(
     assert after == sorted(pending + list(range(cursor, final_cursor)))  # the pending ones, then the cursor on
     _check_accounting(run, 2, 0, final_cursor)
     assert [r["step"] for r in _rows(run)] == [1, 2, 3, 4, 5, 6]  # one row per step, none twice
+
+
+def test_sharded_ranks_are_refused_in_one_line_before_anything_is_written(tmp_path: Path) -> None:
+    """train.parallel=fsdp with K > 0 (not supported yet): every rank exits 2 with one line naming
+    the combination and the fix; no run folder is made."""
+    args = ["-m", "veriloop.cli", "train", "quickstart", "policy.model=tiny", "sft.steps=0", "train.parallel=fsdp",
+            "train.max_staleness=1", f"run.out_dir={tmp_path}", "run.name=r"]  # fmt: skip
+    common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, *args], env={**os.environ, **common, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for r in range(2)]  # fmt: skip
+    for p in procs:
+        _, err = p.communicate(timeout=240)
+        lines = [line for line in err.decode().splitlines() if line.strip()]
+        assert p.returncode == 2, err.decode()[-3000:]
+        assert len(lines) == 1 and "train.parallel=fsdp" in lines[0] and "train.parallel=data" in lines[0], lines
+    assert not (tmp_path / "r").exists()
