@@ -107,7 +107,15 @@ def _wait(procs: list[subprocess.Popen[bytes]], timeout: float = 300) -> None:
 
 
 def _args(mode: str, out: Path, name: str, *extra: str, resume: bool = False) -> list[str]:
-    return [mode, str(out), "resume" if resume else "fresh", *BASE, *extra, f"run.out_dir={out}", f"run.name={name}"]
+    return [
+        mode,
+        str(out),
+        "resume" if resume else "fresh",
+        *BASE,
+        *extra,
+        f"run.out_dir={out}",
+        f"run.name={name}",
+    ]
 
 
 def _rows(run: Path) -> list[dict[str, Any]]:
@@ -170,8 +178,11 @@ def test_k1_on_two_ranks_trains_each_problem_once_with_the_single_process_gradie
     assert rows[-1]["async/version"] == float(steps)
     seen = [json.loads((tmp_path / f"seen-{r}.json").read_text()) for r in range(2)]
     assert seen[0] == seen[1] and len(seen[0]) == steps  # both ranks: the same batch, in the same order
-    by_step = [sorted({s for s in batch}) for batch in seen[0]]
-    trained_at = [sorted(r["seed"] for r in ledger if r["event"] == "trained" and r["version"] == t) for t in range(steps)]
+    by_step = [sorted(set(batch)) for batch in seen[0]]
+    trained_at = [
+        sorted(r["seed"] for r in ledger if r["event"] == "trained" and r["version"] == t)
+        for t in range(steps)
+    ]
     assert by_step == trained_at  # the ledger's rows are the batches the ranks trained
     _wait([_start(_args("replay", tmp_path, "one", *over), {})])
     one = [r["grad_norm"] for r in _rows(tmp_path / "one") if "grad_norm" in r]
@@ -209,7 +220,7 @@ def test_kill9_of_both_ranks_then_resume_loses_nothing_and_trains_nothing_twice(
     ledger = _ledger(run)
     after = sorted(r["seed"] for r in ledger if r["version"] >= 2)
     final_cursor = max(r["seed"] for r in ledger) + 1
-    assert after == sorted(pending + list(range(cursor, final_cursor)))  # the pending ones, then the cursor on
+    assert after == sorted(pending + list(range(cursor, final_cursor)))  # pending, then from the cursor
     _check_accounting(run, 2, 0, final_cursor)
     assert [r["step"] for r in _rows(run)] == [1, 2, 3, 4, 5, 6]  # one row per step, none twice
 
@@ -219,12 +230,18 @@ def test_sharded_ranks_are_refused_in_one_line_before_anything_is_written(tmp_pa
     the combination and the fix; no run folder is made."""
     args = ["-m", "veriloop.cli", "train", "quickstart", "policy.model=tiny", "sft.steps=0", "train.parallel=fsdp",
             "train.max_staleness=1", f"run.out_dir={tmp_path}", "run.name=r"]  # fmt: skip
-    common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    common = {
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "OMP_NUM_THREADS": "1",
+    }
     procs = [subprocess.Popen([sys.executable, *args], env={**os.environ, **common, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for r in range(2)]  # fmt: skip
     for p in procs:
         _, err = p.communicate(timeout=240)
         lines = [line for line in err.decode().splitlines() if line.strip()]
         assert p.returncode == 2, err.decode()[-3000:]
-        assert len(lines) == 1 and "train.parallel=fsdp" in lines[0] and "train.parallel=data" in lines[0], lines
+        assert len(lines) == 1 and "train.parallel=fsdp" in lines[0], lines
+        assert "train.parallel=data" in lines[0]  # the fix
     assert not (tmp_path / "r").exists()
