@@ -72,13 +72,14 @@ def read_ledger(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def check_async(cfg: ExperimentConfig, dist: DistContext) -> None:
-    """What asynchronous training cannot do yet, refused before the loop starts. Several data-parallel
-    ranks train asynchronously (``async_ranks``: rank 0 generates); sharded ones do not yet."""
-    if dist.enabled and dist.sharded:
+    """What asynchronous training cannot do yet, refused before the loop starts. Several ranks train
+    asynchronously (``async_ranks``: rank 0 generates); sharded ones only against vLLM servers."""
+    if dist.enabled and dist.sharded and cfg.rollout.backend != "vllm_server":
         raise ConfigError(
-            f"train.max_staleness={cfg.train.max_staleness} with train.parallel=fsdp is not supported yet "
-            "(the generation copy of sharded weights): use train.parallel=data with several ranks, or "
-            "train.max_staleness=0"
+            f"train.max_staleness={cfg.train.max_staleness} with train.parallel=fsdp generates on vLLM "
+            f"servers only (rollout.backend={cfg.rollout.backend} would need a whole copy of the sharded "
+            "weights): set rollout.backend=vllm_server (servers from `veriloop serve-vllm`), or use "
+            "train.parallel=data, or train.max_staleness=0"
         )
 
 

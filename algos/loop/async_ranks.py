@@ -15,6 +15,9 @@ process does, and holds the run's only engine or server connection. A step on ev
                engine / servers, probed); the others go on to the next broadcast, which is their
                barrier: no rank trains step t + 1 before rank 0 has the batch of step t + 1
 
+With ``train.parallel=fsdp`` (against vLLM servers only) every rank gathers the whole weights while
+rank 0 pushes them, and evaluations run in line (rank 0, whole weights) instead of beside training.
+
 So every admitted problem is trained exactly once (one scheduler takes it, every rank trains its
 share of it), and the admission capacity ``(K + v + 1) n`` counts groups over all ranks. A failure
 on rank 0 (the worker, the sampler probe) is broadcast, so every rank stops with its message.
@@ -25,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from veriloop.algos.loop.async_loop import AsyncSource
-from veriloop.algos.loop.parts import RunParts
+from veriloop.algos.loop.parts import RunParts, whole_weights
 from veriloop.algos.loop.source import BatchSource, StepBatch
 
 
@@ -52,6 +55,8 @@ class RankedAsyncSource(BatchSource):
         self.run = run
         self.main = AsyncSource(run) if run.dist.is_main else None
         self.evals = self.main.evals if self.main is not None else _NoEvals()  # type: ignore[assignment]
+        if run.sharded is not None:  # the copy an evaluation beside training takes needs whole weights:
+            self.evals = None  # sharded, rank 0 evaluates in line (all ranks gather)
         self.eval_backend = None
 
     def start(self) -> None:
@@ -77,8 +82,11 @@ class RankedAsyncSource(BatchSource):
         return batch
 
     def hand_over(self, step: int, trained: bool) -> dict[str, float]:
-        """Rank 0 hands the weights to its worker; the others wait at the next step's broadcast."""
-        return self.main.hand_over(step, trained) if self.main is not None else {}
+        """Rank 0 hands the weights to its worker; the others wait at the next step's broadcast.
+        Sharded (``train.parallel=fsdp``, vLLM servers only): every rank gathers the whole weights
+        while rank 0 pushes them."""
+        with whole_weights(self.run):
+            return self.main.hand_over(step, trained) if self.main is not None else {}
 
     def step_metrics(self, step: int, batch: StepBatch, wall_s: float) -> dict[str, float | None]:
         return self.main.step_metrics(step, batch, wall_s) if self.main is not None else {}

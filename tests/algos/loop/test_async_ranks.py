@@ -226,10 +226,11 @@ def test_kill9_of_both_ranks_then_resume_loses_nothing_and_trains_nothing_twice(
 
 
 def test_sharded_ranks_are_refused_in_one_line_before_anything_is_written(tmp_path: Path) -> None:
-    """train.parallel=fsdp with K > 0 (not supported yet): every rank exits 2 with one line naming
-    the combination and the fix; no run folder is made."""
+    """train.parallel=fsdp with K > 0 and the HF engine (the worker would need a whole copy of the
+    sharded weights): every rank exits 2 with one line naming the combination and the fixes; no
+    run folder is made."""
     args = ["-m", "veriloop.cli", "train", "quickstart", "policy.model=tiny", "sft.steps=0", "train.parallel=fsdp",
-            "train.max_staleness=1", f"run.out_dir={tmp_path}", "run.name=r"]  # fmt: skip
+            "rollout.backend=hf", "train.max_staleness=1", f"run.out_dir={tmp_path}", "run.name=r"]  # fmt: skip
     common = {
         "WORLD_SIZE": "2",
         "MASTER_ADDR": "127.0.0.1",
@@ -243,5 +244,5 @@ def test_sharded_ranks_are_refused_in_one_line_before_anything_is_written(tmp_pa
         lines = [line for line in err.decode().splitlines() if line.strip()]
         assert p.returncode == 2, err.decode()[-3000:]
         assert len(lines) == 1 and "train.parallel=fsdp" in lines[0], lines
-        assert "train.parallel=data" in lines[0]  # the fix
+        assert "rollout.backend=vllm_server" in lines[0] and "train.parallel=data" in lines[0]  # the fixes
     assert not (tmp_path / "r").exists()

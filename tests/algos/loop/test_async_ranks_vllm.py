@@ -1,8 +1,8 @@
 """Asynchronous training with two trainer ranks against one vLLM server (``make test-vllm``;
 skipped where vLLM is not installed unless ``VERILOOP_REQUIRE_VLLM=1``): the quickstart, as a user
 starts it, ``torchrun --nproc_per_node 2 -m veriloop.cli train quickstart train.max_staleness=1
-rollout.backend=vllm_server ...``, end to end. Rank 0 samples from the server and pushes the
-weights after every update; both ranks train every step's batch."""
+rollout.backend=vllm_server ...``, end to end, data parallel and FSDP. Rank 0 samples from the
+server and pushes the weights after every update; both ranks train every step's batch."""
 
 from __future__ import annotations
 
@@ -30,11 +30,16 @@ SHORT = ["policy.precision=fp32", "rollout.prompts_per_step=2", "rollout.group_s
 
 
 @requires_vllm
-def test_quickstart_trains_asynchronously_on_two_ranks_against_a_vllm_server(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallel", ["data", "fsdp"])
+def test_quickstart_trains_asynchronously_on_two_ranks_against_a_vllm_server(
+    tmp_path: Path, parallel: str
+) -> None:
+    """Data parallel (whole copies) and FSDP (shards, gathered on every rank while rank 0 pushes)."""
     from veriloop.algos.loop.async_loop import read_ledger
 
     with running_server(log=tmp_path / "server.log") as server:
-        args = [*SHORT, f"rollout.server.urls=[{server.url}]", f"run.out_dir={tmp_path}", "run.name=r"]
+        args = [*SHORT, f"train.parallel={parallel}", f"rollout.server.urls=[{server.url}]",
+                f"run.out_dir={tmp_path}", "run.name=r"]  # fmt: skip
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "veriloop.cli",
                "train", "quickstart", *args]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
