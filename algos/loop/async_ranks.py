@@ -65,7 +65,9 @@ class RankedAsyncSource(BatchSource):
 
     def next_batch(self, step: int) -> StepBatch:
         """Rank 0 takes the batch; every rank gets it, and rank 0's resume point, in one broadcast."""
-        run, box, error = self.run, None, None
+        run = self.run
+        box: tuple[StepBatch, int, dict[str, Any] | None] | None = None
+        error: str | None = None
         if self.main is not None:
             try:
                 box = (self.main.next_batch(step), run.state.next_seed, run.state.history.get("async"))
@@ -76,6 +78,7 @@ class RankedAsyncSource(BatchSource):
         box, error = run.dist.broadcast_object((box, error))
         if error is not None:
             raise RuntimeError(f"rank 0 stopped at step {step}: {error}")
+        assert box is not None
         batch, run.state.next_seed, pending = box
         if pending is not None:
             run.state.history["async"] = pending
