@@ -193,7 +193,6 @@ def test_k1_on_two_ranks_trains_each_problem_once_with_the_single_process_gradie
         torch.testing.assert_close(a[n], b[n], rtol=0, atol=1e-3)
 
 
-@pytest.mark.slow
 def test_kill9_of_both_ranks_then_resume_loses_nothing_and_trains_nothing_twice(tmp_path: Path) -> None:
     """Both ranks killed with groups in flight right after the step-2 checkpoint; resumed on two
     ranks, the run plays the checkpoint's pending problems again, continues from its data cursor,
