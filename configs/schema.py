@@ -261,7 +261,8 @@ class TrainConfig:
             generates beside the update: a new group starts only while accepted + running groups
             < (K + v + 1) x prompts_per_step at version v, and needs a correction for the gap
             (algo.rollout_is / rollout_seq_mask: decoupled PPO against the trainer's own pi_prox;
-            or policy_loss=dppo). One process only.
+            or policy_loss=dppo). Several ranks: data parallel (rank 0 generates, every rank trains
+            its share); not with ``parallel: fsdp``.
     """
 
     steps: int = 100

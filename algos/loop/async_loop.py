@@ -72,11 +72,14 @@ def read_ledger(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def check_async(cfg: ExperimentConfig, dist: DistContext) -> None:
-    """What asynchronous training cannot do yet, refused before the loop starts."""
-    if dist.enabled:
+    """What asynchronous training cannot do yet, refused before the loop starts. Several ranks train
+    asynchronously (``async_ranks``: rank 0 generates); sharded ones only against vLLM servers."""
+    if dist.enabled and dist.sharded and cfg.rollout.backend != "vllm_server":
         raise ConfigError(
-            f"train.max_staleness={cfg.train.max_staleness} runs in one process; with several processes "
-            "(torchrun / accelerate) use train.max_staleness=0"
+            f"train.max_staleness={cfg.train.max_staleness} with train.parallel=fsdp generates on vLLM "
+            f"servers only (rollout.backend={cfg.rollout.backend} would need a whole copy of the sharded "
+            "weights): set rollout.backend=vllm_server (servers from `veriloop serve-vllm`), or use "
+            "train.parallel=data, or train.max_staleness=0"
         )
 
 

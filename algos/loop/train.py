@@ -297,6 +297,10 @@ def _sft_warmup(run: RunParts) -> None:
 def _loop(run: RunParts) -> None:
     """RL steps ``state.step .. train.steps - 1``: the one step body over the run's batch source,
     synchronous for ``train.max_staleness`` 0, asynchronous (generation beside the update) above."""
+    if run.cfg.train.max_staleness > 0 and run.dist.enabled:  # rank 0 generates, every rank trains
+        from veriloop.algos.loop.async_ranks import RankedAsyncSource
+
+        return run_steps(run, RankedAsyncSource(run))
     if run.cfg.train.max_staleness > 0:
         from veriloop.algos.loop.async_loop import AsyncSource
 
@@ -307,7 +311,13 @@ def _loop(run: RunParts) -> None:
 def _rollout_backend(cfg: ExperimentConfig, policy: Policy, dist: DistContext) -> ServingBackend | None:
     """The run's engine (``agents.backends.serving_backend``, as ``veriloop eval`` builds it): vLLM,
     updated in place after every optimizer step, or vLLM servers (rank 0 pushes, every rank waits);
-    None: each rollout call uses ``engine.default_backend`` (the HF backend)."""
+    None: each rollout call uses ``engine.default_backend`` (the HF backend). Asynchronous training
+    with several ranks: rank 0 alone generates, so it alone holds the engine (or the servers'
+    connection, as one process) and the other ranks none (``async_ranks``)."""
+    if cfg.train.max_staleness > 0 and dist.enabled:
+        if not dist.is_main:
+            return None
+        dist = DistContext()  # one process: no other rank joins its pushes
     return serving_backend(cfg.rollout, policy, dist=dist)
 
 
