@@ -182,10 +182,19 @@ class _Episode:
         verdict = as_verdict(info.pop("verdict", None))
         self.turns.append(
             TurnRecord(
-                turn, start, len(self.ids), text, float(reward), verdict, jsonable(info),
-                res.finish == "length", bool(terminated), bool(truncated), signal,
+                turn,
+                start,
+                len(self.ids),
+                text,
+                float(reward),
+                verdict,
+                jsonable(info),
+                res.finish == "length",
+                bool(terminated),
+                bool(truncated),
+                signal,
             )
-        )  # fmt: skip
+        )
         if terminated or truncated:
             self.done, self.terminated, self.truncated = True, bool(terminated), bool(truncated)
             return
@@ -269,9 +278,15 @@ class _Episode:
 
 
 def _compaction(
-    compactor: Compactor | None, backend: Backend, fmt: ChatFormat, sampling: SamplingParams,
-    generator: torch.Generator, eos: Sequence[int], budget: int, max_context: int,
-) -> Callable[[int], Callable[[Messages], Messages] | None]:  # fmt: skip
+    compactor: Compactor | None,
+    backend: Backend,
+    fmt: ChatFormat,
+    sampling: SamplingParams,
+    generator: torch.Generator,
+    eos: Sequence[int],
+    budget: int,
+    max_context: int,
+) -> Callable[[int], Callable[[Messages], Messages] | None]:
     """Episode key -> its compaction function (``compactor`` bound to a ``generate`` that asks the
     policy for one reply of up to ``budget`` tokens within ``max_context``, never trained), or None
     without a compactor."""
@@ -324,14 +339,21 @@ class Player:
     """
 
     def __init__(
-        self, backend: Backend, fmt: ChatFormat, eos: Sequence[int], sampling: SamplingParams,
-        limits: RolloutLimits, generator: torch.Generator, compactor: Compactor | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        backend: Backend,
+        fmt: ChatFormat,
+        eos: Sequence[int],
+        sampling: SamplingParams,
+        limits: RolloutLimits,
+        generator: torch.Generator,
+        compactor: Compactor | None = None,
+    ) -> None:
         self.backend, self.fmt, self.eos, self.sampling = backend, fmt, eos, sampling
         self.limits, self.generator = limits, generator
         self.per_turn = min(sampling.max_new_tokens, limits.max_new_tokens or sampling.max_new_tokens)
-        self._compact_for = _compaction(compactor, backend, fmt, sampling, generator, eos, self.per_turn,
-                                        limits.max_context)  # fmt: skip
+        self._compact_for = _compaction(
+            compactor, backend, fmt, sampling, generator, eos, self.per_turn, limits.max_context
+        )
 
     def start(self, key: int, spec: EpisodeSpec) -> _Episode:
         """A new episode (its environment reset) under the key its requests carry."""
@@ -395,8 +417,15 @@ def rollout(
         One :class:`Trajectory` per spec, in the order given.
     """
     fmt = ChatFormat(policy.tokenizer, system_prompt, processor=getattr(policy, "processor", None))
-    player = Player(backend or default_backend(policy), fmt, eos_token_ids(policy.tokenizer, getattr(policy, "model", None)),
-                    sampling, limits or RolloutLimits(), torch.Generator().manual_seed(sampling.seed), compactor)  # fmt: skip
+    player = Player(
+        backend or default_backend(policy),
+        fmt,
+        eos_token_ids(policy.tokenizer, getattr(policy, "model", None)),
+        sampling,
+        limits or RolloutLimits(),
+        torch.Generator().manual_seed(sampling.seed),
+        compactor,
+    )
     eps = [player.start(i, spec) for i, spec in enumerate(episodes)]
     try:
         while player.turn(eps):

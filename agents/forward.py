@@ -121,8 +121,9 @@ def _picked_logprobs(
     uses the entropy.
     """
     b, n, v = logits.shape
-    picked, entropy = _PickedLogprob.apply(logits.reshape(b * n, v), targets.reshape(b * n),
-                                           float(temperature), with_entropy)  # fmt: skip
+    picked, entropy = _PickedLogprob.apply(
+        logits.reshape(b * n, v), targets.reshape(b * n), float(temperature), with_entropy
+    )
     return picked.reshape(b, n), entropy.reshape(b, n) if with_entropy else None
 
 
@@ -130,8 +131,9 @@ class _PickedLogprob(torch.autograd.Function):
     """Rows [R, V] of logits -> (log p(target), entropy), p = softmax(logits / T)."""
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def forward(
+        ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         rows = logits.shape[0]
         lse = logits.new_empty(rows, dtype=torch.float32)
         picked = logits.new_empty(rows, dtype=torch.float32)
@@ -195,8 +197,14 @@ def first_loss_position(loss_mask: torch.Tensor) -> int:
     return int(cols[0]) if len(cols) else 1
 
 
-def _text_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int, prefix: int,
-                 packed_only: bool) -> torch.Tensor:  # fmt: skip
+def _text_logits(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    keep: int,
+    prefix: int,
+    packed_only: bool,
+) -> torch.Tensor:
     """A text model's logits of the last ``keep`` positions, with the rows' common ``prefix`` run
     once (packed with the rows, or through the KV cache unless ``packed_only``) when it is > 0.
     A model with recurrent layers runs every row as its own sequence (its state is not per-token
@@ -211,8 +219,9 @@ def _text_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
     return _logits(model, input_ids, attention_mask, keep, {})
 
 
-def _logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int,
-            model_inputs: dict[str, Any]) -> torch.Tensor:  # fmt: skip
+def _logits(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int, model_inputs: dict[str, Any]
+) -> torch.Tensor:
     """``model(...).logits``, for the last ``keep`` positions only when ``keep`` > 0 and the model
     takes ``logits_to_keep`` (transformers' causal LMs do); all positions otherwise. A Qwen-VL
     family's images get their ``mm_token_type_ids`` (its multimodal RoPE's positions need them)."""
@@ -220,8 +229,9 @@ def _logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, k
         model_inputs = token_type_inputs(model, input_ids, model_inputs)
     if keep > 0:
         try:
-            return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep,
-                         **model_inputs).logits  # fmt: skip
+            return model(
+                input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep, **model_inputs
+            ).logits
         except TypeError as e:
             if "logits_to_keep" not in str(e):
                 raise
@@ -287,8 +297,9 @@ def _can_pack(model: Any, input_ids: torch.Tensor, prefix: int) -> bool:
     return all(t <= w for w in windows)
 
 
-def _packed_prefix_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int,
-                          keep: int) -> torch.Tensor:  # fmt: skip
+def _packed_prefix_logits(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int, keep: int
+) -> torch.Tensor:
     """:func:`_shared_prefix_logits` as one forward pass: columns ``0 .. prefix-2`` once, then each
     row's columns from ``prefix - 1`` on, in one sequence [1, prefix - 1 + B n]. Each token keeps
     its row's position id and attends to the prompt and to its own row's earlier real tokens; the
@@ -316,13 +327,20 @@ def _packed_prefix_logits(model: Any, input_ids: torch.Tensor, attention_mask: t
     )  # [B, keep]
     install_packed_attention()  # SDPA computes only the blocks the mask lets through
     rows = PackedRows(head, b, n, row_mask(attention_mask, head))
-    out = model(input_ids=ids, attention_mask=sees[None, None], position_ids=positions[None], use_cache=False,
-                logits_to_keep=kept.reshape(-1), **{PACKED_KWARG: rows})  # fmt: skip
+    out = model(
+        input_ids=ids,
+        attention_mask=sees[None, None],
+        position_ids=positions[None],
+        use_cache=False,
+        logits_to_keep=kept.reshape(-1),
+        **{PACKED_KWARG: rows},
+    )
     return out.logits.view(b, keep, -1)
 
 
-def _shared_prefix_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int,
-                          keep: int) -> torch.Tensor:  # fmt: skip
+def _shared_prefix_logits(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int, keep: int
+) -> torch.Tensor:
     """Logits of the last ``keep`` positions, with columns ``0 .. prefix-2`` run once for all rows.
 
     The prefix's keys/values (one row, with their autograd graph) are expanded to B rows, so the
@@ -336,6 +354,12 @@ def _shared_prefix_logits(model: Any, input_ids: torch.Tensor, attention_mask: t
         layer.keys = layer.keys.expand(b, -1, -1, -1)
         layer.values = layer.values.expand(b, -1, -1, -1)
     positions = torch.arange(prefix - 1, t, device=input_ids.device).expand(b, -1)  # [B, T-P+1]
-    out = model(input_ids=input_ids[:, prefix - 1 :], attention_mask=attention_mask, position_ids=positions,
-                use_cache=True, logits_to_keep=keep, **{CACHE_ARG: cache})  # fmt: skip
+    out = model(
+        input_ids=input_ids[:, prefix - 1 :],
+        attention_mask=attention_mask,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=keep,
+        **{CACHE_ARG: cache},
+    )
     return out.logits

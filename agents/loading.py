@@ -212,9 +212,13 @@ def check_model_files(ref: ModelRef) -> None:
         if isinstance(data, dict) and ("auto_map" in data or (kind and kind not in CONFIG_MAPPING)):
             raise ValueError(
                 f"model {where!r} needs trust_remote_code (its config.json "
-                + ("maps classes to the repository's own code" if "auto_map" in data else f"has model_type {kind!r}, unknown to transformers")
+                + (
+                    "maps classes to the repository's own code"
+                    if "auto_map" in data
+                    else f"has model_type {kind!r}, unknown to transformers"
+                )
                 + "), which veriloop never enables: use a model transformers supports natively"
-            )  # fmt: skip
+            )
     if isinstance(ref, Path):
         pickles = sorted(p.name for p in ref.glob("*.bin"))
         if pickles and not any(ref.glob("*.safetensors")):
@@ -387,8 +391,9 @@ def load_processor(path: str | Path, **extra: Any) -> Any:
             raise err from None
     tokenizer = transformers.AutoTokenizer.from_pretrained(path, **extra)
     image_processor = transformers.AutoImageProcessor.from_pretrained(path, **extra)
-    return images_only(cls)(image_processor=image_processor, tokenizer=tokenizer,
-                            chat_template=tokenizer.chat_template)  # fmt: skip
+    return images_only(cls)(
+        image_processor=image_processor, tokenizer=tokenizer, chat_template=tokenizer.chat_template
+    )
 
 
 def _load_adapter(

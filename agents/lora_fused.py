@@ -151,8 +151,12 @@ class _Siblings:
                     base.weight.data = block
                 bias = None
                 if any(b.bias is not None for b in bases):
-                    bias = torch.cat([b.bias if b.bias is not None else b.weight.new_zeros(b.weight.shape[0])
-                                      for b in bases])  # fmt: skip
+                    bias = torch.cat(
+                        [
+                            b.bias if b.bias is not None else b.weight.new_zeros(b.weight.shape[0])
+                            for b in bases
+                        ]
+                    )
             key = tuple((b.weight.data_ptr(), b.weight._version, tuple(b.weight.shape)) for b in bases)
             self._weights = (key, weight, bias)
         return self._weights[1], self._weights[2]
@@ -171,8 +175,15 @@ class _MixedLora(torch.autograd.Function):
     expression, less its casts and adds, with the products the layers share joined."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                scalings: tuple[float, ...], n: int, *adapters: torch.Tensor) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        scalings: tuple[float, ...],
+        n: int,
+        *adapters: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
         half = weight.dtype  # bf16 (mixed precision) or fp32
         a, b = adapters[:n], adapters[n:]
         ranks = [t.shape[0] for t in a]
@@ -202,8 +213,10 @@ class _MixedLora(torch.autograd.Function):
         with _no_autocast(xh.device.type):
             g = [t.reshape(-1, t.shape[-1]).float() for t in grads]  # [tokens, out_i]
             lows = low.split(ctx.ranks, 1)
-            grad_b = [g_i.t() @ low_i if ctx.needs_input_grad[5 + n + i] else None
-                      for i, (g_i, low_i) in enumerate(zip(g, lows))]  # fmt: skip
+            grad_b = [
+                g_i.t() @ low_i if ctx.needs_input_grad[5 + n + i] else None
+                for i, (g_i, low_i) in enumerate(zip(g, lows))
+            ]
             d_low = _joined([(g_i @ b_i).mul_(s) for g_i, b_i, s in zip(g, b, ctx.scalings)], 1).to(half)
             grad_x = None
             if ctx.needs_input_grad[0]:

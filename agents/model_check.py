@@ -19,8 +19,21 @@ from veriloop.agents.architecture import family
 
 #: ``config.model_type`` of the families the architecture matrix tests (agents/tiny_families.py),
 #: and of the built default models (SmolLM2 is a Llama; the default VLM a Llava over a Llama).
-KNOWN_FAMILIES = frozenset({"llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5_text", "gemma3_text", "mistral", "phi3",
-                            "olmo2", "granite", "smollm3"})  # fmt: skip
+KNOWN_FAMILIES = frozenset(
+    {
+        "llama",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+        "qwen3_5_text",
+        "gemma3_text",
+        "mistral",
+        "phi3",
+        "olmo2",
+        "granite",
+        "smollm3",
+    }
+)
 #: Largest |log-prob| gap the start-up check accepts (bf16: the sampler's dithered LoRA merge and
 #: bf16 rounding move single log-probs by up to ~1e-2 on the matrix's models).
 STARTUP_TOLERANCE = {"fp32": 1e-3, "bf16": 5e-2}
@@ -100,8 +113,12 @@ def engine_gap(policy: Any, turns: int = 2, tokens: int = 5) -> tuple[float, dic
         for req, res in zip(reqs, backend.generate(reqs, sampling, gen), strict=True):
             seq, n = list(req.context_ids) + res.token_ids, len(req.context_ids)
             with torch.no_grad():
-                ref = token_logprobs(policy.model, torch.tensor([seq]), torch.ones(1, len(seq), dtype=torch.long),
-                                     first_position=n)[0][0, n:]  # fmt: skip
+                ref = token_logprobs(
+                    policy.model,
+                    torch.tensor([seq]),
+                    torch.ones(1, len(seq), dtype=torch.long),
+                    first_position=n,
+                )[0][0, n:]
             worst = max(worst, (torch.tensor(res.logprobs) - ref).abs().max().item())
             contexts[req.key] = seq + tok.encode(f" {turn} more, then")  # the environment's reply
     return worst, dict(backend.stats)
@@ -142,6 +159,8 @@ def check_unknown_family(policy: Any) -> str | None:
         where = "the HF engine's cached sampling"
     if gap <= bound:
         return None
-    return (f"policy.model: model family {name!r} is untested by veriloop and {where} gives log-probs "
-            f"{gap:.2g} away from a plain forward pass (tolerance {bound:g}); it cannot train correctly "
-            "here: use a family listed in docs/models.md")  # fmt: skip
+    return (
+        f"policy.model: model family {name!r} is untested by veriloop and {where} gives log-probs "
+        f"{gap:.2g} away from a plain forward pass (tolerance {bound:g}); it cannot train correctly "
+        "here: use a family listed in docs/models.md"
+    )

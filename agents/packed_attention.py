@@ -55,13 +55,23 @@ def row_mask(attention_mask: torch.Tensor, prompt: int) -> torch.Tensor:
     return torch.cat([seen_prompt, own], 2)[:, None]
 
 
-def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: PackedRows,
-                    scaling: float | None, dropout: float) -> torch.Tensor:  # fmt: skip
+def block_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rows: PackedRows,
+    scaling: float | None,
+    dropout: float,
+) -> torch.Tensor:
     """SDPA over a packed sequence's seen blocks: ``query`` [1, H, L, D], ``key``/``value``
     [1, H_kv, L, D] -> [1, L, H, D] (transformers' attention output layout)."""
     p, b, n = rows.prompt, rows.rows, rows.length
-    sdpa = functools.partial(torch.nn.functional.scaled_dot_product_attention, dropout_p=dropout, scale=scaling,
-                             enable_gqa=query.shape[1] != key.shape[1])  # fmt: skip
+    sdpa = functools.partial(
+        torch.nn.functional.scaled_dot_product_attention,
+        dropout_p=dropout,
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
 
     def per_row(t: torch.Tensor) -> torch.Tensor:  # [1, h, L, D] -> [B, h, n, D]
         return t[0, :, p:].unflatten(1, (b, n)).transpose(0, 1)
@@ -79,8 +89,14 @@ def _packed(inner: Any) -> Any:
     """``inner`` (an attention function of transformers' interface) that computes a packed
     sequence's attention by blocks when given :data:`KWARG`."""
 
-    def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:  # fmt: skip
+    def attention(
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, Any]:
         rows = kwargs.pop(KWARG, None)
         if (
             rows is None

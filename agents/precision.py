@@ -251,8 +251,14 @@ def _fp32_attention_name() -> str:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:  # fmt: skip
+    def attention(
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, Any]:
         dtype = query.dtype
         sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]  # transformers' (a packed sequence's blocks: packed_attention)
         with torch.autocast(query.device.type, enabled=False):

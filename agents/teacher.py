@@ -88,10 +88,14 @@ def teacher_episode(traj: Trajectory, fmt: ChatFormat, hint: str | None) -> tupl
     prompt = fmt.prompt_ids([*traj.messages[: users[0]], first])
     rest = slice(p, None)
     shifted = replace(
-        traj, token_ids=prompt + traj.token_ids[rest], loss_mask=[0] * len(prompt) + traj.loss_mask[rest],
-        logprobs=[0.0] * len(prompt) + traj.logprobs[rest], turn_index=[-1] * len(prompt) + traj.turn_index[rest],
-        turns=(), messages=[],
-    )  # fmt: skip
+        traj,
+        token_ids=prompt + traj.token_ids[rest],
+        loss_mask=[0] * len(prompt) + traj.loss_mask[rest],
+        logprobs=[0.0] * len(prompt) + traj.logprobs[rest],
+        turn_index=[-1] * len(prompt) + traj.turn_index[rest],
+        turns=(),
+        messages=[],
+    )
     return shifted, len(prompt) - p
 
 
@@ -138,8 +142,14 @@ def teacher_logprobs(
         mask = torch.tensor([_padded(views[i][0].loss_mask, width, 0) for i in rows])  # [b, T]
         first = first_loss_position(mask)
         with torch.no_grad():
-            lp, _ = token_logprobs(model, ids, attn, temperature=temperature, first_position=first,
-                                   shared_prefix=usable_shared_prefix(ids, attn, first))  # fmt: skip
+            lp, _ = token_logprobs(
+                model,
+                ids,
+                attn,
+                temperature=temperature,
+                first_position=first,
+                shared_prefix=usable_shared_prefix(ids, attn, first),
+            )
         for row, i in enumerate(rows):
             shift = views[i][1]
             mine = lp[row].tolist()

@@ -58,11 +58,19 @@ def _text(tokenizer: Any, **extra: Any) -> dict[str, Any]:
     from veriloop.agents.models.text import end_of_turn_ids
 
     return dict(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=end_of_turn_ids(tokenizer)[0], pad_token_id=tokenizer.pad_token_id, **extra,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=end_of_turn_ids(tokenizer)[0],
+        pad_token_id=tokenizer.pad_token_id,
+        **extra,
+    )
 
 
 def _qwen_vl_processor(tokenizer: Any, processor_name: str) -> tuple[Any, list[int]]:
@@ -87,13 +95,26 @@ def _qwen_vl(tokenizer: Any, name: str, rope: dict[str, Any], vision: dict[str, 
     import transformers
 
     processor, (start, end, image, video) = _qwen_vl_processor(tokenizer, f"{name}Processor")
-    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=_PATCH,
-                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, **vision)  # fmt: skip
+    vision = dict(
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        patch_size=_PATCH,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        out_hidden_size=64,
+        **vision,
+    )
     config = getattr(transformers, f"{name}Config")(
-        text_config=_text(tokenizer, head_dim=16, rope_parameters=rope), vision_config=vision,
-        image_token_id=image, video_token_id=video, vision_start_token_id=start, vision_end_token_id=end,
+        text_config=_text(tokenizer, head_dim=16, rope_parameters=rope),
+        vision_config=vision,
+        image_token_id=image,
+        video_token_id=video,
+        vision_start_token_id=start,
+        vision_end_token_id=end,
         tie_word_embeddings=True,
-    )  # fmt: skip
+    )
     return getattr(transformers, f"{name}ForConditionalGeneration")(config), processor
 
 
@@ -126,14 +147,27 @@ def _idefics3(tokenizer: Any) -> tuple[Any, Any]:
         max_image_size={"longest_edge": TINY_VISION_SIZE},
     )
     per_image = (TINY_VISION_SIZE // _PATCH) ** 2 // scale**2
-    processor = transformers.Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer,
-                                               image_seq_len=per_image, chat_template=_TEMPLATE.replace("{image}", "<image>"))  # fmt: skip
-    vision = transformers.Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                               num_attention_heads=2, image_size=TINY_VISION_SIZE, patch_size=_PATCH)  # fmt: skip
+    processor = transformers.Idefics3Processor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        image_seq_len=per_image,
+        chat_template=_TEMPLATE.replace("{image}", "<image>"),
+    )
+    vision = transformers.Idefics3VisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=TINY_VISION_SIZE,
+        patch_size=_PATCH,
+    )
     config = transformers.Idefics3Config(
-        vision_config=vision, text_config=transformers.LlamaConfig(**_text(tokenizer, head_dim=16)),
-        scale_factor=scale, image_token_id=tokenizer.convert_tokens_to_ids("<image>"), tie_word_embeddings=True,
-    )  # fmt: skip
+        vision_config=vision,
+        text_config=transformers.LlamaConfig(**_text(tokenizer, head_dim=16)),
+        scale_factor=scale,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        tie_word_embeddings=True,
+    )
     return transformers.Idefics3ForConditionalGeneration(config), processor
 
 
@@ -168,8 +202,13 @@ def tiny_vision_policy(family: str, *, lora: bool = False, seed: int = 0) -> Pol
     model, processor = tiny_vision_base(family, seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        policy = build_policy(model, processor.tokenizer, processor=processor,
-                              lora=TINY_LORA if lora else None, name=f"tiny-{family}")  # fmt: skip
+        policy = build_policy(
+            model,
+            processor.tokenizer,
+            processor=processor,
+            lora=TINY_LORA if lora else None,
+            name=f"tiny-{family}",
+        )
         for name, param in policy.model.named_parameters():
             if "lora_B" in name:
                 param.data.normal_(0, 0.1)

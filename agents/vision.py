@@ -194,7 +194,9 @@ def mrope_positions(model: Any, input_ids: Any, attention_mask: Any, model_input
     if owner is None:
         return None
     positions, _ = owner.get_rope_index(
-        input_ids, _token_types(owner, input_ids), image_grid_thw=model_inputs["image_grid_thw"],
+        input_ids,
+        _token_types(owner, input_ids),
+        image_grid_thw=model_inputs["image_grid_thw"],
         attention_mask=attention_mask,
-    )  # fmt: skip
+    )
     return positions

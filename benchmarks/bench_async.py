@@ -46,10 +46,16 @@ def simulated(args: argparse.Namespace) -> dict[str, Any]:
     arms: dict[str, Any] = {}
     for k in SIM_KS:
         runs = [
-            simulate(k, steps=args.steps, groups_per_step=args.groups, train_s=args.train_s, sync_s=args.sync_s,
-                     length=long_tail_lengths(seed, base_s=args.gen_s, sigma=args.sigma)).summary(args.steps, k)
+            simulate(
+                k,
+                steps=args.steps,
+                groups_per_step=args.groups,
+                train_s=args.train_s,
+                sync_s=args.sync_s,
+                length=long_tail_lengths(seed, base_s=args.gen_s, sigma=args.sigma),
+            ).summary(args.steps, k)
             for seed in range(args.seeds)
-        ]  # fmt: skip
+        ]
         arms[str(k)] = {
             "wall_s_per_step": statistics.mean(r["wall_s_per_step"] for r in runs),  # type: ignore[misc]
             "trainer_wait_fraction": statistics.mean(r["trainer_wait_fraction"] for r in runs),  # type: ignore[misc]
@@ -72,8 +78,16 @@ def real_arm(backend: str, k: int, seed: int, out_dir: Path, extra: list[str]) -
     its per-step numbers and final evaluation. ``vllm_server``: one ``veriloop serve-vllm`` process
     beside the trainer (started for the arm, stopped after it; LoRA merged into the pushed weights)."""
     name = f"async-{backend}-k{k}-s{seed}"
-    over = ["policy.precision=fp32", f"train.max_staleness={k}", "algo.rollout_is=truncate", f"rollout.backend={backend}",
-            f"rollout.seed={seed * 10_000}", *extra, f"run.out_dir={out_dir}", f"run.name={name}"]  # fmt: skip
+    over = [
+        "policy.precision=fp32",
+        f"train.max_staleness={k}",
+        "algo.rollout_is=truncate",
+        f"rollout.backend={backend}",
+        f"rollout.seed={seed * 10_000}",
+        *extra,
+        f"run.out_dir={out_dir}",
+        f"run.name={name}",
+    ]
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "veriloop.cli", "train", "quickstart", *over]
     if (out_dir / name).is_dir():  # a killed arm continues (--resume of nothing is refused)
@@ -89,8 +103,11 @@ def real_arm(backend: str, k: int, seed: int, out_dir: Path, extra: list[str]) -
     steps = [r for r in rows if "time/train_s" in r]
     evals = [r for r in rows if "eval/id/avg@n" in r]
     # wall time of a step: between two consecutive step rows, neither of which evaluated
-    walls = [b["time"] - a["time"] for a, b in zip(steps, steps[1:])
-             if b["step"] == a["step"] + 1 and "eval/id/avg@n" not in a and "eval/id/avg@n" not in b]  # fmt: skip
+    walls = [
+        b["time"] - a["time"]
+        for a, b in zip(steps, steps[1:])
+        if b["step"] == a["step"] + 1 and "eval/id/avg@n" not in a and "eval/id/avg@n" not in b
+    ]
 
     def mean(key: str) -> float | None:
         vals = [r[key] for r in steps if r.get(key) is not None]
@@ -135,9 +152,11 @@ def main() -> None:
     result["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "load": os.getloadavg()}
     result["simulated"] = simulated(args)
     for k, arm in result["simulated"]["arms"].items():
-        print(f"simulated K={k}: {arm['wall_s_per_step']:.3f} s/step (x{arm['speedup_vs_k0']:.2f}), trainer idle "
-              f"{arm['trainer_wait_fraction']:.2f}, generator idle {arm['generator_wait_fraction']:.2f}, "
-              f"staleness {arm['staleness_hist']}")  # fmt: skip
+        print(
+            f"simulated K={k}: {arm['wall_s_per_step']:.3f} s/step (x{arm['speedup_vs_k0']:.2f}), trainer idle "
+            f"{arm['trainer_wait_fraction']:.2f}, generator idle {arm['generator_wait_fraction']:.2f}, "
+            f"staleness {arm['staleness_hist']}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     if not args.real:

@@ -28,25 +28,40 @@ KEYS = ("step", "time", "time/rollout_s", "time/train_s", "time/weight_sync_s", 
         "async/generator_wait_fraction", "async/staleness_mean")  # fmt: skip
 ARMS = {
     "sync_1proc": ([sys.executable, "-m", "veriloop.cli"], ["train.max_staleness=0"]),
-    "async_2ranks": ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "veriloop.cli"],
-                     ["train.max_staleness=1", "algo.rollout_is=truncate"]),
-}  # fmt: skip
+    "async_2ranks": (
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "veriloop.cli"],
+        ["train.max_staleness=1", "algo.rollout_is=truncate"],
+    ),
+}
 
 
 def arm(out: Path, name: str, url: str) -> dict[str, Any]:
     """One arm's run and its numbers."""
     launch, extra = ARMS[name]
     load0, t0 = os.getloadavg()[0], time.time()
-    cmd = [*launch, "train", "quickstart", *COMMON, *extra, f"rollout.server.urls=[{url}]",
-           f"run.out_dir={out}", f"run.name={name}"]  # fmt: skip
+    cmd = [
+        *launch,
+        "train",
+        "quickstart",
+        *COMMON,
+        *extra,
+        f"rollout.server.urls=[{url}]",
+        f"run.out_dir={out}",
+        f"run.name={name}",
+    ]
     done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True)
     if done.returncode != 0:
         raise SystemExit(done.stderr.decode()[-3000:])
     rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
     steps = [{k: r[k] for k in KEYS if k in r} for r in rows if "grad_norm" in r]
     gaps = [b["time"] - a["time"] for a, b in zip(steps, steps[1:])]
-    return {"wall_s": time.time() - t0, "load_1min_start": load0, "load_1min_end": os.getloadavg()[0],
-            "s_per_step_after_first": sum(gaps) / len(gaps), "per_step": steps}  # fmt: skip
+    return {
+        "wall_s": time.time() - t0,
+        "load_1min_start": load0,
+        "load_1min_end": os.getloadavg()[0],
+        "s_per_step_after_first": sum(gaps) / len(gaps),
+        "per_step": steps,
+    }
 
 
 def main() -> None:

@@ -36,8 +36,15 @@ def main() -> None:
     from veriloop.configs.loader import load_config
 
     rows = []
-    cfg = load_config(args.config, [f"eval.num_problems={args.problems}", f"eval.n_samples={args.samples}",
-                                    "eval.k_list=[1]", "eval.greedy=false"])  # fmt: skip
+    cfg = load_config(
+        args.config,
+        [
+            f"eval.num_problems={args.problems}",
+            f"eval.n_samples={args.samples}",
+            "eval.k_list=[1]",
+            "eval.greedy=false",
+        ],
+    )
     policy = load_checkpoint_policy(cfg, args.checkpoint)
     backend = VLLMBackend(policy, dtype="bfloat16")
     backend.sync()
@@ -47,16 +54,35 @@ def main() -> None:
         report = evaluate_config(cfg, policy, backend=backend)
         seconds = time.perf_counter() - t0
         split = report["splits"]["id"]
-        rows.append({"batch_episodes": size, "seconds": seconds, "episodes_per_s": split["num_samples"] / seconds,
-                     "avg@n": split["avg@n"], "se": split["se/avg@n"]})  # fmt: skip
+        rows.append(
+            {
+                "batch_episodes": size,
+                "seconds": seconds,
+                "episodes_per_s": split["num_samples"] / seconds,
+                "avg@n": split["avg@n"],
+                "se": split["se/avg@n"],
+            }
+        )
         print(rows[-1], flush=True)
     backend.close()
     out = ROOT / "benchmarks" / "results" / "eval_batch.json"
-    out.write_text(json.dumps({"benchmark": "evaluation speed by eval.batch_episodes (vLLM-CPU, bf16)",
-                               "command": " ".join(["python", "benchmarks/bench_eval_batch.py", *sys.argv[1:]]),
-                               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
-                               "load_avg": os.getloadavg(), "config": args.config, "checkpoint": args.checkpoint,
-                               "problems": args.problems, "samples": args.samples, "rows": rows}, indent=1))  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "evaluation speed by eval.batch_episodes (vLLM-CPU, bf16)",
+                "command": " ".join(["python", "benchmarks/bench_eval_batch.py", *sys.argv[1:]]),
+                "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "cpus": os.cpu_count(),
+                "load_avg": os.getloadavg(),
+                "config": args.config,
+                "checkpoint": args.checkpoint,
+                "problems": args.problems,
+                "samples": args.samples,
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out}")
 
 

@@ -50,8 +50,14 @@ def time_vocab(folder: Path, vocab: int, reps: int) -> dict[str, Any]:
         lp, _ = token_logprobs(net, ids, torch.ones_like(ids), first_position=PROMPT, shared_prefix=PROMPT)
         cpu_fwd, wall_fwd = time.process_time() - cpu, time.perf_counter() - wall
         lp[:, PROMPT:].sum().backward()
-        runs.append({"cpu_fwd": round(cpu_fwd, 2), "cpu_fwd_bwd": round(time.process_time() - cpu, 2),
-                     "wall_fwd": round(wall_fwd, 2), "wall_fwd_bwd": round(time.perf_counter() - wall, 2)})  # fmt: skip
+        runs.append(
+            {
+                "cpu_fwd": round(cpu_fwd, 2),
+                "cpu_fwd_bwd": round(time.process_time() - cpu, 2),
+                "wall_fwd": round(wall_fwd, 2),
+                "wall_fwd_bwd": round(time.perf_counter() - wall, 2),
+            }
+        )
         net.zero_grad(set_to_none=True)
     logits_mib = ROWS * NEW * vocab * 2 / 2**20
     return {"vocab": vocab, "runs": runs, "logits_bf16_mib": logits_mib, "load_after": os.getloadavg()}
@@ -70,9 +76,13 @@ def main() -> None:
     for vocab in args.vocabs:
         rows.append(time_vocab(folder, vocab, args.reps))
         print(json.dumps(rows[-1]), flush=True)
-    report = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-              "load_before": load_before, "shape": {"rows": ROWS, "prompt": PROMPT, "new": NEW},
-              "results": rows}  # fmt: skip
+    report = {
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_before": load_before,
+        "shape": {"rows": ROWS, "prompt": PROMPT, "new": NEW},
+        "results": rows,
+    }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {OUT}")

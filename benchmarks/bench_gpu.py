@@ -58,10 +58,22 @@ def arm(model: str, k: int, steps: int, backend: str, out: Path, name: str) -> d
     from veriloop.algos.loop.train import train
     from veriloop.configs.loader import load_config
 
-    over = [f"policy.model={model}", "sft.steps=0", f"train.steps={steps}", f"train.max_staleness={k}",
-            f"rollout.backend={backend}", "eval.every=0", "eval.at_start=false", "eval.num_problems=1",
-            "eval.n_samples=1", "eval.k_list=[1]", "run.checkpoint_every=0",
-            "run.tensorboard=false", f"run.out_dir={out}", f"run.name={name}"]  # fmt: skip
+    over = [
+        f"policy.model={model}",
+        "sft.steps=0",
+        f"train.steps={steps}",
+        f"train.max_staleness={k}",
+        f"rollout.backend={backend}",
+        "eval.every=0",
+        "eval.at_start=false",
+        "eval.num_problems=1",
+        "eval.n_samples=1",
+        "eval.k_list=[1]",
+        "run.checkpoint_every=0",
+        "run.tensorboard=false",
+        f"run.out_dir={out}",
+        f"run.name={name}",
+    ]
     if k > 0:
         over.append("algo.rollout_is=truncate")
     t0 = time.perf_counter()
@@ -73,10 +85,18 @@ def arm(model: str, k: int, steps: int, backend: str, out: Path, name: str) -> d
     tokens = sum(r["samples/episodes"] * r["response_length/mean"] for r in later[1:])
     span = later[-1]["time"] - later[0]["time"] if len(later) > 1 else float("nan")
     syncs = [r["time/weight_sync_s"] for r in later if r.get("time/weight_sync_s") is not None]
-    return {"model": model, "max_staleness": k, "backend": backend, "steps": len(rows), "wall_s": round(wall, 1),
-            "weight_sync_s_median": statistics.median(syncs) if syncs else None, "weight_sync_s": syncs,
-            "step_s_median": span / max(len(later) - 1, 1), "generated_tokens_per_s": tokens / span if span else None,
-            "response_length_mean": statistics.mean(r["response_length/mean"] for r in rows)}  # fmt: skip
+    return {
+        "model": model,
+        "max_staleness": k,
+        "backend": backend,
+        "steps": len(rows),
+        "wall_s": round(wall, 1),
+        "weight_sync_s_median": statistics.median(syncs) if syncs else None,
+        "weight_sync_s": syncs,
+        "step_s_median": span / max(len(later) - 1, 1),
+        "generated_tokens_per_s": tokens / span if span else None,
+        "response_length_mean": statistics.mean(r["response_length/mean"] for r in rows),
+    }
 
 
 def main() -> int:
@@ -90,8 +110,14 @@ def main() -> int:
         return 0
     gpu = torch.cuda.get_device_name(0)
     backend = "vllm" if vllm_on_cuda() else "hf"
-    res: dict[str, Any] = {"gpu": gpu, "gpus": torch.cuda.device_count(), "torch": torch.__version__,
-                           "python": platform.python_version(), "sampler": backend, "arms": []}  # fmt: skip
+    res: dict[str, Any] = {
+        "gpu": gpu,
+        "gpus": torch.cuda.device_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "sampler": backend,
+        "arms": [],
+    }
     if backend == "vllm":
         import vllm
 

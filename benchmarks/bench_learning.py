@@ -485,8 +485,17 @@ def shared_warmup(suite: str, config: str, seed: int, out: Path) -> Path:
     name = f"sft-s{seed}"
     final = out / name / "sft" / "final"
     if not final.exists():
-        args = [sys.executable, "-m", "veriloop.cli", "sft", config, *spec.get("common", []),
-                f"rollout.seed={1000 * seed}", f"run.out_dir={out}", f"run.name={name}"]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "veriloop.cli",
+            "sft",
+            config,
+            *spec.get("common", []),
+            f"rollout.seed={1000 * seed}",
+            f"run.out_dir={out}",
+            f"run.name={name}",
+        ]
         if (out / name / "sft").is_dir():  # a cut attempt (--resume of nothing is refused)
             args.append("--resume")
         _call(name, args, out)
@@ -521,9 +530,20 @@ def run_arm(suite: str, label: str, config: str, overrides: list[str], seed: int
         # the start arm's run, whose step-0 evaluation it would take, is not here: measure its own start
         overrides = [*overrides, "eval.at_start=true"]
     # the arm's own overrides come last, so that they win over the suite's
-    args = [sys.executable, "-m", "veriloop.cli", "train", config, *spec.get("common", []),
-            f"train.steps={spec['steps']}", f"eval.every={spec['eval_every']}", *overrides,
-            f"rollout.seed={first_problem(suite, seed)}", f"run.out_dir={out}", f"run.name={name}"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "veriloop.cli",
+        "train",
+        config,
+        *spec.get("common", []),
+        f"train.steps={spec['steps']}",
+        f"eval.every={spec['eval_every']}",
+        *overrides,
+        f"rollout.seed={first_problem(suite, seed)}",
+        f"run.out_dir={out}",
+        f"run.name={name}",
+    ]
     if seed not in spec.get("base_seeds", [seed]):  # the base model measured once is enough
         args.append("eval.before_sft=false")
     run_dir = out / name
@@ -596,12 +616,23 @@ def collect(run_dir: Path, start_dir: Path | None = None) -> dict:
         rows = [r for r in _metric_rows(start_dir) if r.get("step") == 0 and _has_eval(r)] + rows
     evals: dict[str, dict[int, dict[str, float]]] = {}
     base: dict[str, dict[str, float]] = {}  # before any SFT warm-up (eval.before_sft)
-    train_curves: dict[str, list] = {"step": [], "reward/mean": [], "entropy": [], "response_length/mean": [],
-                                     "time/rollout_s": [], "time/train_s": [], "clip_frac_low": [],
-                                     "clip_frac_high": [], "approx_kl": [], "mismatch/k3_kl": [],
-                                     "mismatch/ratio_max": [], "mismatch/ratio_min": [],
-                                     "mismatch/outside_frac": [], "rollout_corr/token_frac": [],
-                                     "samples/episodes": []}  # fmt: skip
+    train_curves: dict[str, list] = {
+        "step": [],
+        "reward/mean": [],
+        "entropy": [],
+        "response_length/mean": [],
+        "time/rollout_s": [],
+        "time/train_s": [],
+        "clip_frac_low": [],
+        "clip_frac_high": [],
+        "approx_kl": [],
+        "mismatch/k3_kl": [],
+        "mismatch/ratio_max": [],
+        "mismatch/ratio_min": [],
+        "mismatch/outside_frac": [],
+        "rollout_corr/token_frac": [],
+        "samples/episodes": [],
+    }
     for row in rows:
         for key, value in row.items():
             if key.startswith("eval/"):
@@ -613,10 +644,15 @@ def collect(run_dir: Path, start_dir: Path | None = None) -> dict:
         if "reward/mean" in row:
             for k in train_curves:
                 train_curves[k].append(row.get(k))
-    return {"evals": {s: {str(k): v for k, v in sorted(d.items())} for s, d in evals.items()}, "base": base,
-            "train": train_curves, "gains": paired_gains(run_dir, start_dir), "end_per_problem": end_per_problem(run_dir),
-            "start_per_problem": start_per_problem(run_dir, start_dir),
-            "cpu_hours": cpu_hours(run_dir.parent / f"{run_dir.name}.wall.json")}  # fmt: skip
+    return {
+        "evals": {s: {str(k): v for k, v in sorted(d.items())} for s, d in evals.items()},
+        "base": base,
+        "train": train_curves,
+        "gains": paired_gains(run_dir, start_dir),
+        "end_per_problem": end_per_problem(run_dir),
+        "start_per_problem": start_per_problem(run_dir, start_dir),
+        "cpu_hours": cpu_hours(run_dir.parent / f"{run_dir.name}.wall.json"),
+    }
 
 
 def _has_eval(row: dict) -> bool:
@@ -714,7 +750,7 @@ def main() -> None:
                 label: {"config": c, "overrides": [*o, *spec.get("common", [])]}
                 for label, c, o in spec["arms"]
             },
-        },  # fmt: skip
+        },
         "wall_s": time.time() - t0,
         # a shared_sft suite's warm-up, paid once per seed, is not in its RL arms' cpu_hours
         "shared_sft_cpu_hours": {
@@ -749,8 +785,14 @@ def main() -> None:
     path.write_text(json.dumps(result, indent=1))
     arms = {label: [*spec.get("common", []), *o] for label, _, o in spec["arms"]}
     # a shared warm-up's SFT examples come before every arm's own (the by-examples plot's x)
-    write_plots(args.suite, runs, arms, RESULTS, warmup_examples(spec) if spec.get("shared_sft") else 0,
-                spec.get("start_arm"))  # fmt: skip
+    write_plots(
+        args.suite,
+        runs,
+        arms,
+        RESULTS,
+        warmup_examples(spec) if spec.get("shared_sft") else 0,
+        spec.get("start_arm"),
+    )
     print(json.dumps(result["summary"], indent=1))
     print(f"wrote {path} and {path.with_suffix('.png')}")
 

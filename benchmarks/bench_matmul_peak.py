@@ -107,8 +107,15 @@ def model_gemms(tokens: int, scored: int) -> list[tuple[str, int, int, int, int]
     c = AutoConfig.from_pretrained(default_model_path())
     h, f, layers = c.hidden_size, c.intermediate_size, c.num_hidden_layers
     kv = c.num_key_value_heads * (h // c.num_attention_heads)
-    linears = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
-               "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}  # fmt: skip
+    linears = {
+        "q_proj": (h, h),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (h, h),
+        "gate_proj": (h, f),
+        "up_proj": (h, f),
+        "down_proj": (f, h),
+    }
     out = []
     for name, (d_in, d_out) in linears.items():
         out.append((f"{name} fwd", tokens, d_in, d_out, layers))
@@ -160,8 +167,14 @@ def measure_model_shapes(tokens: int, scored: int, reps: int, dtypes: list[str],
             "fraction_of_square_peak": flops / seconds / 1e9 / peak,
             "per_gemm_gflops": {name: 2.0 * m * k * n / best[d][name] / 1e9 for name, m, k, n, _ in gemms},
         }
-    return {"tokens": tokens, "scored": scored, "rounds": rounds, "reps": reps,
-            "gemms": [list(g) for g in gemms], "by_dtype": out}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "scored": scored,
+        "rounds": rounds,
+        "reps": reps,
+        "gemms": [list(g) for g in gemms],
+        "by_dtype": out,
+    }
 
 
 def main() -> None:
@@ -172,8 +185,11 @@ def main() -> None:
         "--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"]
     )
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--model-shapes", action="store_true",
-                        help="time the default model's training GEMMs against the square peak instead")  # fmt: skip
+    parser.add_argument(
+        "--model-shapes",
+        action="store_true",
+        help="time the default model's training GEMMs against the square peak instead",
+    )
     parser.add_argument("--tokens", type=int, default=640, help="rows through each linear layer (4 x 160)")
     parser.add_argument("--scored", type=int, default=256, help="rows through the output head (4 x 64)")
     args = parser.parse_args()
@@ -182,13 +198,20 @@ def main() -> None:
     if args.model_shapes:
         shapes = measure_model_shapes(args.tokens, args.scored, args.reps, args.dtypes)
         out = args.out if args.out != OUT else OUT.with_name("matmul_model_shapes.json")
-        report = {"benchmark": "the default model's training GEMMs against the square matmul peak",
-                  "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": info,
-                  "load_avg_1_5_15_at_end": list(os.getloadavg()), "threads": args.threads, **shapes}  # fmt: skip
+        report = {
+            "benchmark": "the default model's training GEMMs against the square matmul peak",
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": info,
+            "load_avg_1_5_15_at_end": list(os.getloadavg()),
+            "threads": args.threads,
+            **shapes,
+        }
         out.write_text(json.dumps(report, indent=2) + "\n")
         for d, r in shapes["by_dtype"].items():
-            print(f"{d}: square peak {r['square_peak_gflops']:.1f} GFLOP/s, the model's GEMMs "
-                  f"{r['model_gemms_gflops']:.1f} ({r['fraction_of_square_peak']:.0%})")  # fmt: skip
+            print(
+                f"{d}: square peak {r['square_peak_gflops']:.1f} GFLOP/s, the model's GEMMs "
+                f"{r['model_gemms_gflops']:.1f} ({r['fraction_of_square_peak']:.0%})"
+            )
             for name, g in r["per_gemm_gflops"].items():
                 print(f"  {name:>14} {g:8.1f}")
         print(f"-> {out}")

@@ -87,8 +87,13 @@ def sample_tokens(model, tokenizer, prompts: int, new_tokens: int, seed: int) ->
     enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left")
     torch.manual_seed(seed)
     with torch.no_grad():
-        ids = model.generate(**enc, max_new_tokens=new_tokens, do_sample=True, temperature=1.0,
-                             pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        ids = model.generate(
+            **enc,
+            max_new_tokens=new_tokens,
+            do_sample=True,
+            temperature=1.0,
+            pad_token_id=tokenizer.pad_token_id,
+        )
     prompt_len = enc.input_ids.shape[1]
     mask = torch.cat([enc.attention_mask, (ids[:, prompt_len:] != tokenizer.pad_token_id).long()], 1)
     return ids, mask, prompt_len
@@ -147,8 +152,14 @@ def main() -> None:
         (r0, r1), (k0, k1) = scores[reference], scores[kind]
         rows[kind] = compare(k1 - k0, r1 - r0, k1, r1)
     true_update = scores["exact"][1] - scores["exact"][0]
-    result = {"run": str(args.run), "tokens": int(true_update.numel()), "prompts": args.prompts,
-              "seed": args.seed, "exact_update_mean_abs_logp": float(true_update.abs().mean()), "kinds": rows}  # fmt: skip
+    result = {
+        "run": str(args.run),
+        "tokens": int(true_update.numel()),
+        "prompts": args.prompts,
+        "seed": args.seed,
+        "exact_update_mean_abs_logp": float(true_update.abs().mean()),
+        "kinds": rows,
+    }
     results = json.loads(OUT.read_text()) if OUT.exists() else {}
     results[args.run.name] = result
     OUT.write_text(json.dumps(results, indent=1) + "\n")

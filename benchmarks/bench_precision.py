@@ -89,8 +89,9 @@ def train_pass(model: Any, ids: torch.Tensor, scored: int, shared_prefix: int = 
     (``shared_prefix``: the rows' common prompt run once, as training does)."""
     model.zero_grad(set_to_none=True)
     first = ids.shape[1] - scored
-    logp, ent = token_logprobs(model, ids, torch.ones_like(ids), with_entropy=True, first_position=first,
-                               shared_prefix=shared_prefix)  # fmt: skip
+    logp, ent = token_logprobs(
+        model, ids, torch.ones_like(ids), with_entropy=True, first_position=first, shared_prefix=shared_prefix
+    )
     adv = torch.linspace(1.0, -1.0, ids.shape[0])[:, None]  # [B, 1]
     (-(adv * logp[:, first:]).mean() - 1e-3 * ent[:, first:].mean()).backward()
 
@@ -117,8 +118,13 @@ def bench_speed(args: argparse.Namespace) -> dict[str, Any]:
     def stats(xs: dict[str, list[float]]) -> dict[str, Any]:
         med = {k: statistics.median(v) for k, v in xs.items()}
         best = {k: min(v) for k, v in xs.items()}
-        return {"median_s": med, "best_s": best, "speedup_median": med["fp32"] / med["bf16"],
-                "speedup_best": best["fp32"] / best["bf16"], "all_s": xs}  # fmt: skip
+        return {
+            "median_s": med,
+            "best_s": best,
+            "speedup_median": med["fp32"] / med["bf16"],
+            "speedup_best": best["fp32"] / best["bf16"],
+            "all_s": xs,
+        }
 
     return {
         "what": f"LoRA forward+backward, {args.rows} x {args.tokens} tokens ({args.scored} scored per row)",
@@ -153,12 +159,25 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
     import subprocess
     import sys
 
-    out: dict[str, Any] = {"what": f"peak RSS (VmHWM) after one LoRA training pass, {args.mem_rows} x "
-                           f"{args.mem_tokens} tokens ({args.mem_scored} scored per row), one process each"}  # fmt: skip
+    out: dict[str, Any] = {
+        "what": f"peak RSS (VmHWM) after one LoRA training pass, {args.mem_rows} x "
+        f"{args.mem_tokens} tokens ({args.mem_scored} scored per row), one process each"
+    }
     for precision in ("fp32", "bf16"):
-        cmd = [sys.executable, __file__, "--memory-child", precision, "--threads", str(args.threads),
-               "--mem-rows", str(args.mem_rows), "--mem-tokens", str(args.mem_tokens),
-               "--mem-scored", str(args.mem_scored)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            __file__,
+            "--memory-child",
+            precision,
+            "--threads",
+            str(args.threads),
+            "--mem-rows",
+            str(args.mem_rows),
+            "--mem-tokens",
+            str(args.mem_tokens),
+            "--mem-scored",
+            str(args.mem_scored),
+        ]
         done = subprocess.run(cmd, check=True, capture_output=True, text=True)
         out[precision] = json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_mb"]
         print(precision, f"{out[precision]:.0f} MB")
@@ -197,14 +216,24 @@ def overhead_policies(seed: int = 0) -> dict[str, Any]:
     from veriloop.agents.loading import build_policy
     from veriloop.agents.models.text import load_default_tokenizer
 
-    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=30,
-                         num_attention_heads=1, num_key_value_heads=1, head_dim=64, tie_word_embeddings=True,
-                         attn_implementation="sdpa")  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=30,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=64,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     lora = LoraSettings(r=16, alpha=32, dropout=0.0, target_modules="all-linear")
-    return {p: apply_precision(build_policy(copy.deepcopy(model), load_default_tokenizer(), lora=lora), p)
-            for p in ("fp32", "bf16")}  # fmt: skip
+    return {
+        p: apply_precision(build_policy(copy.deepcopy(model), load_default_tokenizer(), lora=lora), p)
+        for p in ("fp32", "bf16")
+    }
 
 
 def bench_overhead(args: argparse.Namespace) -> dict[str, Any]:
@@ -223,8 +252,11 @@ def bench_overhead(args: argparse.Namespace) -> dict[str, Any]:
     def micro_batch(policy: Any, tokens: torch.Tensor) -> None:
         train_pass(policy.model, tokens, args.scored, shared_prefix=prompt)
 
-    arms = {f"{size}_{p}": (pols[p], t) for size, pols, t in (("tiny", tiny, small_ids), ("default", full, ids))
-            for p in ("fp32", "bf16")}  # fmt: skip
+    arms = {
+        f"{size}_{p}": (pols[p], t)
+        for size, pols, t in (("tiny", tiny, small_ids), ("default", full, ids))
+        for p in ("fp32", "bf16")
+    }
     times = alternate(arms, micro_batch, args.reps)
     calls = {}
     for p in ("fp32", "bf16"):
@@ -249,9 +281,16 @@ def bench_paths(args: argparse.Namespace) -> dict[str, Any]:
     ids = batch(pols["fp32"], args.rows, args.tokens, args.scored)
     prompt = args.tokens - args.scored
     grouped, packed_max, kwarg = lora_fused._Siblings.output, forward.PACKED_MAX_TOKENS, forward.PACKED_KWARG
-    arms = {f"{p}{suffix}": (p, *switches) for p in ("fp32", "bf16") for suffix, switches in (
-        ("", (True, True, True)), ("_dense_packed_attention", (True, True, False)),
-        ("_kv_cache_prompt", (True, False, True)), ("_per_layer_lora", (False, True, True)))}  # fmt: skip
+    arms = {
+        f"{p}{suffix}": (p, *switches)
+        for p in ("fp32", "bf16")
+        for suffix, switches in (
+            ("", (True, True, True)),
+            ("_dense_packed_attention", (True, True, False)),
+            ("_kv_cache_prompt", (True, False, True)),
+            ("_per_layer_lora", (False, True, True)),
+        )
+    }
 
     def micro_batch(precision: str, groups: bool, packed: bool, blocks: bool) -> None:
         lora_fused._Siblings.output = grouped if groups else lambda *_: None  # type: ignore[method-assign]
@@ -325,11 +364,19 @@ def bench_breakdown(args: argparse.Namespace) -> dict[str, Any]:
                 flops += e.flops if kind == "matmul" else 0
         total = sum(ms.values())
         gflops = flops / 1e9 / (ms["matmul"] / 1e3)
-        out[name] = {"wall_ms_profiled": 1e3 * wall, "self_ms": ms, "share": {k: v / total for k, v in ms.items()},
-                     "matmul_gflop": flops / 1e9, "matmul_gflops_per_s": gflops,
-                     "matmul_fraction_of_peak": gflops / peaks[dtype]}  # fmt: skip
-        print(f"{name}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in ms.items())
-              + f"; products {gflops:.0f} GFLOP/s = {gflops / peaks[dtype]:.0%} of {peaks[dtype]:.0f}")  # fmt: skip
+        out[name] = {
+            "wall_ms_profiled": 1e3 * wall,
+            "self_ms": ms,
+            "share": {k: v / total for k, v in ms.items()},
+            "matmul_gflop": flops / 1e9,
+            "matmul_gflops_per_s": gflops,
+            "matmul_fraction_of_peak": gflops / peaks[dtype],
+        }
+        print(
+            f"{name}: "
+            + ", ".join(f"{k} {v:.0f} ms" for k, v in ms.items())
+            + f"; products {gflops:.0f} GFLOP/s = {gflops / peaks[dtype]:.0%} of {peaks[dtype]:.0f}"
+        )
     return {
         "what": f"LoRA forward+backward, {args.rows} completions x {args.scored} tokens after a shared "
         f"{prompt}-token prompt; profiler self time by operator kind",
@@ -358,8 +405,15 @@ def bench_warmup(args: argparse.Namespace) -> dict[str, Any]:
         )
 
     cfg = load_config("quickstart", [f"rollout.seed={args.seed}"])
-    examples = build_examples(cfg.sft.source, cfg.env.id, cfg.env.kwargs, range(args.seed, args.seed + cfg.sft.examples),
-                              seed=args.seed, system_prompt=cfg.env.system_prompt, images=False)  # fmt: skip
+    examples = build_examples(
+        cfg.sft.source,
+        cfg.env.id,
+        cfg.env.kwargs,
+        range(args.seed, args.seed + cfg.sft.examples),
+        seed=args.seed,
+        system_prompt=cfg.env.system_prompt,
+        images=False,
+    )
     settings = dataclasses.replace(SFTSettings.from_config(cfg, len(examples)), steps=args.sft_steps)
     judge, out = policy("fp32"), {}
     for precision in ("fp32", "bf16"):
@@ -372,8 +426,11 @@ def bench_warmup(args: argparse.Namespace) -> dict[str, Any]:
             for name, param in judge.model.named_parameters():
                 if param.requires_grad:
                     param.copy_(state[name].float())
-        scored = run_sft(judge, examples, dataclasses.replace(settings, steps=args.sft_steps + 3, lr=1e-30,
-                                                              weight_decay=0.0))["losses"]  # fmt: skip
+        scored = run_sft(
+            judge,
+            examples,
+            dataclasses.replace(settings, steps=args.sft_steps + 3, lr=1e-30, weight_decay=0.0),
+        )["losses"]
         out[precision] = {"train_losses": losses, "fp32_scored_losses": scored, "wall_s": wall, "cpu_s": cpu}
         print(precision, [round(x, 4) for x in losses], "scored in fp32:", [round(x, 4) for x in scored])
     return {"seed": args.seed, "steps": args.sft_steps, "threads": torch.get_num_threads(), **out}
@@ -447,12 +504,21 @@ def main() -> None:
     if len(chosen) > 1:
         parser.error(f"one part at a time, not {chosen}")
     part = chosen[0] if chosen else "speed"
-    parts = {"mismatch": bench_mismatch, "memory": bench_memory, "warmup": bench_warmup,
-             "overhead": bench_overhead, "paths": bench_paths, "breakdown": bench_breakdown,
-             "speed": bench_speed}  # fmt: skip
+    parts = {
+        "mismatch": bench_mismatch,
+        "memory": bench_memory,
+        "warmup": bench_warmup,
+        "overhead": bench_overhead,
+        "paths": bench_paths,
+        "breakdown": bench_breakdown,
+        "speed": bench_speed,
+    }
     run = parts[part]
-    report[part] = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_avg_at_start": list(os.getloadavg()),
-                    **run(args)}  # fmt: skip
+    report[part] = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "load_avg_at_start": list(os.getloadavg()),
+        **run(args),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report[part].items() if k not in ("pairs",)}, indent=1)[:2000])

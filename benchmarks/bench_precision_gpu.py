@@ -40,10 +40,21 @@ from veriloop.agents.loading import LoraSettings, build_policy
 from veriloop.agents.precision import apply_precision
 
 OUT = Path(__file__).parent / "results" / "precision_gpu.json"
-SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                    num_key_value_heads=3, head_dim=64, vocab_size=49152, tie_word_embeddings=True,
-                    max_position_embeddings=8192, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
-                    pad_token_id=0)  # fmt: skip
+SMOLLM2_135M = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    vocab_size=49152,
+    tie_word_embeddings=True,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 SHAPES = [(8, 512), (32, 1024)]
 
 
@@ -162,9 +173,13 @@ def main() -> None:
     print("matmul peaks TFLOP/s", {k: round(v, 1) for k, v in peaks.items()})
     pols = arms()
     report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__, "reps": args.reps, "matmul_peak_tflops": peaks, "shapes": {},
-    }  # fmt: skip
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "reps": args.reps,
+        "matmul_peak_tflops": peaks,
+        "shapes": {},
+    }
     for rows, tokens in SHAPES:
         key = f"{rows}x{tokens}"
         report["shapes"][key] = bench_shape(pols, rows, tokens, args.reps, peaks)

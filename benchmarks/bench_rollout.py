@@ -66,9 +66,15 @@ def hf_generate(policy, prompts: list[str], new_tokens: int, *, force_length: bo
     batch = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     torch.manual_seed(seed)
     out = policy.model.generate(
-        **batch, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens if force_length else 0, pad_token_id=tok.pad_token_id,
-    )  # fmt: skip
+        **batch,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens if force_length else 0,
+        pad_token_id=tok.pad_token_id,
+    )
     return out[:, batch["input_ids"].shape[1] :]
 
 
@@ -125,30 +131,43 @@ def bench_engine(policy, n: int, new_tokens: int, attempts: int, **backend_kwarg
         sizes.append(len(reqs))
         out = inner(reqs, *args)
         rss.append(rss_mb())
-        live.append(sum(t.numel() * t.element_size() for slot in backend._slots.values()
-                        for kv in slot.kv for t in kv) / 2**20)  # fmt: skip
+        live.append(
+            sum(
+                t.numel() * t.element_size() for slot in backend._slots.values() for kv in slot.kv for t in kv
+            )
+            / 2**20
+        )
         return out
 
     backend.generate = spy
     specs = [EpisodeSpec(ENV, {"max_attempts": attempts}, seed, seed) for seed in range(n)]
     start = time.perf_counter()
     trajs = rollout(
-        policy, specs, sampling=SamplingParams(max_new_tokens=new_tokens, seed=0),
-        limits=RolloutLimits(max_turns=attempts), backend=backend,
-    )  # fmt: skip
+        policy,
+        specs,
+        sampling=SamplingParams(max_new_tokens=new_tokens, seed=0),
+        limits=RolloutLimits(max_turns=attempts),
+        backend=backend,
+    )
     secs = time.perf_counter() - start
     generated = sum(t.num_generated_tokens for t in trajs)
     drift = [drift_rate(policy.tokenizer, t) for t in trajs]
     return {
-        "seconds": secs, "generated_tokens": generated, "tokens_per_s": generated / secs,
-        "batch_sizes_per_turn": sizes, "rss_mb_per_turn": rss,
+        "seconds": secs,
+        "generated_tokens": generated,
+        "tokens_per_s": generated / secs,
+        "batch_sizes_per_turn": sizes,
+        "rss_mb_per_turn": rss,
         # the episodes' cached keys/values held between turns, and what the process holds beyond them
-        "live_kv_mb_per_turn": live, "rss_minus_live_kv_mb_per_turn": [r - k for r, k in zip(rss, live)], "backend_stats": dict(backend.stats),
+        "live_kv_mb_per_turn": live,
+        "rss_minus_live_kv_mb_per_turn": [r - k for r, k in zip(rss, live)],
+        "backend_stats": dict(backend.stats),
         "mean_drift_rate_sampled_text": sum(drift) / len(drift),
         "episodes_with_drift": sum(d > 0 for d in drift),
         "hit_token_limit_turns": sum(t.hit_token_limit for tr in trajs for t in tr.turns),
-        "turns": sum(tr.num_turns for tr in trajs), "mean_reward": sum(t.total_reward for t in trajs) / len(trajs),
-    }  # fmt: skip
+        "turns": sum(tr.num_turns for tr in trajs),
+        "mean_reward": sum(t.total_reward for t in trajs) / len(trajs),
+    }
 
 
 def bench_sampling(batch: int, vocab: int, reps: int = 50) -> dict:
@@ -168,8 +187,13 @@ def bench_sampling(batch: int, vocab: int, reps: int = 50) -> dict:
         )
     )
     ours = timed(lambda: sample_next(logits, SamplingParams(), gen))  # inverse CDF, what the engine uses
-    return {"batch": batch, "vocab": vocab, "multinomial_ms": multinomial, "exponential_race_ms": race,
-            "sample_next_inverse_cdf_ms": ours}  # fmt: skip
+    return {
+        "batch": batch,
+        "vocab": vocab,
+        "multinomial_ms": multinomial,
+        "exponential_race_ms": race,
+        "sample_next_inverse_cdf_ms": ours,
+    }
 
 
 def main() -> None:
@@ -182,9 +206,10 @@ def main() -> None:
         "--threads", type=int, default=1, help="torch threads (1 is fastest on a busy 2-core box)"
     )
     parser.add_argument(
-        "--engine-memory-only", action="store_true",
+        "--engine-memory-only",
+        action="store_true",
         help="only (c), for its RSS after each turn -> results/rollout_memory.json (timings not comparable)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     policy = load_policy("default")
@@ -201,17 +226,27 @@ def main() -> None:
             "generated_tokens",
             "turns",
         )
-        out = {"settings": {"episodes": n, "new_tokens_per_turn": k, "attempts": a}, "threads": args.threads,
-               "load_avg": os.getloadavg(), **{key: c[key] for key in keep}}  # fmt: skip
+        out = {
+            "settings": {"episodes": n, "new_tokens_per_turn": k, "attempts": a},
+            "threads": args.threads,
+            "load_avg": os.getloadavg(),
+            **{key: c[key] for key in keep},
+        }
         (OUT.parent / "rollout_memory.json").write_text(json.dumps(out, indent=1))
         print(json.dumps(out))
         return
     results: dict = {
-        "model": policy.name, "dtype": str(next(policy.model.parameters()).dtype),
-        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-                    "OMP_PROC_BIND": os.environ.get("OMP_PROC_BIND"), "load_avg_at_start": os.getloadavg()},
+        "model": policy.name,
+        "dtype": str(next(policy.model.parameters()).dtype),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(),
+            "OMP_PROC_BIND": os.environ.get("OMP_PROC_BIND"),
+            "load_avg_at_start": os.getloadavg(),
+        },
         "settings": {"episodes": n, "new_tokens_per_turn": k, "attempts": a, "temperature": 1.0},
-    }  # fmt: skip
+    }
     with torch.inference_mode():
         hf_generate(policy, first_prompts(policy.tokenizer, 2), 4, force_length=True, seed=0)  # warm-up
         results["a_raw_generate"] = bench_raw(policy, n, k)
@@ -228,9 +263,11 @@ def main() -> None:
     results["ratios"] = {
         "c_over_b": tps["c_engine"] / tps["b_naive_multiturn"],
         "c_over_a": tps["c_engine"] / tps["a_raw_generate"],
-        "targets": {"c_over_b>=1.3": tps["c_engine"] / tps["b_naive_multiturn"] >= 1.3,
-                    "c_over_a>=1.0": tps["c_engine"] / tps["a_raw_generate"] >= 1.0},
-    }  # fmt: skip
+        "targets": {
+            "c_over_b>=1.3": tps["c_engine"] / tps["b_naive_multiturn"] >= 1.3,
+            "c_over_a>=1.0": tps["c_engine"] / tps["a_raw_generate"] >= 1.0,
+        },
+    }
     results["machine"]["load_avg_at_end"] = os.getloadavg()
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(results, indent=2) + "\n")

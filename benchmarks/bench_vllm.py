@@ -45,12 +45,22 @@ OUT = Path(__file__).parent / "results" / "vllm_rollout.json"
 def run_rollout(policy: Any, backend: Any, n: int, new_tokens: int, attempts: int, seed: int = 0) -> dict:
     specs = [EpisodeSpec(ENV, {"max_attempts": attempts}, s, s) for s in range(n)]
     start = time.perf_counter()
-    trajs = rollout(policy, specs, sampling=SamplingParams(max_new_tokens=new_tokens, seed=seed),
-                    limits=RolloutLimits(max_turns=attempts), backend=backend)  # fmt: skip
+    trajs = rollout(
+        policy,
+        specs,
+        sampling=SamplingParams(max_new_tokens=new_tokens, seed=seed),
+        limits=RolloutLimits(max_turns=attempts),
+        backend=backend,
+    )
     secs = time.perf_counter() - start
     generated = sum(t.num_generated_tokens for t in trajs)
-    return {"seconds": secs, "generated_tokens": generated, "tokens_per_s": generated / secs,
-            "turns": sum(t.num_turns for t in trajs), "trajectories": trajs}  # fmt: skip
+    return {
+        "seconds": secs,
+        "generated_tokens": generated,
+        "tokens_per_s": generated / secs,
+        "turns": sum(t.num_turns for t in trajs),
+        "trajectories": trajs,
+    }
 
 
 def mismatch_of(policy: Any, trajs: list) -> dict[str, float]:
@@ -110,8 +120,10 @@ def bench_lora(args: argparse.Namespace, results: dict) -> None:
             start = time.perf_counter()
             backend.sync()
             syncs.append(time.perf_counter() - start)
-        runs = [run_rollout(policy, backend, args.episodes, args.new_tokens, args.attempts, seed=r)
-                for r in range(args.reps)]  # fmt: skip
+        runs = [
+            run_rollout(policy, backend, args.episodes, args.new_tokens, args.attempts, seed=r)
+            for r in range(args.reps)
+        ]
         lora[route] = {"startup_s": startup, "sync_s": syncs, **summary(runs)}
         print(
             f"lora {route}: sync {min(syncs):.2f} s, {lora[route]['best_tokens_per_s']:.1f} tok/s", flush=True
@@ -137,9 +149,15 @@ def main() -> None:
     results: dict[str, Any] = {
         "model": policy.name,
         "machine": {"cpus": cores, "platform": platform.platform(), "load_avg_at_start": os.getloadavg()},
-        "settings": {"env": ENV, "episodes": args.episodes, "new_tokens_per_turn": args.new_tokens,
-                     "attempts": args.attempts, "temperature": 1.0, "reps": args.reps},
-    }  # fmt: skip
+        "settings": {
+            "env": ENV,
+            "episodes": args.episodes,
+            "new_tokens_per_turn": args.new_tokens,
+            "attempts": args.attempts,
+            "temperature": 1.0,
+            "reps": args.reps,
+        },
+    }
     hf = HFBackend(policy)
     for dtype in ("float32", "bfloat16"):
         backend, startup = timed_engine(lambda: VLLMBackend(policy, dtype=dtype))  # noqa: B023

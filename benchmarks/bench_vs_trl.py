@@ -152,16 +152,33 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
     from veriloop.configs.loader import load_config
 
     overrides = [
-        f"policy.lora_r={args.lora_r}", f"policy.lora_alpha={2 * args.lora_r}", "policy.lora_dropout=0.0",
-        "policy.target_modules=all-linear", "policy.dtype=float32", f"policy.precision={args.precision}",
-        f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
-        f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0", "rollout.top_p=1.0",
-        "rollout.top_k=0", f"rollout.seed={args.seed}", "algo.kl_coef=0.0", f"train.steps={args.steps}",
-        f"train.lr={args.lr}", "train.schedule=constant", "train.warmup_steps=0", "train.weight_decay=0.0",
-        "train.max_grad_norm=1.0", f"train.micro_batch_size={args.micro_batch}", "run.checkpoint_every=0",
-        f"run.out_dir={workdir}", "run.name=veriloop", "run.tensorboard=false",
+        f"policy.lora_r={args.lora_r}",
+        f"policy.lora_alpha={2 * args.lora_r}",
+        "policy.lora_dropout=0.0",
+        "policy.target_modules=all-linear",
+        "policy.dtype=float32",
+        f"policy.precision={args.precision}",
+        f"rollout.prompts_per_step={args.prompts}",
+        f"rollout.group_size={args.group}",
+        f"rollout.max_new_tokens={args.max_new_tokens}",
+        "rollout.temperature=1.0",
+        "rollout.top_p=1.0",
+        "rollout.top_k=0",
+        f"rollout.seed={args.seed}",
+        "algo.kl_coef=0.0",
+        f"train.steps={args.steps}",
+        f"train.lr={args.lr}",
+        "train.schedule=constant",
+        "train.warmup_steps=0",
+        "train.weight_decay=0.0",
+        "train.max_grad_norm=1.0",
+        f"train.micro_batch_size={args.micro_batch}",
+        "run.checkpoint_every=0",
+        f"run.out_dir={workdir}",
+        "run.name=veriloop",
+        "run.tensorboard=false",
         "sft.steps=0",  # the quickstart's SFT warm-up would change the policy and shift the problems
-    ]  # fmt: skip
+    ]
     if args.framework == "veriloop_vllm":  # the same step, sampled by vLLM (weights pushed after each update)
         overrides += [
             "rollout.backend=vllm",
@@ -180,10 +197,14 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
     def guard(loop: Any, state: Any, metrics: dict[str, float]) -> None:  # the last call of each step
         inner_guard(loop, state, metrics)
         chan.send(
-            event="step", hwm_mb=vm_hwm_mb(), rollout_s=metrics["time/rollout_s"], train_s=metrics["time/train_s"],
+            event="step",
+            hwm_mb=vm_hwm_mb(),
+            rollout_s=metrics["time/rollout_s"],
+            train_s=metrics["time/train_s"],
             gen_tokens=metrics["throughput/rollout_tokens_per_s"] * metrics["time/rollout_s"],
-            train_tokens=metrics["train_tokens"], reward=metrics["reward/mean"],
-        )  # fmt: skip
+            train_tokens=metrics["train_tokens"],
+            reward=metrics["reward/mean"],
+        )
         if state.step + 1 < loop.total:
             chan.wait_go()
 
@@ -218,20 +239,55 @@ def run_trl(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
         ]
 
     config = GRPOConfig(
-        output_dir=str(workdir), max_steps=args.steps, per_device_train_batch_size=args.micro_batch,
-        gradient_accumulation_steps=args.prompts * args.group // args.micro_batch, num_generations=args.group,
-        max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, beta=0.0,
-        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        optim="adamw_torch", loss_type="grpo", scale_rewards="group", epsilon=0.2, num_iterations=1,
-        use_vllm=False, use_cpu=True, bf16=args.precision == "bf16", fp16=False, gradient_checkpointing=args.trl_gradient_checkpointing,
-        shuffle_dataset=False, seed=args.seed, logging_steps=1, save_strategy="no", report_to="none",
-        disable_tqdm=True, dataloader_num_workers=0,
-    )  # fmt: skip
+        output_dir=str(workdir),
+        max_steps=args.steps,
+        per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=args.prompts * args.group // args.micro_batch,
+        num_generations=args.group,
+        max_completion_length=args.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        loss_type="grpo",
+        scale_rewards="group",
+        epsilon=0.2,
+        num_iterations=1,
+        use_vllm=False,
+        use_cpu=True,
+        bf16=args.precision == "bf16",
+        fp16=False,
+        gradient_checkpointing=args.trl_gradient_checkpointing,
+        shuffle_dataset=False,
+        seed=args.seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    lora = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, target_modules="all-linear",
-                      task_type="CAUSAL_LM")  # fmt: skip
-    trainer = GRPOTrainer(model=model, reward_funcs=math_reward, args=config, train_dataset=data,
-                          processing_class=AutoTokenizer.from_pretrained(path), peft_config=lora)  # fmt: skip
+    lora = LoraConfig(
+        r=args.lora_r,
+        lora_alpha=2 * args.lora_r,
+        lora_dropout=0.0,
+        target_modules="all-linear",
+        task_type="CAUSAL_LM",
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=math_reward,
+        args=config,
+        train_dataset=data,
+        processing_class=AutoTokenizer.from_pretrained(path),
+        peft_config=lora,
+    )
     timing = {"gen_s": 0.0, "reward_s": 0.0, "score_s": 0.0, "gen_tokens": 0.0}
 
     def timed(name: str, fn: Any) -> Any:
@@ -259,9 +315,15 @@ def run_trl(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
             # rollout = generate + rewards + advantages (what TRL does before its first backward pass)
-            chan.send(event="step", hwm_mb=vm_hwm_mb(), rollout_s=timing["score_s"], generate_s=timing["gen_s"],
-                      reward_s=timing["reward_s"], gen_tokens=timing["gen_tokens"],
-                      train_tokens=timing["gen_tokens"])  # fmt: skip
+            chan.send(
+                event="step",
+                hwm_mb=vm_hwm_mb(),
+                rollout_s=timing["score_s"],
+                generate_s=timing["gen_s"],
+                reward_s=timing["reward_s"],
+                gen_tokens=timing["gen_tokens"],
+                train_tokens=timing["gen_tokens"],
+            )
 
     trainer.add_callback(Barrier())
     trainer.train()
@@ -308,8 +370,9 @@ class Worker:
         if vllm:  # in-process engine on both cores (the Makefile's test-vllm settings)
             env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_LOGGING_LEVEL="WARNING")
         self.log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115  (closed in finish)
-        self.proc = subprocess.Popen(argv, pass_fds=(to_child_r, from_child_w), stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=env)  # fmt: skip
+        self.proc = subprocess.Popen(
+            argv, pass_fds=(to_child_r, from_child_w), stdout=self.log, stderr=subprocess.STDOUT, env=env
+        )
         os.close(to_child_r)
         os.close(from_child_w)
         self.name, self.log_path = name, log_dir / f"{name}.log"
@@ -319,8 +382,10 @@ class Worker:
         line = self.inp.readline()
         if not line:
             tail = self.log_path.read_text()[-3000:] if self.log_path.exists() else ""
-            raise RuntimeError(f"{self.name} worker exited (rc={self.proc.wait()}) while we waited for "
-                               f"{event!r}; end of its log {self.log_path}:\n{tail}")  # fmt: skip
+            raise RuntimeError(
+                f"{self.name} worker exited (rc={self.proc.wait()}) while we waited for "
+                f"{event!r}; end of its log {self.log_path}:\n{tail}"
+            )
         msg = json.loads(line)
         if msg["event"] != event:
             raise RuntimeError(f"{self.name} worker sent {msg['event']!r}, expected {event!r}")
@@ -345,9 +410,23 @@ class Worker:
 
 
 def _shared_argv(args: argparse.Namespace) -> list[str]:
-    out = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-           if k in ("steps", "prompts", "group", "max_new_tokens", "lr", "lora_r", "micro_batch", "threads", "seed",
-                    "vllm_dtype")]  # fmt: skip
+    out = [
+        f"--{k.replace('_', '-')}={v}"
+        for k, v in vars(args).items()
+        if k
+        in (
+            "steps",
+            "prompts",
+            "group",
+            "max_new_tokens",
+            "lr",
+            "lora_r",
+            "micro_batch",
+            "threads",
+            "seed",
+            "vllm_dtype",
+        )
+    ]
     return out + (["--trl-gradient-checkpointing"] if args.trl_gradient_checkpointing else [])
 
 
@@ -357,8 +436,17 @@ def prompt_token_counts(args: argparse.Namespace) -> list[int]:
 
     tok = load_default_tokenizer()
     rows = problems(args.seed, args.prompts * args.steps)
-    return [len(tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=True,
-                                        add_generation_prompt=True, return_dict=True)["input_ids"]) for r in rows]  # fmt: skip
+    return [
+        len(
+            tok.apply_chat_template(
+                [{"role": "user", "content": r["prompt"]}],
+                tokenize=True,
+                add_generation_prompt=True,
+                return_dict=True,
+            )["input_ids"]
+        )
+        for r in rows
+    ]
 
 
 def base_param_count() -> int:
@@ -374,8 +462,13 @@ def base_param_count() -> int:
     return layers * per_layer + v * d + d
 
 
-def summarize(records: list[dict[str, Any]], prompt_tokens: list[int], args: argparse.Namespace,
-              n_params: int, peaks: dict[str, float | None]) -> dict[str, Any]:  # fmt: skip
+def summarize(
+    records: list[dict[str, Any]],
+    prompt_tokens: list[int],
+    args: argparse.Namespace,
+    n_params: int,
+    peaks: dict[str, float | None],
+) -> dict[str, Any]:
     """Mean/median/spread over the measured steps (the first, warm-up, step dropped). ``peaks``:
     the matmul peak (GFLOP/s) of the dtype each phase ran in, ``{"rollout": ..., "train": ...}``."""
     for i, r in enumerate(records):
@@ -393,9 +486,15 @@ def summarize(records: list[dict[str, Any]], prompt_tokens: list[int], args: arg
     gen_tps = total["gen_tokens"] / total["rollout_s"]
     train_tps = total["processed_tokens"] / total["train_s"]
     out: dict[str, Any] = {
-        "step_s": {"mean": statistics.mean(walls), "median": statistics.median(walls), "min": min(walls),
-                   "max": max(walls), "stdev": statistics.stdev(walls) if len(walls) > 1 else 0.0},
-        "rollout_s_mean": total["rollout_s"] / len(kept), "train_s_mean": total["train_s"] / len(kept),
+        "step_s": {
+            "mean": statistics.mean(walls),
+            "median": statistics.median(walls),
+            "min": min(walls),
+            "max": max(walls),
+            "stdev": statistics.stdev(walls) if len(walls) > 1 else 0.0,
+        },
+        "rollout_s_mean": total["rollout_s"] / len(kept),
+        "train_s_mean": total["train_s"] / len(kept),
         "rollout_fraction": total["rollout_s"] / total["wall_s"],
         "gen_tokens_per_step": total["gen_tokens"] / len(kept),
         "rollout_gen_tokens_per_s": gen_tps,
@@ -403,7 +502,7 @@ def summarize(records: list[dict[str, Any]], prompt_tokens: list[int], args: arg
         "train_completion_tokens_per_s": sum(r["train_tokens"] for r in kept) / total["train_s"],
         "peak_rss_mb": max(r["hwm_mb"] for r in records),
         "measured_steps": len(kept),
-    }  # fmt: skip
+    }
     if peaks.get("rollout"):
         out["rollout_fraction_of_matmul_peak"] = 2 * n_params * gen_tps / (peaks["rollout"] * 1e9)
     if peaks.get("train"):
@@ -423,8 +522,10 @@ def matmul_peaks(threads: int, reps: int = 6) -> dict[str, float]:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return {name: max(r["best_gflops"] for r in measure(SIZES, reps, getattr(torch, name)).values())
-                for name in ("float32", "bfloat16")}  # fmt: skip
+        return {
+            name: max(r["best_gflops"] for r in measure(SIZES, reps, getattr(torch, name)).values())
+            for name in ("float32", "bfloat16")
+        }
     finally:
         torch.set_num_threads(before)
 
@@ -460,14 +561,24 @@ def run_parent(args: argparse.Namespace) -> None:
         for name in order:
             rec = workers[name].step()
             records[name].append(rec)
-            print(f"round {rnd} {name:18s} {rec['wall_s']:7.2f} s  rollout {rec['rollout_s']:6.2f} s  "
-                  f"gen tokens {rec['gen_tokens']:5.0f}  rss {rec['hwm_mb']:6.0f} MB", flush=True)  # fmt: skip
+            print(
+                f"round {rnd} {name:18s} {rec['wall_s']:7.2f} s  rollout {rec['rollout_s']:6.2f} s  "
+                f"gen tokens {rec['gen_tokens']:5.0f}  rss {rec['hwm_mb']:6.0f} MB",
+                flush=True,
+            )
     exits = {name: w.finish() for name, w in workers.items()}
     for name in arms:
         records[name][-1]["hwm_mb"] = max(records[name][-1]["hwm_mb"], exits[name]["hwm_mb"])
-    summary = {name: summarize(records[name], prompt_tokens, args, n_params,
-                               {"rollout": peak.get(sampler_dtype(name, args)),
-                                "train": peak.get(DTYPE[split_arm(name)[1]])}) for name in arms}  # fmt: skip
+    summary = {
+        name: summarize(
+            records[name],
+            prompt_tokens,
+            args,
+            n_params,
+            {"rollout": peak.get(sampler_dtype(name, args)), "train": peak.get(DTYPE[split_arm(name)[1]])},
+        )
+        for name in arms
+    }
     speedups = speedups_by_precision(summary)
     report = {
         "benchmark": "veriloop vs TRL GRPOTrainer, alternating steps",
@@ -494,7 +605,7 @@ def run_parent(args: argparse.Namespace) -> None:
             "loss": "GRPO seq-mean-token-mean, clip 0.2",
             "veriloop_eval": "off: veriloop.algos.eval.in_training.evaluate_step replaced by a no-op",
             "warmup_steps_discarded": 1,
-        },  # fmt: skip
+        },
         "flops": {
             "n_params": n_params,
             "rollout": "2 N per generated token",
@@ -502,7 +613,7 @@ def run_parent(args: argparse.Namespace) -> None:
             "fractions": "of the matmul peak of the dtype the phase ran in, measured at the start of this "
             "run (square products of 512..4096, the best rate, as bench_matmul_peak.py)",
             "matmul_peak_gflops_by_dtype": peak,
-        },  # fmt: skip
+        },
         "speedup_step_mean_by_arm": speedups,  # against TRL in the arm's own precision
         "memory_ratio_over_trl_by_arm": {
             name: summary[name]["peak_rss_mb"] / summary[f"trl_{split_arm(name)[1]}"]["peak_rss_mb"]
@@ -528,21 +639,27 @@ def _versions(args: argparse.Namespace) -> dict[str, str]:
     # the vLLM arms run in their own venv: vLLM and the transformers it pins
     if any(split_arm(a)[0] == "veriloop_vllm" for a in args.arms):
         code = "import vllm, transformers; print(vllm.__version__, transformers.__version__)"
-        vllm, tf = subprocess.run([str(args.vllm_python), "-c", code], capture_output=True, text=True,
-                                  check=True).stdout.split()[-2:]  # fmt: skip
+        vllm, tf = subprocess.run(
+            [str(args.vllm_python), "-c", code], capture_output=True, text=True, check=True
+        ).stdout.split()[-2:]
         out.update({"vllm (veriloop_vllm arm)": vllm, "transformers (veriloop_vllm arm)": tf})
     return out
 
 
 def print_table(summary: dict[str, Any], speedups: dict[str, float], out: Path) -> None:
-    rows = [("s/step mean", "step_s", "mean", "{:.2f}"), ("s/step median", "step_s", "median", "{:.2f}"),
-            ("s/step min..max", None, None, None), ("rollout s/step", "rollout_s_mean", None, "{:.2f}"),
-            ("train s/step", "train_s_mean", None, "{:.2f}"), ("gen tokens/step", "gen_tokens_per_step", None, "{:.0f}"),
-            ("gen tokens/s", "rollout_gen_tokens_per_s", None, "{:.1f}"),
-            ("train tokens/s (prompt+compl.)", "train_processed_tokens_per_s", None, "{:.1f}"),
-            ("rollout % of matmul peak", "rollout_fraction_of_matmul_peak", None, "{:.1%}"),
-            ("train % of matmul peak", "train_fraction_of_matmul_peak", None, "{:.1%}"),
-            ("peak RSS MB", "peak_rss_mb", None, "{:.0f}")]  # fmt: skip
+    rows = [
+        ("s/step mean", "step_s", "mean", "{:.2f}"),
+        ("s/step median", "step_s", "median", "{:.2f}"),
+        ("s/step min..max", None, None, None),
+        ("rollout s/step", "rollout_s_mean", None, "{:.2f}"),
+        ("train s/step", "train_s_mean", None, "{:.2f}"),
+        ("gen tokens/step", "gen_tokens_per_step", None, "{:.0f}"),
+        ("gen tokens/s", "rollout_gen_tokens_per_s", None, "{:.1f}"),
+        ("train tokens/s (prompt+compl.)", "train_processed_tokens_per_s", None, "{:.1f}"),
+        ("rollout % of matmul peak", "rollout_fraction_of_matmul_peak", None, "{:.1%}"),
+        ("train % of matmul peak", "train_fraction_of_matmul_peak", None, "{:.1%}"),
+        ("peak RSS MB", "peak_rss_mb", None, "{:.0f}"),
+    ]
     print(f"\n{'':32s}" + "".join(f" {name:>18s}" for name in summary))
     for label, key, sub, fmt in rows:
         cells = []
@@ -575,11 +692,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="first env seed (and sampling seed)")
     parser.add_argument("--trl-gradient-checkpointing", action="store_true", help="TRL's default; off here")
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--arms", nargs="+", choices=ARMS, help="arms to alternate (default: all six, the "
-                        "veriloop_vllm ones only when .venv-vllm exists)")  # fmt: skip
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        choices=ARMS,
+        help="arms to alternate (default: all six, the veriloop_vllm ones only when .venv-vllm exists)",
+    )
     parser.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON, help="python of the vLLM venv")
-    parser.add_argument("--vllm-dtype", default="same", choices=["same", "bfloat16", "float32"],
-                        help="vLLM's sampling dtype (same: the arm's precision)")  # fmt: skip
+    parser.add_argument(
+        "--vllm-dtype",
+        default="same",
+        choices=["same", "bfloat16", "float32"],
+        help="vLLM's sampling dtype (same: the arm's precision)",
+    )
     parser.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
     parser.add_argument("--fd-in", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--fd-out", type=int, help=argparse.SUPPRESS)

@@ -41,13 +41,27 @@ T.train(load_config(None, sys.argv[2:]), resume=sys.argv[1] == "resume", quiet=T
 """
 STEPS = 4
 CONFIG = [
-    "policy.model=tiny", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}", "run.algo_preset=rloo",
-    "algo.advantage=batch_norm", "rollout.prompts_per_step=4", "rollout.group_size=2",
-    "rollout.max_new_tokens=8", "rollout.max_context=256", "train.micro_batch_size=1",
-    "train.mini_batch_size=4", "train.lr=1e-3", f"train.steps={STEPS}", "run.checkpoint_every=0",
-    "eval.every=0", "eval.at_start=false", "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]",
+    "policy.model=tiny",
+    "env.id=veriloop/MathVerify-v0",
+    "env.kwargs={level: 1}",
+    "run.algo_preset=rloo",
+    "algo.advantage=batch_norm",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.micro_batch_size=1",
+    "train.mini_batch_size=4",
+    "train.lr=1e-3",
+    f"train.steps={STEPS}",
+    "run.checkpoint_every=0",
+    "eval.every=0",
+    "eval.at_start=false",
+    "eval.num_problems=1",
+    "eval.n_samples=1",
+    "eval.k_list=[1]",
     "run.tensorboard=false",
-]  # fmt: skip
+]
 #: name -> (processes, config overrides); each row is compared with the one-process run of its kind.
 LAYOUTS: dict[str, tuple[int, list[str]]] = {
     "full/1-process": (1, ["policy.lora=false"]),
@@ -84,8 +98,15 @@ def launch(
     if ranks == 1:
         return [subprocess.Popen(args, env=base, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)]
     common = {"WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    return [subprocess.Popen(args, env={**base, **common, "RANK": str(r), "LOCAL_RANK": str(r)},
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for r in range(ranks)]  # fmt: skip
+    return [
+        subprocess.Popen(
+            args,
+            env={**base, **common, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for r in range(ranks)
+    ]
 
 
 def wait(procs: list[Any], timeout: float = 300) -> None:
@@ -173,10 +194,16 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         res = run_all(Path(tmp))
-    res["setup"] = {"model": "tiny Llama of the tests (2 layers, hidden 64, fp32)", "steps": STEPS,
-                    "config": CONFIG, "rollouts": "greedy", "torch": torch.__version__,
-                    "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "load_avg": os.getloadavg()}  # fmt: skip
+    res["setup"] = {
+        "model": "tiny Llama of the tests (2 layers, hidden 64, fp32)",
+        "steps": STEPS,
+        "config": CONFIG,
+        "rollouts": "greedy",
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "load_avg": os.getloadavg(),
+    }
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     print(table(res["table"]))
 

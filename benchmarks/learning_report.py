@@ -44,11 +44,19 @@ def arm_differences(
             continue
         diffs = [d["diff"] for d in per_seed.values()]
         sd = statistics.stdev(diffs) if len(diffs) > 1 else None
-        rows.append({"arm": label, "reference": reference, "seeds": sorted(per_seed),
-                     "diff (per seed)": diffs, "se_eval (per seed)": [d["se"] for d in per_seed.values()],
-                     "z_eval (per seed)": [d["z"] for d in per_seed.values()],
-                     "diff mean": statistics.fmean(diffs), "diff sd over seeds": sd,
-                     "se_over_seeds": sd / len(diffs) ** 0.5 if sd is not None else None})  # fmt: skip
+        rows.append(
+            {
+                "arm": label,
+                "reference": reference,
+                "seeds": sorted(per_seed),
+                "diff (per seed)": diffs,
+                "se_eval (per seed)": [d["se"] for d in per_seed.values()],
+                "z_eval (per seed)": [d["z"] for d in per_seed.values()],
+                "diff mean": statistics.fmean(diffs),
+                "diff sd over seeds": sd,
+                "se_over_seeds": sd / len(diffs) ** 0.5 if sd is not None else None,
+            }
+        )
     return rows
 
 
@@ -76,9 +84,14 @@ def matched_table(runs: dict[str, dict[int, dict]], start_arm: str, splits: list
     }
     with_start = {"start": start, **runs}
     rl = {label: by_seed for label, by_seed in runs.items() if label != "sft_only"}
-    return {split: {"vs_start": arm_differences(with_start, "start", split),
-                    "vs_sft_only": arm_differences(runs, "sft_only", split),
-                    "vs_start_arm": arm_differences(rl, start_arm, split)} for split in splits}  # fmt: skip
+    return {
+        split: {
+            "vs_start": arm_differences(with_start, "start", split),
+            "vs_sft_only": arm_differences(runs, "sft_only", split),
+            "vs_start_arm": arm_differences(rl, start_arm, split),
+        }
+        for split in splits
+    }
 
 
 def gain_table(runs: dict[str, dict[int, dict]], split: str = "id") -> list[dict]:
@@ -93,11 +106,23 @@ def gain_table(runs: dict[str, dict[int, dict]], split: str = "id") -> list[dict
             last = max(gains, key=int)
             g = gains[last]
             ev = r["evals"].get(split, {})
-            rows.append({"arm": label, "seed": seed, "step": int(last), "start": ev.get("0", {}).get("avg@n"),
-                         "end": ev.get(last, {}).get("avg@n"), "gain": g["diff"], "se_gain": g["se"],
-                         "z": g["z"], "above_3se": bool(g["z"] > 3), "se_start": g["se_start"],
-                         "se_end": g["se_step"], "num_problems": int(g["num_problems"]),
-                         "cpu_hours": r.get("cpu_hours")})  # fmt: skip
+            rows.append(
+                {
+                    "arm": label,
+                    "seed": seed,
+                    "step": int(last),
+                    "start": ev.get("0", {}).get("avg@n"),
+                    "end": ev.get(last, {}).get("avg@n"),
+                    "gain": g["diff"],
+                    "se_gain": g["se"],
+                    "z": g["z"],
+                    "above_3se": bool(g["z"] > 3),
+                    "se_start": g["se_start"],
+                    "se_end": g["se_step"],
+                    "num_problems": int(g["num_problems"]),
+                    "cpu_hours": r.get("cpu_hours"),
+                }
+            )
     return rows
 
 
@@ -136,8 +161,11 @@ def efficiency_table(runs: dict[str, dict[int, dict]], split: str = "id") -> lis
     spent = {(label, seed): _spent(r) for label, by_seed in runs.items() for seed, r in by_seed.items()}
     rows = []
     for seed in sorted({seed for by_seed in runs.values() for seed in by_seed}):
-        arms = {label: by_seed[seed] for label, by_seed in runs.items()
-                if seed in by_seed and spent[label, seed] and by_seed[seed].get("gains", {}).get(split)}  # fmt: skip
+        arms = {
+            label: by_seed[seed]
+            for label, by_seed in runs.items()
+            if seed in by_seed and spent[label, seed] and by_seed[seed].get("gains", {}).get(split)
+        }
         if not arms:
             continue
         totals = {label: max(spent[label, seed].values()) for label in arms}
@@ -148,11 +176,25 @@ def efficiency_table(runs: dict[str, dict[int, dict]], split: str = "id") -> lis
             last = str(max(map(int, gains)))
             gain, (n, _) = gains[last]["diff"], totals[label]
             cpu = r.get("cpu_hours")
-            rows.append({"arm": label, "seed": seed, "gain": gain, "episodes": n, "cpu_hours": cpu,
-                         "gain_per_1k_episodes": 1000 * gain / n if n else None,
-                         "gain_per_cpu_hour": gain / cpu if cpu else None,
-                         "equal_samples": {"episodes": budget_n, **_gain_within(r, spent[label, seed], 0, budget_n, split)},
-                         "equal_compute": {"seconds": budget_s, **_gain_within(r, spent[label, seed], 1, budget_s, split)}})  # fmt: skip
+            rows.append(
+                {
+                    "arm": label,
+                    "seed": seed,
+                    "gain": gain,
+                    "episodes": n,
+                    "cpu_hours": cpu,
+                    "gain_per_1k_episodes": 1000 * gain / n if n else None,
+                    "gain_per_cpu_hour": gain / cpu if cpu else None,
+                    "equal_samples": {
+                        "episodes": budget_n,
+                        **_gain_within(r, spent[label, seed], 0, budget_n, split),
+                    },
+                    "equal_compute": {
+                        "seconds": budget_s,
+                        **_gain_within(r, spent[label, seed], 1, budget_s, split),
+                    },
+                }
+            )
     return rows
 
 
@@ -165,14 +207,21 @@ def efficiency_over_seeds(rows: list[dict]) -> list[dict]:
         mine = [r for r in rows if r["arm"] == arm]
         gains = [r["gain"] for r in mine]
         sd = statistics.stdev(gains) if len(gains) > 1 else None
-        out.append({"arm": arm, "seeds": [r["seed"] for r in mine], "gain mean": statistics.fmean(gains),
-                    "gain sd over seeds": sd, "se_over_seeds": sd / len(gains) ** 0.5 if sd is not None else None,
-                    "episodes mean": statistics.fmean(r["episodes"] for r in mine),
-                    "cpu_hours mean": _mean([r["cpu_hours"] for r in mine]),
-                    "gain_per_1k_episodes mean": _mean([r["gain_per_1k_episodes"] for r in mine]),
-                    "gain_per_cpu_hour mean": _mean([r["gain_per_cpu_hour"] for r in mine]),
-                    "equal_samples gain mean": statistics.fmean(r["equal_samples"]["gain"] for r in mine),
-                    "equal_compute gain mean": statistics.fmean(r["equal_compute"]["gain"] for r in mine)})  # fmt: skip
+        out.append(
+            {
+                "arm": arm,
+                "seeds": [r["seed"] for r in mine],
+                "gain mean": statistics.fmean(gains),
+                "gain sd over seeds": sd,
+                "se_over_seeds": sd / len(gains) ** 0.5 if sd is not None else None,
+                "episodes mean": statistics.fmean(r["episodes"] for r in mine),
+                "cpu_hours mean": _mean([r["cpu_hours"] for r in mine]),
+                "gain_per_1k_episodes mean": _mean([r["gain_per_1k_episodes"] for r in mine]),
+                "gain_per_cpu_hour mean": _mean([r["gain_per_cpu_hour"] for r in mine]),
+                "equal_samples gain mean": statistics.fmean(r["equal_samples"]["gain"] for r in mine),
+                "equal_compute gain mean": statistics.fmean(r["equal_compute"]["gain"] for r in mine),
+            }
+        )
     return out
 
 
@@ -303,8 +352,11 @@ def vision_table(runs: dict[str, dict[int, dict]]) -> list[dict]:
         for metric in VISION_METRICS:
             values = [_metric(by_seed[s], metric) for s in sorted(by_seed)]
             known = [v for v in values if v is not None]
-            row[metric] = {"per_seed": values, "mean": _mean(values),
-                           "sd": statistics.stdev(known) if len(known) > 1 else None}  # fmt: skip
+            row[metric] = {
+                "per_seed": values,
+                "mean": _mean(values),
+                "sd": statistics.stdev(known) if len(known) > 1 else None,
+            }
         rows.append(row)
     return rows
 
@@ -335,15 +387,30 @@ def losses_table(runs: dict[str, dict[int, dict]], last: int = 4) -> list[dict]:
         for r in by_seed.values():
             ev = _last_eval(r)
             ends.append(ev.get("avg@n") if ev is not None else None)
-            for key in ("clip_frac_low", "clip_frac_high", "approx_kl", "entropy", "response_length/mean",
-                        "mismatch/k3_kl", "mismatch/outside_frac", "rollout_corr/token_frac",
-                        "time/rollout_s", "time/train_s"):  # fmt: skip
+            for key in (
+                "clip_frac_low",
+                "clip_frac_high",
+                "approx_kl",
+                "entropy",
+                "response_length/mean",
+                "mismatch/k3_kl",
+                "mismatch/outside_frac",
+                "rollout_corr/token_frac",
+                "time/rollout_s",
+                "time/train_s",
+            ):
                 tails.setdefault(key, []).append(_tail_mean(r, key, last))
         known = [e for e in ends if e is not None]
-        rows.append({"arm": label, "seeds": sorted(by_seed), "avg@n end (per seed)": ends,
-                     "avg@n end mean": _mean(ends),
-                     "avg@n end stdev": statistics.stdev(known) if len(known) > 1 else None,
-                     **{f"{k}, last {last} steps (per seed)": v for k, v in tails.items()}})  # fmt: skip
+        rows.append(
+            {
+                "arm": label,
+                "seeds": sorted(by_seed),
+                "avg@n end (per seed)": ends,
+                "avg@n end mean": _mean(ends),
+                "avg@n end stdev": statistics.stdev(known) if len(known) > 1 else None,
+                **{f"{k}, last {last} steps (per seed)": v for k, v in tails.items()},
+            }
+        )
     return rows
 
 
@@ -363,8 +430,14 @@ def ablation(runs: dict[str, dict[int, dict]], last: int = 4) -> list[dict]:
                 ends.append(ev.get("avg@n"))
             for key, values in tails.items():
                 values.append(_tail_mean(r, key, last))
-        rows.append({"arm": label, "seeds": sorted(by_seed), "avg@n end (per seed)": ends,
-                     **{f"{ABLATION_CURVES[k]}, last {last} steps (per seed)": v for k, v in tails.items()}})  # fmt: skip
+        rows.append(
+            {
+                "arm": label,
+                "seeds": sorted(by_seed),
+                "avg@n end (per seed)": ends,
+                **{f"{ABLATION_CURVES[k]}, last {last} steps (per seed)": v for k, v in tails.items()},
+            }
+        )
     return rows
 
 
@@ -463,8 +536,15 @@ def plot_by_examples(
                     )
                     if start is not None:
                         xs, ys = [warmup_examples, *xs], [_metric(start, metric), *ys]
-                ax.plot(xs, ys, marker="o", color=f"C{i}", ls="--" if "sft_only" in label else "-",
-                        alpha=0.9 if j == 0 else 0.5, label=label if j == 0 else None)  # fmt: skip
+                ax.plot(
+                    xs,
+                    ys,
+                    marker="o",
+                    color=f"C{i}",
+                    ls="--" if "sft_only" in label else "-",
+                    alpha=0.9 if j == 0 else 0.5,
+                    label=label if j == 0 else None,
+                )
         ax.set_title(f"{suite}: {split} ({metric}, held-out)")
         ax.set_xlabel("training examples (SFT demonstrations + RL episodes)")
         ax.set_ylabel(metric)
@@ -489,8 +569,14 @@ def plot(suite: str, runs: dict[str, dict[int, dict]], path: Path, metric: str =
                 ev = r["evals"].get(split, {})
                 steps = sorted(ev, key=int)
                 ys = [ev[s].get(metric) for s in steps]
-                ax.plot([int(s) for s in steps], ys, marker="o", color=f"C{i}", alpha=0.9 if j == 0 else 0.5,
-                        label=label if j == 0 else None)  # fmt: skip
+                ax.plot(
+                    [int(s) for s in steps],
+                    ys,
+                    marker="o",
+                    color=f"C{i}",
+                    alpha=0.9 if j == 0 else 0.5,
+                    label=label if j == 0 else None,
+                )
         for i, by_seed in enumerate(runs.values()):
             bases = [r["base"][split].get(metric) for r in by_seed.values() if split in r.get("base", {})]
             if bases:
@@ -517,11 +603,24 @@ def write_plots(
     (``warmup_examples`` and ``start_arm``: see :func:`plot_by_examples`)."""
     plot(suite, runs, results / f"learning_{suite}.png")
     if suite in ("points24", "points24_easy", "vision"):
-        plot_by_examples(suite, runs, arms, results / f"learning_{suite}_by_examples.png",
-                         warmup_examples=warmup_examples, start_arm=start_arm)  # fmt: skip
+        plot_by_examples(
+            suite,
+            runs,
+            arms,
+            results / f"learning_{suite}_by_examples.png",
+            warmup_examples=warmup_examples,
+            start_arm=start_arm,
+        )
     if suite == "points24_easy":  # the rule claim in answers: J/Q/K read as 10 on rule OOD
-        plot_by_examples(suite, runs, arms, results / "learning_points24_easy_illegal_numbers.png",
-                         "reason/illegal_numbers", warmup_examples, start_arm)  # fmt: skip
+        plot_by_examples(
+            suite,
+            runs,
+            arms,
+            results / "learning_points24_easy_illegal_numbers.png",
+            "reason/illegal_numbers",
+            warmup_examples,
+            start_arm,
+        )
     if suite == "vision":  # success is near 0 here: recognition and rule-breaking tell more
         for metric, name in (
             ("recognition_acc", "recognition"),

@@ -99,8 +99,10 @@ def render(results: list[dict[str, Any]]) -> str:
         engine = ENGINE.get(path, "KV cache reused")
         cells = [_cell(by.get((fam, m, p))) for m in ("full", "lora") for p in ("fp32", "bf16")]
         targets = _targets(lora.get("lora_targets", []))
-        lines.append(f"| {fam} (`{cls}`) | {what} | {engine} | {PATHS[path]} | {targets} | "
-                     f"{' | '.join(cells)} | {_vllm(fam)} |")  # fmt: skip
+        lines.append(
+            f"| {fam} (`{cls}`) | {what} | {engine} | {PATHS[path]} | {targets} | "
+            f"{' | '.join(cells)} | {_vllm(fam)} |"
+        )
     return "\n".join(lines)
 
 
@@ -128,8 +130,10 @@ def memory_table() -> str:
     ]
     for name, n, fam in POPULAR:
         gb = {k: f"~{n * b / 1e9:.1f} GB" for k, b in BYTES.items()}
-        lines.append(f"| {name} | {n / 1e9:.2f}B | {fam} | {gb[('lora', 'fp32')]} | {gb[('lora', 'bf16')]} | "
-                     f"{gb[('full', 'fp32')]} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {n / 1e9:.2f}B | {fam} | {gb[('lora', 'fp32')]} | {gb[('lora', 'bf16')]} | "
+            f"{gb[('full', 'fp32')]} |"
+        )
     return "\n".join(lines)
 
 
@@ -149,11 +153,25 @@ def run_matrix(vision_only: bool = False) -> list[dict[str, Any]]:
     kept = [r for r in json.loads(RESULTS.read_text()) if not r.get("vision")] if vision_only else []
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "VERILOOP_MODEL_MATRIX": out}
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
-                        "test_family or test_vision_family", *(str(ROOT / "tests" / "agents" / t) for t in tests)],
-                       env=env, check=True)  # fmt: skip
-        return sorted(kept + [json.loads(p.read_text()) for p in Path(out).glob("*.json")],
-                      key=lambda r: (r["family"], r["mode"], r["precision"]))  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-k",
+                "test_family or test_vision_family",
+                *(str(ROOT / "tests" / "agents" / t) for t in tests),
+            ],
+            env=env,
+            check=True,
+        )
+        return sorted(
+            kept + [json.loads(p.read_text()) for p in Path(out).glob("*.json")],
+            key=lambda r: (r["family"], r["mode"], r["precision"]),
+        )
 
 
 def main() -> int:

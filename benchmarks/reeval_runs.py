@@ -37,8 +37,18 @@ def evaluate(run: Path, checkpoint: str, label: str, overrides: list[str]) -> di
     out = run / "reeval" / label
     report = out / f"{label}.json"
     if not report.exists():
-        args = [sys.executable, "-m", "veriloop.cli", "eval", str(run / "config.yaml"),
-                "--checkpoints", str(run / checkpoint), "--out", str(out), *overrides]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "veriloop.cli",
+            "eval",
+            str(run / "config.yaml"),
+            "--checkpoints",
+            str(run / checkpoint),
+            "--out",
+            str(out),
+            *overrides,
+        ]
         out.mkdir(parents=True, exist_ok=True)
         with (out / "eval.log").open("a") as log:
             rc = subprocess.call(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -91,9 +101,18 @@ def main() -> None:
         print(json.dumps(rows[-1], indent=1), flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"reeval_{args.name}.json"
-    path.write_text(json.dumps({"benchmark": "re-judged runs", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                "command": " ".join(["python", "benchmarks/reeval_runs.py", *sys.argv[1:]]),
-                                "wall_s": time.time() - t0, "rows": rows}, indent=1))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "benchmark": "re-judged runs",
+                "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "command": " ".join(["python", "benchmarks/reeval_runs.py", *sys.argv[1:]]),
+                "wall_s": time.time() - t0,
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {path}")
 
 

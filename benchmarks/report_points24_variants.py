@@ -127,19 +127,40 @@ def base_model_eval(name: str, options: dict[str, Any], problems: int, max_new_t
     one attempt (the 135M base model's first answer), ``max_new_tokens`` per answer."""
     out_dir = Path(tempfile.mkdtemp(prefix=f"p24-{name}-"))
     cmd = [
-        "veriloop", "eval", "points24_grpo", "--checkpoints", "base", "--out", str(out_dir),
-        "policy.model=default", f"eval.num_problems={problems}", "eval.n_samples=1", "eval.k_list=[1]",
-        "eval.greedy=false", f"rollout.max_new_tokens={max_new_tokens}", "rollout.max_turns=1",
-        "env.kwargs.max_attempts=1", "env.eval_splits.rule_ood.kwargs.max_attempts=1",
-        *_kwarg_overrides("env.kwargs", options), *_kwarg_overrides("env.eval_splits.rule_ood.kwargs", options),
-    ]  # fmt: skip
+        "veriloop",
+        "eval",
+        "points24_grpo",
+        "--checkpoints",
+        "base",
+        "--out",
+        str(out_dir),
+        "policy.model=default",
+        f"eval.num_problems={problems}",
+        "eval.n_samples=1",
+        "eval.k_list=[1]",
+        "eval.greedy=false",
+        f"rollout.max_new_tokens={max_new_tokens}",
+        "rollout.max_turns=1",
+        "env.kwargs.max_attempts=1",
+        "env.eval_splits.rule_ood.kwargs.max_attempts=1",
+        *_kwarg_overrides("env.kwargs", options),
+        *_kwarg_overrides("env.eval_splits.rule_ood.kwargs", options),
+    ]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     report = json.loads(next(out_dir.rglob("*.json")).read_text())
-    keep = ("avg@n", "reason/correct", "reason/illegal_numbers", "reason/wrong_value", "reason/unparseable",
-            "reason/wrong_cards", "reason/no_answer", "response_length/mean")  # fmt: skip
+    keep = (
+        "avg@n",
+        "reason/correct",
+        "reason/illegal_numbers",
+        "reason/wrong_value",
+        "reason/unparseable",
+        "reason/wrong_cards",
+        "reason/no_answer",
+        "response_length/mean",
+    )
     splits = {s: {k: m[k] for k in keep if m.get(k) is not None} for s, m in report["splits"].items()}
     return {"command": " ".join(cmd), "wall_s": time.perf_counter() - t0, "splits": splits}
 
@@ -148,8 +169,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
-                        help="variants to measure (default: all)")  # fmt: skip
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(VARIANTS),
+        choices=list(VARIANTS),
+        help="variants to measure (default: all)",
+    )
     parser.add_argument("--deals", type=int, default=2000, help="seeded deals per variant and split")
     parser.add_argument("--eval", action="store_true", help="also run `veriloop eval` on the base model")
     parser.add_argument("--eval-problems", type=int, default=16, help="problems per split for --eval")
@@ -179,8 +205,17 @@ def main() -> None:
 
 
 def _print_row(name: str, row: dict[str, Any]) -> None:
-    keys = ("solvable_share", "distinct_hands", "top10_share", "face_share", "sum_solves", "product_solves",
-            "demo_formula_chars", "demo_parentheses_share", "demo_answer_tokens")  # fmt: skip
+    keys = (
+        "solvable_share",
+        "distinct_hands",
+        "top10_share",
+        "face_share",
+        "sum_solves",
+        "product_solves",
+        "demo_formula_chars",
+        "demo_parentheses_share",
+        "demo_answer_tokens",
+    )
     for split in SPLITS:
         cells = {k: round(row[split][k], 3) for k in keys if k in row[split]}
         print(f"{name:12s} {split:8s} {cells}")

@@ -37,17 +37,29 @@ def compare(a: Path, b: Path, ignore: Sequence[str] = ()) -> dict:
     steps = []
     for ra, rb in zip(rows_a, rows_b, strict=False):
         common = sorted(k for k in ra.keys() & rb.keys() if not _timing(k, ignore))
-        steps.append({
-            "step": ra.get("step"),
-            "compared": len(common),
-            "differ": {k: [ra[k], rb[k]] for k in common if ra[k] != rb[k]},
-            "only_a": sorted(k for k in ra.keys() - rb.keys() if not _timing(k, ignore)),
-            "only_b": sorted(k for k in rb.keys() - ra.keys() if not _timing(k, ignore)),
-            "sample": {k: ra[k] for k in ("reward/mean", "entropy", "grad_norm", "response_length/mean") if k in ra},
-        })  # fmt: skip
+        steps.append(
+            {
+                "step": ra.get("step"),
+                "compared": len(common),
+                "differ": {k: [ra[k], rb[k]] for k in common if ra[k] != rb[k]},
+                "only_a": sorted(k for k in ra.keys() - rb.keys() if not _timing(k, ignore)),
+                "only_b": sorted(k for k in rb.keys() - ra.keys() if not _timing(k, ignore)),
+                "sample": {
+                    k: ra[k]
+                    for k in ("reward/mean", "entropy", "grad_norm", "response_length/mean")
+                    if k in ra
+                },
+            }
+        )
     same = len(rows_a) == len(rows_b) and all(not s["differ"] for s in steps)
-    return {"run_a": str(a), "run_b": str(b), "steps_a": len(rows_a), "steps_b": len(rows_b),
-            "identical": same, "steps": steps}  # fmt: skip
+    return {
+        "run_a": str(a),
+        "run_b": str(b),
+        "steps_a": len(rows_a),
+        "steps_b": len(rows_b),
+        "identical": same,
+        "steps": steps,
+    }
 
 
 def main() -> None:

@@ -16,9 +16,13 @@ def add_compare_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     """``veriloop compare RUN [RUN ...] [--group-by KEY] [--metric M] [--out DIR]``."""
     p = sub.add_parser("compare", help="compare runs (or arms x seeds) on their held-out evaluations")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folders; the first run's arm is the reference")
-    p.add_argument("--group-by", default=None, metavar="KEY",
-                   help="config key whose value names the arm (e.g. algo.name); an arm's runs are its "
-                   "seeds (rollout.seed). Default: every run is its own arm")  # fmt: skip
+    p.add_argument(
+        "--group-by",
+        default=None,
+        metavar="KEY",
+        help="config key whose value names the arm (e.g. algo.name); an arm's runs are its "
+        "seeds (rollout.seed). Default: every run is its own arm",
+    )
     p.add_argument("--metric", default="avg@n", choices=["avg@n", "greedy_acc"], help="default avg@n")
     p.add_argument("--out", default=None, help="output folder (default: compare/ beside the first run)")
     p.set_defaults(handler=cli_compare)
@@ -35,8 +39,10 @@ def cli_compare(args: argparse.Namespace) -> int:
         print(f"veriloop compare: {e}", file=sys.stderr)
         return 2
     if len(arms) < 2 and not args.group_by:
-        print("veriloop compare: one run has nothing to be compared with: pass two or more run folders",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "veriloop compare: one run has nothing to be compared with: pass two or more run folders",
+            file=sys.stderr,
+        )
         return 2
     out = Path(args.out) if args.out else Path(args.runs[0]).resolve().parent / "compare"
     out.mkdir(parents=True, exist_ok=True)

@@ -124,6 +124,11 @@ def run_eval_cli(
 def cli_eval(args: argparse.Namespace) -> int:
     """``veriloop eval``: ``args.config`` (path or shipped name), ``args.checkpoints`` (list),
     ``args.out`` (folder or None), ``args.overrides`` (``dotted.key=value``), ``args.imports``."""
-    run_eval_cli(args.config, list(args.checkpoints or []), list(args.overrides or []), args.out,
-                 imports=list(getattr(args, "imports", None) or []))  # fmt: skip
+    run_eval_cli(
+        args.config,
+        list(args.checkpoints or []),
+        list(args.overrides or []),
+        args.out,
+        imports=list(getattr(args, "imports", None) or []),
+    )
     return 0

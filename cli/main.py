@@ -73,10 +73,13 @@ def _settings_help() -> str:
     from veriloop.configs.presets import list_presets
     from veriloop.configs.schema import ExperimentConfig
 
-    lines = [f"shipped experiments (CONFIG): {', '.join(shipped_experiments())}",
-             f"algorithm presets (algo.preset=NAME): {', '.join(list_presets())}",
-             "models (policy.model=...): default, tiny, a local folder, or a Hub id such as Qwen/Qwen2.5-0.5B-Instruct",
-             "", "settings (override any with KEY=VALUE):"]  # fmt: skip
+    lines = [
+        f"shipped experiments (CONFIG): {', '.join(shipped_experiments())}",
+        f"algorithm presets (algo.preset=NAME): {', '.join(list_presets())}",
+        "models (policy.model=...): default, tiny, a local folder, or a Hub id such as Qwen/Qwen2.5-0.5B-Instruct",
+        "",
+        "settings (override any with KEY=VALUE):",
+    ]
     for key, tp, default, doc in describe(ExperimentConfig):
         lines.append(f"  {key} ({tp}, default {default!r})")
         if doc:
@@ -126,8 +129,11 @@ def folder_sizes(run_dir: Path) -> str:
         return sum(f.stat().st_size for f in files if not f.is_symlink())
 
     parts = sorted(((size(p), p) for p in run_dir.iterdir()), key=lambda sp: sp[0], reverse=True)
-    shown = [f"{p.name}{'/' if p.is_dir() else ''} {_mb(n)}" + (f" ({_PARTS[p.name]})" if p.name in _PARTS else "")
-             for n, p in parts[:4] if n >= 1e6]  # fmt: skip
+    shown = [
+        f"{p.name}{'/' if p.is_dir() else ''} {_mb(n)}" + (f" ({_PARTS[p.name]})" if p.name in _PARTS else "")
+        for n, p in parts[:4]
+        if n >= 1e6
+    ]
     rest = sum(n for n, _ in parts) - sum(n for n, _ in parts[: len(shown)])
     tail = [f"the rest {_mb(rest)}"] if shown and rest >= 1e6 else []
     return f"{run_dir} ({_mb(sum(n for n, _ in parts))}" + (f": {', '.join(shown + tail)})" if shown else ")")
@@ -211,8 +217,11 @@ def _continues(args: argparse.Namespace, run_dir: Path) -> bool:
             f"changed. Start it over with `{_with_args(again, ['--overwrite'])}`, or keep it and choose "
             f"another name: `{_with_args(again, ['run.name=quickstart2'])}`"
         )
-    print(f"continuing the interrupted quickstart in {run_dir} (to start over: "
-          f"`{_with_args(again, ['--overwrite'])}`)", flush=True)  # fmt: skip
+    print(
+        f"continuing the interrupted quickstart in {run_dir} (to start over: "
+        f"`{_with_args(again, ['--overwrite'])}`)",
+        flush=True,
+    )
     return True
 
 
@@ -313,8 +322,11 @@ def _add_quickstart_command(sub: argparse._SubParsersAction[argparse.ArgumentPar
         metavar="KEY=VALUE",
         help="dotted overrides of configs/experiments/quickstart.yaml",
     )
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted quickstart (plain `veriloop quickstart` does too)")  # fmt: skip
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted quickstart (plain `veriloop quickstart` does too)",
+    )
     _add_overwrite_arg(p)
     _add_import_arg(p)
     p.set_defaults(handler=_cmd_quickstart)
@@ -337,18 +349,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_demo)
 
     fmt = argparse.RawDescriptionHelpFormatter
-    p = sub.add_parser("train", help="RL training from an experiment config", epilog=_settings_help(),
-                       formatter_class=fmt)  # fmt: skip
+    p = sub.add_parser(
+        "train", help="RL training from an experiment config", epilog=_settings_help(), formatter_class=fmt
+    )
     _add_config_args(p)
     p.add_argument("--resume", action="store_true", help="continue from the run's last complete checkpoint")
     _add_overwrite_arg(p)
     p.set_defaults(handler=_cmd_train)
 
-    p = sub.add_parser("sft", help="supervised warm-up only (sft.* settings)", epilog=_settings_help(),
-                       formatter_class=fmt)  # fmt: skip
+    p = sub.add_parser(
+        "sft", help="supervised warm-up only (sft.* settings)", epilog=_settings_help(), formatter_class=fmt
+    )
     _add_config_args(p)
-    p.add_argument("--resume", action="store_true",
-                   help="continue a cut warm-up from its last complete checkpoint (every run.checkpoint_every steps)")  # fmt: skip
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue a cut warm-up from its last complete checkpoint (every run.checkpoint_every steps)",
+    )
     _add_overwrite_arg(p)
     p.set_defaults(handler=_cmd_sft)
 
@@ -375,8 +392,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if hasattr(args, "config") and args.config is None:  # only CONFIG is required, never an override
         from veriloop.configs.loader import shipped_experiments
 
-        parser.error(f"{args.command} needs CONFIG: an experiment YAML file or a shipped one "
-                     f"({', '.join(shipped_experiments())}); e.g. `veriloop {args.command} quickstart`")  # fmt: skip
+        parser.error(
+            f"{args.command} needs CONFIG: an experiment YAML file or a shipped one "
+            f"({', '.join(shipped_experiments())}); e.g. `veriloop {args.command} quickstart`"
+        )
     if extra:
         args.overrides = [*args.overrides, *extra]
     if getattr(args, "checkpoints", None):  # `--checkpoints a b key.x=1`: the override is not a folder

@@ -17,8 +17,11 @@ def cli_plot(args: argparse.Namespace) -> int:
         print(f"veriloop plot: {e}", file=sys.stderr)
         return 2
     if not paths:
-        print(f"veriloop plot: nothing to draw: {args.run}/metrics.jsonl logs none of the plotted metrics "
-              "(a run that stopped before its first step?)", file=sys.stderr)  # fmt: skip
+        print(
+            f"veriloop plot: nothing to draw: {args.run}/metrics.jsonl logs none of the plotted metrics "
+            "(a run that stopped before its first step?)",
+            file=sys.stderr,
+        )
         return 1
     for path in paths:
         print(path)

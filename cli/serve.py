@@ -33,15 +33,31 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for other nodes)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--dtype", default="float32", help="weights dtype; the trainer's own (float32) avoids a "
-                   "sampler/trainer mismatch, bfloat16 samples faster (default float32)")  # fmt: skip
-    p.add_argument("--lora-rank", type=int, default=0,
-                   help="serve LoRA adapters up to this rank (lora_sync=adapter); 0 = off (full weights)")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        help="weights dtype; the trainer's own (float32) avoids a "
+        "sampler/trainer mismatch, bfloat16 samples faster (default float32)",
+    )
+    p.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="serve LoRA adapters up to this rank (lora_sync=adapter); 0 = off (full weights)",
+    )
     p.add_argument("--max-model-len", type=int, default=2048, help="longest context in tokens (default 2048)")
-    p.add_argument("--kv-cache-gib", type=float, default=None,
-                   help="KV cache size in GiB (default: 1 on CPU, vLLM's own share of GPU memory on GPUs)")  # fmt: skip
-    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
-                   help="settings for vLLM's CPU build or a GPU build (auto: cpu without CUDA)")  # fmt: skip
+    p.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=None,
+        help="KV cache size in GiB (default: 1 on CPU, vLLM's own share of GPU memory on GPUs)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "gpu"],
+        default="auto",
+        help="settings for vLLM's CPU build or a GPU build (auto: cpu without CUDA)",
+    )
     p.add_argument("--print", action="store_true", help="print the command and environment; start nothing")
     p.add_argument("vllm_args", nargs="*", metavar="-- VLLM_ARG", help="more vLLM server flags, after --")
     p.set_defaults(handler=cmd_serve_vllm)
@@ -59,9 +75,18 @@ def cmd_serve_vllm(args: argparse.Namespace) -> int:
         from veriloop.agents.models.gemma import gemma_model_path
 
         model = str(gemma_model_path())
-    argv, env = serve_command(model, port=args.port, host=args.host, dtype=args.dtype, lora_rank=args.lora_rank,
-                              max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
-                              cpu=_on_cpu(args.device), python=sys.executable, extra=args.vllm_args)  # fmt: skip
+    argv, env = serve_command(
+        model,
+        port=args.port,
+        host=args.host,
+        dtype=args.dtype,
+        lora_rank=args.lora_rank,
+        max_model_len=args.max_model_len,
+        kv_cache_gib=args.kv_cache_gib,
+        cpu=_on_cpu(args.device),
+        python=sys.executable,
+        extra=args.vllm_args,
+    )
     env = {k: v for k, v in env.items() if k not in os.environ}  # the caller's own settings win
     if args.print:
         print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv))
@@ -69,8 +94,11 @@ def cmd_serve_vllm(args: argparse.Namespace) -> int:
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        print("veriloop serve-vllm: vllm is not installed here; `make setup-vllm` (CPU) or "
-              "`pip install veriloop[vllm]` (GPU), then run .venv-vllm/bin/veriloop serve-vllm", file=sys.stderr)  # fmt: skip
+        print(
+            "veriloop serve-vllm: vllm is not installed here; `make setup-vllm` (CPU) or "
+            "`pip install veriloop[vllm]` (GPU), then run .venv-vllm/bin/veriloop serve-vllm",
+            file=sys.stderr,
+        )
         return 2
     print(f"serving {model} at http://{args.host}:{args.port} (ready when GET /health answers)", flush=True)
     os.execve(argv[0], argv, {**os.environ, **env})
@@ -105,8 +133,13 @@ def running_server(
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
-        proc = subprocess.Popen([python, "-m", "veriloop.cli", "serve-vllm", "--port", str(port), *args],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [python, "-m", "veriloop.cli", "serve-vllm", "--port", str(port), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         t0 = time.monotonic()

@@ -145,8 +145,11 @@ class EnvConfig:
                 _try_make(f"env.mixture.{name}" if self.mixture else "env.kwargs", split)
 
     def _ids(self) -> list[str]:
-        return [self.id, *(m.id for m in self.mixture.values()),
-                *(s.id for s in self.eval_splits.values() if s.id is not None)]  # fmt: skip
+        return [
+            self.id,
+            *(m.id for m in self.mixture.values()),
+            *(s.id for s in self.eval_splits.values() if s.id is not None),
+        ]
 
     def validate(self) -> None:
         for name, entry in self.mixture.items():
@@ -156,8 +159,10 @@ class EnvConfig:
                 raise ConfigError(f"env.mixture.{name}.weight must be > 0, got {entry.weight}")
         clash = sorted(set(self.mixture) & set(self.eval_splits))
         if clash:
-            raise ConfigError(f"env.eval_splits {clash} share names with env.mixture: each mixture env "
-                              "already has its held-out split of that name; rename the eval split")  # fmt: skip
+            raise ConfigError(
+                f"env.eval_splits {clash} share names with env.mixture: each mixture env "
+                "already has its held-out split of that name; rename the eval split"
+            )
         unnamed = [n for n, sp in self.eval_splits.items() if sp.id is None]
         if self.mixture and unnamed:
             raise ConfigError(

@@ -211,8 +211,14 @@ def _rows_from_hub(dataset_id: str, split: str, revision: str | None, subset: st
         if not hub.constants.HF_HUB_OFFLINE:
             raise FileNotFoundError(_hub_help(dataset_id, revision, f"{type(exc).__name__}: {exc}")) from None
     try:
-        folder = Path(hub.snapshot_download(dataset_id, repo_type="dataset", revision=revision,
-                                            allow_patterns=[f"*{s}" for s in FILE_SUFFIXES]))  # fmt: skip
+        folder = Path(
+            hub.snapshot_download(
+                dataset_id,
+                repo_type="dataset",
+                revision=revision,
+                allow_patterns=[f"*{s}" for s in FILE_SUFFIXES],
+            )
+        )
     except Exception as exc:
         raise FileNotFoundError(_hub_help(dataset_id, revision, f"{type(exc).__name__}: {exc}")) from None
     files = [
@@ -544,12 +550,19 @@ class DatasetEnv(VerifierEnv[dict]):
         else:
             questions = [t["question"] for t in tasks]
             held_q = None if held is None else [t["question"] for t in held]
-            self.tasks = select_part(tasks, questions, part=part, heldout_fraction=heldout_fraction,
-                                     heldout_questions=held_q)  # fmt: skip
+            self.tasks = select_part(
+                tasks, questions, part=part, heldout_fraction=heldout_fraction, heldout_questions=held_q
+            )
         if not self.tasks:
             raise ValueError(f"{data}: the {part} part is empty")
-        self.part_source = describe_part(str(data), part, len(self.tasks), len(tasks), heldout_fraction,
-                                         None if heldout_data is None else str(heldout_data))  # fmt: skip
+        self.part_source = describe_part(
+            str(data),
+            part,
+            len(self.tasks),
+            len(tasks),
+            heldout_fraction,
+            None if heldout_data is None else str(heldout_data),
+        )
         self.prompt(self.tasks[0])  # a template naming a missing field fails here, not mid-run
 
     def sample_task(self) -> dict:
@@ -567,15 +580,27 @@ class DatasetEnv(VerifierEnv[dict]):
         try:
             out = self._check(response, task["answer"])
         except Exception as exc:  # the user's function failed: a verifier failure, not a wrong answer
-            return Verdict(correct=False, error="crash", reason="verifier_error", feedback="The checker failed.",
-                           details={"exception": f"{type(exc).__name__}: {exc}"[:500]})  # fmt: skip
+            return Verdict(
+                correct=False,
+                error="crash",
+                reason="verifier_error",
+                feedback="The checker failed.",
+                details={"exception": f"{type(exc).__name__}: {exc}"[:500]},
+            )
         if isinstance(out, Verdict):
             return out
         if not isinstance(out, bool):
-            return Verdict(correct=False, error="crash", reason="verifier_error",
-                           details={"exception": f"check returned {type(out).__name__}, not bool or Verdict"})  # fmt: skip
-        return Verdict(correct=out, reason="correct" if out else "wrong_value",
-                       feedback="Correct." if out else "Incorrect.")  # fmt: skip
+            return Verdict(
+                correct=False,
+                error="crash",
+                reason="verifier_error",
+                details={"exception": f"check returned {type(out).__name__}, not bool or Verdict"},
+            )
+        return Verdict(
+            correct=out,
+            reason="correct" if out else "wrong_value",
+            feedback="Correct." if out else "Incorrect.",
+        )
 
     def reward(self, verdict: Verdict, task: dict) -> tuple[float, dict[str, float]]:
         r = 1.0 if verdict.correct else 0.0

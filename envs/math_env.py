@@ -128,14 +128,29 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         self.preset = preset
         if data is not None:
             fields = preset_fields(preset, question_key, answer_key, answer_extract)
-            self._load(data, fields, part, heldout_fraction, heldout_data, split=split, revision=revision,
-                       subset=subset)  # fmt: skip
+            self._load(
+                data,
+                fields,
+                part,
+                heldout_fraction,
+                heldout_data,
+                split=split,
+                revision=revision,
+                subset=subset,
+            )
         # launch the verifier workers now (without waiting): their ~2-4 s import and warm-up then
         # overlaps with model loading instead of delaying the first check that needs one
         get_pool().start()
 
-    def _load(self, data: str | Path, fields: FieldMap, part: Part, fraction: float,
-              heldout_data: str | Path | None, **where: Any) -> None:  # fmt: skip
+    def _load(
+        self,
+        data: str | Path,
+        fields: FieldMap,
+        part: Part,
+        fraction: float,
+        heldout_data: str | Path | None,
+        **where: Any,
+    ) -> None:
         """``self.problems``: the rows of ``part``, then those of the chosen levels."""
         rows = checked_answers(self.preset, load_problems(data, fields=fields, **where), str(data))
         held = None if heldout_data is None else load_problems(heldout_data, fields=fields)
@@ -143,8 +158,13 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         if part == "heldout" and held is not None:
             kept = held
         else:
-            kept = select_part(rows, [p.question for p in rows], part=part, heldout_fraction=fraction,
-                               heldout_questions=None if held is None else [p.question for p in held])  # fmt: skip
+            kept = select_part(
+                rows,
+                [p.question for p in rows],
+                part=part,
+                heldout_fraction=fraction,
+                heldout_questions=None if held is None else [p.question for p in held],
+            )
         if self.levels is not None:
             present = sorted({p.level for p in kept}, key=str)
             kept = [p for p in kept if p.level in self.levels]
@@ -156,8 +176,14 @@ class MathVerifyEnv(VerifierEnv[MathProblem]):
         if not kept:
             raise ValueError(f"{data}: the {part} part has no rows")
         self.problems = kept
-        self.part_source = describe_part(str(data), part, len(kept), len(rows), fraction,
-                                         None if heldout_data is None else str(heldout_data))  # fmt: skip
+        self.part_source = describe_part(
+            str(data),
+            part,
+            len(kept),
+            len(rows),
+            fraction,
+            None if heldout_data is None else str(heldout_data),
+        )
 
     def sample_task(self) -> MathProblem:
         if self.problems is not None:

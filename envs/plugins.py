@@ -145,9 +145,13 @@ def unknown_kwarg_hint(env_id: str, error: BaseException) -> str:
     try:
         entry = gymnasium.spec(env_id).entry_point
         creator: Any = load_env_creator(entry) if isinstance(entry, str) else entry
-        names = [n for cls in inspect.getmro(creator) if "__init__" in vars(cls)
-                 for n, p in inspect.signature(vars(cls)["__init__"]).parameters.items()
-                 if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]  # fmt: skip
+        names = [
+            n
+            for cls in inspect.getmro(creator)
+            if "__init__" in vars(cls)
+            for n, p in inspect.signature(vars(cls)["__init__"]).parameters.items()
+            if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        ]
     except Exception:  # no signature to read: no hint
         return ""
     names = list(dict.fromkeys(names))

@@ -58,8 +58,10 @@ def preset_fields(
     given = {"question_key": question_key, "answer_key": answer_key, "answer_extract": answer_extract}
     for key, value in given.items():
         if value != getattr(_DEFAULTS, key) and value != getattr(p, key):
-            raise ValueError(f"preset {preset!r} reads {key}={getattr(p, key)!r}, but {key}={value!r} was given: "
-                             f"drop {key} or the preset")  # fmt: skip
+            raise ValueError(
+                f"preset {preset!r} reads {key}={getattr(p, key)!r}, but {key}={value!r} was given: "
+                f"drop {key} or the preset"
+            )
     return FieldMap(p.question_key, p.answer_key, p.answer_extract)
 
 
@@ -72,7 +74,9 @@ def checked_answers(preset: str | None, problems: Sequence[Any], source: str) ->
     for i, p in enumerate(problems):
         text = str(p.answer).strip()
         if not (text.isdigit() and 0 <= int(text) <= 999):
-            raise ValueError(f"{source} problem {i + 1} ({p.question[:40]!r}...): preset {preset!r} wants an "
-                             f"integer answer 0-999, got {text[:40]!r}: use preset math500 or boxed for other answers")  # fmt: skip
+            raise ValueError(
+                f"{source} problem {i + 1} ({p.question[:40]!r}...): preset {preset!r} wants an "
+                f"integer answer 0-999, got {text[:40]!r}: use preset math500 or boxed for other answers"
+            )
         out.append(dataclasses.replace(p, answer=str(int(text))))
     return out

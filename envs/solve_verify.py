@@ -181,8 +181,11 @@ def verification_summary(episodes: Sequence[Sequence[LearnerSignal]]) -> dict[st
             wrong = math.isnan(sig.step_metrics.get("verify_recall_right", math.nan))
             pairs.append((wrong == bool(hit), wrong))
     judged = judgement_metrics(pairs)
-    transitions = [s[-1].episode_metrics["wrong_to_right"] for s in episodes
-                   if s and "wrong_to_right" in s[-1].episode_metrics]  # fmt: skip
+    transitions = [
+        s[-1].episode_metrics["wrong_to_right"]
+        for s in episodes
+        if s and "wrong_to_right" in s[-1].episode_metrics
+    ]
     low, high = wilson_interval(int(sum(t > 0 for t in transitions)), len(transitions))
     return {
         "verify_balanced_acc": judged["balanced_accuracy"],

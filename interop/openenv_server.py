@@ -300,8 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--kwargs", default="{}", help="JSON kwargs for gymnasium.make")
     parser.add_argument("--max-sessions", type=int, default=8, help="WebSocket sessions at once (default 8)")
-    parser.add_argument("--idle-timeout", type=float, default=300.0,
-                        help="close a session after this many seconds without a message (default 300)")  # fmt: skip
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        help="close a session after this many seconds without a message (default 300)",
+    )
     args = parser.parse_args(argv)
     try:
         kwargs = json.loads(args.kwargs)
@@ -309,8 +313,10 @@ def main(argv: list[str] | None = None) -> int:
             args.env_id, kwargs, max_concurrent_envs=args.max_sessions, idle_timeout_s=args.idle_timeout
         )
     except json.JSONDecodeError as e:
-        print(f"openenv_server: --kwargs is not valid JSON ({e}): pass an object, e.g. '{{\"level\": 2}}'",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"openenv_server: --kwargs is not valid JSON ({e}): pass an object, e.g. '{{\"level\": 2}}'",
+            file=sys.stderr,
+        )
         return 2
     except ValueError as e:
         print(f"openenv_server: {e}", file=sys.stderr)

@@ -131,8 +131,10 @@ class SessionServer:
             elif kind == "close":
                 return None
             else:
-                return _error(f"unknown message type {str(kind)[:40]!r}: send reset, step, state or close",
-                              _types.WSErrorCode.UNKNOWN_TYPE)  # fmt: skip
+                return _error(
+                    f"unknown message type {str(kind)[:40]!r}: send reset, step, state or close",
+                    _types.WSErrorCode.UNKNOWN_TYPE,
+                )
             return _types.WSObservationResponse(
                 data=_serialization.serialize_observation(observation)
             ).model_dump_json()
@@ -158,8 +160,13 @@ def mount(app: Any, sessions: SessionServer) -> Any:
         await sessions.endpoint(websocket)
 
     app.add_api_websocket_route("/ws", ws)
-    app.add_api_route("/step", http_step_refused, methods=["POST"], status_code=409,
-                      summary="Refused: reset first, in a WebSocket session (/ws)")  # fmt: skip
+    app.add_api_route(
+        "/step",
+        http_step_refused,
+        methods=["POST"],
+        status_code=409,
+        summary="Refused: reset first, in a WebSocket session (/ws)",
+    )
     return app
 
 

@@ -243,8 +243,9 @@ class ReasoningGymEnv(VerifierEnv[dict]):
             )
         score = float(value)
         if 0 < score < 1 and self._hedge_credit and not self.substring_credit:
-            return Verdict(correct=False, parsed=answer, reason="hedged", details={"score": 0.0},
-                           feedback=HEDGE_FEEDBACK)  # fmt: skip
+            return Verdict(
+                correct=False, parsed=answer, reason="hedged", details={"score": 0.0}, feedback=HEDGE_FEEDBACK
+            )
         correct = score >= 1.0
         reason = "correct" if correct else ("partial" if score > 0 else "wrong_value")
         feedback = "Correct." if correct else ("Partly correct." if score > 0 else "Incorrect.")
@@ -256,11 +257,17 @@ class ReasoningGymEnv(VerifierEnv[dict]):
         """A wrong verdict, scored 0 without calling any scorer, for an answer outside a math
         dataset's grammar or a hedge (:mod:`veriloop.interop.reasoning_gym_guard`); else ``None``."""
         if not math_screen(self.dataset, answer):
-            return Verdict(correct=False, parsed=answer, reason="unparseable", feedback=NOT_MATH_FEEDBACK,
-                           details={"score": 0.0, "guard": "math_grammar"})  # fmt: skip
+            return Verdict(
+                correct=False,
+                parsed=answer,
+                reason="unparseable",
+                feedback=NOT_MATH_FEEDBACK,
+                details={"score": 0.0, "guard": "math_grammar"},
+            )
         if not self.substring_credit and is_hedge(self.dataset, answer, task["answer"]):
-            return Verdict(correct=False, parsed=answer, reason="hedged", details={"score": 0.0},
-                           feedback=HEDGE_FEEDBACK)  # fmt: skip
+            return Verdict(
+                correct=False, parsed=answer, reason="hedged", details={"score": 0.0}, feedback=HEDGE_FEEDBACK
+            )
         return None
 
     def _score(self, answer: str, task: dict) -> tuple[str, Any]:

@@ -14,11 +14,23 @@ import pytest
 
 EXE = shutil.which("veriloop") or str(Path(sys.executable).with_name("veriloop"))
 TINY = [
-    "policy.model=tiny", "policy.lora=false", "env.kwargs={level: 1}", "rollout.prompts_per_step=2", "rollout.group_size=2",
-    "rollout.max_new_tokens=8", "rollout.max_context=256", "train.steps=2", "train.micro_batch_size=2",
-    "eval.num_problems=2", "eval.n_samples=2", "eval.k_list=[1,2]", "eval.greedy=false", "eval.every=0",
-    "run.tensorboard=false", "run.checkpoint_every=1",
-]  # fmt: skip
+    "policy.model=tiny",
+    "policy.lora=false",
+    "env.kwargs={level: 1}",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.steps=2",
+    "train.micro_batch_size=2",
+    "eval.num_problems=2",
+    "eval.n_samples=2",
+    "eval.k_list=[1,2]",
+    "eval.greedy=false",
+    "eval.every=0",
+    "run.tensorboard=false",
+    "run.checkpoint_every=1",
+]
 
 
 def veriloop(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -26,12 +26,25 @@ from veriloop.configs.schema import ConfigError
 
 EXE = shutil.which("veriloop") or str(Path(sys.executable).with_name("veriloop"))
 TINY = [
-    "policy.model=tiny", "policy.lora=false", "env.kwargs={level: 1}", "rollout.prompts_per_step=2",
-    "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_context=256", "train.steps=1",
-    "train.micro_batch_size=2", "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]",
-    "eval.greedy=false", "eval.every=0", "eval.at_start=false", "run.tensorboard=false",
-    "run.checkpoint_every=1", "sft.steps=0",
-]  # fmt: skip
+    "policy.model=tiny",
+    "policy.lora=false",
+    "env.kwargs={level: 1}",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.steps=1",
+    "train.micro_batch_size=2",
+    "eval.num_problems=1",
+    "eval.n_samples=1",
+    "eval.k_list=[1]",
+    "eval.greedy=false",
+    "eval.every=0",
+    "eval.at_start=false",
+    "run.tensorboard=false",
+    "run.checkpoint_every=1",
+    "sft.steps=0",
+]
 
 
 def _sigint_as_in_a_terminal() -> None:
@@ -46,8 +59,15 @@ def test_ctrl_c_is_one_message_and_keeps_the_checkpoints(tmp_path: Path) -> None
     line, no traceback; the committed checkpoints stay complete."""
     args = [EXE, "train", "quickstart", *TINY, "train.steps=500", f"run.out_dir={tmp_path}", "run.name=r"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True, preexec_fn=_sigint_as_in_a_terminal)  # fmt: skip
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_sigint_as_in_a_terminal,
+    )
     ckpts = tmp_path / "r" / "checkpoints"
     end = time.monotonic() + 240
     while not (ckpts / "step-000001" / "COMPLETE").exists():

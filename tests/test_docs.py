@@ -62,8 +62,21 @@ def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_docs_pages_exist_and_the_readme_links_them() -> None:
     """The README links the site's home, the core guides and every results report; every page is in
     mkdocs.yml's nav (tests/test_docs_site.py: the strict build fails on a page left out)."""
-    core = ["index.md", "environments.md", "agents.md", "algorithms.md", "training.md", "data.md", "models.md",
-            "precision.md", "scaling.md", "interop.md", "reliability.md", "verifier-isolation.md", "results/index.md"]  # fmt: skip
+    core = [
+        "index.md",
+        "environments.md",
+        "agents.md",
+        "algorithms.md",
+        "training.md",
+        "data.md",
+        "models.md",
+        "precision.md",
+        "scaling.md",
+        "interop.md",
+        "reliability.md",
+        "verifier-isolation.md",
+        "results/index.md",
+    ]
     text = (ROOT / "README.md").read_text()
     for page in core:
         assert (ROOT / "docs" / page).is_file(), f"docs/{page} is missing"
@@ -101,8 +114,14 @@ def test_every_block_of_the_page_runs(page: Path, tmp_path: Path, hub_cache: Pat
             (tmp_path / name.group(1)).write_text(body)
         elif lang == "python":
             code = body.replace('load_policy("default")', f'load_policy("{tmp_path / "tiny-model"}")')
-            r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                               timeout=600)  # fmt: skip
+            r = subprocess.run(
+                [sys.executable, "-c", code],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             assert r.returncode == 0, f"{page.name} python block failed:\n{code}\n{r.stderr[-3000:]}"
         elif lang == "bash":
             for cmd in readme._commands(body.replace("\\\n", " ")):  # a line ending in \ continues
@@ -153,8 +172,14 @@ def _run_command(page: Path, cmd: str, cwd: Path, env: dict[str, str]) -> None:
     if args and args[0] in readme.CONFIG_COMMANDS and "--help" not in args:
         given = {a.split("=", 1)[0] for a in args if "=" in a}
         args += [t for t in readme.TINY if t.split("=", 1)[0] not in given]
-    r = subprocess.run([sys.executable, "-m", "veriloop.cli", *args], cwd=cwd, env={**env, **extra},
-                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "veriloop.cli", *args],
+        cwd=cwd,
+        env={**env, **extra},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, f"{page.name} command failed: {cmd}\n{r.stderr[-3000:]}"
 
 

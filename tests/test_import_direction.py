@@ -91,8 +91,9 @@ def arrows_of(source: str, module: str, modules: set[str], is_package: bool = Fa
     """Every import statement in ``source`` (the text of ``module``), resolved against ``modules``."""
     tree = ast.parse(source)
     typing_only = _type_checking_lines(tree)
-    top = {id(n) for n in tree.body} | {id(n) for s in tree.body if isinstance(s, ast.If | ast.Try)
-                                        for n in ast.walk(s)}  # fmt: skip
+    top = {id(n) for n in tree.body} | {
+        id(n) for s in tree.body if isinstance(s, ast.If | ast.Try) for n in ast.walk(s)
+    }
     package = module if is_package else module.rpartition(".")[0]
     found = []
     for node in ast.walk(tree):
@@ -118,8 +119,11 @@ def arrows_of(source: str, module: str, modules: set[str], is_package: bool = Fa
 def package_arrows(root: Path = ROOT) -> list[Arrow]:
     files = {module_name(p, root): p for d in PACKAGES for p in (root / d).rglob("*.py")}
     modules = set(files)
-    return [a for m, p in sorted(files.items())
-            for a in arrows_of(p.read_text(), m, modules, p.name == "__init__.py")]  # fmt: skip
+    return [
+        a
+        for m, p in sorted(files.items())
+        for a in arrows_of(p.read_text(), m, modules, p.name == "__init__.py")
+    ]
 
 
 def circles(arrows: list[Arrow]) -> list[list[str]]:
@@ -212,8 +216,13 @@ def room_breaches(arrows: list[Arrow]) -> list[str]:
                 bad.append(f"{here}: {src_room} and {dst_room} are separate rooms")
         elif src_room != "algos.loop" and _room(a.target) == "algos.loop" and _package(a.source) != "cli":
             bad.append(f"{here}: only the command line imports the loop")
-        if (_package(a.source) == "agents" and not a.source.startswith("veriloop.agents.models")
-                and a.target.startswith("veriloop.agents.models") and a.top_level and a.source not in ALIASES):  # fmt: skip
+        if (
+            _package(a.source) == "agents"
+            and not a.source.startswith("veriloop.agents.models")
+            and a.target.startswith("veriloop.agents.models")
+            and a.top_level
+            and a.source not in ALIASES
+        ):
             bad.append(
                 f"{here}: the model builders are imported where a default model is asked for, not at import"
             )
@@ -238,8 +247,10 @@ def test_no_two_modules_import_each_other():
 
 
 def test_a_type_only_import_back_counts_as_a_pair():
-    arrows = [Arrow("veriloop.algos.run.a", "veriloop.algos.run.b", 1, True, False),
-              Arrow("veriloop.algos.run.b", "veriloop.algos.run.a", 1, False, True)]  # fmt: skip
+    arrows = [
+        Arrow("veriloop.algos.run.a", "veriloop.algos.run.b", 1, True, False),
+        Arrow("veriloop.algos.run.b", "veriloop.algos.run.a", 1, False, True),
+    ]
     assert mutual(arrows) == [("veriloop.algos.run.a", "veriloop.algos.run.b")]
     assert not circles(arrows)  # the circle check alone lets this pair through
 
@@ -275,38 +286,60 @@ def test_the_reader_sees_local_relative_and_typing_only_imports():
         "if TYPE_CHECKING:\n    from veriloop.algos.loop.train import RunParts\n"
         "def f():\n    from veriloop.interop.trl_env import make\n"
     )
-    modules = {"veriloop.envs.x", "veriloop.envs.sibling", "veriloop.agents.engine", "veriloop.algos.loop.train",
-               "veriloop.interop.trl_env"}  # fmt: skip
+    modules = {
+        "veriloop.envs.x",
+        "veriloop.envs.sibling",
+        "veriloop.agents.engine",
+        "veriloop.algos.loop.train",
+        "veriloop.interop.trl_env",
+    }
     got = {(a.target, a.runtime, a.top_level) for a in arrows_of(source, "veriloop.envs.x", modules)}
-    assert got >= {("veriloop.agents.engine", True, True), ("veriloop.envs.sibling", True, True),
-                   ("veriloop.algos.loop.train", False, True), ("veriloop.interop.trl_env", True, False)}  # fmt: skip
+    assert got >= {
+        ("veriloop.agents.engine", True, True),
+        ("veriloop.envs.sibling", True, True),
+        ("veriloop.algos.loop.train", False, True),
+        ("veriloop.interop.trl_env", True, False),
+    }
 
 
 def test_the_checks_catch_a_bad_import():
     """A circle, an upward arrow (also a function-local one), a maths room importing a model, the learner
     importing the loop and the run room importing the learner's update."""
-    a = [Arrow("veriloop.agents.engine", "veriloop.agents.episode_log", 1, True, True),
-         Arrow("veriloop.agents.episode_log", "veriloop.agents.engine", 9, True, False)]  # fmt: skip
+    a = [
+        Arrow("veriloop.agents.engine", "veriloop.agents.episode_log", 1, True, True),
+        Arrow("veriloop.agents.episode_log", "veriloop.agents.engine", 9, True, False),
+    ]
     assert circles(a) == [["veriloop.agents.engine", "veriloop.agents.episode_log"]]
     assert (
         circles([a[0], Arrow("veriloop.agents.episode_log", "veriloop.agents.engine", 9, False, True)]) == []
     )
-    up = [Arrow("veriloop.envs.verifiers._worker", "veriloop.interop.reasoning_gym_env", 89, True, False),
-          Arrow("veriloop.configs.schema", "veriloop.agents.policy", 3, True, True),
-          Arrow("veriloop.algos.loop.train", "veriloop.interop.trl_env", 3, True, True),
-          Arrow("veriloop.agents.engine", "veriloop.cli.main", 3, True, True)]  # fmt: skip
+    up = [
+        Arrow("veriloop.envs.verifiers._worker", "veriloop.interop.reasoning_gym_env", 89, True, False),
+        Arrow("veriloop.configs.schema", "veriloop.agents.policy", 3, True, True),
+        Arrow("veriloop.algos.loop.train", "veriloop.interop.trl_env", 3, True, True),
+        Arrow("veriloop.agents.engine", "veriloop.cli.main", 3, True, True),
+    ]
     assert len(upward(up)) == 4
     assert upward([Arrow("veriloop.cli.main", "veriloop.algos.loop.train", 1, True, True)]) == []
-    rooms = [Arrow("veriloop.algos.maths.losses", "transformers", 1, True, True),
-             Arrow("veriloop.algos.maths.losses", "veriloop.algos.learner.batch", 1, True, False),
-             Arrow("veriloop.algos.eval.loop", "veriloop.algos.loop.train", 1, True, False),
-             Arrow("veriloop.algos.sft.train", "veriloop.algos.eval.loop", 1, True, True),
-             Arrow("veriloop.agents.loading", "veriloop.agents.models.text", 1, True, True),
-             Arrow("veriloop.algos.learner.update", "veriloop.algos.loop.sampling", 1, True, False),
-             Arrow("veriloop.algos.run.fsdp", "veriloop.algos.learner.update", 1, True, True)]  # fmt: skip
+    rooms = [
+        Arrow("veriloop.algos.maths.losses", "transformers", 1, True, True),
+        Arrow("veriloop.algos.maths.losses", "veriloop.algos.learner.batch", 1, True, False),
+        Arrow("veriloop.algos.eval.loop", "veriloop.algos.loop.train", 1, True, False),
+        Arrow("veriloop.algos.sft.train", "veriloop.algos.eval.loop", 1, True, True),
+        Arrow("veriloop.agents.loading", "veriloop.agents.models.text", 1, True, True),
+        Arrow("veriloop.algos.learner.update", "veriloop.algos.loop.sampling", 1, True, False),
+        Arrow("veriloop.algos.run.fsdp", "veriloop.algos.learner.update", 1, True, True),
+    ]
     assert len(room_breaches(rooms)) == 7
-    assert room_breaches([Arrow("veriloop.algos.run.fsdp", "veriloop.algos.learner.batch", 1, True, True),
-                          Arrow("veriloop.algos.loop.train", "veriloop.algos.learner.update", 1, True, True)]) == []  # fmt: skip
+    assert (
+        room_breaches(
+            [
+                Arrow("veriloop.algos.run.fsdp", "veriloop.algos.learner.batch", 1, True, True),
+                Arrow("veriloop.algos.loop.train", "veriloop.algos.learner.update", 1, True, True),
+            ]
+        )
+        == []
+    )
     assert (
         room_breaches([Arrow("veriloop.agents.loading", "veriloop.agents.models.text", 1, True, False)]) == []
     )

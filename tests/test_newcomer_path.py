@@ -21,11 +21,23 @@ from veriloop.cli.main import run as cli_run
 cli_main = importlib.import_module("veriloop.cli.main")  # the package's `main` is a function
 
 TINY = [
-    "policy.model=tiny", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
-    "rollout.max_context=768", "train.steps=1", "train.micro_batch_size=2", "train.mini_batch_size=null",
-    "train.warmup_steps=0", "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]", "eval.every=0",
-    "eval.greedy=false", "sft.examples=4", "run.tensorboard=false",
-]  # fmt: skip
+    "policy.model=tiny",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=768",
+    "train.steps=1",
+    "train.micro_batch_size=2",
+    "train.mini_batch_size=null",
+    "train.warmup_steps=0",
+    "eval.num_problems=1",
+    "eval.n_samples=1",
+    "eval.k_list=[1]",
+    "eval.every=0",
+    "eval.greedy=false",
+    "sft.examples=4",
+    "run.tensorboard=false",
+]
 
 
 def _count_evaluations(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
@@ -135,9 +147,16 @@ def test_each_refusal_writes_nothing_and_the_corrected_command_runs_under_the_sa
     remote = _model_folder(
         tmp_path / "remote", {"model_type": "mine", "auto_map": {"AutoModel": "m.M"}}, "model.safetensors"
     )
-    pickled = _model_folder(tmp_path / "pickled", {"model_type": "llama"}, "pytorch_model.bin")  # fmt: skip
-    base = ["train", "quickstart", *TINY, "sft.steps=0", "eval.at_start=false", f"run.out_dir={tmp_path / 'runs'}",
-            "run.name=r"]  # fmt: skip
+    pickled = _model_folder(tmp_path / "pickled", {"model_type": "llama"}, "pytorch_model.bin")
+    base = [
+        "train",
+        "quickstart",
+        *TINY,
+        "sft.steps=0",
+        "eval.at_start=false",
+        f"run.out_dir={tmp_path / 'runs'}",
+        "run.name=r",
+    ]
     refusals = {
         "sees no CUDA device": [*base, "policy.device=cuda"],
         "needs trust_remote_code": [*base, f"policy.model={remote}"],
@@ -189,8 +208,11 @@ def test_eval_compares_checkpoints_with_se_and_the_paired_change() -> None:
 
     def report(acc: list[float], se: float) -> dict[str, Any]:
         mean = sum(acc) / len(acc)
-        return {"splits": {"id": {"avg@n": mean, "se/avg@n": se}}, "per_problem": {"id": {"avg@n": acc}},
-                "meta": {"num_problems": 4, "first_seed": 7}}  # fmt: skip
+        return {
+            "splits": {"id": {"avg@n": mean, "se/avg@n": se}},
+            "per_problem": {"id": {"avg@n": acc}},
+            "meta": {"num_problems": 4, "first_seed": 7},
+        }
 
     table = comparison_markdown(
         {"quickstart/sft": report([0, 0, 1, 1], 0.289), "quickstart": report([1, 0, 1, 1], 0.25)}
@@ -258,8 +280,14 @@ def test_the_curriculum_gate_reports_as_itself_and_an_idle_step_does_not_warn(
     from veriloop.algos.loop.sampling import dynamic_sampling
 
     with caplog.at_level("WARNING"):
-        dynamic_sampling(lambda n: [[1, 1]] * n, num_groups=4, max_rounds=1, reward_fn=float,
-                         accept=lambda g: False, name="the curriculum gate")  # fmt: skip
+        dynamic_sampling(
+            lambda n: [[1, 1]] * n,
+            num_groups=4,
+            max_rounds=1,
+            reward_fn=float,
+            accept=lambda g: False,
+            name="the curriculum gate",
+        )
     assert "the curriculum gate kept 0 of 4 groups after 1 rounds" in caplog.text
     assert "dynamic sampling" not in caplog.text
     optimizer = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
@@ -307,9 +335,11 @@ def test_held_out_problems_are_named_in_the_per_problem_results() -> None:
 
     from veriloop.algos.eval.loop import problem_ids
 
-    trajs = [SimpleNamespace(group_id=1, task={"question": "What is 2+2?"}),
-             SimpleNamespace(group_id=0, task={"question": "q", "meta": {"id": "row-17"}}),
-             SimpleNamespace(group_id=2, task={})]  # fmt: skip
+    trajs = [
+        SimpleNamespace(group_id=1, task={"question": "What is 2+2?"}),
+        SimpleNamespace(group_id=0, task={"question": "q", "meta": {"id": "row-17"}}),
+        SimpleNamespace(group_id=2, task={}),
+    ]
     assert problem_ids(trajs, 3) == ["row-17", "What is 2+2?", None]  # type: ignore[arg-type]
 
 
@@ -353,8 +383,11 @@ def test_train_without_a_config_asks_for_the_config_only(capsys: pytest.CaptureF
 
 def test_the_run_folder_line_says_what_takes_the_space(tmp_path: Path) -> None:
     run = tmp_path / "q"
-    for name, size in (("checkpoints/step-000004/optimizer.pt", 3_000_000), ("final/adapter.safetensors", 2_000_000),
-                       ("metrics.jsonl", 500)):  # fmt: skip
+    for name, size in (
+        ("checkpoints/step-000004/optimizer.pt", 3_000_000),
+        ("final/adapter.safetensors", 2_000_000),
+        ("metrics.jsonl", 500),
+    ):
         (run / name).parent.mkdir(parents=True, exist_ok=True)
         (run / name).write_bytes(b"0" * size)
     assert cli_main.folder_sizes(run) == (

@@ -96,7 +96,7 @@ def test_scanner_catches(snippet: str) -> None:
         "getattr(m, 'eval')",
         "from sympy import Rational",
         "torch.S",
-    ],  # fmt: skip
+    ],
 )
 def test_scanner_allows_lookalikes(snippet: str) -> None:
     assert forbidden_calls(snippet) == []

@@ -19,6 +19,10 @@ def test_a_folder_under_its_bare_name_fails_and_says_how_to_import_it(folder: st
 
 
 def test_the_package_names_import() -> None:
-    r = subprocess.run([sys.executable, "-c", "import veriloop.algos.learner.update, veriloop.cli"], cwd=ROOT,
-                       capture_output=True, text=True)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", "import veriloop.algos.learner.update, veriloop.cli"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr

@@ -30,11 +30,24 @@ FILE_BLOCK = re.compile(r"# ([\w.-]+\.(?:py|yaml))$")
 CONFIG_COMMANDS = ("train", "sft", "eval", "quickstart")
 #: Appended to every README command that takes a config: the tiny model and a budget of seconds.
 TINY = [
-    "policy.model=tiny", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
-    "rollout.max_context=768", "train.steps=1", "train.micro_batch_size=2", "train.mini_batch_size=null",
-    "train.warmup_steps=0", "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]", "eval.every=0",
-    "eval.greedy=false", "sft.examples=4", "run.tensorboard=false", "run.checkpoint_every=0",
-]  # fmt: skip
+    "policy.model=tiny",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=768",
+    "train.steps=1",
+    "train.micro_batch_size=2",
+    "train.mini_batch_size=null",
+    "train.warmup_steps=0",
+    "eval.num_problems=1",
+    "eval.n_samples=1",
+    "eval.k_list=[1]",
+    "eval.every=0",
+    "eval.greedy=false",
+    "sft.examples=4",
+    "run.tensorboard=false",
+    "run.checkpoint_every=0",
+]
 
 
 #: vLLM's engine needs a real model folder, so the README's vLLM command keeps the default model.
@@ -99,8 +112,14 @@ def test_file_blocks_import_and_load(workdir: Path) -> None:
             assert r.returncode == 0, r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("index", [i for i, (lang, body) in enumerate(fenced()) if lang == "python"
-                                   and not FILE_BLOCK.fullmatch(body.splitlines()[0].strip())])  # fmt: skip
+@pytest.mark.parametrize(
+    "index",
+    [
+        i
+        for i, (lang, body) in enumerate(fenced())
+        if lang == "python" and not FILE_BLOCK.fullmatch(body.splitlines()[0].strip())
+    ],
+)
 def test_python_block_runs(index: int, workdir: Path) -> None:
     code = fenced()[index][1].replace('load_policy("default")', f'load_policy("{workdir / "tiny-model"}")')
     r = run([sys.executable, "-c", code], workdir)

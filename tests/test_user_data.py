@@ -12,11 +12,22 @@ from veriloop.cli.main import run
 from veriloop.envs.math_env import MathVerifyEnv
 
 TINY = [
-    "policy.model=tiny", "policy.lora=false", "rollout.prompts_per_step=2", "rollout.group_size=2",
-    "rollout.max_new_tokens=8", "rollout.max_context=256", "train.steps=2", "train.micro_batch_size=2",
-    "eval.num_problems=6", "eval.n_samples=1", "eval.k_list=[1]", "eval.greedy=false", "eval.every=0",
-    "run.tensorboard=false", "run.checkpoint_every=0",
-]  # fmt: skip
+    "policy.model=tiny",
+    "policy.lora=false",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.steps=2",
+    "train.micro_batch_size=2",
+    "eval.num_problems=6",
+    "eval.n_samples=1",
+    "eval.k_list=[1]",
+    "eval.greedy=false",
+    "eval.every=0",
+    "run.tensorboard=false",
+    "run.checkpoint_every=0",
+]
 
 
 def test_parquet_dataset_trains_and_evaluates_on_a_held_out_part(
@@ -25,8 +36,14 @@ def test_parquet_dataset_trains_and_evaluates_on_a_held_out_part(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [{"problem": f"Compute {i} + {i + 1}.", "worked": f"{i} + {i + 1} = {2 * i + 1}, so \\boxed{{{2 * i + 1}}}.",
-             "difficulty": "Level 1"} for i in range(60)]  # fmt: skip
+    rows = [
+        {
+            "problem": f"Compute {i} + {i + 1}.",
+            "worked": f"{i} + {i + 1} = {2 * i + 1}, so \\boxed{{{2 * i + 1}}}.",
+            "difficulty": "Level 1",
+        }
+        for i in range(60)
+    ]
     data = tmp_path / "mine.parquet"
     pq.write_table(pa.Table.from_pylist(rows), data)
     seen: dict[str | None, set[str]] = {"train": set(), "heldout": set()}
@@ -38,11 +55,27 @@ def test_parquet_dataset_trains_and_evaluates_on_a_held_out_part(
         return task
 
     monkeypatch.setattr(MathVerifyEnv, "sample_task", spy)
-    kwargs = [f"env.kwargs.data={data}", "env.kwargs.question_key=problem", "env.kwargs.answer_key=worked",
-              "env.kwargs.answer_extract=last_boxed", "env.kwargs.level=null"]  # fmt: skip
+    kwargs = [
+        f"env.kwargs.data={data}",
+        "env.kwargs.question_key=problem",
+        "env.kwargs.answer_key=worked",
+        "env.kwargs.answer_extract=last_boxed",
+        "env.kwargs.level=null",
+    ]
     out = tmp_path / "runs"
-    code = run(["train", "quickstart", *TINY, *kwargs, "sft.source=generator", "sft.steps=1", "sft.examples=4",
-                f"run.out_dir={out}", "run.name=mine"])  # fmt: skip
+    code = run(
+        [
+            "train",
+            "quickstart",
+            *TINY,
+            *kwargs,
+            "sft.source=generator",
+            "sft.steps=1",
+            "sft.examples=4",
+            f"run.out_dir={out}",
+            "run.name=mine",
+        ]
+    )
     assert code == 0
     assert seen["train"] and seen["heldout"], seen
     assert not seen["train"] & seen["heldout"], "the held-out evaluation drew training rows"
@@ -59,8 +92,18 @@ def test_generator_sft_on_rows_without_solutions_is_refused_before_any_model_loa
     data = tmp_path / "plain.jsonl"
     data.write_text("".join(json.dumps({"question": f"Q{i}?", "answer": str(i)}) + "\n" for i in range(10)))
     out = tmp_path / "runs"
-    code = run(["train", "quickstart", *TINY, f"env.kwargs.data={data}", "env.kwargs.level=null",
-                "sft.source=generator", "sft.steps=2", f"run.out_dir={out}"])  # fmt: skip
+    code = run(
+        [
+            "train",
+            "quickstart",
+            *TINY,
+            f"env.kwargs.data={data}",
+            "env.kwargs.level=null",
+            "sft.source=generator",
+            "sft.steps=2",
+            f"run.out_dir={out}",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "no 'solution'" in err and "sft.source=rejection" in err, err
     assert not out.exists()  # no run folder to block the rerun

@@ -44,8 +44,14 @@ ENV_MODULE = textwrap.dedent(
 
 
 def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120):
-    return subprocess.run([*VERILOOP, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+    return subprocess.run(
+        [*VERILOOP, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.fixture
@@ -72,15 +78,22 @@ def test_unknown_env_id_exits_2_before_any_model_loads_and_writes_nothing(tmp_pa
         ["--import", "userlab_envs", "env.id=userlab/Echo-v0", "env.kwargs={}"],
         ["env.imports=[userlab_envs]", "env.id=userlab/Echo-v0", "env.kwargs={}"],
         ["env.id=userlab_envs:userlab/Echo-v0", "env.kwargs={}"],
-    ],  # fmt: skip
+    ],
 )
 def test_every_way_of_naming_a_users_module_resolves_from_the_working_directory(user_dir: Path, how) -> None:
     """--import / env.imports / module:id, each through the console entry (cwd importable)."""
-    code = ("import sys; from veriloop.cli.main import _load, parse_args; "
-            "from veriloop.envs.plugins import working_dir_importable; working_dir_importable(); "
-            "cfg = _load(parse_args(sys.argv[1:])); print(cfg.env.id, cfg.env.imports)")  # fmt: skip
-    r = subprocess.run([sys.executable, "-c", code, "train", "quickstart", *how], cwd=user_dir,
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    code = (
+        "import sys; from veriloop.cli.main import _load, parse_args; "
+        "from veriloop.envs.plugins import working_dir_importable; working_dir_importable(); "
+        "cfg = _load(parse_args(sys.argv[1:])); print(cfg.env.id, cfg.env.imports)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, "train", "quickstart", *how],
+        cwd=user_dir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "userlab/Echo-v0 ['userlab_envs']"
 
@@ -123,8 +136,17 @@ def test_malformed_dataset_and_bad_kwargs_fail_before_the_model(tmp_path: Path) 
 
 
 def test_sft_source_that_cannot_work_names_the_ones_that_can(user_dir: Path) -> None:
-    r = cli("sft", "quickstart", "--import", "userlab_envs", "env.id=userlab/Echo-v0", "env.kwargs={}", "sft.steps=2",
-            "sft.source=generator", cwd=user_dir)  # fmt: skip
+    r = cli(
+        "sft",
+        "quickstart",
+        "--import",
+        "userlab_envs",
+        "env.id=userlab/Echo-v0",
+        "env.kwargs={}",
+        "sft.steps=2",
+        "sft.source=generator",
+        cwd=user_dir,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert "needs a math env" in r.stderr and "'rejection'" in r.stderr
 
@@ -166,8 +188,16 @@ def test_resume_refuses_a_different_config(tmp_path: Path) -> None:
     cfg = load_config("quickstart", ["policy.model=tiny", f"run.out_dir={tmp_path}", "run.name=v"])
     claim_run_dir(tmp_path / "v", cfg, resume=False, overwrite=False)
     (tmp_path / "v" / "metrics.jsonl").write_text("{}\n")
-    changed = load_config("quickstart", ["policy.model=tiny", f"run.out_dir={tmp_path}", "run.name=v",
-                                         "env.id=veriloop/MathVerifyRetry-v0", "train.steps=99"])  # fmt: skip
+    changed = load_config(
+        "quickstart",
+        [
+            "policy.model=tiny",
+            f"run.out_dir={tmp_path}",
+            "run.name=v",
+            "env.id=veriloop/MathVerifyRetry-v0",
+            "train.steps=99",
+        ],
+    )
     with pytest.raises(ConfigError, match="env.id"):
         claim_run_dir(tmp_path / "v", changed, resume=True, overwrite=False)
     longer = load_config(

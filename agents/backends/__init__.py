@@ -41,8 +41,21 @@ if TYPE_CHECKING:
     from veriloop.agents.backends.vllm_server import Coordinator
     from veriloop.configs.schema import RolloutConfig
 
-__all__ = ["BACKENDS", "Backend", "BackendName", "FinishReason", "GenRequest", "GenResult", "ServingBackend",
-           "backend_class", "eos_token_ids", "hit_stop", "make_backend", "resolve_backend", "serving_backend"]  # fmt: skip
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "BackendName",
+    "FinishReason",
+    "GenRequest",
+    "GenResult",
+    "ServingBackend",
+    "backend_class",
+    "eos_token_ids",
+    "hit_stop",
+    "make_backend",
+    "resolve_backend",
+    "serving_backend",
+]
 
 #: Every backend by name: the class that implements it, as a ``"module:Class"`` entry point (its
 #: module, and vLLM with it, is imported only when that backend is made). ``BackendName`` (the

@@ -94,8 +94,9 @@ class ServerClient:
                 if err.code == 404 and quiet_404:
                     return None
                 if err.code not in RETRIED_STATUS:
-                    raise ServerError(self.url, f"vLLM server {self.url} refused {method} {path}: HTTP "
-                                                f"{err.code}: {detail}") from err  # fmt: skip
+                    raise ServerError(
+                        self.url, f"vLLM server {self.url} refused {method} {path}: HTTP {err.code}: {detail}"
+                    ) from err
                 last = f"HTTP {err.code}: {detail}"
             except (
                 urllib.error.URLError,
@@ -112,8 +113,9 @@ class ServerClient:
 
     def _once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        req = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=self.retry.timeout_s) as resp:
             raw = resp.read()
         if not raw.strip():

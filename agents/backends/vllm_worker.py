@@ -178,8 +178,13 @@ if WeightTransferEngineFactory is not None:
         def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
             p = self.parallel_config
             rank = init_info.rank_offset + p.data_parallel_index * p.world_size + p.rank
-            self.group = open_gloo_group(init_info.master_address, init_info.master_port, rank,
-                                         init_info.world_size, init_info.timeout_s)  # fmt: skip
+            self.group = open_gloo_group(
+                init_info.master_address,
+                init_info.master_port,
+                rank,
+                init_info.world_size,
+                init_info.timeout_s,
+            )
 
         def start_weight_update(self) -> None:
             from vllm.model_executor.model_loader.reload import initialize_layerwise_reload

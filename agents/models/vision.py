@@ -100,9 +100,19 @@ class VisionBuildSettings:
 DEFAULT_BUILD = VisionBuildSettings()
 #: A build that finishes in seconds (tests): same code, tiny encoder, a few steps.
 TINY_BUILD = VisionBuildSettings(
-    image_size=32, patch_size=16, vision_hidden=32, vision_layers=1, vision_heads=2, vision_mlp=64,
-    align_steps=2, align_batch=4, caption_steps=2, caption_batch=2, eval_deals=4, checkpoint_every_s=0.0,
-)  # fmt: skip
+    image_size=32,
+    patch_size=16,
+    vision_hidden=32,
+    vision_layers=1,
+    vision_heads=2,
+    vision_mlp=64,
+    align_steps=2,
+    align_batch=4,
+    caption_steps=2,
+    caption_batch=2,
+    eval_deals=4,
+    checkpoint_every_s=0.0,
+)
 
 
 # ---------------------------------------------------------------------------------- the architecture
@@ -263,8 +273,10 @@ def align_loss(
     """
     b, n, d = features.shape
     if ranks.shape != (b, n) or targets.shape[1] != d:
-        raise ValueError(f"align_loss: features {tuple(features.shape)}, ranks {tuple(ranks.shape)}, "
-                         f"targets {tuple(targets.shape)} do not fit")  # fmt: skip
+        raise ValueError(
+            f"align_loss: features {tuple(features.shape)}, ranks {tuple(ranks.shape)}, "
+            f"targets {tuple(targets.shape)} do not fit"
+        )
     dist = torch.cdist(features.reshape(b * n, d), targets).pow(2)  # [B*N, 13]
     loss = torch.nn.functional.cross_entropy(-dist, ranks.reshape(-1))
     return loss, (dist.detach().argmin(-1) == ranks.reshape(-1)).float().mean()
@@ -319,8 +331,13 @@ def read_cards(model: Any, processor: Any, deals: list[Deal], *, batch_size: int
     out: list[str] = []
     for chunk in batches(deals, batch_size):
         ids = prompt.repeat(len(chunk), 1)  # [B, T_p] every prompt is the same tokens
-        gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                             pixel_values=_pixels(processor, list(chunk)), max_new_tokens=16, do_sample=False)  # fmt: skip
+        gen = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            pixel_values=_pixels(processor, list(chunk)),
+            max_new_tokens=16,
+            do_sample=False,
+        )
         out += processor.tokenizer.batch_decode(gen[:, ids.shape[1] :], skip_special_tokens=True)
     return out
 

@@ -139,9 +139,19 @@ def build_vision_model(
         model.load_state_dict(state["trainable"], strict=False)
         say(f"resuming from {resume}: stage {state['stage']}, step {state['step']}")
     stages = [
-        ("align", settings.align_steps, settings.align_lr, lambda s: _align_step(model, processor, settings, exclude, s)),
-        ("caption", settings.caption_steps, settings.caption_lr, lambda s: _caption_step(model, processor, settings, exclude, s)),
-    ]  # fmt: skip
+        (
+            "align",
+            settings.align_steps,
+            settings.align_lr,
+            lambda s: _align_step(model, processor, settings, exclude, s),
+        ),
+        (
+            "caption",
+            settings.caption_steps,
+            settings.caption_lr,
+            lambda s: _caption_step(model, processor, settings, exclude, s),
+        ),
+    ]
     for index, (name, steps, lr, run_step) in enumerate(stages):
         if index >= (state["stage"] if state else 0):
             _run_stage(model, params, index, name, steps, lr, run_step, state, settings, resume, say)
@@ -169,9 +179,11 @@ def _finish(
     processor.save_pretrained(out)
     (Path(out) / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
     black, red = report["heldout_black"], report["heldout_red"]
-    say(f"done in {_clock(report['build_seconds'])}: all four cards read right on {black['all_four']:.1%} "
+    say(
+        f"done in {_clock(report['build_seconds'])}: all four cards read right on {black['all_four']:.1%} "
         f"of held-out black deals ({black['per_card']:.1%} of cards), {red['all_four']:.1%} of red deals "
-        f"({red['per_card']:.1%} of cards)")  # fmt: skip
+        f"({red['per_card']:.1%} of cards)"
+    )
     if resume is not None and resume.is_file():
         resume.unlink()
 
@@ -239,10 +251,18 @@ def _caption_step(
 def _save_resume(
     path: Path, model: Any, optimizer: Any, settings: VisionBuildSettings, stage: int, step: int
 ) -> None:
-    trainable = {k: v.detach().clone() for k, v in model.state_dict().items() if "language_model" not in k
-                 and not k.startswith("lm_head")}  # fmt: skip
-    state = {"settings": dataclasses.asdict(settings), "stage": stage, "step": step,
-             "trainable": trainable, "optimizer": None if optimizer is None else optimizer.state_dict()}  # fmt: skip
+    trainable = {
+        k: v.detach().clone()
+        for k, v in model.state_dict().items()
+        if "language_model" not in k and not k.startswith("lm_head")
+    }
+    state = {
+        "settings": dataclasses.asdict(settings),
+        "stage": stage,
+        "step": step,
+        "trainable": trainable,
+        "optimizer": None if optimizer is None else optimizer.state_dict(),
+    }
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     tmp.replace(path)

@@ -97,13 +97,17 @@ def load_run(path: str | Path, group_by: str | None = None) -> Run:
     for p in sorted((run / "eval").glob("step-*.json")):
         reports[int(p.stem.removeprefix("step-"))] = read_report(p)
     if not reports:
-        raise CompareError(f"{run} has no evaluation (eval/step-*.json): evaluate it first, e.g. "
-                           f"`veriloop train {run / 'config.yaml'} --resume` after a finished run writes one")  # fmt: skip
+        raise CompareError(
+            f"{run} has no evaluation (eval/step-*.json): evaluate it first, e.g. "
+            f"`veriloop train {run / 'config.yaml'} --resume` after a finished run writes one"
+        )
     try:
         arm = f"{group_by}={_get(cfg, group_by)}" if group_by else run.name
     except KeyError:
-        raise CompareError(f"{run}/config.yaml has no setting {group_by!r}: --group-by takes a config key "
-                           "such as algo.name or run.algo_preset") from None  # fmt: skip
+        raise CompareError(
+            f"{run}/config.yaml has no setting {group_by!r}: --group-by takes a config key "
+            "such as algo.name or run.algo_preset"
+        ) from None
     seed = _get(cfg, "rollout.seed") if isinstance(cfg.get("rollout"), Mapping) else 0
     return Run(run, arm, int(seed), reports)
 
@@ -115,8 +119,10 @@ def group_runs(runs: Sequence[Run]) -> dict[str, dict[int, Run]]:
     for r in runs:
         seeds = arms.setdefault(r.arm, {})
         if r.seed in seeds:
-            raise CompareError(f"{seeds[r.seed].path} and {r.path} are both arm {r.arm!r} with rollout.seed="
-                               f"{r.seed}: pass one of them, or --group-by a key that tells them apart")  # fmt: skip
+            raise CompareError(
+                f"{seeds[r.seed].path} and {r.path} are both arm {r.arm!r} with rollout.seed="
+                f"{r.seed}: pass one of them, or --group-by a key that tells them apart"
+            )
         seeds[r.seed] = r
     return arms
 
@@ -125,8 +131,11 @@ def problems_of(report: Mapping[str, Any], split: str) -> str:
     """What a split was evaluated on: the environment, its kwargs and the problem seeds."""
     meta = report.get("meta", {})
     s = meta.get("splits", {}).get(split, {})
-    return json.dumps([s.get("id"), s.get("kwargs"), meta.get("first_seed"), meta.get("num_problems")],
-                      sort_keys=True, default=str)  # fmt: skip
+    return json.dumps(
+        [s.get("id"), s.get("kwargs"), meta.get("first_seed"), meta.get("num_problems")],
+        sort_keys=True,
+        default=str,
+    )
 
 
 def env_of(report: Mapping[str, Any], split: str) -> str:
@@ -199,10 +208,18 @@ def accuracy_rows(arms: Mapping[str, Mapping[int, Run]], metric: str) -> list[di
             if not runs:
                 continue
             vals = [float(r.last["splits"][split].get(metric, math.nan)) for r in runs]
-            rows.append({"arm": arm, "split": split, "env": env_of(runs[0].last, split),
-                         "seeds": [r.seed for r in runs], "values": vals, "over_seeds": over_seeds(vals),
-                         "eval_se": float(runs[0].last["splits"][split].get(f"se/{metric}", math.nan)),
-                         "problems": min(int(r.last["splits"][split].get("num_problems", 0)) for r in runs)})  # fmt: skip
+            rows.append(
+                {
+                    "arm": arm,
+                    "split": split,
+                    "env": env_of(runs[0].last, split),
+                    "seeds": [r.seed for r in runs],
+                    "values": vals,
+                    "over_seeds": over_seeds(vals),
+                    "eval_se": float(runs[0].last["splits"][split].get(f"se/{metric}", math.nan)),
+                    "problems": min(int(r.last["splits"][split].get("num_problems", 0)) for r in runs),
+                }
+            )
     return rows
 
 
@@ -217,10 +234,19 @@ def difference_rows(arms: Mapping[str, Mapping[int, Run]], metric: str) -> list[
             if not diffs:
                 continue
             values = [d["diff"] for _, _, d in diffs]
-            rows.append({"arm": arm, "reference": names[0], "split": split, "env": env_of(diffs[0][1].last, split),
-                         "seeds": [b.seed for _, b, _ in diffs], "per_seed": [d for _, _, d in diffs],
-                         "over_seeds": over_seeds(values), "paired": all(d["paired"] for _, _, d in diffs),
-                         "problems": int(min(d["num_problems"] for _, _, d in diffs))})  # fmt: skip
+            rows.append(
+                {
+                    "arm": arm,
+                    "reference": names[0],
+                    "split": split,
+                    "env": env_of(diffs[0][1].last, split),
+                    "seeds": [b.seed for _, b, _ in diffs],
+                    "per_seed": [d for _, _, d in diffs],
+                    "over_seeds": over_seeds(values),
+                    "paired": all(d["paired"] for _, _, d in diffs),
+                    "problems": int(min(d["num_problems"] for _, _, d in diffs)),
+                }
+            )
     return rows
 
 
@@ -229,15 +255,21 @@ def notes(acc: Sequence[Mapping[str, Any]], diffs: Sequence[Mapping[str, Any]]) 
     out = []
     for split, n in sorted({(r["split"], r["problems"]) for r in acc}):
         if n < FEW_PROBLEMS:
-            out.append(f"{split}: n = {n} problems (< {FEW_PROBLEMS}): the SEs are rough; evaluate on more "
-                       "problems (eval.num_problems) before trusting a difference of a few points")  # fmt: skip
+            out.append(
+                f"{split}: n = {n} problems (< {FEW_PROBLEMS}): the SEs are rough; evaluate on more "
+                "problems (eval.num_problems) before trusting a difference of a few points"
+            )
     for d in diffs:
         if not d["paired"]:
-            out.append(f"{d['split']}: {d['arm']} and {d['reference']} were evaluated on different problems: "
-                       "the difference is unpaired (SE = sqrt(se_a² + se_b²)) and the problems' difficulty does not cancel")  # fmt: skip
+            out.append(
+                f"{d['split']}: {d['arm']} and {d['reference']} were evaluated on different problems: "
+                "the difference is unpaired (SE = sqrt(se_a² + se_b²)) and the problems' difficulty does not cancel"
+            )
     if any(r["over_seeds"]["seeds"] == 1 for r in acc):
-        out.append("one seed: ± is the evaluation's SE over problems only; the training's own noise "
-                   "(another seed) is not in it")  # fmt: skip
+        out.append(
+            "one seed: ± is the evaluation's SE over problems only; the training's own noise "
+            "(another seed) is not in it"
+        )
     return out
 
 
@@ -260,19 +292,42 @@ def compare_markdown(arms: Mapping[str, Mapping[int, Run]], metric: str = "avg@n
         "|" + "---|" * len(head),
     ]
     for r in acc:
-        cells = [r["arm"], r["env"], r["split"], ", ".join(map(str, r["seeds"])), ", ".join(map(_fmt, r["values"])),
-                 _mean_se(r["over_seeds"], r["eval_se"]), _ci(r["over_seeds"]), str(r["problems"])]  # fmt: skip
+        cells = [
+            r["arm"],
+            r["env"],
+            r["split"],
+            ", ".join(map(str, r["seeds"])),
+            ", ".join(map(_fmt, r["values"])),
+            _mean_se(r["over_seeds"], r["eval_se"]),
+            _ci(r["over_seeds"]),
+            str(r["problems"]),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     if diffs:
         ref = diffs[0]["reference"]
-        head = ["arm − " + ref, "environment", "split", "seeds", "difference per seed (± SE)", "mean ± SE",
-                "95% CI (bootstrap over seeds)", "paired by problem"]  # fmt: skip
+        head = [
+            "arm − " + ref,
+            "environment",
+            "split",
+            "seeds",
+            "difference per seed (± SE)",
+            "mean ± SE",
+            "95% CI (bootstrap over seeds)",
+            "paired by problem",
+        ]
         lines += ["", f"## Difference to {ref}\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in diffs:
             per = ", ".join(f"{_fmt(d['diff'], True)} ± {_fmt(d['se'])}" for d in r["per_seed"])
-            cells = [r["arm"], r["env"], r["split"], ", ".join(map(str, r["seeds"])), per,
-                     _mean_se(r["over_seeds"], r["per_seed"][0]["se"], signed=True), _ci(r["over_seeds"]),
-                     "yes" if r["paired"] else "no"]  # fmt: skip
+            cells = [
+                r["arm"],
+                r["env"],
+                r["split"],
+                ", ".join(map(str, r["seeds"])),
+                per,
+                _mean_se(r["over_seeds"], r["per_seed"][0]["se"], signed=True),
+                _ci(r["over_seeds"]),
+                "yes" if r["paired"] else "no",
+            ]
             lines.append("| " + " | ".join(cells) + " |")
     said = notes(acc, diffs)
     return (

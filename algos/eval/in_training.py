@@ -15,8 +15,17 @@ from veriloop.algos.run.progress import say
 from veriloop.configs.schema import ExperimentConfig
 
 
-def evaluate_step(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool, *, tag: str | None = None,
-              prefix: str = "eval", backend: Backend | None = None, reuse: bool = False) -> dict[str, float]:  # fmt: skip
+def evaluate_step(
+    cfg: ExperimentConfig,
+    policy: Policy,
+    step: int,
+    quiet: bool,
+    *,
+    tag: str | None = None,
+    prefix: str = "eval",
+    backend: Backend | None = None,
+    reuse: bool = False,
+) -> dict[str, float]:
     """Evaluate ``policy`` as ``cfg.eval`` says, write ``RUN/eval/<tag or step-N>.json`` and return its
     numbers flat (``prefix/split/metric``). With ``reuse``, a report already there with the same
     evaluation settings is read back instead (an interrupted run does not evaluate the same
@@ -30,13 +39,20 @@ def evaluate_step(cfg: ExperimentConfig, policy: Policy, step: int, quiet: bool,
     if report is not None:
         say(quiet=quiet, text=f"{label}: evaluated before the interruption, reusing {path}")
     else:
-        say(quiet=quiet, text=f"evaluating {label}: {len(splits)} split(s) ({', '.join(splits)}) x "
-                    f"{cfg.eval.num_problems} problems x {cfg.eval.n_samples} samples")  # fmt: skip
+        say(
+            quiet=quiet,
+            text=f"evaluating {label}: {len(splits)} split(s) ({', '.join(splits)}) x "
+            f"{cfg.eval.num_problems} problems x {cfg.eval.n_samples} samples",
+        )
         report = evaluate_config(cfg, policy, step=step, backend=backend)
         report["meta"]["checkpoint"] = label
         write_report(report, path.parent, path.stem)
-    flat = {f"{prefix}/{split}/{k}": float(v) for split, m in report["splits"].items()
-            for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)}  # fmt: skip
+    flat = {
+        f"{prefix}/{split}/{k}": float(v)
+        for split, m in report["splits"].items()
+        for k, v in m.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
     shown = ", ".join(f"{k}={v:.3f}" for k, v in flat.items() if k.endswith("avg@n"))
     say(quiet=quiet, text=f"{prefix} @{step}: {shown}")
     return flat
@@ -55,9 +71,16 @@ def reusable_report(cfg: ExperimentConfig, path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     e, seeds = cfg.eval, list(cfg.eval_seed_range)
-    want = {"num_problems": len(seeds), "first_seed": seeds[0], "n_samples": e.n_samples,
-            "k_list": list(e.k_list), "temperature": e.temperature, "greedy": e.greedy,
-            "max_new_tokens": cfg.rollout.max_new_tokens, "sampling_seed": e.seed_offset}  # fmt: skip
+    want = {
+        "num_problems": len(seeds),
+        "first_seed": seeds[0],
+        "n_samples": e.n_samples,
+        "k_list": list(e.k_list),
+        "temperature": e.temperature,
+        "greedy": e.greedy,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "sampling_seed": e.seed_offset,
+    }
     splits = {n: [str(sp.id), dict(sp.kwargs)] for n, sp in cfg.env.resolved_eval_splits.items()}
     saved = {n: [str(sp.get("id")), sp.get("kwargs") or {}] for n, sp in meta.get("splits", {}).items()}
     same = json.dumps(splits, sort_keys=True, default=str) == json.dumps(saved, sort_keys=True, default=str)

@@ -244,33 +244,56 @@ def evaluate_policy(
     with _eval_mode(policy):
         for name, split in splits.items():
             greedy_params = SamplingParams.greedy(max_new_tokens) if greedy else None
-            results[name], per_problem[name] = _evaluate_split(policy, name, split, seeds, n_samples, list(k_list),
-                                                               sampling, greedy_params, batch_episodes, kw)  # fmt: skip
+            results[name], per_problem[name] = _evaluate_split(
+                policy,
+                name,
+                split,
+                seeds,
+                n_samples,
+                list(k_list),
+                sampling,
+                greedy_params,
+                batch_episodes,
+                kw,
+            )
     meta = {
         "splits": _splits_meta(splits, seeds),
-        "num_problems": len(seeds), "first_seed": int(seeds[0]), "last_seed": int(seeds[-1]),
-        "n_samples": n_samples, "k_list": list(k_list), "temperature": temperature, "greedy": greedy,
-        "max_new_tokens": max_new_tokens, "max_turns": limits.max_turns, "max_context": limits.max_context,
+        "num_problems": len(seeds),
+        "first_seed": int(seeds[0]),
+        "last_seed": int(seeds[-1]),
+        "n_samples": n_samples,
+        "k_list": list(k_list),
+        "temperature": temperature,
+        "greedy": greedy,
+        "max_new_tokens": max_new_tokens,
+        "max_turns": limits.max_turns,
+        "max_context": limits.max_context,
         "compactor": repr(compactor) if compactor is not None else None,
-        "sampling_seed": sampling_seed, "reference_split": reference_split,
-        "policy": getattr(policy, "name", type(policy).__name__), "time_s": time.perf_counter() - t0,
-    }  # fmt: skip
+        "sampling_seed": sampling_seed,
+        "reference_split": reference_split,
+        "policy": getattr(policy, "name", type(policy).__name__),
+        "time_s": time.perf_counter() - t0,
+    }
     report = {"splits": results, "gap": report_gap(results, reference_split), "meta": meta}
     return {**report, "per_problem": per_problem}
 
 
 def _splits_meta(splits: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, dict[str, Any]]:
     """Each split's env id, kwargs and where its problems come from (a report's ``meta.splits``)."""
-    return {name: {"id": s.id, "kwargs": dict(s.kwargs), "source": split_source(str(s.id), s.kwargs, seeds)}
-            for name, s in splits.items()}  # fmt: skip
+    return {
+        name: {"id": s.id, "kwargs": dict(s.kwargs), "source": split_source(str(s.id), s.kwargs, seeds)}
+        for name, s in splits.items()
+    }
 
 
 def _check_eval_args(
     seeds: Sequence[int], n_samples: int, k_list: Sequence[int], batch_episodes: int
 ) -> None:
     if not seeds or n_samples < 1 or batch_episodes < 1:
-        raise ValueError(f"need seeds, n_samples >= 1 and batch_episodes >= 1; got {len(seeds)} seeds, "
-                         f"n_samples={n_samples}, batch_episodes={batch_episodes}")  # fmt: skip
+        raise ValueError(
+            f"need seeds, n_samples >= 1 and batch_episodes >= 1; got {len(seeds)} seeds, "
+            f"n_samples={n_samples}, batch_episodes={batch_episodes}"
+        )
     bad = [k for k in k_list if not 1 <= k <= n_samples]
     if bad:
         raise ValueError(
@@ -293,8 +316,11 @@ def _evaluate_split(
     """One split's metrics: ``n_samples`` per problem (pass@k, avg@n...), then, with ``greedy``
     (its sampling parameters), each problem once greedily (``greedy_acc``), then the task's own;
     and the per-problem accuracies (``avg@n``, ``greedy``) in problem order."""
-    specs = [EpisodeSpec(split.id, dict(split.kwargs), int(s), j) for j, s in enumerate(seeds)
-             for _ in range(n_samples)]  # fmt: skip
+    specs = [
+        EpisodeSpec(split.id, dict(split.kwargs), int(s), j)
+        for j, s in enumerate(seeds)
+        for _ in range(n_samples)
+    ]
     trajs = _play(policy, specs, sampling, batch_episodes, f"eval {name}", **kw)
     problems = _by_problem(trajs, len(seeds))
     metrics = dict(summarize_split(problems, k_list))
@@ -331,11 +357,20 @@ def evaluate_config(
     """:func:`evaluate_policy` as ``cfg`` (an ``ExperimentConfig``) describes it; ``step`` goes into meta."""
     r, e = cfg.rollout, cfg.eval
     report = evaluate_policy(
-        policy, cfg.env.resolved_eval_splits, seeds=list(cfg.eval_seed_range), n_samples=e.n_samples,
-        k_list=e.k_list, temperature=e.temperature, greedy=e.greedy,
-        limits=RolloutLimits.from_rollout(r), max_new_tokens=r.max_new_tokens,
-        system_prompt=cfg.env.system_prompt, batch_episodes=e.batch_episodes, sampling_seed=e.seed_offset,
-        backend=backend, compactor=make_compactor(r.compaction, r.compaction_keep),
-    )  # fmt: skip
+        policy,
+        cfg.env.resolved_eval_splits,
+        seeds=list(cfg.eval_seed_range),
+        n_samples=e.n_samples,
+        k_list=e.k_list,
+        temperature=e.temperature,
+        greedy=e.greedy,
+        limits=RolloutLimits.from_rollout(r),
+        max_new_tokens=r.max_new_tokens,
+        system_prompt=cfg.env.system_prompt,
+        batch_episodes=e.batch_episodes,
+        sampling_seed=e.seed_offset,
+        backend=backend,
+        compactor=make_compactor(r.compaction, r.compaction_keep),
+    )
     report["meta"]["step"] = step
     return report

@@ -78,8 +78,16 @@ class TokenBatch:
             got = tuple(getattr(self, f).shape)
             if got != shape:
                 raise ValueError(f"TokenBatch.{f} has shape {got}, expected input_ids' {shape}")
-        optional = ("returns", "old_values", "ref_logprobs", "sampler_logprobs", "is_weights", "cov_select",
-                    "teacher_logprobs", "episode_index")  # fmt: skip
+        optional = (
+            "returns",
+            "old_values",
+            "ref_logprobs",
+            "sampler_logprobs",
+            "is_weights",
+            "cov_select",
+            "teacher_logprobs",
+            "episode_index",
+        )
         for f in optional:
             x = getattr(self, f)
             if x is not None and tuple(x.shape) != shape:
@@ -318,11 +326,18 @@ class SampleRows:
                 raise ValueError(
                     "a split episode cannot carry extras (images): vision episodes are one sample"
                 )
-            out.append(dataclasses.replace(
-                t, token_ids=t.token_ids[a : a + n], loss_mask=t.loss_mask[a : a + n],
-                logprobs=t.logprobs[a : a + n], turn_index=t.turn_index[a : a + n],
-                sample_starts=(0,), split_reasons=(), turns=(),
-            ))  # fmt: skip
+            out.append(
+                dataclasses.replace(
+                    t,
+                    token_ids=t.token_ids[a : a + n],
+                    loss_mask=t.loss_mask[a : a + n],
+                    logprobs=t.logprobs[a : a + n],
+                    turn_index=t.turn_index[a : a + n],
+                    sample_starts=(0,),
+                    split_reasons=(),
+                    turns=(),
+                )
+            )
         return out
 
     @overload

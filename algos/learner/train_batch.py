@@ -46,9 +46,16 @@ def kl_to_reference(batch: TokenBatch) -> float | None:
     return float((d.exp() - d - 1).mean()) if d.numel() else 0.0
 
 
-def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | None, optimizer: torch.optim.Optimizer,
-                   trajs: list[Trajectory], generator: torch.Generator,
-                   dist: DistContext = SINGLE_PROCESS, algo: Algorithm | None = None) -> dict[str, float | None]:  # fmt: skip
+def train_on_batch(
+    cfg: ExperimentConfig,
+    policy: Policy,
+    critic: ValueModel | None,
+    optimizer: torch.optim.Optimizer,
+    trajs: list[Trajectory],
+    generator: torch.Generator,
+    dist: DistContext = SINGLE_PROCESS,
+    algo: Algorithm | None = None,
+) -> dict[str, float | None]:
     """Advantages once per rollout, then ``algo.epochs`` passes of mini-batch updates.
 
     Every rank holds the whole batch (same advantages, same mini-batch order); with several
@@ -64,15 +71,30 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
     # top-k / top-p: the recorded log-probs are of the filtered distribution; take the model's own
     truncated = r.top_k > 0 or r.top_p < 1.0
     # collated once: every tensor of the batch is [N, T] (N episodes, T the longest), see TokenBatch
-    batch, adv_metrics = prepare_batch(trajs, algo, model=policy.model, critic=critic, pad_id=pad,
-                                       ref_model_ctx=ref_ctx, temperature=r.temperature,
-                                       recompute_old_logprobs=truncated)  # fmt: skip
+    batch, adv_metrics = prepare_batch(
+        trajs,
+        algo,
+        model=policy.model,
+        critic=critic,
+        pad_id=pad,
+        ref_model_ctx=ref_ctx,
+        temperature=r.temperature,
+        recompute_old_logprobs=truncated,
+    )
     t_teacher = None
     if cfg.algo.distill_coef > 0:  # on-policy distillation: a teacher scores the student's own tokens
         t0 = time.perf_counter()
-        batch = with_teacher(batch, score_with_teacher(policy, trajs, teacher=cfg.algo.distill_teacher,
-                             teacher_model=cfg.algo.distill_teacher_model, temperature=r.temperature,
-                             micro_batch=cfg.train.micro_batch_size))  # fmt: skip
+        batch = with_teacher(
+            batch,
+            score_with_teacher(
+                policy,
+                trajs,
+                teacher=cfg.algo.distill_teacher,
+                teacher_model=cfg.algo.distill_teacher_model,
+                temperature=r.temperature,
+                micro_batch=cfg.train.micro_batch_size,
+            ),
+        )
         t_teacher = time.perf_counter() - t0
     policy.model.train()
     sums: dict[str, float] = {}
@@ -90,10 +112,22 @@ def train_on_batch(cfg: ExperimentConfig, policy: Policy, critic: ValueModel | N
             sync = NO_SYNC
             if dist.enabled:  # every rank's loss in the whole mini-batch's units: gradients just add up
                 norm = loss_normalisers(mb, algo)
-                sync = RankSync(**dist.update_kwargs(mb), global_tokens=norm["global_tokens"],
-                                global_seqs=norm["global_seqs"])  # fmt: skip
-            m = update_step(policy.model, optimizer, part, algo, settings, ref_model_ctx=ref_ctx, critic=critic,
-                            sync=sync, mismatch=mismatch if updates == 0 and measure else None)  # fmt: skip
+                sync = RankSync(
+                    **dist.update_kwargs(mb),
+                    global_tokens=norm["global_tokens"],
+                    global_seqs=norm["global_seqs"],
+                )
+            m = update_step(
+                policy.model,
+                optimizer,
+                part,
+                algo,
+                settings,
+                ref_model_ctx=ref_ctx,
+                critic=critic,
+                sync=sync,
+                mismatch=mismatch if updates == 0 and measure else None,
+            )
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
             updates += 1

@@ -49,9 +49,17 @@ from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.schema import ExperimentConfig
 
 METRIC_NAMES = (
-    "loss/policy", "loss/kl", "loss/entropy", "loss/value", "clip_frac_low", "clip_frac_high",
-    "approx_kl", "entropy", "mean_token_prob", "grad_norm",
-)  # fmt: skip
+    "loss/policy",
+    "loss/kl",
+    "loss/entropy",
+    "loss/value",
+    "clip_frac_low",
+    "clip_frac_high",
+    "approx_kl",
+    "entropy",
+    "mean_token_prob",
+    "grad_norm",
+)
 _SUMMED = ("loss/policy", "loss/kl", "loss/entropy", "loss/value")  # already globally normalised
 
 
@@ -155,8 +163,14 @@ def _reward_inputs(
     if algo.kl_reward_coef > 0:
         if ref_logprobs is None or ref_logprobs.shape != loss_mask.shape:
             raise ValueError(f"kl_mode='reward' needs ref_logprobs of shape {tuple(loss_mask.shape)}")
-        kl_tokens = kl_reward_penalty(kl_tokens, tokens.old_logprobs.double(), ref_logprobs.double(), loss_mask,
-                                      coef=cfg.kl_coef, kind=cfg.kl_estimator)  # fmt: skip
+        kl_tokens = kl_reward_penalty(
+            kl_tokens,
+            tokens.old_logprobs.double(),
+            ref_logprobs.double(),
+            loss_mask,
+            coef=cfg.kl_coef,
+            kind=cfg.kl_estimator,
+        )
     return RewardInputs(
         trajectories=trajectories,
         turn_rewards=turn_r,
@@ -254,8 +268,14 @@ def _ref_logprobs(
         )
     with ref_model_ctx() as yielded, torch.no_grad():
         net = yielded if yielded is not None and callable(yielded) else model
-        lp, _ = token_logprobs(net, batch.input_ids, batch.attention_mask, temperature=temperature,
-                               first_position=first_loss_position(batch.loss_mask), **batch.extras)  # fmt: skip
+        lp, _ = token_logprobs(
+            net,
+            batch.input_ids,
+            batch.attention_mask,
+            temperature=temperature,
+            first_position=first_loss_position(batch.loss_mask),
+            **batch.extras,
+        )
     return lp.detach()
 
 
@@ -306,9 +326,17 @@ def policy_loss(
     first = first_loss_position(mask)
     # a group's rows share their prompt: run it once (same numbers, less compute; sharded: packed only)
     prefix = usable_shared_prefix(batch.input_ids, batch.attention_mask, first)
-    logp, ent = token_logprobs(model, batch.input_ids, batch.attention_mask, with_entropy=True,
-                               temperature=temperature, first_position=first, shared_prefix=prefix,
-                               packed_only=is_sharded(model), **batch.extras)  # fmt: skip
+    logp, ent = token_logprobs(
+        model,
+        batch.input_ids,
+        batch.attention_mask,
+        with_entropy=True,
+        temperature=temperature,
+        first_position=first,
+        shared_prefix=prefix,
+        packed_only=is_sharded(model),
+        **batch.extras,
+    )
     assert ent is not None  # [B, T] like logp
     if mismatch is not None:  # sampler (mu) vs this forward pass, before any update (the caller's choice)
         mismatch.append(_mismatch(batch, logp))
@@ -336,9 +364,15 @@ def _aggregation(
     """The sequences (turn segments or None) and ``algo.aggregation`` bound to this batch's mask,
     constant, normalisers, segments and episodes (the rows split from one episode are one)."""
     segments = batch.turn_index if algo.per_turn_segments else None
-    agg = partial(algo.aggregation, mask=batch.loss_mask, constant=algo.cfg.loss_agg_constant or constant,
-                  total_tokens=total_tokens, total_seqs=total_seqs, segments=segments,
-                  episodes=batch.episode_index)  # fmt: skip
+    agg = partial(
+        algo.aggregation,
+        mask=batch.loss_mask,
+        constant=algo.cfg.loss_agg_constant or constant,
+        total_tokens=total_tokens,
+        total_seqs=total_seqs,
+        segments=segments,
+        episodes=batch.episode_index,
+    )
     return segments, agg
 
 
@@ -358,8 +392,9 @@ def _with_distillation(
         )
     # mu: the sampler's record (kept beside a recomputed pi_old), else what old_logprobs hold
     mu = batch.sampler_logprobs if batch.sampler_logprobs is not None else batch.old_logprobs
-    kd, kd_stats = reverse_kl_distill_loss(logp, mu, batch.teacher_logprobs, batch.loss_mask,
-                                           trust_low=c.distill_trust_low, tau=c.distill_tau)  # fmt: skip
+    kd, kd_stats = reverse_kl_distill_loss(
+        logp, mu, batch.teacher_logprobs, batch.loss_mask, trust_low=c.distill_trust_low, tau=c.distill_tau
+    )
     return c.rl_coef * agg(pg) + c.distill_coef * agg(kd), {**stats, **kd_stats}
 
 
@@ -469,9 +504,13 @@ class UpdateSettings:
     @classmethod
     def from_config(cls, cfg: ExperimentConfig) -> UpdateSettings:
         """``train``'s micro-batching and clipping, ``rollout``'s token limit and temperature."""
-        return cls(micro_batch_size=cfg.train.micro_batch_size, max_grad_norm=cfg.train.max_grad_norm or float("inf"),
-                   micro_batch_tokens=cfg.train.micro_batch_tokens, max_new_tokens=cfg.rollout.max_new_tokens,
-                   temperature=cfg.rollout.temperature)  # fmt: skip
+        return cls(
+            micro_batch_size=cfg.train.micro_batch_size,
+            max_grad_norm=cfg.train.max_grad_norm or float("inf"),
+            micro_batch_tokens=cfg.train.micro_batch_tokens,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+        )
 
 
 @dataclass(frozen=True)
@@ -539,9 +578,17 @@ def update_step(
     total_seqs = (
         float(loss_normalisers(batch, algo)["global_seqs"]) if sync.global_seqs is None else sync.global_seqs
     )
-    loss_fn = partial(policy_loss, algo=algo, ref_model_ctx=ref_model_ctx, critic=critic,
-                      agg_constant=s.max_new_tokens, temperature=s.temperature, total_tokens=total_tokens,
-                      total_seqs=total_seqs, mismatch=mismatch)  # fmt: skip
+    loss_fn = partial(
+        policy_loss,
+        algo=algo,
+        ref_model_ctx=ref_model_ctx,
+        critic=critic,
+        agg_constant=s.max_new_tokens,
+        temperature=s.temperature,
+        total_tokens=total_tokens,
+        total_seqs=total_seqs,
+        mismatch=mismatch,
+    )
     # similar lengths, little padding; at most micro_batch_tokens padded tokens each when set
     micro = minibatches(batch, s.micro_batch_size, by_length=True, max_tokens=s.micro_batch_tokens)
     first = len(mismatch) if mismatch is not None else 0
@@ -669,9 +716,14 @@ def prepare_batch(
 
 
 def _row_advantages(
-    rows: SampleRows, base: TokenBatch, trajectories: Sequence[Trajectory], algo: Algorithm,
-    old_v: torch.Tensor | None, ref: torch.Tensor | None, pad_id: int,
-) -> tuple[TokenBatch, Advantages]:  # fmt: skip
+    rows: SampleRows,
+    base: TokenBatch,
+    trajectories: Sequence[Trajectory],
+    algo: Algorithm,
+    old_v: torch.Tensor | None,
+    ref: torch.Tensor | None,
+    pad_id: int,
+) -> tuple[TokenBatch, Advantages]:
     """Advantages computed per episode (on the episode view ``[N, T_ep]``, the samples end to end,
     so per-turn credit follows ``turn_index``) and moved onto the sample rows ``base`` ``[R, T]``,
     with the critic values and reference log-probs of the rows. A row is kept with its episode.
@@ -679,15 +731,24 @@ def _row_advantages(
     episodes = rows.episode_view(base, trajectories, pad_id)  # [N, T_ep]
     n, t_ep = episodes.loss_mask.shape
     shape, width = (int(n), int(t_ep)), base.loss_mask.shape[1]
-    adv = compute_advantages(trajectories, algo, values=rows.to_episodes(old_v, shape),
-                             ref_logprobs=rows.to_episodes(ref, shape), tokens=episodes)  # fmt: skip
+    adv = compute_advantages(
+        trajectories,
+        algo,
+        values=rows.to_episodes(old_v, shape),
+        ref_logprobs=rows.to_episodes(ref, shape),
+        tokens=episodes,
+    )
     keep = adv.sample_mask[list(rows.episode)]  # [R]
     episode = None  # [R, T] the episode of each row, when split rows weigh as their one episode
     if algo.cfg.split_weight == "episode" and not rows.identity:
         episode = torch.tensor(rows.episode, dtype=torch.long).unsqueeze(1).expand(-1, width).contiguous()
-    batch = replace(with_advantages(base, rows.to_rows(adv.advantages, width), keep),
-                    returns=rows.to_rows(adv.returns, width), old_values=old_v, ref_logprobs=ref,
-                    episode_index=episode)  # fmt: skip
+    batch = replace(
+        with_advantages(base, rows.to_rows(adv.advantages, width), keep),
+        returns=rows.to_rows(adv.returns, width),
+        old_values=old_v,
+        ref_logprobs=ref,
+        episode_index=episode,
+    )
     return batch, adv
 
 
@@ -707,8 +768,14 @@ def _recompute_old_logprobs(model: Any, base: TokenBatch, temperature: float) ->
     if model is None:
         raise ValueError("recomputing the old log-probs (top-k/top-p, rollout correction) needs model=...")
     with torch.no_grad():
-        old, _ = token_logprobs(model, base.input_ids, base.attention_mask, temperature=temperature,
-                                first_position=first_loss_position(base.loss_mask), **base.extras)  # fmt: skip
+        old, _ = token_logprobs(
+            model,
+            base.input_ids,
+            base.attention_mask,
+            temperature=temperature,
+            first_position=first_loss_position(base.loss_mask),
+            **base.extras,
+        )
     # rounded to float32 as collate stores log-probs; positions off the mask stay 0
     return replace(base, old_logprobs=torch.where(base.loss_mask.bool(), old.float(), base.old_logprobs))
 
@@ -719,12 +786,25 @@ def _correct_rollout(
     """Rollout correction: IS weights pi_old / mu (truncated or masked) and the geometric sequence
     mask; what it drops leaves the loss mask and the advantages."""
     weights, keep, stats = rollout_correction(
-        batch.old_logprobs, sampler_lp * batch.loss_mask, batch.loss_mask, token=c.rollout_is,
-        cap=c.rollout_is_cap, low=c.rollout_is_low, high=c.rollout_is_high, seq_mask=c.rollout_seq_mask,
-        seq_low=c.rollout_seq_low, seq_high=c.rollout_seq_high,
-        segments=batch.turn_index if c.sequence_unit == "turn" else None, episodes=batch.episode_index,
-    )  # fmt: skip
+        batch.old_logprobs,
+        sampler_lp * batch.loss_mask,
+        batch.loss_mask,
+        token=c.rollout_is,
+        cap=c.rollout_is_cap,
+        low=c.rollout_is_low,
+        high=c.rollout_is_high,
+        seq_mask=c.rollout_seq_mask,
+        seq_low=c.rollout_seq_low,
+        seq_high=c.rollout_seq_high,
+        segments=batch.turn_index if c.sequence_unit == "turn" else None,
+        episodes=batch.episode_index,
+    )
     kept = keep.to(batch.loss_mask.dtype)
-    batch = replace(batch, loss_mask=batch.loss_mask * kept, advantages=batch.advantages * kept,
-                    sampler_logprobs=sampler_lp * batch.loss_mask, is_weights=weights * kept)  # fmt: skip
+    batch = replace(
+        batch,
+        loss_mask=batch.loss_mask * kept,
+        advantages=batch.advantages * kept,
+        sampler_logprobs=sampler_lp * batch.loss_mask,
+        is_weights=weights * kept,
+    )
     return batch, stats

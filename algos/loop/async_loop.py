@@ -60,8 +60,14 @@ class Ledger:
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, event: str, group: Group, version: int, reason: str | None = None) -> None:
-        row = {"event": event, "seed": group.seed, "v_start": group.v_start, "v_end": group.v_end,
-               "version": version, "reason": reason}  # fmt: skip
+        row = {
+            "event": event,
+            "seed": group.seed,
+            "v_start": group.v_start,
+            "v_end": group.v_end,
+            "version": version,
+            "reason": reason,
+        }
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -131,8 +137,9 @@ def build_worker(run: RunParts, ledger: Ledger) -> GenerationWorker:
     cfg, state, policy = run.cfg, run.state, run.policy
     pending = list(state.history.get("async", {}).get("pending", []))
     k = cfg.train.max_staleness
-    sched = Scheduler(k, cfg.rollout.prompts_per_step, budget=_budget(cfg, state.next_seed, pending),
-                      version=state.step)  # fmt: skip
+    sched = Scheduler(
+        k, cfg.rollout.prompts_per_step, budget=_budget(cfg, state.next_seed, pending), version=state.step
+    )
     sched.accepted = state.step * cfg.rollout.prompts_per_step  # the groups trained before a resume
     weights: HFWeights | LiveWeights
     if run.backend is None:

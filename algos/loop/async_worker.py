@@ -77,9 +77,15 @@ class HFWeights:
         names = [n for n, p in policy.model.named_parameters() if p.requires_grad]
         model = copy.deepcopy(policy.model).eval()
         model.requires_grad_(False)
-        self.policy = Policy(model=model, tokenizer=policy.tokenizer, processor=policy.processor,
-                             is_lora=policy.is_lora, name=policy.name, meta=dict(policy.meta),
-                             precision=policy.precision)  # fmt: skip
+        self.policy = Policy(
+            model=model,
+            tokenizer=policy.tokenizer,
+            processor=policy.processor,
+            is_lora=policy.is_lora,
+            name=policy.name,
+            meta=dict(policy.meta),
+            precision=policy.precision,
+        )
         params = dict(model.named_parameters())
         self.params = {n: params[n] for n in names}  # the trained tensors, in the copy
         self.backend: Backend = HFBackend(self.policy)
@@ -204,8 +210,15 @@ class GenerationWorker:
 
     def start(self) -> None:
         self._route = _Versioned(self.weights)
-        self._player = Player(self._route, self.fmt, self.eos, self.sampling, self.limits,
-                              torch.Generator().manual_seed(self.sampling.seed), self.compactor)  # fmt: skip
+        self._player = Player(
+            self._route,
+            self.fmt,
+            self.eos,
+            self.sampling,
+            self.limits,
+            torch.Generator().manual_seed(self.sampling.seed),
+            self.compactor,
+        )
         self._thread = threading.Thread(target=self._main, name="veriloop-generation", daemon=True)
         self._thread.start()
 

@@ -209,8 +209,11 @@ def record_groups(
 def pool_metrics(stats: SuccessStats, pools: Sequence[Pool], draw: Draw) -> dict[str, float]:
     """``curriculum/pool/<name>/{buckets,drawn}``, ``curriculum/{buckets,skipped,forced}``."""
     assert stats.rates is not None
-    out: dict[str, float] = {"curriculum/buckets": float(len(stats.rates)),
-                             "curriculum/skipped": float(draw.skipped), "curriculum/forced": float(draw.forced)}  # fmt: skip
+    out: dict[str, float] = {
+        "curriculum/buckets": float(len(stats.rates)),
+        "curriculum/skipped": float(draw.skipped),
+        "curriculum/forced": float(draw.forced),
+    }
     sizes = {p.name: 0 for p in pools}
     for rate in stats.rates.values():
         sizes[pool_of(rate, pools).name] += 1
@@ -314,8 +317,15 @@ def curriculum_step(
     if cur.pools_enabled:
 
         def choose(first: int, k: int) -> tuple[tuple[int, ...], int]:
-            d = draw_problems(first, k, bucket_of=buckets.of_seed, stats=stats, pools=pools,
-                              run_seed=cfg.rollout.seed, max_scan=cur.max_scan)  # fmt: skip
+            d = draw_problems(
+                first,
+                k,
+                bucket_of=buckets.of_seed,
+                stats=stats,
+                pools=pools,
+                run_seed=cfg.rollout.seed,
+                max_scan=cur.max_scan,
+            )
             draws.append(d)
             return d.seeds, d.next_seed
 
@@ -328,19 +338,33 @@ def curriculum_step(
         return groups
 
     def accept(group: list[Trajectory]) -> bool:
-        return gate_accepts([signal_fn(t) for t in group], [episode_success(t) for t in group],
-                            low=cur.gate_low, high=cur.gate_high)  # fmt: skip
+        return gate_accepts(
+            [signal_fn(t) for t in group],
+            [episode_success(t) for t in group],
+            low=cur.gate_low,
+            high=cur.gate_high,
+        )
 
-    groups, gs = dynamic_sampling(sample, num_groups=n, max_rounds=cur.rounds, reward_fn=signal_fn,
-                                  accept=accept if cur.gate else lambda g: True,
-                                  name="the curriculum gate" if cur.gate else "curriculum sampling")  # fmt: skip
+    groups, gs = dynamic_sampling(
+        sample,
+        num_groups=n,
+        max_rounds=cur.rounds,
+        reward_fn=signal_fn,
+        accept=accept if cur.gate else lambda g: True,
+        name="the curriculum gate" if cur.gate else "curriculum sampling",
+    )
     # every played group is an observation of its bucket (rejected ones too); failed verifications are not
     record_groups(stats, [[t for t in g if not verifier_failed(t)] for g in played], buckets.of_traj)
     history["curriculum"] = stats.state()
     kept = sum(len(g) for g in groups)
     sampled = [t for g in played for t in g]
     # the plain loop's formula over every group played (the gate's acceptances are kept_fraction)
-    metrics = {"sampling/rounds": gs["rounds"], "sampling/kept_fraction": gs["kept_fraction"],
-               "sampling/informative_fraction": informative_fraction(played, signal_fn), "sampling/short_batch": gs["short_batch"],
-               **pool_metrics(stats, pools, merge_draws(draws, pools)), **paid_metrics(sampled, kept, gs)}  # fmt: skip
+    metrics = {
+        "sampling/rounds": gs["rounds"],
+        "sampling/kept_fraction": gs["kept_fraction"],
+        "sampling/informative_fraction": informative_fraction(played, signal_fn),
+        "sampling/short_batch": gs["short_batch"],
+        **pool_metrics(stats, pools, merge_draws(draws, pools)),
+        **paid_metrics(sampled, kept, gs),
+    }
     return groups, metrics

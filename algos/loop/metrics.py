@@ -60,11 +60,12 @@ def step_timing(
     gen_tokens = sum(t.num_generated_tokens for t in sampled)
     return {
         "lr": lr,
-        "time/rollout_s": t_rollout, "time/train_s": t_train,
+        "time/rollout_s": t_rollout,
+        "time/train_s": t_train,
         "time/rollout_fraction": t_rollout / max(t_rollout + t_train, 1e-9),
         "throughput/rollout_tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
         "throughput/train_tokens_per_s": metrics["train_tokens"] / max(t_train, 1e-9),
-    }  # fmt: skip
+    }
 
 
 def modes_line(cfg: ExperimentConfig) -> str:
@@ -101,12 +102,18 @@ def modes_tally(rows: Sequence[Mapping[str, Any]], cfg: ExperimentConfig) -> str
 
     said = []
     if cfg.rollout.compaction != "none":
-        split = sum(float(r["samples/split_rate"]) * float(r["samples/episodes"]) for r in rows
-                    if isinstance(r.get("samples/split_rate"), int | float) and isinstance(r.get("samples/episodes"), int | float))  # fmt: skip
+        split = sum(
+            float(r["samples/split_rate"]) * float(r["samples/episodes"])
+            for r in rows
+            if isinstance(r.get("samples/split_rate"), int | float)
+            and isinstance(r.get("samples/episodes"), int | float)
+        )
         said.append(f"compaction split {split:.0f} episodes")
     if cfg.curriculum.enabled:
-        said.append(f"the curriculum gate rejected {total('curriculum/rejected_groups'):.0f} groups "
-                    f"({total('curriculum/refills'):.0f} refills, {total('curriculum/wasted_episodes'):.0f} episodes not trained on)")  # fmt: skip
+        said.append(
+            f"the curriculum gate rejected {total('curriculum/rejected_groups'):.0f} groups "
+            f"({total('curriculum/refills'):.0f} refills, {total('curriculum/wasted_episodes'):.0f} episodes not trained on)"
+        )
     elif cfg.algo.dynamic_sampling:
         said.append(f"dynamic sampling ran {total('sampling/rounds') - len(rows):.0f} extra rounds")
     if cfg.train.max_staleness > 0:
@@ -145,7 +152,14 @@ STEP_LEGEND = (
 
 
 def step_summary(m: dict[str, float]) -> str:
-    keys = [("reward/mean", "R"), ("success_rate", "acc"), ("response_length/mean", "len"),
-            ("entropy", "H"), ("clip_frac_high", "clip+"), ("grad_norm", "|g|"), ("time/rollout_s", "t_roll"),
-            ("time/train_s", "t_train")]  # fmt: skip
+    keys = [
+        ("reward/mean", "R"),
+        ("success_rate", "acc"),
+        ("response_length/mean", "len"),
+        ("entropy", "H"),
+        ("clip_frac_high", "clip+"),
+        ("grad_norm", "|g|"),
+        ("time/rollout_s", "t_roll"),
+        ("time/train_s", "t_train"),
+    ]
     return " ".join(f"{short}={m[k]:.3g}" for k, short in keys if m.get(k) is not None)

@@ -86,9 +86,17 @@ def checkpoint_run(run: RunParts) -> None:
         from veriloop.algos.run.fsdp import state_modules
         from veriloop.algos.run.sharded_checkpoint import save_sharded
 
-        save_sharded(run.run_dir, state.step, dist=run.dist, modules=state_modules(run.policy, run.critic),
-                     optimizer=run.optimizer, scheduler=run.scheduler, trainer_state=trainer_state,
-                     keep_last=run.cfg.run.keep_last, delay_s=delay)  # fmt: skip
+        save_sharded(
+            run.run_dir,
+            state.step,
+            dist=run.dist,
+            modules=state_modules(run.policy, run.critic),
+            optimizer=run.optimizer,
+            scheduler=run.scheduler,
+            trainer_state=trainer_state,
+            keep_last=run.cfg.run.keep_last,
+            delay_s=delay,
+        )
         return
     weights = trainable_state(run.policy, run.critic)
     check_finite(weights.items())  # the critic too; save_checkpoint checks the policy model again
@@ -98,5 +106,13 @@ def checkpoint_run(run: RunParts) -> None:
         if delay > 0:  # test hook (SAVE_DELAY_ENV): a window to kill the process mid-save
             time.sleep(delay)
 
-    save_checkpoint(run.run_dir, state.step, model=run.policy.model, save_model=save_model, optimizer=run.optimizer,
-                    scheduler=run.scheduler, trainer_state=trainer_state, keep_last=run.cfg.run.keep_last)  # fmt: skip
+    save_checkpoint(
+        run.run_dir,
+        state.step,
+        model=run.policy.model,
+        save_model=save_model,
+        optimizer=run.optimizer,
+        scheduler=run.scheduler,
+        trainer_state=trainer_state,
+        keep_last=run.cfg.run.keep_last,
+    )

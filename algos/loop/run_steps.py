@@ -76,8 +76,11 @@ def _step(run: RunParts, source: BatchSource, loop: StepLoop, step: int) -> None
     t1 = time.perf_counter()
     # dynamic sampling may keep no group at all (every group had equal rewards): nothing to learn
     if batch.trajs:
-        metrics.update(train_on_batch(cfg, run.policy, run.critic, run.optimizer, batch.trajs, run.generator,
-                                      run.dist, run.algo))  # fmt: skip
+        metrics.update(
+            train_on_batch(
+                cfg, run.policy, run.critic, run.optimizer, batch.trajs, run.generator, run.dist, run.algo
+            )
+        )
     else:
         metrics.update(no_update())
     metrics.update(source.hand_over(step, trained=bool(batch.trajs)))
@@ -149,10 +152,20 @@ def step_loop(run: RunParts) -> StepLoop:
     guard = NonFiniteGuard(
         cfg.train.max_consecutive_nonfinite, state.consecutive_nonfinite, state.skipped_steps
     )
-    advice = ("lower train.lr, set train.max_grad_norm, or resume from the last checkpoint (non-finite weights "
-              "are never checkpointed)")  # fmt: skip
-    return StepLoop(cfg.train.steps, "train", guard, log_every=cfg.train.log_every,
-                    checkpoint_every=cfg.run.checkpoint_every, log=run.log, advice=advice, quiet=run.quiet)  # fmt: skip
+    advice = (
+        "lower train.lr, set train.max_grad_norm, or resume from the last checkpoint (non-finite weights "
+        "are never checkpointed)"
+    )
+    return StepLoop(
+        cfg.train.steps,
+        "train",
+        guard,
+        log_every=cfg.train.log_every,
+        checkpoint_every=cfg.run.checkpoint_every,
+        log=run.log,
+        advice=advice,
+        quiet=run.quiet,
+    )
 
 
 def advance_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
@@ -179,8 +192,14 @@ def guard_learning(run: RunParts, metrics: dict[str, Any]) -> None:
     after ``train.max_uninformative_steps`` steps in a row without an informative group, one warning
     when ``truncation_rate`` passes ``train.warn_truncation_above``); ``run.state`` keeps its counts."""
     cfg, state = run.cfg, run.state
-    guard = LearningGuard(cfg.train.max_uninformative_steps, cfg.train.warn_truncation_above, cfg.rollout.group_size,
-                          state.uninformative_in_a_row, state.truncation_warned, cfg.algo.estimator.group_based)  # fmt: skip
+    guard = LearningGuard(
+        cfg.train.max_uninformative_steps,
+        cfg.train.warn_truncation_above,
+        cfg.rollout.group_size,
+        state.uninformative_in_a_row,
+        state.truncation_warned,
+        cfg.algo.estimator.group_based,
+    )
     try:
         guard.observe(metrics) if run.dist.is_main else guard.observe(metrics, warn=lambda _: None)
     finally:  # also when it raises: the state says how the run ended

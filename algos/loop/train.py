@@ -111,8 +111,16 @@ def _train_claimed(
         run.backend.sync()  # the warm-up's weights (and on every rank rank 0's, just broadcast)
     # a resumed run keeps the rows up to its checkpoint's step; a fresh run, or one resumed from the
     # warm-up's step-0 checkpoint (which evaluates step 0 again), starts an empty file
-    run.log = RunLog(run_dir, tensorboard=cfg.run.tensorboard, resume_from_step=run.state.step + 1 if ckpt and run.state.step > 0 else 0,
-                     wandb_project="veriloop" if cfg.run.wandb else None) if dist.is_main else None  # fmt: skip
+    run.log = (
+        RunLog(
+            run_dir,
+            tensorboard=cfg.run.tensorboard,
+            resume_from_step=run.state.step + 1 if ckpt and run.state.step > 0 else 0,
+            wandb_project="veriloop" if cfg.run.wandb else None,
+        )
+        if dist.is_main
+        else None
+    )
     try:
         at_start = run.state.step == 0 and (cfg.eval.at_start or cfg.train.steps == 0)
         with whole_weights(run, at_start):  # sharded: all ranks gather, rank 0 evaluates
@@ -193,10 +201,20 @@ def _build_run(cfg: ExperimentConfig, run_dir: Path, dist: DistContext, *, quiet
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     # SFT demonstrations use env seeds seed .. seed + examples - 1; RL problems come after them
     sft_seeds = cfg.sft.examples if cfg.sft.steps > 0 else 0
-    return RunParts(cfg=cfg, algo=resolve(cfg.algo), policy=policy, critic=critic, optimizer=optimizer,
-                    scheduler=scheduler, state=TrainerState(next_seed=cfg.rollout.seed + sft_seeds),
-                    generator=torch.Generator().manual_seed(cfg.rollout.seed), run_dir=run_dir, dist=dist,
-                    quiet=quiet, sharded=sharded)  # fmt: skip
+    return RunParts(
+        cfg=cfg,
+        algo=resolve(cfg.algo),
+        policy=policy,
+        critic=critic,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        state=TrainerState(next_seed=cfg.rollout.seed + sft_seeds),
+        generator=torch.Generator().manual_seed(cfg.rollout.seed),
+        run_dir=run_dir,
+        dist=dist,
+        quiet=quiet,
+        sharded=sharded,
+    )
 
 
 def _restore(run: RunParts, resume: bool) -> Path | None:
@@ -262,8 +280,13 @@ def _restore_sharded(run: RunParts, resume: bool) -> Path | None:
 
     found = None
     if resume:
-        found = load_sharded(run.run_dir, dist=run.dist, modules=state_modules(run.policy, run.critic),
-                             optimizer=run.optimizer, whole_keys=trainable_parameters(run.policy, run.critic))  # fmt: skip
+        found = load_sharded(
+            run.run_dir,
+            dist=run.dist,
+            modules=state_modules(run.policy, run.critic),
+            optimizer=run.optimizer,
+            whole_keys=trainable_parameters(run.policy, run.critic),
+        )
     if found is not None:
         _apply_loop_state(run, found[1])
     if resume:
@@ -281,8 +304,16 @@ def _sft_warmup(run: RunParts) -> None:
 
     cfg, state, main = run.cfg, run.state, run.dist.is_main
     if main and cfg.eval.before_sft:  # the base model, logged with step 0 as eval_base/...
-        state.history["eval_base"] = in_training.evaluate_step(cfg, run.policy, 0, run.quiet, tag="base", prefix="eval_base",
-                                               backend=eval_backend(run), reuse=True)  # fmt: skip
+        state.history["eval_base"] = in_training.evaluate_step(
+            cfg,
+            run.policy,
+            0,
+            run.quiet,
+            tag="base",
+            prefix="eval_base",
+            backend=eval_backend(run),
+            reuse=True,
+        )
     # every rank runs the same warm-up; only rank 0 saves it, and its weights are broadcast after it
     sft_metrics = warmup_from_config(cfg, run.policy, run_dir=run.run_dir / "sft" if main else None)
     state.sft_done = True

@@ -64,8 +64,13 @@ def reverse_kl_distill_loss(
         ``reverse_kl`` (mean over masked tokens of log pi_theta - log pi_T), ``teacher_better_frac``
         (the share of tokens with A_t > 0) and ``trust_masked_frac`` (the share with M_t = 0).
     """
-    _check_same(("logprobs", "sampler_logprobs", "teacher_logprobs", "mask"), logprobs, sampler_logprobs,
-                teacher_logprobs, mask)  # fmt: skip
+    _check_same(
+        ("logprobs", "sampler_logprobs", "teacher_logprobs", "mask"),
+        logprobs,
+        sampler_logprobs,
+        teacher_logprobs,
+        mask,
+    )
     if (trust_low is not None and trust_low <= 0) or tau < 0:
         raise ValueError(f"need trust_low > 0 or None and tau >= 0, got {trust_low}, {tau}")
     m = mask.bool()

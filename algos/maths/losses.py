@@ -612,8 +612,16 @@ def clip_cov_loss(
             ratio = torch.exp(torch.where(m, logprobs - old_logprobs, torch.zeros_like(logprobs)))
             adv = torch.where(m, advantages, torch.zeros_like(advantages))
             clipped = ((adv > 0) & (ratio > 1 + clip_high)) | ((adv < 0) & (ratio < 1 - clip_low))
-        select = clip_cov_select(advantages, logprobs, mask, cov_ratio=cov_ratio, cov_lb=cov_lb,
-                                 cov_ub=cov_ub, eligible=~clipped, generator=generator)  # fmt: skip
+        select = clip_cov_select(
+            advantages,
+            logprobs,
+            mask,
+            cov_ratio=cov_ratio,
+            cov_lb=cov_lb,
+            cov_ub=cov_ub,
+            eligible=~clipped,
+            generator=generator,
+        )
     keep = ~(select.bool() & m)
     loss = torch.where(keep, loss, torch.zeros_like(loss))
     stats["cov_frac"] = _masked_mean((~keep).float(), m)

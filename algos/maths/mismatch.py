@@ -65,8 +65,19 @@ class MismatchStats:
         n = self.tokens
         if n == 0:
             return dict(zip(NAMES, (0.0, 1.0, 1.0, 0.0, 0.0, 0.0)))
-        return dict(zip(NAMES, (self.k3_sum / n, math.exp(self.log_ratio_max), math.exp(self.log_ratio_min),
-                                self.outside / n, self.abs_log_sum / n, n)))  # fmt: skip
+        return dict(
+            zip(
+                NAMES,
+                (
+                    self.k3_sum / n,
+                    math.exp(self.log_ratio_max),
+                    math.exp(self.log_ratio_min),
+                    self.outside / n,
+                    self.abs_log_sum / n,
+                    n,
+                ),
+            )
+        )
 
 
 def mismatch_stats(

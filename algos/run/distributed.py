@@ -118,8 +118,10 @@ class DistContext:
         if not self.enabled:
             return {}
         if self.sharded:
-            sync = {"on_before_step": agree_finite(self.world_size),
-                    "pad_micro_batches": lockstep(self.world_size, mini_batch)}  # fmt: skip
+            sync = {
+                "on_before_step": agree_finite(self.world_size),
+                "pad_micro_batches": lockstep(self.world_size, mini_batch),
+            }
         else:
             sync = {"on_before_step": self.grad_sync(1.0)}
         return {**sync, "merge_metrics": self.merge_step_metrics}
@@ -135,8 +137,9 @@ class DistContext:
         if not self.enabled:
             return sums, mismatch
         names = sorted(sums.keys() | set(OPTIONAL_METRICS))
-        flat = torch.tensor([[sums.get(k, 0.0) for k in names], [float(k in sums) for k in names]],
-                            dtype=torch.float64)  # fmt: skip
+        flat = torch.tensor(
+            [[sums.get(k, 0.0) for k in names], [float(k in sums) for k in names]], dtype=torch.float64
+        )
         torch.distributed.all_reduce(flat)
         merged = {k: float(flat[0, i]) for i, k in enumerate(names) if flat[1, i] > 0}
         if mismatch is None:

@@ -69,10 +69,12 @@ class LearningGuard:
         cut = metrics.get("truncation_rate")
         if cut is not None and float(cut) > self.warn_truncation_above and not self.truncation_warned:
             self.truncation_warned = True
-            warn(f"{float(cut):.0%} of this step's samples were cut at rollout.max_new_tokens (above "
-                 f"train.warn_truncation_above={self.warn_truncation_above:g}): their rewards judge unfinished "
-                 "answers; raise rollout.max_new_tokens, ask for shorter answers in the prompt, or add an "
-                 "overlong penalty (algo.overlong_max_len)")  # fmt: skip
+            warn(
+                f"{float(cut):.0%} of this step's samples were cut at rollout.max_new_tokens (above "
+                f"train.warn_truncation_above={self.warn_truncation_above:g}): their rewards judge unfinished "
+                "answers; raise rollout.max_new_tokens, ask for shorter answers in the prompt, or add an "
+                "overlong penalty (algo.overlong_max_len)"
+            )
         if self.limit > 0 and self.in_a_row >= self.limit:
             raise UninformativeRunError(self.message(metrics))
 
@@ -84,9 +86,11 @@ class LearningGuard:
         if reward is not None and metrics.get("reward/std") is not None and float(metrics["reward/std"]) == 0:
             side = " every sample got the same reward:"
         if not self.group_based:
-            return (f"train: every sample of a step got the same reward for {self.in_a_row} steps in a row{level}: "
-                    f"there was no advantage and nothing was trained. {_ADVICE}; "
-                    "train.max_uninformative_steps=0 turns this check off")  # fmt: skip
+            return (
+                f"train: every sample of a step got the same reward for {self.in_a_row} steps in a row{level}: "
+                f"there was no advantage and nothing was trained. {_ADVICE}; "
+                "train.max_uninformative_steps=0 turns this check off"
+            )
         return (
             f"train: no informative group for {self.in_a_row} steps in a row{level}:{side} within every group of "
             f"rollout.group_size={self.group_size} samples the learning signal was the same, so there was no "
@@ -120,8 +124,11 @@ def stop_if_nothing_trained(cfg: Any, state: Any) -> None:
     groups = steps * int(cfg.rollout.prompts_per_step)
     if least <= 0 or steps == 0 or int(state.uninformative_in_a_row) < steps or groups < least:
         return
-    head, same = (("one informative group", "every sample of a group got the same learning signal")
-                  if cfg.algo.estimator.group_based else ("a learning signal", "every sample of a step got the same reward"))  # fmt: skip
+    head, same = (
+        ("one informative group", "every sample of a group got the same learning signal")
+        if cfg.algo.estimator.group_based
+        else ("a learning signal", "every sample of a step got the same reward")
+    )
     raise UninformativeRunError(
         f"train: the run ended without {head}: in all {steps} steps ({groups} groups of "
         f"rollout.group_size={cfg.rollout.group_size} samples) {same}, so there was no advantage and nothing "
@@ -144,15 +151,19 @@ def first_step_check(metrics: Mapping[str, Any], group_size: int) -> tuple[str, 
     reward = float(metrics.get("reward/mean", 0.0))
     advice = []
     if flat >= 1.0:
-        advice.append(f"every group has one reward (reward/mean {reward:.3g}): the task is too hard or too easy for "
-                      f"this model at this group size; raise rollout.group_size (now {group_size}) or the temperature, "
-                      "pick another task or start with an SFT warm-up (sft.steps)")  # fmt: skip
+        advice.append(
+            f"every group has one reward (reward/mean {reward:.3g}): the task is too hard or too easy for "
+            f"this model at this group size; raise rollout.group_size (now {group_size}) or the temperature, "
+            "pick another task or start with an SFT warm-up (sft.steps)"
+        )
     if cut > 0.5:
         advice.append(
             "most samples hit the token limit: raise rollout.max_new_tokens or ask for shorter answers"
         )
     if errors > 0.1:
         advice.append("many verifier errors: check the verifier (a timeout: raise env.kwargs.timeout)")
-    line = (f"step-0 groups (base policy): {flat:.0%} with zero reward variance, {cut:.0%} of samples cut at "
-            f"rollout.max_new_tokens, {errors:.0%} verifier errors")  # fmt: skip
+    line = (
+        f"step-0 groups (base policy): {flat:.0%} with zero reward variance, {cut:.0%} of samples cut at "
+        f"rollout.max_new_tokens, {errors:.0%} verifier errors"
+    )
     return (line + ("; " + "; ".join(advice) if advice else ""), bool(advice))

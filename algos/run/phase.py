@@ -77,8 +77,11 @@ class StepLoop:
 
     def _estimate(self, done: int, seconds: float) -> None:
         left = self.total - done
-        say(quiet=self.quiet, text=f"{self.desc}: ≈ {_minutes(seconds * left)} on this machine for the {left} step{'s' * (left != 1)} "
-                                   f"left ({seconds:.1f} s a step, measured after step {done})")  # fmt: skip
+        say(
+            quiet=self.quiet,
+            text=f"{self.desc}: ≈ {_minutes(seconds * left)} on this machine for the {left} step{'s' * (left != 1)} "
+            f"left ({seconds:.1f} s a step, measured after step {done})",
+        )
 
     def observe(self, skipped: bool) -> None:
         """Count one step (``skipped``: its loss or gradient norm was NaN/inf and no update was

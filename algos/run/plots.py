@@ -131,8 +131,15 @@ def _draw_group(ax: Any, rows: Sequence[Mapping[str, Any]], group: str) -> bool:
         ax.set_xlabel("step")
         handles, labels = ax.get_legend_handles_labels()
         if extra:  # two axes: below the plot, where it covers neither axis' curves
-            ax.legend(handles + extra, labels + [line.get_label() for line in extra], fontsize=7,
-                      loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, frameon=False)  # fmt: skip
+            ax.legend(
+                handles + extra,
+                labels + [line.get_label() for line in extra],
+                fontsize=7,
+                loc="upper center",
+                bbox_to_anchor=(0.5, -0.18),
+                ncol=3,
+                frameon=False,
+            )
         else:
             ax.legend(loc="best", fontsize=7)
     return drawn
@@ -195,14 +202,21 @@ def _draw_eval(ax: Any, rows: Sequence[Mapping[str, Any]], split: str, metrics: 
     return drawn
 
 
-def _se_band(ax: Any, rows: Sequence[Mapping[str, Any]], key: str, xs: list[float], ys: list[float],
-             color: str) -> bool:  # fmt: skip
+def _se_band(
+    ax: Any, rows: Sequence[Mapping[str, Any]], key: str, xs: list[float], ys: list[float], color: str
+) -> bool:
     """Shade value +/- its standard error where ``key`` is logged on the same steps; False if never."""
     se = dict(zip(*_series(rows, key)))
     pts = [(x, y, se[x]) for x, y in zip(xs, ys) if x in se]
     if pts:
-        ax.fill_between([p[0] for p in pts], [p[1] - p[2] for p in pts], [p[1] + p[2] for p in pts],
-                        color=color, alpha=0.15, linewidth=0)  # fmt: skip
+        ax.fill_between(
+            [p[0] for p in pts],
+            [p[1] - p[2] for p in pts],
+            [p[1] + p[2] for p in pts],
+            color=color,
+            alpha=0.15,
+            linewidth=0,
+        )
     return bool(pts)
 
 
@@ -228,8 +242,13 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         )
     rows = read_metrics(run_dir)
     if (Path(run_dir) / "sft" / "metrics.jsonl").is_file():  # a training run's warm-up: its own log
-        rows = [*rows, *({"step": r.get("step"), **{k: v for k, v in r.items() if k.startswith(("loss/sft", "sft/"))}}
-                         for r in read_metrics(Path(run_dir) / "sft"))]  # fmt: skip
+        rows = [
+            *rows,
+            *(
+                {"step": r.get("step"), **{k: v for k, v in r.items() if k.startswith(("loss/sft", "sft/"))}}
+                for r in read_metrics(Path(run_dir) / "sft")
+            ),
+        ]
     out = Path(out_dir) if out_dir is not None else Path(run_dir) / "plots"
     out.mkdir(parents=True, exist_ok=True)
     plt = _pyplot()
@@ -273,8 +292,14 @@ def _overview(rows: Sequence[Mapping[str, Any]], splits: Mapping[str, list[str]]
         ax.axis("off")
     missing = [g for g in GROUPS if ("group", g) not in panels]
     if spare and missing:  # say what is absent rather than leave a blank cell
-        spare[0].text(0.02, 0.5, "not logged by this run:\n" + "\n".join(f"- {GROUPS[g][0]}" for g in missing),
-                      transform=spare[0].transAxes, va="center", fontsize=8)  # fmt: skip
+        spare[0].text(
+            0.02,
+            0.5,
+            "not logged by this run:\n" + "\n".join(f"- {GROUPS[g][0]}" for g in missing),
+            transform=spare[0].transAxes,
+            va="center",
+            fontsize=8,
+        )
     return _save(fig, path)
 
 
@@ -282,8 +307,11 @@ def pass_at_k_curves(report: Mapping[str, Any]) -> dict[str, tuple[list[int], li
     """``{split: (ks, pass@k values)}`` from a report's split metrics, k ascending, nan dropped."""
     curves: dict[str, tuple[list[int], list[float]]] = {}
     for split, metrics in report["splits"].items():
-        pts = sorted((int(k[5:]), float(v)) for k, v in metrics.items()
-                     if k.startswith("pass@") and k[5:].isdigit() and v is not None and math.isfinite(v))  # fmt: skip
+        pts = sorted(
+            (int(k[5:]), float(v))
+            for k, v in metrics.items()
+            if k.startswith("pass@") and k[5:].isdigit() and v is not None and math.isfinite(v)
+        )
         if pts:
             curves[split] = ([k for k, _ in pts], [v for _, v in pts])
     return curves

@@ -57,8 +57,14 @@ class Progress:
         if at_terminal():
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, initial=initial, desc=desc, unit=unit.rstrip("s"), leave=False,
-                             dynamic_ncols=True)  # fmt: skip
+            self._bar = tqdm(
+                total=total,
+                initial=initial,
+                desc=desc,
+                unit=unit.rstrip("s"),
+                leave=False,
+                dynamic_ncols=True,
+            )
         else:
             print(f"{desc}: {total - initial} {unit} to go", flush=True)
         threading.Thread(target=self._heartbeat, name=f"progress {desc}", daemon=True).start()

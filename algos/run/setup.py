@@ -55,8 +55,13 @@ def build_policy(cfg: ExperimentConfig) -> Policy:
         tiny = apply_precision(place(tiny, device), p.precision)
         check_chat_template(tiny.tokenizer, tiny.processor, cfg.env.system_prompt)
         return tiny
-    lora = LoraSettings(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
-                        target_modules=_modules(p.target_modules)) if p.lora else None  # fmt: skip
+    lora = (
+        LoraSettings(
+            r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout, target_modules=_modules(p.target_modules)
+        )
+        if p.lora
+        else None
+    )
     policy = load_policy(p.model, lora=lora, dtype=p.dtype, keep_reference=cfg.keep_reference and not p.lora)
     policy = apply_precision(
         place(policy, device), p.precision
@@ -175,8 +180,13 @@ def trainable_parameters(policy: Policy, critic: ValueModel | None) -> dict[str,
     """The parameters of :func:`trainable_state`, under its keys (a checkpoint's ``model.pt``'s)."""
     params = {f"policy.{n}": p for n, p in policy.model.named_parameters() if p.requires_grad}
     if critic is not None:
-        params.update({f"critic.{n}": p for n, p in critic.named_parameters()
-                       if p.requires_grad and not n.startswith("backbone.")})  # fmt: skip
+        params.update(
+            {
+                f"critic.{n}": p
+                for n, p in critic.named_parameters()
+                if p.requires_grad and not n.startswith("backbone.")
+            }
+        )
         if critic.backbone is not policy.model:
             params.update({f"critic.{n}": p for n, p in critic.backbone.named_parameters()})
     return params
@@ -327,8 +337,13 @@ def _check_resume_config(run_dir: Path, cfg: ExperimentConfig) -> None:
     saved = _flatten(yaml.safe_load(saved_file.read_text()) or {})
     now = _flatten(dump_config(cfg))
     # run.out_dir / run.name only say where the folder is: a moved or copied run resumes where it is now
-    changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k)
-                     and not k.startswith(RESUMABLE_CHANGES) and k not in ("run.out_dir", "run.name"))  # fmt: skip
+    changed = sorted(
+        k
+        for k in saved.keys() | now.keys()
+        if saved.get(k) != now.get(k)
+        and not k.startswith(RESUMABLE_CHANGES)
+        and k not in ("run.out_dir", "run.name")
+    )
     if changed:
         diff = "; ".join(f"{k}: {_short(saved.get(k))} -> {_short(now.get(k))}" for k in changed[:6])
         raise ConfigError(

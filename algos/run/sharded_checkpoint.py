@@ -123,8 +123,14 @@ def save_sharded(
             if delay_s > 0:
                 time.sleep(delay_s)
 
-        final = save_checkpoint(run_dir, step, save_model=move_shards, scheduler=scheduler,
-                                trainer_state=trainer_state, keep_last=keep_last)  # fmt: skip
+        final = save_checkpoint(
+            run_dir,
+            step,
+            save_model=move_shards,
+            scheduler=scheduler,
+            trainer_state=trainer_state,
+            keep_last=keep_last,
+        )
     return Path(dist.broadcast_object(str(final)))
 
 
@@ -260,8 +266,13 @@ def _load_shards(
 
     model_state, optim_state = get_state_dict(modules, optimizer, options=_options())
     dcp.load({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(shards), no_dist=no_dist)
-    keys = set_state_dict(modules, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
-                          options=StateDictOptions(ignore_frozen_params=True, strict=False))  # fmt: skip
+    keys = set_state_dict(
+        modules,
+        optimizer,
+        model_state_dict=model_state,
+        optim_state_dict=optim_state,
+        options=StateDictOptions(ignore_frozen_params=True, strict=False),
+    )
     _check_keys(shards.parent.parent, modules, keys.missing_keys, keys.unexpected_keys)
 
 
@@ -296,9 +307,13 @@ def _load_whole(
     model_state = {rename[k]: v for k, v in loaded["model_state"].items() if k in rename}
     order = [fqn.get(id(p), "?") for group in optimizer.param_groups for p in group["params"]]
     optim_state = _named_optimizer_state(loaded["optimizer"], order, folder)
-    keys = set_state_dict(modules, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
-                          options=StateDictOptions(full_state_dict=True, ignore_frozen_params=True,
-                                                   strict=False))  # fmt: skip
+    keys = set_state_dict(
+        modules,
+        optimizer,
+        model_state_dict=model_state,
+        optim_state_dict=optim_state,
+        options=StateDictOptions(full_state_dict=True, ignore_frozen_params=True, strict=False),
+    )
     _check_keys(folder, modules, keys.missing_keys, [*keys.unexpected_keys, *unknown])
 
 

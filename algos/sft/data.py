@@ -485,9 +485,13 @@ def build_examples(
             system_prompt=system_prompt,
         )
     out = demonstration_examples(
-        env_id, kwargs, seeds, rng=np.random.default_rng(seed),
-        p_wrong_first=DEFAULT_P_WRONG_FIRST if source == "s2r" else 0.0, images=images,
-    )  # fmt: skip
+        env_id,
+        kwargs,
+        seeds,
+        rng=np.random.default_rng(seed),
+        p_wrong_first=DEFAULT_P_WRONG_FIRST if source == "s2r" else 0.0,
+        images=images,
+    )
     if system_prompt is None:
         return out
     return [ex.with_system(system_prompt) for ex in out]

@@ -101,13 +101,22 @@ class SFTSettings:
         logging and checkpointing follow ``train`` and ``run``."""
         sft, train, run, batch = cfg.sft, cfg.train, cfg.run, min(SFT_BATCH_SIZE, num_examples)
         return cls(
-            steps=sft.steps, lr=sft.lr, batch_size=batch, micro_batch_size=min(train.micro_batch_size, batch),
-            max_len=cfg.rollout.max_context, warmup=int(SFT_WARMUP_FRACTION * sft.steps),
-            max_grad_norm=train.max_grad_norm, weight_decay=train.weight_decay, epochs=sft.epochs,
-            seed=cfg.rollout.seed, log_every=train.log_every, checkpoint_every=run.checkpoint_every,
-            keep_last=run.keep_last, tensorboard=run.tensorboard,
+            steps=sft.steps,
+            lr=sft.lr,
+            batch_size=batch,
+            micro_batch_size=min(train.micro_batch_size, batch),
+            max_len=cfg.rollout.max_context,
+            warmup=int(SFT_WARMUP_FRACTION * sft.steps),
+            max_grad_norm=train.max_grad_norm,
+            weight_decay=train.weight_decay,
+            epochs=sft.epochs,
+            seed=cfg.rollout.seed,
+            log_every=train.log_every,
+            checkpoint_every=run.checkpoint_every,
+            keep_last=run.keep_last,
+            tensorboard=run.tensorboard,
             max_consecutive_nonfinite=train.max_consecutive_nonfinite,
-        )  # fmt: skip
+        )
 
     def __post_init__(self) -> None:
         ints = {
@@ -259,8 +268,9 @@ class ResumeMismatchError(ValueError):
     """The checkpoint belongs to another SFT run (other data or settings): not damage, no fallback."""
 
 
-def _resume(run_dir: Path, policy: Any, optimizer: Any, scheduler: Any, fingerprint: str,
-            settings: SFTSettings) -> dict[str, Any]:  # fmt: skip
+def _resume(
+    run_dir: Path, policy: Any, optimizer: Any, scheduler: Any, fingerprint: str, settings: SFTSettings
+) -> dict[str, Any]:
     """Load the newest checkpoint that verifies into policy/optimizer/scheduler; its trainer state.
     A damaged newest checkpoint is reported and the previous one used (``checkpoint.resume_latest``)."""
     import sys
@@ -282,8 +292,9 @@ def _resume(run_dir: Path, policy: Any, optimizer: Any, scheduler: Any, fingerpr
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
 
-    found = resume_latest(run_dir, apply, warn=lambda m: print(f"veriloop: {m}", file=sys.stderr),
-                          fatal=(ResumeMismatchError,))  # fmt: skip
+    found = resume_latest(
+        run_dir, apply, warn=lambda m: print(f"veriloop: {m}", file=sys.stderr), fatal=(ResumeMismatchError,)
+    )
     return dict(found[1]["trainer_state"]) if found else {}
 
 
@@ -305,11 +316,24 @@ def _save(sft: _SFTRun, guard: NonFiniteGuard, run: Path, step: int, fingerprint
     the guard's counts (a resumed run keeps them, as RL's does)."""
     from veriloop.algos.run.checkpoint import save_checkpoint
 
-    state = {"step": step, "skipped_nonfinite": guard.total, "consecutive_nonfinite": guard.in_a_row,
-             "data_fingerprint": fingerprint, "settings": asdict(sft.settings)}  # fmt: skip
+    state = {
+        "step": step,
+        "skipped_nonfinite": guard.total,
+        "consecutive_nonfinite": guard.in_a_row,
+        "data_fingerprint": fingerprint,
+        "settings": asdict(sft.settings),
+    }
     model = sft.policy.model
-    save_checkpoint(run, step, model=model, save_model=lambda d: _save_trainable(model, d), optimizer=sft.optimizer,
-                    scheduler=sft.scheduler, trainer_state=state, keep_last=sft.settings.keep_last)  # fmt: skip
+    save_checkpoint(
+        run,
+        step,
+        model=model,
+        save_model=lambda d: _save_trainable(model, d),
+        optimizer=sft.optimizer,
+        scheduler=sft.scheduler,
+        trainer_state=state,
+        keep_last=sft.settings.keep_last,
+    )
 
 
 # ---------------------------------------------------------------------------------- the loop
@@ -343,8 +367,11 @@ def sft_total_steps(steps: int, epochs: int | None, examples: int, batch_size: i
     if allowed < steps:
         import sys
 
-        print(f"sft: running {allowed} of sft.steps={steps} steps: sft.epochs={epochs} over {examples} examples "
-              f"(batches of {batch_size}) ends first; set sft.epochs=null to run every step", file=sys.stderr)  # fmt: skip
+        print(
+            f"sft: running {allowed} of sft.steps={steps} steps: sft.epochs={epochs} over {examples} examples "
+            f"(batches of {batch_size}) ends first; set sft.epochs=null to run every step",
+            file=sys.stderr,
+        )
     return min(steps, allowed)
 
 
@@ -384,11 +411,19 @@ def run_sft(
             tok_total, time_total = tok_total + out.seen, time_total + dt
             losses.append(out.loss)
             done = step + 1
-            loop.log_metrics(done, {
-                "loss/sft": out.loss, "sft/grad_norm": out.grad_norm, "sft/lr": out.lr, "sft/loss_tokens": out.n_loss,
-                "perf/tokens_per_s": out.seen / dt, "sft/skipped_nonfinite": loop.guard.total,
-                "sft/truncated": data.truncated, "sft/dropped_empty": data.dropped_empty,
-            })  # fmt: skip
+            loop.log_metrics(
+                done,
+                {
+                    "loss/sft": out.loss,
+                    "sft/grad_norm": out.grad_norm,
+                    "sft/lr": out.lr,
+                    "sft/loss_tokens": out.n_loss,
+                    "perf/tokens_per_s": out.seen / dt,
+                    "sft/skipped_nonfinite": loop.guard.total,
+                    "sft/truncated": data.truncated,
+                    "sft/dropped_empty": data.dropped_empty,
+                },
+            )
             if run is not None and loop.checkpoint_due(done):  # the last step's too: resumable to the end
                 _save(sft, loop.guard, run, done, fingerprint)
     finally:
@@ -398,13 +433,18 @@ def run_sft(
     final_dir = _save_final(policy, run) if run is not None else None
     finite_losses = [x for x in losses if math.isfinite(x)]
     return {
-        "steps_done": total, "start_step": start, "losses": losses,
+        "steps_done": total,
+        "start_step": start,
+        "losses": losses,
         "loss_first": finite_losses[0] if finite_losses else None,
         "loss_last": finite_losses[-1] if finite_losses else None,
-        "skipped_nonfinite": loop.guard.total, "truncated": data.truncated, "dropped_empty": data.dropped_empty,
-        "examples": len(data.ids), "tokens_per_s": tok_total / time_total if time_total else None,
+        "skipped_nonfinite": loop.guard.total,
+        "truncated": data.truncated,
+        "dropped_empty": data.dropped_empty,
+        "examples": len(data.ids),
+        "tokens_per_s": tok_total / time_total if time_total else None,
         "final_dir": final_dir,
-    }  # fmt: skip
+    }
 
 
 def _build(policy: Any, data: Tokenised, s: SFTSettings) -> _SFTRun:
@@ -426,11 +466,21 @@ def _build(policy: Any, data: Tokenised, s: SFTSettings) -> _SFTRun:
 def _step_loop(s: SFTSettings, total: int, state: dict[str, Any], log: RunLog | None) -> StepLoop:
     """The SFT phase's ``StepLoop`` (the machinery RL's loop runs on): ``total`` steps, the guard
     with ``s.max_consecutive_nonfinite`` and the checkpoint's counts, ``log_every``, ``checkpoint_every``."""
-    guard = NonFiniteGuard(s.max_consecutive_nonfinite, int(state.get("consecutive_nonfinite", 0)),
-                           int(state.get("skipped_nonfinite", 0)))  # fmt: skip
+    guard = NonFiniteGuard(
+        s.max_consecutive_nonfinite,
+        int(state.get("consecutive_nonfinite", 0)),
+        int(state.get("skipped_nonfinite", 0)),
+    )
     advice = f"lower lr (now {s.lr}) or max_grad_norm, or check the data"
-    return StepLoop(total, "sft warm-up", guard, log_every=s.log_every, checkpoint_every=s.checkpoint_every,
-                    log=log, advice=advice)  # fmt: skip
+    return StepLoop(
+        total,
+        "sft warm-up",
+        guard,
+        log_every=s.log_every,
+        checkpoint_every=s.checkpoint_every,
+        log=log,
+        advice=advice,
+    )
 
 
 def _save_final(policy: Any, run: Path) -> str:
@@ -512,8 +562,13 @@ def _forward_backward(sft: _SFTRun, idx: list[int]) -> tuple[float, float, int]:
         if n_part == 0:
             continue
         images = {k: v.to(device) for k, v in part.extras.items() if len(v)}  # this part's rows' images
-        loss, _ = sft_loss(sft.policy.model, part.input_ids.to(device), part.attention_mask.to(device),
-                           part.loss_mask.to(device), **images)  # fmt: skip
+        loss, _ = sft_loss(
+            sft.policy.model,
+            part.input_ids.to(device),
+            part.attention_mask.to(device),
+            part.loss_mask.to(device),
+            **images,
+        )
         (loss * (n_part / n_loss)).backward()  # token mean over the whole batch
         loss_sum += float(loss.detach()) * n_part
     return loss_sum / max(n_loss, 1), float(seen), n_loss
@@ -540,10 +595,11 @@ def warmup_from_config(
         from veriloop.agents.sampling_params import SamplingParams
 
         extra = {
-            "policy": policy, "samples": r.group_size,
+            "policy": policy,
+            "samples": r.group_size,
             "sampling": SamplingParams.from_rollout(r, seed=r.seed),
             "limits": RolloutLimits.from_rollout(r),
-        }  # fmt: skip
+        }
     examples = build_examples(
         sft.source,
         cfg.env.id,
@@ -574,11 +630,17 @@ def sft_summary(metrics: dict[str, Any]) -> str:
 
     total, start = metrics.get("steps_done", "?"), metrics.get("start_step")
     steps = f"steps {start + 1}-{total} of {total} (resumed at step {start})" if start else f"{total} steps"
-    parts = [steps,
-             f"loss {num('loss_first', '.3f')} -> {num('loss_last', '.3f')}",
-             f"{metrics.get('examples', '?')} examples", f"{num('tokens_per_s', '.0f')} tokens/s"]  # fmt: skip
-    for key, what in (("skipped_nonfinite", "non-finite steps skipped"), ("truncated", "examples truncated"),
-                      ("dropped_empty", "examples dropped (empty)")):  # fmt: skip
+    parts = [
+        steps,
+        f"loss {num('loss_first', '.3f')} -> {num('loss_last', '.3f')}",
+        f"{metrics.get('examples', '?')} examples",
+        f"{num('tokens_per_s', '.0f')} tokens/s",
+    ]
+    for key, what in (
+        ("skipped_nonfinite", "non-finite steps skipped"),
+        ("truncated", "examples truncated"),
+        ("dropped_empty", "examples dropped (empty)"),
+    ):
         if metrics.get(key):
             parts.append(f"{metrics[key]} {what}")
     saved = f"; saved {metrics['final_dir']}" if metrics.get("final_dir") else ""

@@ -55,8 +55,9 @@ class _ProcessorAsTokenizer:
                 f"{len(self.pending)} image(s) are left; does an observation's text contain {self.token!r}?"
             )
         images, self.pending = [to_pil(im) for im in self.pending[:k]], self.pending[k:]
-        out = self.processor(text=piece, images=images or None, return_tensors="pt",
-                             add_special_tokens=add_special_tokens)  # fmt: skip
+        out = self.processor(
+            text=piece, images=images or None, return_tensors="pt", add_special_tokens=add_special_tokens
+        )
         if images:
             self.inputs.append(vision_inputs(dict(out)))
         return {"input_ids": out["input_ids"][0].tolist()}

@@ -41,8 +41,11 @@ def _run(tmp_path: Path, per_step: dict[int, list[float]], wall: list[float]) ->
     (run / "eval").mkdir(parents=True)
     rows = []
     for step, values in per_step.items():
-        report = {"meta": {"step": step}, "per_problem": {"id": {"avg@n": values}},
-                  "splits": {"id": {"avg@n": sum(values) / len(values)}}}  # fmt: skip
+        report = {
+            "meta": {"step": step},
+            "per_problem": {"id": {"avg@n": values}},
+            "splits": {"id": {"avg@n": sum(values) / len(values)}},
+        }
         (run / "eval" / f"step-{step:06d}.json").write_text(json.dumps(report))
         rows.append({"step": step, "eval/id/avg@n": sum(values) / len(values)})
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -137,12 +140,16 @@ def test_arm_differences_pair_by_problem_within_a_seed_and_spread_over_seeds(rep
     # seed 0: grpo ends (0, .5, 1, .5), clip_higher (.5, .5, 1, 1): d = (.5, 0, 0, .5), mean .25
     # seed 1: grpo ends (1, 1, 0, 0), clip_higher (1, .5, 0, 0): d = (0, -.5, 0, 0), mean -.125
     runs = {
-        "grpo": {0: {"end_per_problem": {"id": [0.0, 0.5, 1.0, 0.5]}},
-                 1: {"end_per_problem": {"id": [1.0, 1.0, 0.0, 0.0]}}},
-        "clip_higher": {0: {"end_per_problem": {"id": [0.5, 0.5, 1.0, 1.0]}},
-                        1: {"end_per_problem": {"id": [1.0, 0.5, 0.0, 0.0]}},
-                        2: {"end_per_problem": {"id": [1.0, 0.5, 0.0, 0.0]}}},  # no grpo seed 2: left out
-    }  # fmt: skip
+        "grpo": {
+            0: {"end_per_problem": {"id": [0.0, 0.5, 1.0, 0.5]}},
+            1: {"end_per_problem": {"id": [1.0, 1.0, 0.0, 0.0]}},
+        },
+        "clip_higher": {
+            0: {"end_per_problem": {"id": [0.5, 0.5, 1.0, 1.0]}},
+            1: {"end_per_problem": {"id": [1.0, 0.5, 0.0, 0.0]}},
+            2: {"end_per_problem": {"id": [1.0, 0.5, 0.0, 0.0]}},
+        },  # no grpo seed 2: left out
+    }
     (row,) = report.arm_differences(runs)
     assert row["arm"] == "clip_higher" and row["seeds"] == [0, 1]
     assert row["diff (per seed)"] == pytest.approx([0.25, -0.125])
@@ -173,12 +180,23 @@ def test_write_plots_draws_the_suites_plots(report, tmp_path):
         return {"evals": {"id": {s: {"avg@n": v} for s, v in values.items()}}, "base": {}}
 
     runs = {"sft_only": {0: run({"0": 0.4})}, "sft_then_grpo": {0: run({"0": 0.4, "10": 0.5})}}
-    arms = {"sft_only": ["sft.steps=200", "sft.examples=1600", "sft.steps=240", "sft.examples=1920", "train.steps=0"],
-            "sft_then_grpo": ["sft.steps=200", "sft.examples=1600"]}  # fmt: skip
+    arms = {
+        "sft_only": [
+            "sft.steps=200",
+            "sft.examples=1600",
+            "sft.steps=240",
+            "sft.examples=1920",
+            "train.steps=0",
+        ],
+        "sft_then_grpo": ["sft.steps=200", "sft.examples=1600"],
+    }
     report.write_plots("points24_easy", runs, arms, tmp_path, 1600, "sft_then_grpo")
     drawn = sorted(p.name for p in tmp_path.glob("*.png"))
-    assert drawn == ["learning_points24_easy.png", "learning_points24_easy_by_examples.png",
-                     "learning_points24_easy_illegal_numbers.png"]  # fmt: skip
+    assert drawn == [
+        "learning_points24_easy.png",
+        "learning_points24_easy_by_examples.png",
+        "learning_points24_easy_illegal_numbers.png",
+    ]
     assert all((tmp_path / name).stat().st_size > 1000 for name in drawn)
     # S2R: success, balanced verification accuracy and wrong -> right by step
     s2r = {"avg@n": 0.3, "verify_balanced_acc": 0.66, "wrong_to_right": 0.05}
@@ -186,8 +204,11 @@ def test_write_plots_draws_the_suites_plots(report, tmp_path):
     (tmp_path / "s2r").mkdir()
     report.write_plots("s2r_easy", runs, {"outcome_rloo": []}, tmp_path / "s2r")
     drawn = sorted(p.name for p in (tmp_path / "s2r").glob("*.png"))
-    assert drawn == ["learning_s2r_easy.png", "learning_s2r_easy_balanced_acc.png",
-                     "learning_s2r_easy_wrong_to_right.png"]  # fmt: skip
+    assert drawn == [
+        "learning_s2r_easy.png",
+        "learning_s2r_easy_balanced_acc.png",
+        "learning_s2r_easy_wrong_to_right.png",
+    ]
 
 
 def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monkeypatch):
@@ -279,8 +300,10 @@ def test_reeval_pairs_the_rejudged_start_and_end_and_reads_the_logged_gain(tmp_p
     run = _run(tmp_path, {0: [0.0, 0.5, 1.0, 0.5], 20: [1.0, 1.0, 1.0, 1.0]}, wall=[])
     for label, values, copied in (("start", [0.0, 0.5, 1.0, 0.5], 0.0), ("end", [0.0, 0.25, 0.5, 0.25], 0.5)):
         (run / "reeval" / label).mkdir(parents=True)  # cached reports: nothing is evaluated again
-        report = {"splits": {"id": {"avg@n": sum(values) / 4, "reason/unevaluated": copied}},
-                  "per_problem": {"id": {"avg@n": values}}}  # fmt: skip
+        report = {
+            "splits": {"id": {"avg@n": sum(values) / 4, "reason/unevaluated": copied}},
+            "per_problem": {"id": {"avg@n": values}},
+        }
         (run / "reeval" / label / f"{label}.json").write_text(json.dumps(report))
     row = reeval.compare(run, [])
     # logged: d = (1, .5, 0, .5), mean .5; re-judged: d = (0, -.25, -.5, -.25), mean -.25
@@ -317,12 +340,18 @@ def test_efficiency_per_sample_and_per_cpu_hour_and_at_equal_budgets_by_hand(rep
     and per CPU-hour it is behind, and at the cheaper arm's budget it is read at step 2."""
 
     def run(eps: float, roll_s: float, gains: dict[str, float], cpu: float) -> dict:
-        train = {"step": [1, 2, 3, 4], "samples/episodes": [eps] * 4, "time/rollout_s": [roll_s] * 4,
-                 "time/train_s": [1.0] * 4}  # fmt: skip
+        train = {
+            "step": [1, 2, 3, 4],
+            "samples/episodes": [eps] * 4,
+            "time/rollout_s": [roll_s] * 4,
+            "time/train_s": [1.0] * 4,
+        }
         return {"train": train, "gains": {"id": {s: {"diff": g} for s, g in gains.items()}}, "cpu_hours": cpu}
 
-    runs = {"grpo": {0: run(10.0, 1.0, {"2": 0.1, "4": 0.2}, 0.5)},
-            "gate": {0: run(20.0, 2.0, {"2": 0.15, "4": 0.3}, 1.0)}}  # fmt: skip
+    runs = {
+        "grpo": {0: run(10.0, 1.0, {"2": 0.1, "4": 0.2}, 0.5)},
+        "gate": {0: run(20.0, 2.0, {"2": 0.15, "4": 0.3}, 1.0)},
+    }
     rows = {r["arm"]: r for r in report.efficiency_table(runs)}
     assert rows["grpo"]["episodes"] == 40 and rows["gate"]["episodes"] == 80
     assert rows["grpo"]["gain_per_1k_episodes"] == pytest.approx(5.0)  # 1000 * 0.2 / 40
@@ -341,9 +370,17 @@ def test_efficiency_per_sample_and_per_cpu_hour_and_at_equal_budgets_by_hand(rep
 
 def test_efficiency_over_seeds_means_and_spread_by_hand(report):
     def row(arm: str, seed: int, gain: float, cpu: float | None) -> dict:
-        return {"arm": arm, "seed": seed, "gain": gain, "episodes": 100 * (seed + 1), "cpu_hours": cpu,
-                "gain_per_1k_episodes": 10 * gain / (seed + 1), "gain_per_cpu_hour": gain / cpu if cpu else None,
-                "equal_samples": {"gain": gain / 2}, "equal_compute": {"gain": gain / 4}}  # fmt: skip
+        return {
+            "arm": arm,
+            "seed": seed,
+            "gain": gain,
+            "episodes": 100 * (seed + 1),
+            "cpu_hours": cpu,
+            "gain_per_1k_episodes": 10 * gain / (seed + 1),
+            "gain_per_cpu_hour": gain / cpu if cpu else None,
+            "equal_samples": {"gain": gain / 2},
+            "equal_compute": {"gain": gain / 4},
+        }
 
     rows = [row("a", 0, 0.02, 1.0), row("b", 0, 0.05, None), row("a", 1, 0.04, 2.0)]
     a, b = report.efficiency_over_seeds(rows)
@@ -369,8 +406,11 @@ def test_runs_logged_before_the_episode_count_get_it_from_fixed_settings_only(be
         "gated": {0: old()},
         "logged": {0: {"train": {"step": [1], "samples/episodes": [7.0]}}},
     }
-    arms = [("plain", "quickstart", ["rollout.prompts_per_step=16"]),
-            ("gated", "quickstart", ["curriculum.gate=true"]), ("logged", "quickstart", [])]  # fmt: skip
+    arms = [
+        ("plain", "quickstart", ["rollout.prompts_per_step=16"]),
+        ("gated", "quickstart", ["curriculum.gate=true"]),
+        ("logged", "quickstart", []),
+    ]
     assert bench.backfill_episodes(runs, arms)
     assert (
         runs["plain"][0]["train"]["samples/episodes"] == [128.0] * 3
@@ -395,13 +435,30 @@ def test_math_gain_compares_the_per_sample_arms_among_themselves(report):
             "time/rollout_s": [1.0] * 2,
             "time/train_s": [1.0] * 2,
         }
-        return {"evals": {}, "train": train, "end_per_problem": {"id": end},
-                "cpu_hours": 1.0, "gains": {"id": {"2": {"diff": sum(end) / len(end) - 0.5, "se": 0.1, "z": 1.0,
-                                                      "se_start": 0.1, "se_step": 0.1, "num_problems": 4}}}}  # fmt: skip
+        return {
+            "evals": {},
+            "train": train,
+            "end_per_problem": {"id": end},
+            "cpu_hours": 1.0,
+            "gains": {
+                "id": {
+                    "2": {
+                        "diff": sum(end) / len(end) - 0.5,
+                        "se": 0.1,
+                        "z": 1.0,
+                        "se_start": 0.1,
+                        "se_step": 0.1,
+                        "num_problems": 4,
+                    }
+                }
+            },
+        }
 
-    runs = {"grpo_p16_v2": {0: run([1.0, 0.0, 1.0, 0.0], 128.0)},
-            "grpo_p16_gate": {0: run([1.0, 1.0, 1.0, 0.0], 160.0)},
-            "grpo": {0: run([0.0, 0.0, 0.0, 0.0], 64.0)}}  # fmt: skip
+    runs = {
+        "grpo_p16_v2": {0: run([1.0, 0.0, 1.0, 0.0], 128.0)},
+        "grpo_p16_gate": {0: run([1.0, 1.0, 1.0, 0.0], 160.0)},
+        "grpo": {0: run([0.0, 0.0, 0.0, 0.0], 64.0)},
+    }
     out = report.summarize_all("math_gain", runs)
     assert {r["arm"] for r in out["efficiency_table"]} == {"grpo_p16_v2", "grpo_p16_gate"}
     assert out["efficiency_table"][0]["equal_samples"]["episodes"] == 256.0  # grpo's 128 left out
@@ -416,10 +473,12 @@ def test_math_gain_pairs_the_bf16_arms_with_fp32(report):
     def run(end: list[float]) -> dict:
         return {"evals": {}, "train": {}, "end_per_problem": {"id": end}}
 
-    runs = {"grpo_p16_v2": {1: run([1.0, 0.0, 1.0, 0.0])},
-            "grpo_p16_v2_bf16": {1: run([1.0, 1.0, 1.0, 0.0])},
-            "grpo_p16_v2_bf16_before_fix": {1: run([0.0, 0.0, 1.0, 0.0])},
-            "grpo_p16_gate": {1: run([1.0, 1.0, 1.0, 1.0])}}  # fmt: skip
+    runs = {
+        "grpo_p16_v2": {1: run([1.0, 0.0, 1.0, 0.0])},
+        "grpo_p16_v2_bf16": {1: run([1.0, 1.0, 1.0, 0.0])},
+        "grpo_p16_v2_bf16_before_fix": {1: run([0.0, 0.0, 1.0, 0.0])},
+        "grpo_p16_gate": {1: run([1.0, 1.0, 1.0, 1.0])},
+    }
     rows = {r["arm"]: r for r in report.summarize_all("math_gain", runs)["bf16_vs_fp32"]}
     assert set(rows) == {"grpo_p16_v2_bf16", "grpo_p16_v2_bf16_before_fix"}
     assert rows["grpo_p16_v2_bf16"]["diff (per seed)"] == [pytest.approx(0.25)]

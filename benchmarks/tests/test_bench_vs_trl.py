@@ -33,16 +33,32 @@ def test_arms_split_into_framework_and_precision(bench) -> None:  # type: ignore
 
 
 def test_speedups_are_against_trl_in_the_same_precision(bench) -> None:  # type: ignore[no-untyped-def]
-    summary = {name: {"step_s": {"mean": s}} for name, s in
-               {"trl_fp32": 40.0, "veriloop_fp32": 20.0, "trl_bf16": 30.0, "veriloop_bf16": 10.0}.items()}  # fmt: skip
+    summary = {
+        name: {"step_s": {"mean": s}}
+        for name, s in {
+            "trl_fp32": 40.0,
+            "veriloop_fp32": 20.0,
+            "trl_bf16": 30.0,
+            "veriloop_bf16": 10.0,
+        }.items()
+    }
     assert bench.speedups_by_precision(summary) == {"veriloop_fp32": 2.0, "veriloop_bf16": 3.0}
 
 
 def test_phases_are_fractions_of_their_dtype_peak(bench) -> None:  # type: ignore[no-untyped-def]
     args = argparse.Namespace(prompts=1, group=2)
     # two steps (the first a discarded warm-up): 10 generated tokens in 1 s, 100 processed in 2 s
-    records = [{"wall_s": 3.0, "rollout_s": 1.0, "train_s": 2.0, "gen_tokens": 10.0, "train_tokens": 20.0,
-                "hwm_mb": 1.0} for _ in range(2)]  # fmt: skip
+    records = [
+        {
+            "wall_s": 3.0,
+            "rollout_s": 1.0,
+            "train_s": 2.0,
+            "gen_tokens": 10.0,
+            "train_tokens": 20.0,
+            "hwm_mb": 1.0,
+        }
+        for _ in range(2)
+    ]
     out = bench.summarize(
         records, [40, 40], args, n_params=1_000_000_000, peaks={"rollout": 100.0, "train": 200.0}
     )

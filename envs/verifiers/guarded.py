@@ -30,12 +30,14 @@ from veriloop.envs.verifiers.verdict import Verdict
 DEFAULT_CHECK_TIMEOUT_S = 5.0
 #: The checks that bound their own time (``module.qualname`` of the ``check`` function): they run
 #: inline, with no thread deadline on top (the math check's own deadline excludes worker start-up).
-BOUNDED_CHECKS = frozenset({
-    "veriloop.envs.math_env.MathVerifyEnv.check",
-    "veriloop.envs.points24.env.Points24Env.check",
-    "veriloop.envs.solve_verify.SolveVerifyEnv.check",
-    "veriloop.interop.reasoning_gym_env.ReasoningGymEnv.check",
-})  # fmt: skip
+BOUNDED_CHECKS = frozenset(
+    {
+        "veriloop.envs.math_env.MathVerifyEnv.check",
+        "veriloop.envs.points24.env.Points24Env.check",
+        "veriloop.envs.solve_verify.SolveVerifyEnv.check",
+        "veriloop.interop.reasoning_gym_env.ReasoningGymEnv.check",
+    }
+)
 _LOG = logging.getLogger(__name__)
 _LOGGED: set[type] = set()
 

@@ -18,8 +18,17 @@ from veriloop.configs.schema import ExperimentConfig
 
 def test_the_serving_contract_names_every_call_made_on_an_engine():
     assert protocol_members(Backend) == {"generate", "release"}
-    assert protocol_members(ServingBackend) == {"generate", "release", "sync", "close", "pin", "adapter_slots",
-                                                "model_name", "serves_adapter", "keep_adapters"}  # fmt: skip
+    assert protocol_members(ServingBackend) == {
+        "generate",
+        "release",
+        "sync",
+        "close",
+        "pin",
+        "adapter_slots",
+        "model_name",
+        "serves_adapter",
+        "keep_adapters",
+    }
 
 
 @pytest.mark.parametrize("name", list(B.BACKENDS))

@@ -57,6 +57,42 @@ def _count_block_attention(monkeypatch) -> list[int]:  # type: ignore[no-untyped
     return calls
 
 
+def _record_prefix_paths(forward, monkeypatch) -> list[str]:
+    """The names of the shared-prefix paths ``token_logprobs`` takes, in call order."""
+    taken: list[str] = []
+    for name in ("_packed_prefix_logits", "_shared_prefix_logits"):
+        real = getattr(forward, name)
+        monkeypatch.setattr(
+            forward, name, lambda *a, _real=real, _name=name, **k: taken.append(_name) or _real(*a, **k)
+        )
+    return taken
+
+
+def _tiny_model_with_active_lora(lora: bool):
+    from veriloop.agents.testing import tiny_policy
+
+    model = tiny_policy(seed=3, lora=lora).model
+    if lora:
+        with torch.no_grad():  # peft starts lora_B at 0: make the adapter matter
+            for name, w in model.named_parameters():
+                if "lora_B" in name:
+                    w.normal_(std=0.3)
+    return model
+
+
+def _group_rows() -> tuple[torch.Tensor, torch.Tensor]:
+    """Four rows sharing a 9-token prompt, with right padding on two and a hole in one."""
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 60, (1, 9), generator=g)
+    tails = torch.randint(3, 60, (4, 6), generator=g)
+    ids = torch.cat([prompt.expand(4, -1), tails], dim=1)  # [4, 15]
+    mask = torch.ones_like(ids)
+    mask[1, -2:] = 0  # right padding on two rows
+    mask[3, -4:] = 0
+    mask[2, 12] = 0  # and a hole in one row's continuation
+    return ids, mask
+
+
 @pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("path", ["packed", "kv_cache", "packed_only"])
 def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora, path, monkeypatch):
@@ -66,40 +102,27 @@ def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora, path, monkeyp
     ``packed_only`` (a sharded model) such a batch runs every row in full instead."""
     from veriloop.agents import forward
     from veriloop.agents.forward import shared_prefix_length
-    from veriloop.agents.testing import tiny_policy
 
     if path in ("kv_cache", "packed_only"):
         monkeypatch.setattr(forward, "PACKED_MAX_TOKENS", 0)
-    taken = []
-    for name in ("_packed_prefix_logits", "_shared_prefix_logits"):
-        real = getattr(forward, name)
-        monkeypatch.setattr(
-            forward, name, lambda *a, _real=real, _name=name, **k: taken.append(_name) or _real(*a, **k)
-        )
+    taken = _record_prefix_paths(forward, monkeypatch)
     blocks = _count_block_attention(monkeypatch)  # SDPA over the seen blocks only, not the dense mask
-
-    policy = tiny_policy(seed=3, lora=lora)
-    model = policy.model
-    if lora:
-        with torch.no_grad():  # peft starts lora_B at 0: make the adapter matter
-            for name, w in model.named_parameters():
-                if "lora_B" in name:
-                    w.normal_(std=0.3)
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, 60, (1, 9), generator=g)
-    tails = torch.randint(3, 60, (4, 6), generator=g)
-    ids = torch.cat([prompt.expand(4, -1), tails], dim=1)  # [4, 15]
-    mask = torch.ones_like(ids)
-    mask[1, -2:] = 0  # right padding on two rows
-    mask[3, -4:] = 0
-    mask[2, 12] = 0  # and a hole in one row's continuation
+    model = _tiny_model_with_active_lora(lora)
+    ids, mask = _group_rows()
     prefix = shared_prefix_length(ids, mask, limit=10)
     assert prefix == 9
     params = [p for p in model.parameters() if p.requires_grad]
 
     def run(shared):
-        lp, ent = token_logprobs(model, ids, mask, with_entropy=True, first_position=10, shared_prefix=shared,
-                                 packed_only=path == "packed_only")  # fmt: skip
+        lp, ent = token_logprobs(
+            model,
+            ids,
+            mask,
+            with_entropy=True,
+            first_position=10,
+            shared_prefix=shared,
+            packed_only=path == "packed_only",
+        )
         loss = (lp * mask).sum() + 0.1 * (ent * mask).sum()
         grads = torch.autograd.grad(loss, params)
         return lp.detach(), ent.detach(), grads
@@ -118,6 +141,13 @@ def test_shared_prefix_gives_the_same_logprobs_and_gradients(lora, path, monkeyp
     torch.testing.assert_close(ent1[m], ent0[m], atol=1e-5, rtol=1e-5)
     for a, b in zip(g1, g0):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_the_shared_prefix_stops_at_the_limit_and_at_the_first_difference():
+    from veriloop.agents.forward import shared_prefix_length
+
+    ids, mask = _group_rows()
+    assert shared_prefix_length(ids, mask, limit=10) == 9
     assert shared_prefix_length(ids, mask, limit=4) == 4
     different = ids.clone()
     different[2, 0] = 1
@@ -230,8 +260,15 @@ def test_packed_block_attention_matches_full_passes_on_other_architectures(arch,
     layers) and Qwen2 (q/k/v biases), grouped-query heads: every row's log-probs as a full pass gives."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen2Config, Qwen2ForCausalLM
 
-    shape = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, attn_implementation="sdpa")  # fmt: skip
+    shape = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     if arch == "gemma3":
         model = Gemma3ForCausalLM(

@@ -86,11 +86,20 @@ def _tiny_gemma3(tok, folder):
 
     torch.manual_seed(0)
     config = Gemma3TextConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=16,
-        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=1024,
-        bos_token_id=tok.bos_token_id, eos_token_id=106, pad_token_id=tok.pad_token_id,
-    )  # fmt: skip
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=1024,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=106,
+        pad_token_id=tok.pad_token_id,
+    )
     model = Gemma3ForCausalLM(config)
     model.generation_config.eos_token_id = gemma.gemma_end_ids(tok)
     model.save_pretrained(folder)

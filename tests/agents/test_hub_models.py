@@ -65,28 +65,73 @@ print("ok")
 
 
 def test_hub_id_loads_from_a_local_cache_offline_with_its_revision(hub_cache: Path) -> None:
-    r = subprocess.run([sys.executable, "-c", LOAD.format(v2=V2)], env=offline(hub_cache), capture_output=True,
-                       text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", LOAD.format(v2=V2)],
+        env=offline(hub_cache),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
 
 
 def test_missing_model_exits_2_before_anything_is_written(hub_cache: Path, tmp_path: Path) -> None:
     out = tmp_path / "runs"
-    r = subprocess.run([sys.executable, "-m", "veriloop.cli", "train", "quickstart", "policy.model=someone/missing",
-                        f"run.out_dir={out}"], env=offline(hub_cache), capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "veriloop.cli",
+            "train",
+            "quickstart",
+            "policy.model=someone/missing",
+            f"run.out_dir={out}",
+        ],
+        env=offline(hub_cache),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and "someone/missing" in r.stderr and "Tried:" in r.stderr
     assert not out.exists() or not any(out.iterdir())
 
 
 def test_cli_trains_from_a_hub_id_offline(hub_cache: Path, tmp_path: Path) -> None:
-    tiny = ["policy.lora=false", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
-            "rollout.max_context=256", "train.steps=1", "train.micro_batch_size=2", "eval.num_problems=1",
-            "eval.n_samples=1", "eval.k_list=[1]", "eval.every=0", "eval.greedy=false", "sft.steps=0",
-            "run.tensorboard=false", "run.checkpoint_every=0"]  # fmt: skip
-    r = subprocess.run([sys.executable, "-m", "veriloop.cli", "train", "quickstart", "policy.model=someone/tiny-model@v2",
-                        *tiny, f"run.out_dir={tmp_path}", "run.name=hub"], env=offline(hub_cache), capture_output=True,
-                       text=True, timeout=600)  # fmt: skip
+    tiny = [
+        "policy.lora=false",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "rollout.max_context=256",
+        "train.steps=1",
+        "train.micro_batch_size=2",
+        "eval.num_problems=1",
+        "eval.n_samples=1",
+        "eval.k_list=[1]",
+        "eval.every=0",
+        "eval.greedy=false",
+        "sft.steps=0",
+        "run.tensorboard=false",
+        "run.checkpoint_every=0",
+    ]
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "veriloop.cli",
+            "train",
+            "quickstart",
+            "policy.model=someone/tiny-model@v2",
+            *tiny,
+            f"run.out_dir={tmp_path}",
+            "run.name=hub",
+        ],
+        env=offline(hub_cache),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "hub" / "final" / "config.json").is_file()
 

@@ -34,10 +34,18 @@ def starcoder2_folder(tmp_path: Path) -> Path:
 
     tok = tiny_tokenizer()
     torch.manual_seed(0)
-    config = Starcoder2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                              bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                              pad_token_id=tok.pad_token_id)  # fmt: skip
+    config = Starcoder2Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     folder = tmp_path / "starcoder2"
     Starcoder2ForCausalLM(config).save_pretrained(folder)
     tok.save_pretrained(folder)
@@ -109,8 +117,17 @@ def test_a_mismatch_stops_train_before_the_run_folder_exists(
     from veriloop.cli.main import run as cli_run
 
     _wrong_packing(monkeypatch)
-    rc = cli_run(["train", "quickstart", f"policy.model={starcoder2_folder}", "policy.lora=false",
-                  f"run.out_dir={tmp_path / 'runs'}", "run.name=r", "train.steps=1"])  # fmt: skip
+    rc = cli_run(
+        [
+            "train",
+            "quickstart",
+            f"policy.model={starcoder2_folder}",
+            "policy.lora=false",
+            f"run.out_dir={tmp_path / 'runs'}",
+            "run.name=r",
+            "train.steps=1",
+        ]
+    )
     err = [
         line
         for line in capsys.readouterr().err.splitlines()

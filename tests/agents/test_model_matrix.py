@@ -100,8 +100,15 @@ def test_family(name: str, mode: str, precision: str, tmp_path: Path) -> None:
     gap, cosine = trainer_gap(policy)
     assert gap <= BOUND[precision], f"{name} {mode} {precision}: packed vs plain {gap:.2e}"
     assert cosine >= MIN_COSINE[precision], f"{name} {mode} {precision}: gradient cosine {cosine:.6f}"
-    result: dict[str, Any] = dict(family=name, mode=mode, precision=precision, rollout_gap=rollout,
-                                  logprob_gap=gap, grad_cosine=cosine, path=_path(policy))  # fmt: skip
+    result: dict[str, Any] = dict(
+        family=name,
+        mode=mode,
+        precision=precision,
+        rollout_gap=rollout,
+        logprob_gap=gap,
+        grad_cosine=cosine,
+        path=_path(policy),
+    )
     if mode == "lora":
         result["lora_targets"] = _lora_targets(policy)
         assert {"q_proj", "o_proj"} <= set(result["lora_targets"]) or "qkv_proj" in result["lora_targets"]

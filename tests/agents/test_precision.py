@@ -283,11 +283,21 @@ def test_default_model_bf16_warmup_steps_learn_as_fp32():
 # ------------------------------------------------------------------------------- training runs
 
 FAST = [
-    "policy.model=tiny", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}",
-    "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
-    "rollout.max_context=256", "train.steps=3", "train.micro_batch_size=2", "train.lr=1e-2",
-    "eval.every=0", "eval.at_start=false", "run.tensorboard=false", "run.algo_preset=grpo",
-]  # fmt: skip
+    "policy.model=tiny",
+    "env.id=veriloop/MathVerify-v0",
+    "env.kwargs={level: 1}",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.steps=3",
+    "train.micro_batch_size=2",
+    "train.lr=1e-2",
+    "eval.every=0",
+    "eval.at_start=false",
+    "run.tensorboard=false",
+    "run.algo_preset=grpo",
+]
 
 
 @pytest.fixture
@@ -309,8 +319,16 @@ def quiet_run(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
         from veriloop.algos.run.log import read_metrics
         from veriloop.configs.loader import load_config
 
-        cfg = load_config(None, [*FAST, f"policy.precision={precision}", f"run.out_dir={tmp_path}",
-                                 f"run.name={precision}", *extra])  # fmt: skip
+        cfg = load_config(
+            None,
+            [
+                *FAST,
+                f"policy.precision={precision}",
+                f"run.out_dir={tmp_path}",
+                f"run.name={precision}",
+                *extra,
+            ],
+        )
         run_dir = T.train(cfg, quiet=True)
         return run_dir, read_metrics(run_dir)
 
@@ -422,8 +440,10 @@ def test_sibling_projections_run_as_one_node_with_the_per_layer_results(precisio
     layers = [attn.q_proj, attn.k_proj, attn.v_proj]
     attn.k_proj.scaling[attn.k_proj.active_adapters[0]] *= 3.0  # one scaling per layer (an alpha pattern)
     x0 = torch.randn(2, 5, layers[0].in_features, generator=torch.Generator().manual_seed(4))
-    upstream = [torch.randn(2, 5, m.out_features, generator=torch.Generator().manual_seed(5 + i))
-                for i, m in enumerate(layers)]  # fmt: skip
+    upstream = [
+        torch.randn(2, 5, m.out_features, generator=torch.Generator().manual_seed(5 + i))
+        for i, m in enumerate(layers)
+    ]
     params = [p for m in layers for p in m.parameters() if p.requires_grad]
     group = attn.q_proj._veriloop_group
     results = []
@@ -467,8 +487,9 @@ def test_a_sibling_called_on_another_input_gets_its_own_result():
         got = attn.k_proj(y)
         torch.testing.assert_close(got, _mixed(attn.k_proj, y, *_adapter(attn.k_proj)), atol=1e-2, rtol=1e-2)
         x.add_(1.0)  # the same tensor, changed: not the pending result for the old values
-        torch.testing.assert_close(attn.v_proj(x), _mixed(attn.v_proj, x, *_adapter(attn.v_proj)),
-                                   atol=1e-2, rtol=1e-2)  # fmt: skip
+        torch.testing.assert_close(
+            attn.v_proj(x), _mixed(attn.v_proj, x, *_adapter(attn.v_proj)), atol=1e-2, rtol=1e-2
+        )
 
 
 def test_a_bf16_policy_with_fused_siblings_copies_and_saves(tmp_path):

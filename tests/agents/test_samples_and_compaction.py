@@ -78,8 +78,12 @@ def _episodes(tokenizer: Any, solve_on: int | None) -> tuple[list[Trajectory], R
         return f"<think>Attempt {turn}: I think it is {answer}.</think>The answer is \\boxed{{{answer}}}."
 
     policy = RecordingPolicy(reply, tokenizer)
-    trajs = rollout(policy, [EpisodeSpec(ENV, seed=0)], sampling=SamplingParams(max_new_tokens=64),
-                    limits=RolloutLimits(max_turns=3))  # fmt: skip
+    trajs = rollout(
+        policy,
+        [EpisodeSpec(ENV, seed=0)],
+        sampling=SamplingParams(max_new_tokens=64),
+        limits=RolloutLimits(max_turns=3),
+    )
     return trajs, policy
 
 
@@ -152,9 +156,13 @@ def _long_episode(tokenizer: Any, compactor: Any, max_context: int) -> tuple[Tra
         return '{"cards": ["A", "2", "3", "4"], "formula": "1+2+3+4"} ' + "Let me explain my reasoning. " * 6
 
     policy = RecordingPolicy(reply, tokenizer)
-    (traj,) = rollout(policy, [EpisodeSpec("veriloop/Points24-text-v0", seed=0)],
-                      sampling=SamplingParams(max_new_tokens=64),
-                      limits=RolloutLimits(max_turns=5, max_context=max_context), compactor=compactor)  # fmt: skip
+    (traj,) = rollout(
+        policy,
+        [EpisodeSpec("veriloop/Points24-text-v0", seed=0)],
+        sampling=SamplingParams(max_new_tokens=64),
+        limits=RolloutLimits(max_turns=5, max_context=max_context),
+        compactor=compactor,
+    )
     return traj, policy
 
 
@@ -197,9 +205,12 @@ def test_compaction_splits_the_episode_and_trains_each_turn_in_its_context(compa
 def test_a_summary_request_keeps_the_task_and_the_newest_turns_that_fit() -> None:
     from veriloop.agents.compaction import fit_request
 
-    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"},
-            *({"role": r, "content": f"{r}{i}"} for i in range(3) for r in ("assistant", "user")),
-            {"role": "user", "content": "summarise"}]  # fmt: skip
+    msgs = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "task"},
+        *({"role": r, "content": f"{r}{i}"} for i in range(3) for r in ("assistant", "user")),
+        {"role": "user", "content": "summarise"},
+    ]
     size = lambda m: sum(len(x["content"]) for x in m)  # noqa: E731
     assert fit_request(msgs, lambda m: True) == msgs
     kept = fit_request(msgs, lambda m: size(m) <= size(msgs) - len("assistant0") - len("user0"))
@@ -245,8 +256,9 @@ def test_a_real_model_is_trained_on_what_it_sampled_in_each_split_context(tiny_t
     policy = tiny_text_policy
     policy.tokenizer.chat_template = DROPPING_TEMPLATE
     specs = [EpisodeSpec("veriloop/Points24-text-v0", seed=s) for s in (0, 1)]
-    trajs = rollout(policy, specs, sampling=SamplingParams(max_new_tokens=6, seed=0),
-                    limits=RolloutLimits(max_turns=3))  # fmt: skip
+    trajs = rollout(
+        policy, specs, sampling=SamplingParams(max_new_tokens=6, seed=0), limits=RolloutLimits(max_turns=3)
+    )
     assert [t.num_samples for t in trajs] == [t.num_turns for t in trajs] == [3, 3]
     batch, _ = prepare_batch(trajs, resolve(AlgoConfig()), model=policy.model, recompute_old_logprobs=True)
     recorded = collate(*_pieces(trajs)).old_logprobs  # [R, T], the sampler's numbers
@@ -275,8 +287,9 @@ def test_one_update_on_split_episodes_moves_the_weights(tiny_text_policy: Any) -
     policy = tiny_text_policy
     policy.tokenizer.chat_template = DROPPING_TEMPLATE
     specs = [EpisodeSpec("veriloop/Points24-text-v0", seed=0, group_id=0) for _ in range(2)]
-    trajs = rollout(policy, specs, sampling=SamplingParams(max_new_tokens=6, seed=1),
-                    limits=RolloutLimits(max_turns=3))  # fmt: skip
+    trajs = rollout(
+        policy, specs, sampling=SamplingParams(max_new_tokens=6, seed=1), limits=RolloutLimits(max_turns=3)
+    )
     trajs[0] = replace(trajs[0], turns=tuple(replace(t, reward=t.reward + 3.0) for t in trajs[0].turns))
     batch, _ = prepare_batch(trajs, resolve(AlgoConfig()), model=policy.model)
     assert batch.size == 6 and batch.advantages.abs().sum() > 0

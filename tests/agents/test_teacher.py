@@ -126,8 +126,9 @@ def test_a_separate_teacher_model_scores_the_student_context(tiny_text_policy, t
     teacher = tiny_policy(seed=1)  # other weights, the same vocabulary
     save_policy(teacher, tmp_path / "teacher")
     trajs = _episodes(tiny_text_policy.tokenizer)
-    got = score_with_teacher(tiny_text_policy, trajs, teacher="model", teacher_model=str(tmp_path / "teacher"),
-                             temperature=1.0)  # fmt: skip
+    got = score_with_teacher(
+        tiny_text_policy, trajs, teacher="model", teacher_model=str(tmp_path / "teacher"), temperature=1.0
+    )
     want = teacher_logprobs(teacher.model, trajs, ChatFormat(teacher.tokenizer), privileged=False)
     for g, w in zip(got, want):
         assert g == pytest.approx(w, abs=1e-5)

@@ -87,10 +87,18 @@ def _types(processor: Any, ids: list[int]) -> dict[str, Any]:
 def _episodes(policy: Any) -> list[Trajectory]:
     """A group of 3 over 2 turns (an image in each) and one 1-turn episode (its one image)."""
     sampling = SamplingParams(max_new_tokens=5, seed=1)
-    group = rollout(policy, grouped_specs(ENV, {"max_attempts": 2}, [0], 3), sampling=sampling,
-                    limits=RolloutLimits(max_turns=2))  # fmt: skip
-    single = rollout(policy, grouped_specs(ENV, {"max_attempts": 2}, [5], 1), sampling=sampling,
-                     limits=RolloutLimits(max_turns=1))  # fmt: skip
+    group = rollout(
+        policy,
+        grouped_specs(ENV, {"max_attempts": 2}, [0], 3),
+        sampling=sampling,
+        limits=RolloutLimits(max_turns=2),
+    )
+    single = rollout(
+        policy,
+        grouped_specs(ENV, {"max_attempts": 2}, [5], 1),
+        sampling=sampling,
+        limits=RolloutLimits(max_turns=1),
+    )
     return [*group, *single]
 
 
@@ -111,8 +119,11 @@ def _trainer_gap(policy: Any, trajs: list[Trajectory]) -> tuple[float, float]:
     from veriloop.algos.learner.batch import collate
 
     adv = torch.tensor([1.0, -0.5, 0.25, -1.0])
-    batch = collate(trajs, [[a] * len(t.token_ids) for a, t in zip(adv.tolist(), trajs)],
-                    pad_id=policy.tokenizer.pad_token_id)  # fmt: skip
+    batch = collate(
+        trajs,
+        [[a] * len(t.token_ids) for a, t in zip(adv.tolist(), trajs)],
+        pad_id=policy.tokenizer.pad_token_id,
+    )
     assert {len(t.token_ids) for t in trajs} != 1 and batch.attention_mask.min() == 0  # right-padded rows
     model = policy.model
     params = [p for p in model.parameters() if p.requires_grad]
@@ -175,8 +186,15 @@ def _reload_gap(policy: Any, family: str, trajs: list[Trajectory], folder: Path)
     tr = trajs[0]
     types = _types(policy.processor, tr.token_ids)
     with torch.no_grad():
-        return (plain_logprobs(plain, tr.token_ids, tr.extras, types)
-                - plain_logprobs(policy.model, tr.token_ids, tr.extras, types)).abs().max().item()  # fmt: skip
+        return (
+            (
+                plain_logprobs(plain, tr.token_ids, tr.extras, types)
+                - plain_logprobs(policy.model, tr.token_ids, tr.extras, types)
+            )
+            .abs()
+            .max()
+            .item()
+        )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -202,8 +220,16 @@ def test_vision_family(name: str, mode: str, precision: str, tmp_path: Path) -> 
     gap, cosine = _trainer_gap(policy, trajs)
     assert gap <= BOUND[precision], f"{name} {mode} {precision}: batch vs plain {gap:.2e}"
     assert cosine >= MIN_COSINE[precision], f"{name} {mode} {precision}: gradient cosine {cosine:.6f}"
-    result: dict[str, Any] = dict(family=name, mode=mode, precision=precision, rollout_gap=rollout_gap,
-                                  logprob_gap=gap, grad_cosine=cosine, path="batched", vision=True)  # fmt: skip
+    result: dict[str, Any] = dict(
+        family=name,
+        mode=mode,
+        precision=precision,
+        rollout_gap=rollout_gap,
+        logprob_gap=gap,
+        grad_cosine=cosine,
+        path="batched",
+        vision=True,
+    )
     if mode == "lora":
         targets = _lora_targets(policy)
         assert {"q_proj", "o_proj"} <= set(targets["language"]) and targets["vision"] and targets["connector"]
@@ -229,9 +255,11 @@ def test_trainer_inputs_equal_the_processors_own(name: str) -> None:
     from veriloop.agents.vision import encode_vision_messages, user_content, vision_inputs
 
     policy = tiny_vision_policy(name)
-    messages = [{"role": "user", "content": user_content("Turn 0: what now?", _image(0))},
-                {"role": "assistant", "content": "I see two cards."},
-                {"role": "user", "content": user_content("Turn 1: and now?", _image(1))}]  # fmt: skip
+    messages = [
+        {"role": "user", "content": user_content("Turn 0: what now?", _image(0))},
+        {"role": "assistant", "content": "I see two cards."},
+        {"role": "user", "content": user_content("Turn 1: and now?", _image(1))},
+    ]
     enc = encode_vision_messages(policy.processor, messages)
     ids = enc["input_ids"][0].tolist()
     with torch.no_grad():
@@ -260,10 +288,28 @@ def test_the_vision_config_trains_a_saved_qwen2_5_vl_from_the_cli(tmp_path: Path
     model, processor = tiny_vision_base("qwen2_5_vl")
     model.save_pretrained(tmp_path / "qwen")
     processor.save_pretrained(tmp_path / "qwen")
-    rc = cli_run(["train", "points24_vision_grpo", f"policy.model={tmp_path / 'qwen'}", "train.steps=1",
-                  "train.warmup_steps=0", "train.micro_batch_size=2", "rollout.prompts_per_step=1",
-                  "rollout.group_size=4", "rollout.max_new_tokens=6", "sft.steps=0", "eval.at_start=false", "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]",
-                  "eval.every=0", f"run.out_dir={tmp_path}", "run.name=r", "run.tensorboard=false"])  # fmt: skip
+    rc = cli_run(
+        [
+            "train",
+            "points24_vision_grpo",
+            f"policy.model={tmp_path / 'qwen'}",
+            "train.steps=1",
+            "train.warmup_steps=0",
+            "train.micro_batch_size=2",
+            "rollout.prompts_per_step=1",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=6",
+            "sft.steps=0",
+            "eval.at_start=false",
+            "eval.num_problems=1",
+            "eval.n_samples=1",
+            "eval.k_list=[1]",
+            "eval.every=0",
+            f"run.out_dir={tmp_path}",
+            "run.name=r",
+            "run.tensorboard=false",
+        ]
+    )
     assert rc == 0
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 1 and rows[-1]["mismatch/tokens"] > 0

@@ -225,8 +225,12 @@ def test_one_lora_rl_step_on_a_two_turn_vision_episode(built):
     policy.model.forward = spy
     try:
         specs = grouped_specs("veriloop/Points24-vision-v0", {"max_attempts": 2}, [0], 2)
-        trajs = rollout(policy, specs, sampling=SamplingParams(max_new_tokens=6, seed=1),
-                        limits=RolloutLimits(max_turns=2))  # fmt: skip
+        trajs = rollout(
+            policy,
+            specs,
+            sampling=SamplingParams(max_new_tokens=6, seed=1),
+            limits=RolloutLimits(max_turns=2),
+        )
     finally:
         del policy.model.forward
     assert [t.num_turns for t in trajs] == [2, 2]
@@ -262,11 +266,22 @@ def test_the_shipped_vision_config_trains_one_step_with_a_built_vlm(built, tmp_p
     from veriloop.configs.loader import load_config
 
     overrides = [
-        f"policy.model={built[0]}", "train.steps=1", "train.warmup_steps=0", "train.micro_batch_size=2",
-        "rollout.prompts_per_step=1", "rollout.group_size=2", "rollout.max_new_tokens=8",
-        "rollout.max_context=512", "eval.every=0", "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]",
-        f"run.out_dir={tmp_path}", "run.name=vis", "run.tensorboard=false",
-    ]  # fmt: skip
+        f"policy.model={built[0]}",
+        "train.steps=1",
+        "train.warmup_steps=0",
+        "train.micro_batch_size=2",
+        "rollout.prompts_per_step=1",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "rollout.max_context=512",
+        "eval.every=0",
+        "eval.num_problems=1",
+        "eval.n_samples=1",
+        "eval.k_list=[1]",
+        f"run.out_dir={tmp_path}",
+        "run.name=vis",
+        "run.tensorboard=false",
+    ]
     train(load_config("configs/experiments/points24_vision_grpo.yaml", overrides), quiet=True)
     rows = [json.loads(line) for line in (tmp_path / "vis" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]  # the base evaluation, then the one training step

@@ -226,8 +226,14 @@ def test_full_finetuning_step_is_served(engines):
     print(f"full-weight sync: {time.perf_counter() - t0:.2f} s")
     after = sample(backend, context, seed=5)
     assert_matches_hf(policy, context, after)  # the updated policy is served...
-    moved = max(float((hf_logprobs(types.SimpleNamespace(model=old), context, r.token_ids)
-                       - torch.tensor(r.logprobs)).abs().max()) for r in after)  # fmt: skip
+    moved = max(
+        float(
+            (hf_logprobs(types.SimpleNamespace(model=old), context, r.token_ids) - torch.tensor(r.logprobs))
+            .abs()
+            .max()
+        )
+        for r in after
+    )
     assert moved > 10 * ATOL  # ...and the update is large enough that serving the old one would show
 
 
@@ -272,8 +278,9 @@ def test_multi_turn_episodes_keep_the_trajectory_invariants(engines, base_policy
     backend = VLLMBackend(base_policy, llm=engines("plain"))
     specs = grouped_specs(env_id, kwargs, seeds=[0, 1, 2], group_size=2)
     limits = RolloutLimits(max_new_tokens=48, max_turns=2, max_context=1024)
-    trajs = rollout(base_policy, specs, sampling=SamplingParams(max_new_tokens=48, seed=0), limits=limits,
-                    backend=backend)  # fmt: skip
+    trajs = rollout(
+        base_policy, specs, sampling=SamplingParams(max_new_tokens=48, seed=0), limits=limits, backend=backend
+    )
     eos = base_policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
     for tr in trajs:
         n = len(tr.token_ids)
@@ -395,8 +402,13 @@ def fake_vllm(monkeypatch):
     )
     platforms = types.ModuleType("vllm.platforms")
     platforms.current_platform = types.SimpleNamespace(is_cpu=lambda: False)  # type: ignore[attr-defined]
-    for name, module in [("vllm", vllm), ("vllm.inputs", inputs), ("vllm.lora", types.ModuleType("vllm.lora")),
-                         ("vllm.lora.request", lora_request), ("vllm.platforms", platforms)]:  # fmt: skip
+    for name, module in [
+        ("vllm", vllm),
+        ("vllm.inputs", inputs),
+        ("vllm.lora", types.ModuleType("vllm.lora")),
+        ("vllm.lora.request", lora_request),
+        ("vllm.platforms", platforms),
+    ]:
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     return built

@@ -54,8 +54,12 @@ def _in_process_tests():
 _checks = _in_process_tests()
 ATOL, requires_vllm = _checks.ATOL, _checks.requires_vllm
 assert_matches_hf, chat_ids, hf_logprobs, sample, sft_step = (
-    _checks.assert_matches_hf, _checks.chat_ids, _checks.hf_logprobs, _checks.sample, _checks.sft_step
-)  # fmt: skip
+    _checks.assert_matches_hf,
+    _checks.chat_ids,
+    _checks.hf_logprobs,
+    _checks.sample,
+    _checks.sft_step,
+)
 
 pytestmark = requires_vllm
 
@@ -63,11 +67,22 @@ pytestmark = requires_vllm
 #: The quickstart (default model, LoRA) in fp32 as the server is, without its SFT warm-up, its LoRA
 #: merged into full weights on every sync (the CPU path), with tiny budgets.
 TRAIN = [
-    "quickstart", "policy.precision=fp32", "sft.steps=0", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
-    "train.micro_batch_size=2", "train.warmup_steps=0", "eval.every=0", "eval.at_start=false",
-    "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]", "rollout.backend=vllm_server",
+    "quickstart",
+    "policy.precision=fp32",
+    "sft.steps=0",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "train.micro_batch_size=2",
+    "train.warmup_steps=0",
+    "eval.every=0",
+    "eval.at_start=false",
+    "eval.num_problems=1",
+    "eval.n_samples=1",
+    "eval.k_list=[1]",
+    "rollout.backend=vllm_server",
     "rollout.server.lora_sync=merge",
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +176,10 @@ def test_a_sync_serves_the_updated_policy(server, route):
     with torch.no_grad():  # serving the old weights would have shown
         for n, p in policy.model.named_parameters():
             p.copy_(old[n])
-        stale = max(float((hf_logprobs(policy, context, r.token_ids) - torch.tensor(r.logprobs)).abs().max())
-                    for r in after)  # fmt: skip
+        stale = max(
+            float((hf_logprobs(policy, context, r.token_ids) - torch.tensor(r.logprobs)).abs().max())
+            for r in after
+        )
     assert stale > 10 * ATOL
 
 
@@ -171,13 +188,26 @@ def test_two_trainer_ranks_train_two_steps_on_one_server(server, tmp_path, paral
     """Both layouts of docs/scaling.md on CPU: two trainer ranks (whole copies, or FSDP2 shards
     gathered for each sync) and one server, weights sent without a file (gloo)."""
     port = str(free_port())
-    args = [*TRAIN, f"rollout.server.urls=[{server['url']}]", "train.steps=2", f"run.out_dir={tmp_path}",
-            "run.name=two", "run.checkpoint_every=0", f"train.parallel={parallel}"]  # fmt: skip
+    args = [
+        *TRAIN,
+        f"rollout.server.urls=[{server['url']}]",
+        "train.steps=2",
+        f"run.out_dir={tmp_path}",
+        "run.name=two",
+        "run.checkpoint_every=0",
+        f"train.parallel={parallel}",
+    ]
     common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-m", "veriloop.cli", "train", *args],
-                              env={**os.environ, **common, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "veriloop.cli", "train", *args],
+            env={**os.environ, **common, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
     for p in procs:
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out[-3000:]
@@ -222,8 +252,12 @@ class _Proxy:
                         threading.Thread(target=proxy.stop, daemon=True).start()
                         return
                     proxy.left -= 1
-                req = urllib.request.Request(proxy.upstream + self.path, data=body, method=self.command,
-                                             headers={"Content-Type": "application/json"})  # fmt: skip
+                req = urllib.request.Request(
+                    proxy.upstream + self.path,
+                    data=body,
+                    method=self.command,
+                    headers={"Content-Type": "application/json"},
+                )
                 try:
                     with urllib.request.urlopen(req, timeout=120) as r:
                         status, payload = r.status, r.read()
@@ -250,9 +284,17 @@ def test_an_unreachable_server_stops_the_run_and_resume_finishes_it(server, tmp_
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    args = ["train", *TRAIN, f"rollout.server.urls=[{url}]", "rollout.server.retries=2",
-            "rollout.server.backoff_s=0.2", "train.steps=2", "run.checkpoint_every=1", f"run.out_dir={tmp_path}",
-            "run.name=resume"]  # fmt: skip
+    args = [
+        "train",
+        *TRAIN,
+        f"rollout.server.urls=[{url}]",
+        "rollout.server.retries=2",
+        "rollout.server.backoff_s=0.2",
+        "train.steps=2",
+        "run.checkpoint_every=1",
+        f"run.out_dir={tmp_path}",
+        "run.name=resume",
+    ]
     proxy = _Proxy(server["url"], port, completions=5)  # step 1's 4 episodes and its sync probe, then gone
     t0 = time.perf_counter()
     code = cli(args)

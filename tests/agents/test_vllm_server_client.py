@@ -26,9 +26,11 @@ class FakeServer:
     def __init__(self, fail: list[int] | None = None, lora: bool = False) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.fail = list(fail or [])
-        config = {"model_config": {"logprobs_mode": "processed_logprobs"},
-                  "parallel_config": {"worker_extension_cls": WORKER_EXTENSION},
-                  "lora_config": {"max_lora_rank": 8} if lora else None}  # fmt: skip
+        config = {
+            "model_config": {"logprobs_mode": "processed_logprobs"},
+            "parallel_config": {"worker_extension_cls": WORKER_EXTENSION},
+            "lora_config": {"max_lora_rank": 8} if lora else None,
+        }
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -45,12 +47,23 @@ class FakeServer:
                 fake.calls.append((self.path, body))
                 status, out = (fake.fail.pop(0), {"error": {"message": "nope"}}) if fake.fail else (200, None)
                 if out is None:
-                    out = {"/health": {}, "/v1/models": {"data": [{"id": "base", "parent": None}]},
-                           "/server_info?config_format=json": {"vllm_config": config},
-                           "/reset_prefix_cache": {"success": True}}.get(self.path, {})  # fmt: skip
+                    out = {
+                        "/health": {},
+                        "/v1/models": {"data": [{"id": "base", "parent": None}]},
+                        "/server_info?config_format=json": {"vllm_config": config},
+                        "/reset_prefix_cache": {"success": True},
+                    }.get(self.path, {})
                     if self.path == "/v1/completions":
-                        out = {"choices": [{"token_ids": [7, 8], "finish_reason": "length", "stop_reason": None,
-                                            "logprobs": {"token_logprobs": [-0.5, -0.25]}}]}  # fmt: skip
+                        out = {
+                            "choices": [
+                                {
+                                    "token_ids": [7, 8],
+                                    "finish_reason": "length",
+                                    "stop_reason": None,
+                                    "logprobs": {"token_logprobs": [-0.5, -0.25]},
+                                }
+                            ]
+                        }
                 payload = json.dumps(out).encode()
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(payload)))
@@ -115,8 +128,16 @@ def test_busy_answers_are_retried_and_bad_requests_are_not(fakes) -> None:
 
 def test_a_choice_maps_to_a_gen_result_as_in_the_in_process_backend() -> None:
     def choice(finish: str, stop: Any) -> dict[str, Any]:
-        return {"choices": [{"token_ids": [1, 2], "finish_reason": finish, "stop_reason": stop,
-                             "logprobs": {"token_logprobs": [-1.0, -2.0]}}]}  # fmt: skip
+        return {
+            "choices": [
+                {
+                    "token_ids": [1, 2],
+                    "finish_reason": finish,
+                    "stop_reason": stop,
+                    "logprobs": {"token_logprobs": [-1.0, -2.0]},
+                }
+            ]
+        }
 
     assert _result("u", choice("length", None)).finish == "length"
     assert _result("u", choice("stop", "\n")).finish == "stop"
@@ -204,9 +225,16 @@ def test_lora_adapters_get_a_new_name_per_version(fakes) -> None:
 def test_serve_command_sets_what_the_backend_checks() -> None:
     argv, env = serve_command("m", port=9, lora_rank=12, cpu=True)
     line = " ".join(argv)
-    for flag in ("--logprobs-mode processed_logprobs", "--generation-config vllm", "--max-lora-rank 16",
-                 f"--worker-extension-cls {WORKER_EXTENSION}", "--no-enable-chunked-prefill",
-                 "--kv-cache-memory-bytes 1073741824", "--block-size 64", "--port 9"):  # fmt: skip
+    for flag in (
+        "--logprobs-mode processed_logprobs",
+        "--generation-config vllm",
+        "--max-lora-rank 16",
+        f"--worker-extension-cls {WORKER_EXTENSION}",
+        "--no-enable-chunked-prefill",
+        "--kv-cache-memory-bytes 1073741824",
+        "--block-size 64",
+        "--port 9",
+    ):
         assert flag in line
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     gpu, _ = serve_command("m")

@@ -45,8 +45,13 @@ class _StandIn(BaseHTTPRequestHandler):
             return
         if self.path == "/init_weight_transfer_engine":
             info = body["init_info"]
-            cls.group = open_gloo_group(info["master_address"], info["master_port"], info["rank_offset"],
-                                        info["world_size"], info["timeout_s"])  # fmt: skip
+            cls.group = open_gloo_group(
+                info["master_address"],
+                info["master_port"],
+                info["rank_offset"],
+                info["world_size"],
+                info["timeout_s"],
+            )
         elif self.path == "/update_weights":
             info = body["update_info"]
             dtypes = [getattr(torch, d) for d in info["dtype_names"]]
@@ -70,17 +75,22 @@ def test_sender_delivers_every_weight_through_the_four_calls(monkeypatch: pytest
         client = ServerClient(f"http://127.0.0.1:{httpd.server_port}", RetryPolicy(0, 0.1, 60))
         sender = GlooWeightSender(client, host="127.0.0.1", workers=1, timeout_s=60)
         g = torch.Generator().manual_seed(0)
-        weights = [("a.weight", torch.randn(4, 8, generator=g)), ("a.bias", torch.randn(4, generator=g)),
-                   ("b.weight", torch.randn(3, 3, generator=g).to(torch.bfloat16)),
-                   ("c.weight", torch.randn(40, generator=g))]  # fmt: skip
+        weights = [
+            ("a.weight", torch.randn(4, 8, generator=g)),
+            ("a.bias", torch.randn(4, generator=g)),
+            ("b.weight", torch.randn(3, 3, generator=g).to(torch.bfloat16)),
+            ("c.weight", torch.randn(40, generator=g)),
+        ]
         for round_ in range(2):  # the group is joined once and reused
             sent = [(n, w + round_) for n, w in weights]
             sender.send(sent)
             for name, w in sent:
                 assert torch.equal(_StandIn.received[name], w)
-        assert _StandIn.calls == ["/init_weight_transfer_engine"] + [
-            "/start_weight_update", "/update_weights", "/finish_weight_update"
-        ] * 2  # fmt: skip
+        assert (
+            _StandIn.calls
+            == ["/init_weight_transfer_engine"]
+            + ["/start_weight_update", "/update_weights", "/finish_weight_update"] * 2
+        )
     finally:
         httpd.shutdown()
 

@@ -18,8 +18,16 @@ def test_defaults_are_off_and_valid():
 
 def test_training_seeds_count_skipped_seeds_and_refills():
     base = load_config(None, []).train_seed_range
-    on = load_config(None, ["curriculum.pools_enabled=true", "curriculum.max_scan=3", "curriculum.gate=true",
-                            "curriculum.max_rounds=2", "eval.seed_offset=10000000"])  # fmt: skip
+    on = load_config(
+        None,
+        [
+            "curriculum.pools_enabled=true",
+            "curriculum.max_scan=3",
+            "curriculum.gate=true",
+            "curriculum.max_rounds=2",
+            "eval.seed_offset=10000000",
+        ],
+    )
     assert len(on.train_seed_range) == len(base) * 3 * 2
     with pytest.raises(ConfigError, match="overlap training seeds"):
         load_config(

@@ -38,8 +38,10 @@ def test_alias_bomb_in_a_file_is_refused_quickly_with_a_short_message(tmp_path: 
 
 
 def test_alias_bomb_in_an_override_is_refused(tmp_path: Path) -> None:
-    flow = "{a: &a [x,x,x,x,x,x,x,x,x,x], b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]," \
-           " d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]}"  # fmt: skip
+    flow = (
+        "{a: &a [x,x,x,x,x,x,x,x,x,x], b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b],"
+        " d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]}"
+    )
     with pytest.raises(ConfigError, match="expands to more than") as err:
         load_config(None, [f"env.kwargs={flow}"])
     assert len(str(err.value)) < 500
@@ -53,8 +55,14 @@ def test_a_few_aliases_are_still_fine(tmp_path: Path) -> None:
     assert load_config(str(f)).env.kwargs == {"level": 1}
 
 
-@pytest.mark.parametrize("text", ["env: " + "[" * 50_000, "env: " + "[" * 100 + "]" * 100,
-                                  "".join("  " * i + f"k{i}:\n" for i in range(100))])  # fmt: skip
+@pytest.mark.parametrize(
+    "text",
+    [
+        "env: " + "[" * 50_000,
+        "env: " + "[" * 100 + "]" * 100,
+        "".join("  " * i + f"k{i}:\n" for i in range(100)),
+    ],
+)
 def test_deep_nesting_is_a_clear_error_not_a_recursion_error(tmp_path: Path, text: str) -> None:
     err = _load_file(tmp_path, text)
     assert f"nested more than {MAX_DEPTH} levels deep" in str(err)

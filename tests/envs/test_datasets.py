@@ -148,8 +148,14 @@ def _configs(tmp_path: Path) -> dict[str, EnvConfig]:
     parquet = write_parquet(tmp_path / "m.parquet", ROWS)
     (tmp_path / "check_fn.py").write_text("def ok(response, answer):\n    return answer in response\n")
     if "userdata/Sums-v0" not in gymnasium.registry:
-        register_dataset_env("userdata/Sums-v0", data=parquet, check="check_fn:ok", question_key="problem",
-                             answer_key="solution", answer_extract="last_boxed")  # fmt: skip
+        register_dataset_env(
+            "userdata/Sums-v0",
+            data=parquet,
+            check="check_fn:ok",
+            question_key="problem",
+            answer_key="solution",
+            answer_extract="last_boxed",
+        )
     return {
         "math-jsonl": EnvConfig(kwargs={"data": str(jsonl), "level": None}),
         "math-parquet": EnvConfig(kwargs={"data": str(parquet), **MAPPED}),
@@ -158,7 +164,7 @@ def _configs(tmp_path: Path) -> dict[str, EnvConfig]:
                 "a": MixtureEntry(kwargs={"data": str(jsonl), "level": None}),
                 "b": MixtureEntry(kwargs={"data": str(parquet), **MAPPED}),
             }
-        ),  # fmt: skip
+        ),
         "solve-verify": EnvConfig(id="veriloop/SolveVerify-v0", kwargs={"data": str(jsonl), "level": None}),
         "reasoning-gym": EnvConfig(
             id="veriloop/ReasoningGym-v0", kwargs={"dataset": "chain_sum", "config": {"size": 50}}
@@ -193,9 +199,13 @@ def test_id_evaluation_never_sees_a_training_row(
 def test_eval_split_on_the_training_file_is_held_out_and_another_file_is_read_whole(tmp_path: Path) -> None:
     parquet = write_parquet(tmp_path / "m.parquet", ROWS)
     other = write_parquet(tmp_path / "test.parquet", ROWS[:7])
-    cfg = EnvConfig(kwargs={"data": str(parquet), **MAPPED}, eval_splits={
-        "same": SplitConfig(kwargs={"data": str(parquet), **MAPPED, "level": 1}),
-        "test": SplitConfig(kwargs={"data": str(other), **MAPPED})})  # fmt: skip
+    cfg = EnvConfig(
+        kwargs={"data": str(parquet), **MAPPED},
+        eval_splits={
+            "same": SplitConfig(kwargs={"data": str(parquet), **MAPPED, "level": 1}),
+            "test": SplitConfig(kwargs={"data": str(other), **MAPPED}),
+        },
+    )
     splits = cfg.resolved_eval_splits
     assert splits["same"].kwargs["part"] == "heldout" and splits["test"].kwargs["part"] == "all"
     assert len(_pool(str(splits["test"].id), splits["test"].kwargs)) == 7
@@ -211,14 +221,24 @@ def test_level_filter_that_keeps_nothing_says_how_to_fix_it(tmp_path: Path) -> N
 
 
 def test_dataset_env_with_a_plain_check_function(tmp_path: Path) -> None:
-    path = write_parquet(tmp_path / "caps.parquet", [{"country": c, "capital": k} for c, k in
-                         [("France", "Paris"), ("Japan", "Tokyo"), ("Peru", "Lima"), ("Chad", "N'Djamena")]])  # fmt: skip
+    path = write_parquet(
+        tmp_path / "caps.parquet",
+        [
+            {"country": c, "capital": k}
+            for c, k in [("France", "Paris"), ("Japan", "Tokyo"), ("Peru", "Lima"), ("Chad", "N'Djamena")]
+        ],
+    )
 
     def check(response: str, answer: str) -> bool:
         return answer.lower() in response.lower()
 
-    kw = {"data": str(path), "question_key": "country", "answer_key": "capital",
-          "prompt": "What is the capital of {country}?", "part": "all"}  # fmt: skip
+    kw = {
+        "data": str(path),
+        "question_key": "country",
+        "answer_key": "capital",
+        "prompt": "What is the capital of {country}?",
+        "part": "all",
+    }
     env = gymnasium.make(DATASET_ENV, check=check, **kw)
     obs, info = env.reset(seed=0)
     assert obs == f"What is the capital of {info['task']['country']}?"

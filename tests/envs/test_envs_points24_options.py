@@ -72,9 +72,18 @@ def test_three_card_deals_and_solver():
 
 @pytest.mark.parametrize(
     ("values", "target", "expected"),
-    [([2, 5], 10, "2*5"), ([4, 6], 10, "4+6"), ([1, 1], 10, None), ([6, 6], 10, None), ([3, 4], 12, "3*4"),
-     ([2, 2, 3], 12, "3*(2+2)"), ([1, 2, 3], 12, None), ([2, 3, 4], 24, "4*2*3"), ([3, 3, 8], 24, None)],
-)  # fmt: skip
+    [
+        ([2, 5], 10, "2*5"),
+        ([4, 6], 10, "4+6"),
+        ([1, 1], 10, None),
+        ([6, 6], 10, None),
+        ([3, 4], 12, "3*4"),
+        ([2, 2, 3], 12, "3*(2+2)"),
+        ([1, 2, 3], 12, None),
+        ([2, 3, 4], 24, "4*2*3"),
+        ([3, 3, 8], 24, None),
+    ],
+)
 def test_solver_on_two_and_three_cards(values, target, expected):
     """Hand-checked: 1 and 1 make at most 2; 6, 6 give 12, 0, 36 or 1; 1, 2, 3 reach at most 9."""
     assert solve(values, target) == expected

@@ -14,9 +14,18 @@ from veriloop.envs.verifiers.screen import is_unevaluated
 
 
 @pytest.mark.parametrize(
-    "answer", ["|{-4}|", "|-3|+1", "|-4|", "\\left| -4 \\right|", "\\lvert -4 \\rvert",
-               "\\lfloor 4.5 \\rfloor", "\\lceil 3.2 \\rceil", "⌊4.5⌋"],
-)  # fmt: skip
+    "answer",
+    [
+        "|{-4}|",
+        "|-3|+1",
+        "|-4|",
+        "\\left| -4 \\right|",
+        "\\lvert -4 \\rvert",
+        "\\lfloor 4.5 \\rfloor",
+        "\\lceil 3.2 \\rceil",
+        "⌊4.5⌋",
+    ],
+)
 def test_absolute_values_floors_and_ceilings_of_numbers_are_not_paid(answer: str) -> None:
     assert is_unevaluated(answer, "4")
     verdict = check_math(f"\\boxed{{{answer}}}", "4")

@@ -11,10 +11,16 @@ import pytest
 from veriloop.envs.math_env import MathVerifyEnv
 
 MATH500 = [  # MATH-500's JSONL: problem, solution, answer, subject, level, unique_id
-    {"problem": f"What is ${i} + \\frac{{1}}{{2}}$?", "solution": f"It is $\\boxed{{{2 * i + 1}/2}}$.",
-     "answer": f"\\frac{{{2 * i + 1}}}{{2}}", "subject": "Algebra", "level": 1 + i % 5, "unique_id": f"test/{i}.json"}
+    {
+        "problem": f"What is ${i} + \\frac{{1}}{{2}}$?",
+        "solution": f"It is $\\boxed{{{2 * i + 1}/2}}$.",
+        "answer": f"\\frac{{{2 * i + 1}}}{{2}}",
+        "subject": "Algebra",
+        "level": 1 + i % 5,
+        "unique_id": f"test/{i}.json",
+    }
     for i in range(10)
-]  # fmt: skip
+]
 GSM8K = [{"question": f"Tom has {i} apples and buys 3. How many?", "answer": f"{i} + 3 = {i + 3}\n#### {i + 3}"}
          for i in range(6)]  # fmt: skip
 AIME = [{"id": i, "problem": f"Find the remainder of {100 + i} divided by 7.", "solution": "...", "answer": f"{(100 + i) % 7:03d}"}
@@ -82,8 +88,16 @@ def test_math500_evaluates_a_checkpoint_from_the_cli(tmp_path: Path, monkeypatch
     from veriloop.configs.loader import load_config
 
     torch.set_num_threads(1)
-    tiny = ["policy.model=tiny", "policy.lora=false", "rollout.max_new_tokens=8", "rollout.max_context=256",
-            "eval.num_problems=2", "eval.n_samples=2", "eval.k_list=[1,2]", "eval.greedy=false"]  # fmt: skip
+    tiny = [
+        "policy.model=tiny",
+        "policy.lora=false",
+        "rollout.max_new_tokens=8",
+        "rollout.max_context=256",
+        "eval.num_problems=2",
+        "eval.n_samples=2",
+        "eval.k_list=[1,2]",
+        "eval.greedy=false",
+    ]
     data = write(tmp_path / "math500.jsonl", MATH500)
     ckpt = tmp_path / "ckpt"
     save_policy(build_policy(load_config("quickstart", tiny)), ckpt)
@@ -120,8 +134,16 @@ def test_math500_as_the_env_evaluates_a_checkpoint_from_the_cli(
         return check(self, response, task)
 
     monkeypatch.setattr(MathVerifyEnv, "check", recording)
-    tiny = ["policy.model=tiny", "policy.lora=false", "rollout.max_new_tokens=8", "rollout.max_context=256",
-            "eval.num_problems=2", "eval.n_samples=2", "eval.k_list=[1,2]", "eval.greedy=false"]  # fmt: skip
+    tiny = [
+        "policy.model=tiny",
+        "policy.lora=false",
+        "rollout.max_new_tokens=8",
+        "rollout.max_context=256",
+        "eval.num_problems=2",
+        "eval.n_samples=2",
+        "eval.k_list=[1,2]",
+        "eval.greedy=false",
+    ]
     data = write(tmp_path / "math500.jsonl", MATH500)
     ckpt = tmp_path / "ckpt"
     save_policy(build_policy(load_config("quickstart", tiny)), ckpt)

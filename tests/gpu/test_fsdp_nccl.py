@@ -60,10 +60,14 @@ def _run(out: Path, mode: str, nproc: int | None = None) -> None:
     """The worker in one plain process (``nproc`` None) or under torchrun with ``nproc`` ranks."""
     worker = out / "worker.py"
     worker.write_text(WORKER)
-    launcher = [] if nproc is None else ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                                          f"--master_port={free_port()}"]  # fmt: skip
-    done = subprocess.run([sys.executable, *launcher, str(worker), str(out), mode], capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    launcher = (
+        []
+        if nproc is None
+        else ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}"]
+    )
+    done = subprocess.run(
+        [sys.executable, *launcher, str(worker), str(out), mode], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 

@@ -56,9 +56,22 @@ def test_vllm_suites_pass_with_cuda_vllm(module: str) -> None:
     if not _vllm_on_cuda():
         pytest.skip("needs a CUDA build of vLLM in this environment (`pip install vllm`)")
     env = {**os.environ, "VERILOOP_REQUIRE_VLLM": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(ROOT / "tests" / "agents" / module)], capture_output=True, text=True,
-                          timeout=3600, env=env, cwd=ROOT)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(ROOT / "tests" / "agents" / module),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=env,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stdout[-4000:]
 
 
@@ -141,10 +154,28 @@ def test_bf16_quickstart_on_the_gpu(tmp_path: Path) -> None:
 
 def test_quickstart_runs_on_a_gpu_machine(tmp_path: Path) -> None:
     """The quickstart's training (the tiny model, a tiny budget) completes on a CUDA machine and saves final/."""
-    cfg = ["policy.model=tiny", "sft.steps=0", "train.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=2",
-           "rollout.max_new_tokens=16", "train.micro_batch_size=2", "eval.every=0", "eval.at_start=false", "eval.num_problems=2",
-           "eval.n_samples=1", "eval.k_list=[1]", f"run.out_dir={tmp_path}", "run.name=gpu"]  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "veriloop.cli", "train", "quickstart", *cfg],
-                          capture_output=True, text=True, timeout=1800, cwd=ROOT)  # fmt: skip
+    cfg = [
+        "policy.model=tiny",
+        "sft.steps=0",
+        "train.steps=1",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=16",
+        "train.micro_batch_size=2",
+        "eval.every=0",
+        "eval.at_start=false",
+        "eval.num_problems=2",
+        "eval.n_samples=1",
+        "eval.k_list=[1]",
+        f"run.out_dir={tmp_path}",
+        "run.name=gpu",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "veriloop.cli", "train", "quickstart", *cfg],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "gpu" / "final" / "veriloop.json").is_file()

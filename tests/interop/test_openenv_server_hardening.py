@@ -127,8 +127,11 @@ def test_openenv_mcp_routes_are_not_served() -> None:
     """OpenEnv 0.10's /mcp would hold an env per connection outside the session limit and idle timeout;
     a veriloop env has no MCP tools, so the server drops the routes."""
     with serve(ENV) as url:
-        request = urllib.request.Request(url + "/mcp", data=b'{"jsonrpc": "2.0", "method": "tools/list", "id": 1}',
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            url + "/mcp",
+            data=b'{"jsonrpc": "2.0", "method": "tools/list", "id": 1}',
+            headers={"Content-Type": "application/json"},
+        )
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=10)
         assert refused.value.code in (404, 405)

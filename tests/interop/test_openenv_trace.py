@@ -27,8 +27,12 @@ def test_a_three_turn_episode_becomes_three_validated_turns() -> None:
         return right_answer(task) if turn == 2 else wrong_answer(task)
 
     policy = ScriptedPolicy(reply, tiny_tokenizer())
-    (traj,) = rollout(policy, [EpisodeSpec("veriloop/Points24-text-v0", seed=3)],
-                      sampling=SamplingParams(max_new_tokens=64), limits=RolloutLimits(max_turns=3))  # fmt: skip
+    (traj,) = rollout(
+        policy,
+        [EpisodeSpec("veriloop/Points24-text-v0", seed=3)],
+        sampling=SamplingParams(max_new_tokens=64),
+        limits=RolloutLimits(max_turns=3),
+    )
     trace = to_training_trace(traj)
     assert [t.node_id for t in trace.turns] == ["turn-0", "turn-1", "turn-2"]
     for rec, t in zip(traj.turns, trace.turns):
@@ -61,8 +65,12 @@ def test_a_split_episode_exports_each_turn_with_its_own_samples_context() -> Non
         "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
     )
     policy = ScriptedPolicy(lambda turn, obs, task: wrong_answer(task), tokenizer)
-    (traj,) = rollout(policy, [EpisodeSpec("veriloop/Points24-text-v0", seed=3)],
-                      sampling=SamplingParams(max_new_tokens=64), limits=RolloutLimits(max_turns=3))  # fmt: skip
+    (traj,) = rollout(
+        policy,
+        [EpisodeSpec("veriloop/Points24-text-v0", seed=3)],
+        sampling=SamplingParams(max_new_tokens=64),
+        limits=RolloutLimits(max_turns=3),
+    )
     assert traj.num_samples == 3
     trace = to_training_trace(traj)
     for rec, t, (a, _) in zip(traj.turns, trace.turns, traj.samples()):

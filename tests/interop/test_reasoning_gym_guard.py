@@ -145,18 +145,41 @@ def test_a_literal_dataset_keeps_its_partial_credit_for_a_list(full_jail: None) 
 
 @pytest.mark.parametrize(
     "text",
-    ["-5*X**9 - 2*X**6/3 + 4*X**3 + C", "-exp(x)*sin(x) + exp(x)*cos(x) + C", "3*(2*y - 1)**(3/2)",
-     "log(x, 2) + sqrt(x)^2 - 0.5*pi", "Abs(x) + atan(x)/oo"],
-)  # fmt: skip
+    [
+        "-5*X**9 - 2*X**6/3 + 4*X**3 + C",
+        "-exp(x)*sin(x) + exp(x)*cos(x) + C",
+        "3*(2*y - 1)**(3/2)",
+        "log(x, 2) + sqrt(x)^2 - 0.5*pi",
+        "Abs(x) + atan(x)/oo",
+    ],
+)
 def test_math_grammar_accepts_math(text: str) -> None:
     assert is_math_expression(text)
 
 
 @pytest.mark.parametrize(
     "text",
-    [*PAYLOADS.values(), "x.real", "x.__class__", "'x'", "x[0]", "bytes", "lambda: 1", "0x1f",
-     "\uff58 + 1", "x\u00a0+ 1", "\u0661 + x", "x; y", "x or y", "x == y", "a_b", "x\\\ny", "", "  "],
-)  # fmt: skip
+    [
+        *PAYLOADS.values(),
+        "x.real",
+        "x.__class__",
+        "'x'",
+        "x[0]",
+        "bytes",
+        "lambda: 1",
+        "0x1f",
+        "\uff58 + 1",
+        "x\u00a0+ 1",
+        "\u0661 + x",
+        "x; y",
+        "x or y",
+        "x == y",
+        "a_b",
+        "x\\\ny",
+        "",
+        "  ",
+    ],
+)
 def test_math_grammar_refuses_everything_else(text: str) -> None:
     assert not is_math_expression(text)
 

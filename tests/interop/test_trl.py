@@ -147,10 +147,20 @@ def test_one_grpo_step_with_a_dict_of_environment_factories(tmp_path: Path, monk
         return factory
 
     args = GRPOConfig(
-        output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, num_generations=2,
-        max_completion_length=8, learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="no",
-        use_cpu=True, bf16=False, dataloader_num_workers=0, shuffle_dataset=False,
-    )  # fmt: skip
+        output_dir=str(tmp_path),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        dataloader_num_workers=0,
+        shuffle_dataset=False,
+    )
     trainer = GRPOTrainer(
         model=model,
         processing_class=tokenizer,

@@ -16,20 +16,34 @@ from veriloop.cli.main import run as cli_run
 from veriloop.configs.loader import config_to_yaml, load_config
 
 
-def fake_run(root: Path, name: str, curves: dict[int, list[float]], *, seed: int = 0, preset: str = "grpo",
-             first_seed: int = 1_000_000) -> Path:  # fmt: skip
+def fake_run(
+    root: Path,
+    name: str,
+    curves: dict[int, list[float]],
+    *,
+    seed: int = 0,
+    preset: str = "grpo",
+    first_seed: int = 1_000_000,
+) -> Path:
     """A run folder as ``veriloop train`` leaves it: its config and one report per evaluated step,
     ``curves[step]`` the per-problem avg@n of split ``id``."""
     run = root / name
     run.mkdir(parents=True)
-    cfg = load_config("quickstart", [f"run.name={name}", f"run.out_dir={root}", f"rollout.seed={seed}",
-                                     f"algo.preset={preset}"])  # fmt: skip
+    cfg = load_config(
+        "quickstart",
+        [f"run.name={name}", f"run.out_dir={root}", f"rollout.seed={seed}", f"algo.preset={preset}"],
+    )
     (run / "config.yaml").write_text(config_to_yaml(cfg))
     (run / "metrics.jsonl").write_text("")
     for step, per in curves.items():
         split = {"avg@n": sum(per) / len(per), "se/avg@n": standard_error(per), "num_problems": len(per)}
-        meta = {"splits": {"id": {"id": "veriloop/MathVerify-v0", "kwargs": {"level": 1}, "source": "generated"}},
-                "num_problems": len(per), "first_seed": first_seed, "n_samples": 2, "step": step}  # fmt: skip
+        meta = {
+            "splits": {"id": {"id": "veriloop/MathVerify-v0", "kwargs": {"level": 1}, "source": "generated"}},
+            "num_problems": len(per),
+            "first_seed": first_seed,
+            "n_samples": 2,
+            "step": step,
+        }
         report = {"splits": {"id": split}, "gap": {}, "meta": meta, "per_problem": {"id": {"avg@n": per}}}
         write_report(report, run / "eval", f"step-{step:06d}")
     return run
@@ -74,10 +88,12 @@ def test_runs_on_different_problems_are_not_paired(tmp_path: Path) -> None:
 def test_two_arms_two_seeds(tmp_path: Path) -> None:
     """Per seed d = +0.25 (seed 0) and +0.5 (seed 1): mean +0.375, SE over seeds sd/sqrt(2) = 0.125."""
     start = [0.0, 0.0, 0.5, 0.0]  # step 0, the same base policy: the curves start together
-    runs = [fake_run(tmp_path, "g0", {0: start, 4: [0, 0.5, 1, 0]}, seed=0, preset="grpo"),
-            fake_run(tmp_path, "g1", {0: start, 4: [0, 0, 0, 0]}, seed=1, preset="grpo"),
-            fake_run(tmp_path, "d0", {0: start, 4: [0.5, 0.5, 1, 0.5]}, seed=0, preset="rloo"),
-            fake_run(tmp_path, "d1", {0: start, 4: [1, 1, 0, 0]}, seed=1, preset="rloo")]  # fmt: skip
+    runs = [
+        fake_run(tmp_path, "g0", {0: start, 4: [0, 0.5, 1, 0]}, seed=0, preset="grpo"),
+        fake_run(tmp_path, "g1", {0: start, 4: [0, 0, 0, 0]}, seed=1, preset="grpo"),
+        fake_run(tmp_path, "d0", {0: start, 4: [0.5, 0.5, 1, 0.5]}, seed=0, preset="rloo"),
+        fake_run(tmp_path, "d1", {0: start, 4: [1, 1, 0, 0]}, seed=1, preset="rloo"),
+    ]
     out = tmp_path / "cmp"
     assert cli_run(["compare", *map(str, runs), "--group-by", "algo.name", "--out", str(out)]) == 0
     text = (out / "compare.md").read_text()
@@ -94,8 +110,11 @@ def test_two_arms_two_seeds(tmp_path: Path) -> None:
 
 def test_three_seeds_get_a_bootstrap_interval(tmp_path: Path) -> None:
     per = {0: ([0, 0, 0, 0], [0, 0, 0, 0]), 1: ([0, 0, 0, 0], [0, 0, 0, 0]), 2: ([0, 0, 0, 0], [1, 1, 1, 1])}
-    runs = [fake_run(tmp_path, f"{arm}{s}", {3: p[i]}, seed=s, preset=arm)
-            for s, p in per.items() for i, arm in enumerate(("grpo", "rloo"))]  # fmt: skip
+    runs = [
+        fake_run(tmp_path, f"{arm}{s}", {3: p[i]}, seed=s, preset=arm)
+        for s, p in per.items()
+        for i, arm in enumerate(("grpo", "rloo"))
+    ]
     text = compare_markdown(group_runs([load_run(r, "algo.name") for r in runs]))
     lo, hi = bootstrap_ci([0.0, 0.0, 1.0])  # Binomial(3, 1/3)/3: P(0) = 0.296, P(<= 2/3) = 0.963 -> [0, 1]
     assert (lo, hi) == pytest.approx((0.0, 1.0))
@@ -121,10 +140,24 @@ def test_two_quickstart_runs_from_veriloop_train(tmp_path: Path, capsys) -> None
     import torch
 
     torch.set_num_threads(1)
-    tiny = ["policy.model=tiny", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
-            "rollout.max_context=256", "train.steps=1", "train.micro_batch_size=2", "sft.steps=0",
-            "eval.at_start=true", "eval.num_problems=2", "eval.n_samples=2", "eval.k_list=[1]", "eval.greedy=false",
-            "run.tensorboard=false", "run.checkpoint_every=0", f"run.out_dir={tmp_path}"]  # fmt: skip
+    tiny = [
+        "policy.model=tiny",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "rollout.max_context=256",
+        "train.steps=1",
+        "train.micro_batch_size=2",
+        "sft.steps=0",
+        "eval.at_start=true",
+        "eval.num_problems=2",
+        "eval.n_samples=2",
+        "eval.k_list=[1]",
+        "eval.greedy=false",
+        "run.tensorboard=false",
+        "run.checkpoint_every=0",
+        f"run.out_dir={tmp_path}",
+    ]
     assert cli_run(["train", "quickstart", *tiny, "run.name=qs_grpo"]) == 0
     assert cli_run(["train", "quickstart", *tiny, "run.name=qs_rloo", "algo.preset=rloo"]) == 0
     capsys.readouterr()

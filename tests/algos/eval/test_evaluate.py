@@ -96,9 +96,17 @@ def test_math_pass_maj_greedy_against_hand_values(tokenizer):
     assert len({t["question"] for t in tasks_of(MATH, seeds)}) == 4
     policy = math_policy(tokenizer, seeds)
     report = evaluate_policy(
-        policy, {"id": split(MATH), "copy": split(MATH)}, seeds=seeds, n_samples=4, k_list=[1, 2, 4],
-        temperature=1.0, greedy=True, limits=RolloutLimits(max_turns=1), max_new_tokens=64, batch_episodes=3,
-    )  # fmt: skip
+        policy,
+        {"id": split(MATH), "copy": split(MATH)},
+        seeds=seeds,
+        n_samples=4,
+        k_list=[1, 2, 4],
+        temperature=1.0,
+        greedy=True,
+        limits=RolloutLimits(max_turns=1),
+        max_new_tokens=64,
+        batch_episodes=3,
+    )
     m = report["splits"]["id"]
     for k in (1, 2, 4):
         expected = sum(brute_pass_at_k(p, k) for p in PATTERN) / 4
@@ -130,8 +138,17 @@ def test_math_pass_maj_greedy_against_hand_values(tokenizer):
 
 def test_k_larger_than_n_is_rejected(tokenizer):
     with pytest.raises(ValueError, match="n_samples"):
-        evaluate_policy(ScriptedPolicy({0: WRONG}, tokenizer), {"id": split(MATH)}, seeds=[0], n_samples=2,
-                        k_list=[1, 4], temperature=1.0, greedy=False, limits=RolloutLimits(), max_new_tokens=8)  # fmt: skip
+        evaluate_policy(
+            ScriptedPolicy({0: WRONG}, tokenizer),
+            {"id": split(MATH)},
+            seeds=[0],
+            n_samples=2,
+            k_list=[1, 4],
+            temperature=1.0,
+            greedy=False,
+            limits=RolloutLimits(),
+            max_new_tokens=8,
+        )
 
 
 def test_verifier_error_is_excluded_not_wrong():
@@ -169,10 +186,16 @@ def test_points24_success_recognition_and_rule_ood(tokenizer):
         return json.dumps({"cards": names if turn == 0 else names[:2], "formula": wrong})
 
     report = evaluate_policy(
-        ScriptedPolicy(reply, tokenizer), {"id": split(P24), "rule_ood": split(P24_OOD)}, seeds=seeds,
-        n_samples=2, k_list=[1, 2], temperature=1.0, greedy=False, limits=RolloutLimits(max_turns=2),
+        ScriptedPolicy(reply, tokenizer),
+        {"id": split(P24), "rule_ood": split(P24_OOD)},
+        seeds=seeds,
+        n_samples=2,
+        k_list=[1, 2],
+        temperature=1.0,
+        greedy=False,
+        limits=RolloutLimits(max_turns=2),
         max_new_tokens=128,
-    )  # fmt: skip
+    )
     for name in ("id", "rule_ood"):
         m = report["splits"][name]
         assert m["pass@1"] == m["pass@2"] == m["avg@n"] == pytest.approx(0.5)
@@ -212,9 +235,16 @@ def test_solve_verify_task_metrics_from_scripted_traces(tokenizer):
         return action
 
     report = evaluate_policy(
-        ScriptedPolicy(reply, tokenizer), {"id": split(SV, **kwargs)}, seeds=seeds, n_samples=2, k_list=[1, 2],
-        temperature=1.0, greedy=False, limits=RolloutLimits(max_turns=6), max_new_tokens=64,
-    )  # fmt: skip
+        ScriptedPolicy(reply, tokenizer),
+        {"id": split(SV, **kwargs)},
+        seeds=seeds,
+        n_samples=2,
+        k_list=[1, 2],
+        temperature=1.0,
+        greedy=False,
+        limits=RolloutLimits(max_turns=6),
+        max_new_tokens=64,
+    )
     m = report["splits"]["id"]
     assert m["pass@1"] == m["pass@2"] == pytest.approx(0.5)
     assert m["verify_acc"] == pytest.approx(0.75)
@@ -237,10 +267,16 @@ def test_solve_verify_task_metrics_from_scripted_traces(tokenizer):
 def test_report_json_round_trip_and_markdown(tokenizer, tmp_path):
     seeds = [100, 101, 102, 103]
     report = evaluate_policy(
-        math_policy(tokenizer, seeds), {"id": split(MATH), "level_ood": split(MATH)}, seeds=seeds,
-        n_samples=4, k_list=[1, 4], temperature=1.0, greedy=True, limits=RolloutLimits(max_turns=1),
+        math_policy(tokenizer, seeds),
+        {"id": split(MATH), "level_ood": split(MATH)},
+        seeds=seeds,
+        n_samples=4,
+        k_list=[1, 4],
+        temperature=1.0,
+        greedy=True,
+        limits=RolloutLimits(max_turns=1),
         max_new_tokens=64,
-    )  # fmt: skip
+    )
     report["splits"]["level_ood"]["verify_acc"] = math.nan  # nan must survive as null -> nan
     paths = write_report(report, tmp_path / "eval", "step-000010")
     back = read_report(paths["json"])
@@ -253,17 +289,30 @@ def test_report_json_round_trip_and_markdown(tokenizer, tmp_path):
 
 
 def test_evaluate_config_uses_eval_settings(tokenizer):
-    cfg = load_config(None, [f"env.id={MATH}", "eval.num_problems=3", "eval.n_samples=2", "eval.k_list=[1, 2]",
-                             "eval.greedy=false", "rollout.max_new_tokens=32", "rollout.max_context=512",
-                             "env.eval_splits={hard: {kwargs: {level: 3}}}"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"env.id={MATH}",
+            "eval.num_problems=3",
+            "eval.n_samples=2",
+            "eval.k_list=[1, 2]",
+            "eval.greedy=false",
+            "rollout.max_new_tokens=32",
+            "rollout.max_context=512",
+            "env.eval_splits={hard: {kwargs: {level: 3}}}",
+        ],
+    )
     policy = ScriptedPolicy(lambda turn, obs, task: right(task), tokenizer)
     report = evaluate_config(cfg, policy, step=7)
     assert set(report["splits"]) == {"id", "hard"}
     for m in report["splits"].values():
         assert m["num_problems"] == 3 and m["num_samples"] == 6 and m["pass@2"] == 1.0 and m["avg@n"] == 1.0
     assert report["meta"]["step"] == 7 and report["meta"]["first_seed"] == cfg.eval.seed_offset
-    assert report["meta"]["splits"]["hard"] == {"id": MATH, "kwargs": {"level": 3},
-                                                "source": "generator, env seeds 1000000..1000002"}  # fmt: skip
+    assert report["meta"]["splits"]["hard"] == {
+        "id": MATH,
+        "kwargs": {"level": 3},
+        "source": "generator, env seeds 1000000..1000002",
+    }
 
 
 def test_evaluate_config_rolls_out_in_eval_batch_episodes(tokenizer, monkeypatch):
@@ -277,9 +326,20 @@ def test_evaluate_config_rolls_out_in_eval_batch_episodes(tokenizer, monkeypatch
         return rollout(policy, specs, **kw)
 
     monkeypatch.setattr(evaluate_module, "rollout", counting_rollout)
-    cfg = load_config(None, [f"env.id={MATH}", "eval.num_problems=3", "eval.n_samples=2", "eval.k_list=[1, 2]",
-                             "eval.greedy=false", "eval.batch_episodes=4", "rollout.max_new_tokens=32",
-                             "rollout.max_context=512", "env.eval_splits={}"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"env.id={MATH}",
+            "eval.num_problems=3",
+            "eval.n_samples=2",
+            "eval.k_list=[1, 2]",
+            "eval.greedy=false",
+            "eval.batch_episodes=4",
+            "rollout.max_new_tokens=32",
+            "rollout.max_context=512",
+            "env.eval_splits={}",
+        ],
+    )
     report = evaluate_config(cfg, ScriptedPolicy(lambda turn, obs, task: right(task), tokenizer))
     assert calls == [4, 2] and report["splits"]["id"]["num_samples"] == 6
     with pytest.raises(ConfigError, match="eval.batch_episodes must be >= 1"):
@@ -289,11 +349,21 @@ def test_evaluate_config_rolls_out_in_eval_batch_episodes(tokenizer, monkeypatch
 def test_cli_eval_tiny_base_model_end_to_end(tokenizer, tmp_path):
     """A real (tiny, random) model through load, rollout, reports and the pass@k plot."""
     args = argparse.Namespace(
-        config=None, checkpoints=["base"], out=str(tmp_path / "out"),
-        overrides=["policy.model=tiny", f"env.id={P24}", "env.eval_splits={rule_ood: {id: " + P24_OOD + "}}",
-                   "eval.num_problems=2", "eval.n_samples=2", "eval.k_list=[1, 2]", "rollout.max_new_tokens=6",
-                   "rollout.max_context=512", "rollout.max_turns=1"],
-    )  # fmt: skip
+        config=None,
+        checkpoints=["base"],
+        out=str(tmp_path / "out"),
+        overrides=[
+            "policy.model=tiny",
+            f"env.id={P24}",
+            "env.eval_splits={rule_ood: {id: " + P24_OOD + "}}",
+            "eval.num_problems=2",
+            "eval.n_samples=2",
+            "eval.k_list=[1, 2]",
+            "rollout.max_new_tokens=6",
+            "rollout.max_context=512",
+            "rollout.max_turns=1",
+        ],
+    )
     assert cli_eval(args) == 0
     out = tmp_path / "out"
     report = read_report(out / "base.json")

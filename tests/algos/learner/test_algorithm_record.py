@@ -72,8 +72,11 @@ def test_a_row_binds_its_loss_to_config_fields_with_no_adapter():
     from veriloop.algos.maths.losses import clipped_pg_loss
     from veriloop.configs.algo import PolicyLossSpec
 
-    row = PolicyLossSpec("veriloop.algos.maths.losses:clipped_pg_loss", bind={"clip_low": "clip_high"},
-                         fixed={"clip_high": 0.1})  # fmt: skip
+    row = PolicyLossSpec(
+        "veriloop.algos.maths.losses:clipped_pg_loss",
+        bind={"clip_low": "clip_high"},
+        fixed={"clip_high": 0.1},
+    )
     cfg = AlgoConfig(clip_low=0.9, clip_high=0.3)
     logp = torch.tensor([[0.5, -0.5, 0.2]])
     old, adv, mask = torch.zeros(1, 3), torch.tensor([[1.0, -1.0, 2.0]]), torch.ones(1, 3)
@@ -107,10 +110,16 @@ def test_an_episode_row_is_its_baseline_spread_over_the_tokens():
     over each episode's sampled tokens: R = (1, 0, 0, 0) in groups (0, 0, 1, 1) gives 1, -1, 0, 0."""
     import torch
 
-    x = U.RewardInputs(trajectories=[], turn_rewards=torch.tensor([[1.0], [0.0], [0.0], [0.0]], dtype=torch.float64),
-                       turn_mask=torch.ones(4, 1), groups=torch.tensor([0, 0, 1, 1]),
-                       valid=torch.ones(4, dtype=torch.bool), turn_index=torch.zeros(4, 2, dtype=torch.long),
-                       loss_mask=torch.tensor([[0.0, 1.0]] * 4), kl_tokens=torch.zeros(4, 2, dtype=torch.float64),
-                       values=None)  # fmt: skip
+    x = U.RewardInputs(
+        trajectories=[],
+        turn_rewards=torch.tensor([[1.0], [0.0], [0.0], [0.0]], dtype=torch.float64),
+        turn_mask=torch.ones(4, 1),
+        groups=torch.tensor([0, 0, 1, 1]),
+        valid=torch.ones(4, dtype=torch.bool),
+        turn_index=torch.zeros(4, 2, dtype=torch.long),
+        loss_mask=torch.tensor([[0.0, 1.0]] * 4),
+        kl_tokens=torch.zeros(4, 2, dtype=torch.float64),
+        values=None,
+    )
     adv, returns = U.ADVANTAGE_ESTIMATORS["rloo"](AlgoConfig(advantage="rloo"), x)
     assert adv.tolist() == [[0.0, 1.0], [0.0, -1.0], [0.0, 0.0], [0.0, 0.0]] and returns is None

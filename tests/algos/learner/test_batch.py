@@ -129,8 +129,16 @@ def test_select_takes_each_rows_own_images_when_episodes_have_several():
     ids = torch.ones(3, 4, dtype=torch.long)
     z = torch.zeros(3, 4)
     pixels = torch.arange(6).float().view(6, 1)  # rows own 1, 3 and 2 images
-    batch = TokenBatch(ids, ids, z, z, ids, z, extras={"pixel_values": pixels},
-                       extra_counts={"pixel_values": torch.tensor([1, 3, 2])})  # fmt: skip
+    batch = TokenBatch(
+        ids,
+        ids,
+        z,
+        z,
+        ids,
+        z,
+        extras={"pixel_values": pixels},
+        extra_counts={"pixel_values": torch.tensor([1, 3, 2])},
+    )
     part = batch.select(torch.tensor([2, 0]))
     assert part.extras["pixel_values"].view(-1).tolist() == [4.0, 5.0, 0.0]
     assert part.extra_counts["pixel_values"].tolist() == [2, 1]

@@ -49,10 +49,20 @@ def _s2r(make_traj, actions, *, mode, group_id=0):  # type: ignore[no-untyped-de
         steps.append((reward, verdict, jsonable(info), term, trunc, signal))
     traj = make_traj([([10 + k], [30], r) for k, (r, *_) in enumerate(steps)], group_id=group_id)
     turns = tuple(
-        TurnRecord(t.index, t.start, t.end, actions[k], steps[k][0], steps[k][1], steps[k][2],
-                   terminated=steps[k][3], truncated=steps[k][4], signal=steps[k][5])
+        TurnRecord(
+            t.index,
+            t.start,
+            t.end,
+            actions[k],
+            steps[k][0],
+            steps[k][1],
+            steps[k][2],
+            terminated=steps[k][3],
+            truncated=steps[k][4],
+            signal=steps[k][5],
+        )
         for k, t in enumerate(traj.turns)
-    )  # fmt: skip
+    )
     return replace(traj, turns=turns, terminated=steps[-1][3], truncated=steps[-1][4])
 
 
@@ -63,8 +73,13 @@ def test_1_cut_s2r_episode_scores_its_outcome_not_its_last_step(make_traj, mode)
     finished = _s2r(make_traj, [WRONG, VERIFY_NO, WRONG, VERIFY_NO], mode=mode)  # attempts used up
     assert finished.turns[-1].info["outcome_reward"] == -1.0
     assert cut.turns[-1].signal.outcome_reward == -1.0  # the outcome the env gives it if stopped here
-    lucky = replace(finished, turns=(*finished.turns[:-1], replace(finished.turns[-1], signal=replace(
-        finished.turns[-1].signal, outcome_reward=1.0))))  # fmt: skip
+    lucky = replace(
+        finished,
+        turns=(
+            *finished.turns[:-1],
+            replace(finished.turns[-1], signal=replace(finished.turns[-1].signal, outcome_reward=1.0)),
+        ),
+    )
     cfg = AlgoConfig(advantage="rloo", reward_level="outcome")
     adv = compute_advantages([cut, finished, finished, lucky], resolve(cfg)).advantages
     # rewards [-1, -1, -1, +1]: the cut wrong episode is as wrong as the finished ones (was +0.33)
@@ -112,8 +127,15 @@ def test_4_summed_turn_rewards_do_not_pay_for_extra_attempts(make_traj):
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_5_separate_critic_starts_from_the_policys_pretrained_weights(lora):
-    cfg = load_config(None, ["policy.model=tiny", f"policy.lora={str(lora).lower()}", "run.algo_preset=ppo",
-                             "algo.critic=separate"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "policy.model=tiny",
+            f"policy.lora={str(lora).lower()}",
+            "run.algo_preset=ppo",
+            "algo.critic=separate",
+        ],
+    )
     policy = S.build_policy(cfg)
     critic = S.build_critic(cfg, policy)
     assert critic is not None and critic.backbone is not policy.model
@@ -145,9 +167,18 @@ def test_6_dynamic_sampling_judges_the_estimators_signal(make_traj, monkeypatch)
         return [traj(1.0 if i % 2 == 0 else -1.0, s.group_id) for i, s in enumerate(specs)]
 
     monkeypatch.setattr(source_module, "rollout", fake_rollout)
-    cfg = load_config(None, ["policy.model=tiny", "run.algo_preset=dapo", "algo.reward_level=outcome",
-                             "algo.overlong_penalty=false", "rollout.prompts_per_step=2", "rollout.group_size=2",
-                             "algo.max_sampling_rounds=1"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "policy.model=tiny",
+            "run.algo_preset=dapo",
+            "algo.reward_level=outcome",
+            "algo.overlong_penalty=false",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "algo.max_sampling_rounds=1",
+        ],
+    )
     trajs, _, metrics = collect(cfg, None, TrainerState())
     assert len(trajs) == 4 and metrics["sampling/kept_fraction"] == 1.0
     assert metrics["sampling/informative_fraction"] == 1.0

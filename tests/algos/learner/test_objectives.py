@@ -163,8 +163,19 @@ def test_clip_cov_detaches_tokens_in_the_window_and_kl_cov_penalises_the_top():
     adv = torch.tensor([[2.0, -1.0, 0.1, 0.1]])  # mean 0.3
     lp = torch.tensor([[-1.0, -5.0, -3.0, -3.0]])  # mean -3: cov = 1.7*2, (-1.3)(-2), 0, 0
     old, mask = lp.clone(), torch.ones(1, 4)
-    loss, g, stats = grad_of(L.clip_cov_loss, lp, old, adv, mask, clip_low=0.2, clip_high=0.2,
-                             cov_ratio=0.5, cov_lb=1.0, cov_ub=5.0, generator=torch.Generator().manual_seed(0))  # fmt: skip
+    loss, g, stats = grad_of(
+        L.clip_cov_loss,
+        lp,
+        old,
+        adv,
+        mask,
+        clip_low=0.2,
+        clip_high=0.2,
+        cov_ratio=0.5,
+        cov_lb=1.0,
+        cov_ub=5.0,
+        generator=torch.Generator().manual_seed(0),
+    )
     # 2 of 4 tokens (cov_ratio 0.5) drawn from the 2 in (1, 5): both detached
     assert g[0, :2].tolist() == [0.0, 0.0] and g[0, 2:].tolist() == pytest.approx([-0.1, -0.1])
     assert float(stats["cov_frac"]) == 0.5
@@ -199,8 +210,9 @@ def test_masked_is_and_geometric_sequence_mask():
     seq = C.geometric_sequence_mask(old, mu, mask, low=0.9, high=1.1)
     # row 0: exp(mean(log 1, log 5, log 1.25)) = (6.25)^(1/3) = 1.84 -> dropped; row 1: 1.077 kept
     assert seq[0].tolist() == [False] * 3 and seq[1].tolist() == [True] * 3
-    w, keep, stats = C.rollout_correction(old, mu, mask, token="truncate", cap=2.0, low=0.5, high=2.0,
-                                          seq_mask=True, seq_low=0.9, seq_high=1.1)  # fmt: skip
+    w, keep, stats = C.rollout_correction(
+        old, mu, mask, token="truncate", cap=2.0, low=0.5, high=2.0, seq_mask=True, seq_low=0.9, seq_high=1.1
+    )
     assert stats["rollout_corr/seq_masked_frac"] == 0.5 and stats["rollout_corr/token_frac"] == pytest.approx(
         3 / 6
     )

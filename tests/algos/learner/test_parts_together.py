@@ -35,9 +35,11 @@ PACKAGE = Path(__file__).resolve().parents[3]  # the repository root: envs/ agen
 def _recorded(model, make_traj, with_logprobs, shift=lambda i, lp: lp):
     """Two groups of two episodes (rewards +1 / -1), sampling log-probs from ``model`` itself,
     then moved by ``shift(row, logprobs)``: the sampler mu against the trainer's pi_old."""
-    trajs = [make_traj([(toks, [], r)], group_id=g)
-             for g, pair in enumerate((((10, 11, 12), (20, 21, 22, 23)), ((40, 41), (50, 51, 52))))
-             for toks, r in zip(pair, (1.0, -1.0))]  # fmt: skip
+    trajs = [
+        make_traj([(toks, [], r)], group_id=g)
+        for g, pair in enumerate((((10, 11, 12), (20, 21, 22, 23)), ((40, 41), (50, 51, 52))))
+        for toks, r in zip(pair, (1.0, -1.0))
+    ]
     batch = collate(trajs, [[0.0] * len(t.token_ids) for t in trajs])
     with torch.no_grad():
         lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
@@ -120,8 +122,12 @@ def test_truncated_sampling_with_a_comparison_to_mu_is_refused(sampling, uses_mu
 def test_prepare_batch_refuses_filtered_log_probs_as_mu(tiny_llama, make_traj, with_logprobs):
     trajs = _recorded(tiny_llama, make_traj, with_logprobs)
     with pytest.raises(ValueError, match="filtered"):
-        prepare_batch(trajs, resolve(AlgoConfig(advantage="rloo", rollout_is="truncate")), model=tiny_llama,
-                      recompute_old_logprobs=True)  # fmt: skip
+        prepare_batch(
+            trajs,
+            resolve(AlgoConfig(advantage="rloo", rollout_is="truncate")),
+            model=tiny_llama,
+            recompute_old_logprobs=True,
+        )
 
 
 def test_under_top_p_the_mismatch_is_logged_as_not_measured(tmp_path):
@@ -129,8 +135,10 @@ def test_under_top_p_the_mismatch_is_logged_as_not_measured(tmp_path):
     against itself (0 whatever the sampler does). Logged as null instead."""
     import veriloop.algos.loop.train as T
 
-    run = T.train(load_config("quickstart", [*TINY, "rollout.top_p=0.8", f"run.out_dir={tmp_path}", "run.name=p"]),
-                  quiet=True)  # fmt: skip
+    run = T.train(
+        load_config("quickstart", [*TINY, "rollout.top_p=0.8", f"run.out_dir={tmp_path}", "run.name=p"]),
+        quiet=True,
+    )
     row = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
     assert (
         row["mismatch/k3_kl"] is None and row["mismatch/ratio_max"] is None and row["mismatch/tokens"] is None
@@ -145,8 +153,14 @@ def test_cov_tokens_are_chosen_once_per_mini_batch(loss, tiny_llama, make_traj, 
     """The accumulated gradient with micro-batches of 1 equals the whole batch's (before: the
     covariance was centred and the share taken per micro-batch, 4x the tokens here)."""
     trajs = _recorded(tiny_llama, make_traj, with_logprobs)
-    cfg = AlgoConfig(advantage="group_norm", policy_loss=loss, cov_ratio=0.25, cov_lb=0.0, cov_ub=100.0,
-                     loss_agg="token_mean")  # fmt: skip
+    cfg = AlgoConfig(
+        advantage="group_norm",
+        policy_loss=loss,
+        cov_ratio=0.25,
+        cov_lb=0.0,
+        cov_ub=100.0,
+        loss_agg="token_mean",
+    )
     batch, _ = prepare_batch(trajs, resolve(cfg))
     grads, fracs = [], []
     for mbs in (4, 1):
@@ -258,8 +272,11 @@ def test_gmpo_weighs_a_sequence_by_the_geometric_mean_of_its_weights():
 def test_reinforce_pp_baseline_a_lone_episode_starts_from_zero(make_traj):
     """Stated choice: an episode alone in its group has raw return 0 before whitening (verl keeps
     its raw score, 5 here, which would make it the batch's best by far)."""
-    trajs = [make_traj([([10, 11], [], 1.0)], group_id=0), make_traj([([12, 13], [], 0.0)], group_id=0),
-             make_traj([([14, 15], [], 5.0)], group_id=1)]  # fmt: skip
+    trajs = [
+        make_traj([([10, 11], [], 1.0)], group_id=0),
+        make_traj([([12, 13], [], 0.0)], group_id=0),
+        make_traj([([14, 15], [], 5.0)], group_id=1),
+    ]
     adv = compute_advantages(trajs, resolve(AlgoConfig(advantage="group_mean_batch_norm"))).advantages
     raw = torch.tensor([0.5, 0.5, -0.5, -0.5, 0.0, 0.0], dtype=torch.float64)
     std = float(raw.pow(2).mean().sqrt())  # mean 0, population std over the 6 tokens

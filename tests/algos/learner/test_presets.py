@@ -25,30 +25,67 @@ def test_all_presets_ship_load_and_start_with_a_paper_comment():
 # Each preset's settings as the papers give them.
 PAPER_SETTINGS = {
     # 1. PPO: GAE, critic, clip 0.2, value loss (clipped), KL to the reference in the reward
-    "ppo": dict(advantage="gae", critic="value_head", clip_low=0.2, clip_high=0.2, kl_mode="reward",
-                kl_estimator="k1", gamma=1.0, lam=0.95, value_clip=0.2, whiten_advantages=True),
+    "ppo": dict(
+        advantage="gae",
+        critic="value_head",
+        clip_low=0.2,
+        clip_high=0.2,
+        kl_mode="reward",
+        kl_estimator="k1",
+        gamma=1.0,
+        lam=0.95,
+        value_clip=0.2,
+        whiten_advantages=True,
+    ),
     # 2. GRPO: (R - mean) / std, sample-level mean, k3 KL in the loss with beta 0.04, clip 0.2
-    "grpo": dict(advantage="group_norm", loss_agg="seq_mean_token_mean", kl_coef=0.04, kl_estimator="k3",
-                 kl_mode="loss", clip_low=0.2, clip_high=0.2, critic="none"),
+    "grpo": dict(
+        advantage="group_norm",
+        loss_agg="seq_mean_token_mean",
+        kl_coef=0.04,
+        kl_estimator="k3",
+        kl_mode="loss",
+        clip_low=0.2,
+        clip_high=0.2,
+        critic="none",
+    ),
     # 3. DAPO: clip-higher 0.2 / 0.28, dynamic sampling, token-level loss, soft overlong punishment
     #    (L_max 20480 = 16384 expected + 4096 cache), no KL
-    "dapo": dict(advantage="group_norm", clip_low=0.2, clip_high=0.28, loss_agg="token_mean", kl_coef=0.0,
-                 dynamic_sampling=True, overlong_penalty=True, overlong_max_len=20480, overlong_cache_len=4096),
+    "dapo": dict(
+        advantage="group_norm",
+        clip_low=0.2,
+        clip_high=0.28,
+        loss_agg="token_mean",
+        kl_coef=0.0,
+        dynamic_sampling=True,
+        overlong_penalty=True,
+        overlong_max_len=20480,
+        overlong_cache_len=4096,
+    ),
     # 4. Dr. GRPO: R - mean (no std), per-sequence token sum over a constant, no KL
-    "dr_grpo": dict(advantage="group_mean", loss_agg="seq_sum_constant", kl_coef=0.0, clip_low=0.2,
-                    clip_high=0.2),
+    "dr_grpo": dict(
+        advantage="group_mean", loss_agg="seq_sum_constant", kl_coef=0.0, clip_low=0.2, clip_high=0.2
+    ),
     # 5. RLOO: leave-one-out baseline, no critic
     "rloo": dict(advantage="rloo", critic="none", kl_coef=0.0),
     # 6. REINFORCE++: batch-normalised advantage, per-token KL penalty in the reward, no critic
-    "reinforce_pp": dict(advantage="batch_norm", kl_mode="reward", kl_estimator="k1", kl_coef=0.01,
-                         critic="none"),
+    "reinforce_pp": dict(
+        advantage="batch_norm", kl_mode="reward", kl_estimator="k1", kl_coef=0.01, critic="none"
+    ),
     # 7. S2R outcome-level RLOO on the final answer; process-level GRPO over comparable actions
     "s2r_outcome_rloo": dict(advantage="rloo", reward_level="outcome", critic="none"),
-    "s2r_process_grpo": dict(advantage="process", process_baseline="position_kind", critic="none",
-                             loss_agg="seq_mean_token_mean"),
+    "s2r_process_grpo": dict(
+        advantage="process", process_baseline="position_kind", critic="none", loss_agg="seq_mean_token_mean"
+    ),
     # 11. since DAPO: GSPO's narrow sequence clip, per sequence (the episode)
-    "gspo": dict(policy_loss="gspo", advantage="group_norm", clip_low=3e-4, clip_high=4e-4,
-                 loss_agg="seq_mean_token_mean", sequence_unit="episode", kl_coef=0.0),
+    "gspo": dict(
+        policy_loss="gspo",
+        advantage="group_norm",
+        clip_low=3e-4,
+        clip_high=4e-4,
+        loss_agg="seq_mean_token_mean",
+        sequence_unit="episode",
+        kl_coef=0.0,
+    ),
     # CISPO: no lower bound on the IS weight, clip-higher above, token-level loss
     "cispo": dict(policy_loss="cispo", clip_low=1.0, clip_high=0.28, loss_agg="token_mean", kl_coef=0.0),
     # SAPO: tau 1.0 for positive, 1.05 for negative advantages
@@ -57,16 +94,33 @@ PAPER_SETTINGS = {
     "gmpo": dict(policy_loss="gmpo", clip_low=0.4, clip_high=0.4, loss_agg="seq_mean_token_mean"),
     # Clip-Cov r = 2e-4 in [1, 5], clip low = high = 1 and dynamic sampling as the authors' recipes;
     # KL-Cov k = 0.2%, beta 1
-    "clip_cov": dict(policy_loss="clip_cov", cov_ratio=2e-4, cov_lb=1.0, cov_ub=5.0, clip_low=1.0, clip_high=1.0,
-                     dynamic_sampling=True),
+    "clip_cov": dict(
+        policy_loss="clip_cov",
+        cov_ratio=2e-4,
+        cov_lb=1.0,
+        cov_ub=5.0,
+        clip_low=1.0,
+        clip_high=1.0,
+        dynamic_sampling=True,
+    ),
     "kl_cov": dict(policy_loss="kl_cov", cov_ratio=2e-3, cov_kl_coef=1.0),
     # REINFORCE++-baseline: group mean subtracted, then whitened over the batch's tokens
-    "reinforce_pp_baseline": dict(advantage="group_mean_batch_norm", kl_mode="reward", kl_coef=0.01,
-                                  kl_estimator="k1", critic="none"),
+    "reinforce_pp_baseline": dict(
+        advantage="group_mean_batch_norm", kl_mode="reward", kl_coef=0.01, kl_estimator="k1", critic="none"
+    ),
     # DPPO: ratio against mu, binary TV mask 0.2 / 0.2, tau 1e-3 (prime-rl's defaults), token mean
-    "dppo": dict(policy_loss="dppo", dppo_divergence="tv", dppo_low=0.2, dppo_high=0.2, dppo_tau=1e-3,
-                 loss_agg="token_mean", kl_coef=0.0, rollout_is="none", rollout_seq_mask=False),
-}  # fmt: skip
+    "dppo": dict(
+        policy_loss="dppo",
+        dppo_divergence="tv",
+        dppo_low=0.2,
+        dppo_high=0.2,
+        dppo_tau=1e-3,
+        loss_agg="token_mean",
+        kl_coef=0.0,
+        rollout_is="none",
+        rollout_seq_mask=False,
+    ),
+}
 
 
 @pytest.mark.parametrize("name", sorted(PAPER_SETTINGS))
@@ -101,12 +155,25 @@ def test_unknown_names_and_keys_suggest_the_closest():
 # ------------------------------------------------------------- the new presets train 2 steps
 NEW = ["gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "reinforce_pp_baseline", "grpo+tis", "dppo"]
 FAST = [
-    "policy.model=tiny", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}",
-    "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
-    "rollout.max_context=256", "train.steps=2", "train.micro_batch_size=2", "train.lr=1e-2",
-    "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]", "eval.greedy=false",
-    "eval.every=0", "run.tensorboard=false", "run.checkpoint_every=1", "algo.epochs=2",
-]  # fmt: skip
+    "policy.model=tiny",
+    "env.id=veriloop/MathVerify-v0",
+    "env.kwargs={level: 1}",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.steps=2",
+    "train.micro_batch_size=2",
+    "train.lr=1e-2",
+    "eval.num_problems=1",
+    "eval.n_samples=1",
+    "eval.k_list=[1]",
+    "eval.greedy=false",
+    "eval.every=0",
+    "run.tensorboard=false",
+    "run.checkpoint_every=1",
+    "algo.epochs=2",
+]
 
 
 @pytest.mark.parametrize("preset", NEW)

@@ -175,8 +175,13 @@ def test_one_step_with_mixed_signs_inside_episodes(tiny_llama, make_traj, with_l
         base = 10 + 20 * g
         for k, (r_solve, r_verify) in enumerate(((1.0, -1.0), (-1.0, 1.0))):
             toks = [base + 5 * k + i for i in range(5)]
-            trajs.append(make_traj([(toks[:3], [60, 61], r_solve), (toks[3:], [], r_verify)],
-                                   group_id=g, kinds=["solve", "verify"]))  # fmt: skip
+            trajs.append(
+                make_traj(
+                    [(toks[:3], [60, 61], r_solve), (toks[3:], [], r_verify)],
+                    group_id=g,
+                    kinds=["solve", "verify"],
+                )
+            )
     cfg = load_preset("s2r_process_grpo")
     model = tiny_llama.train()
     padded = collate(trajs, [[0.0] * len(t.token_ids) for t in trajs])
@@ -187,7 +192,13 @@ def test_one_step_with_mixed_signs_inside_episodes(tiny_llama, make_traj, with_l
     # per action +-1 against the same action of the other episode: +-1/sqrt(2) per turn
     assert torch.allclose(batch.advantages[0, 3:6], torch.full((3,), S), atol=1e-5)
     assert torch.allclose(batch.advantages[0, 8:10], torch.full((2,), -S), atol=1e-5)
-    update_step(model, torch.optim.SGD(model.parameters(), lr=0.05), batch, resolve(cfg), UpdateSettings(micro_batch_size=4, max_grad_norm=1.0))  # fmt: skip
+    update_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        batch,
+        resolve(cfg),
+        UpdateSettings(micro_batch_size=4, max_grad_norm=1.0),
+    )
     with torch.no_grad():
         new, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
     m = batch.loss_mask.bool()
@@ -225,9 +236,12 @@ def test_masked_positions_never_receive_gradient(tiny_llama, make_traj, with_log
     )
     off = batch.loss_mask == 0
     for junk in (torch.randn_like(batch.old_logprobs), torch.full_like(batch.old_logprobs, -1e4)):
-        noisy = replace(batch, advantages=torch.where(off, torch.randn_like(batch.advantages) * 100, batch.advantages),
-                        old_logprobs=torch.where(off, junk, batch.old_logprobs),
-                        ref_logprobs=torch.where(off, junk, batch.ref_logprobs))  # fmt: skip
+        noisy = replace(
+            batch,
+            advantages=torch.where(off, torch.randn_like(batch.advantages) * 100, batch.advantages),
+            old_logprobs=torch.where(off, junk, batch.old_logprobs),
+            ref_logprobs=torch.where(off, junk, batch.ref_logprobs),
+        )
         grads = []
         for b in (batch, noisy):
             tiny_llama.zero_grad()
@@ -324,7 +338,13 @@ def test_entropy_bonus_in_the_loss(tiny_llama, make_traj, with_logprobs):
     # minimising the bonus alone raises the entropy of the sampled positions
     model = copy.deepcopy(tiny_llama)
     only_ent = replace(batch, advantages=torch.zeros_like(batch.advantages))
-    update_step(model, torch.optim.SGD(model.parameters(), lr=1.0), only_ent, resolve(replace(cfg, entropy_coef=1.0)), UpdateSettings(micro_batch_size=4, max_grad_norm=1e9))  # fmt: skip
+    update_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        only_ent,
+        resolve(replace(cfg, entropy_coef=1.0)),
+        UpdateSettings(micro_batch_size=4, max_grad_norm=1e9),
+    )
     _, after = policy_loss(model, batch, resolve(cfg))
     assert after["entropy"] > m["entropy"]
 
@@ -344,7 +364,13 @@ def test_ratio_uses_the_sampling_temperature(tiny_llama, make_traj, with_logprob
     assert at_t["clip_frac_low"] == 0.0 and at_t["clip_frac_high"] == 0.0
     _, at_one = policy_loss(tiny_llama, batch, resolve(cfg))  # T = 1: ratios far from 1, the clip fires
     assert at_one["approx_kl"] > 1e-3 and at_one["clip_frac_low"] + at_one["clip_frac_high"] > 0
-    m = update_step(tiny_llama, torch.optim.SGD(tiny_llama.parameters(), lr=0.0), batch, resolve(cfg), UpdateSettings(micro_batch_size=2, max_grad_norm=1.0, temperature=0.5))  # fmt: skip
+    m = update_step(
+        tiny_llama,
+        torch.optim.SGD(tiny_llama.parameters(), lr=0.0),
+        batch,
+        resolve(cfg),
+        UpdateSettings(micro_batch_size=2, max_grad_norm=1.0, temperature=0.5),
+    )
     assert m["approx_kl"] == pytest.approx(0.0, abs=1e-6)
 
 
@@ -420,7 +446,13 @@ def test_token_capped_micro_batches_give_the_same_update(tiny_llama, make_traj, 
     cfg = AlgoConfig(advantage="rloo", loss_agg="token_mean")
     models = [copy.deepcopy(tiny_llama) for _ in range(2)]
     for model, cap in zip(models, (0, 1)):  # cap 1: every row alone
-        update_step(model, torch.optim.SGD(model.parameters(), lr=0.5), batch, resolve(cfg), UpdateSettings(micro_batch_size=4, max_grad_norm=1e9, micro_batch_tokens=cap))  # fmt: skip
+        update_step(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            batch,
+            resolve(cfg),
+            UpdateSettings(micro_batch_size=4, max_grad_norm=1e9, micro_batch_tokens=cap),
+        )
     moved = False
     for (name, p0), p1, p in zip(
         models[0].named_parameters(), models[1].parameters(), tiny_llama.parameters()

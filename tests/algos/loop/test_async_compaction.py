@@ -57,14 +57,24 @@ def _specs(seed: int) -> list[EpisodeSpec]:
     return [EpisodeSpec(ENV, {}, seed, seed) for _ in range(2)]
 
 
-def _worker_groups(policy: _Serving, limits: RolloutLimits, sampling: SamplingParams,
-                   compactor: Any) -> list[list[Trajectory]]:  # fmt: skip
+def _worker_groups(
+    policy: _Serving, limits: RolloutLimits, sampling: SamplingParams, compactor: Any
+) -> list[list[Trajectory]]:
     """Step 0's two groups (seeds 0 and 1) as the asynchronous worker plays them, K = 1."""
     sched = Scheduler(1, 2, budget=2)
-    worker = GenerationWorker(sched=sched, cond=threading.Condition(), weights=LiveWeights(policy, 0, 1),
-                              specs=_specs, judge=lambda trajs: True, fmt=ChatFormat(policy.tokenizer),
-                              eos=(int(policy.tokenizer.eos_token_id),), sampling=sampling, limits=limits,
-                              cursor=0, compactor=compactor)  # fmt: skip
+    worker = GenerationWorker(
+        sched=sched,
+        cond=threading.Condition(),
+        weights=LiveWeights(policy, 0, 1),
+        specs=_specs,
+        judge=lambda trajs: True,
+        fmt=ChatFormat(policy.tokenizer),
+        eos=(int(policy.tokenizer.eos_token_id),),
+        sampling=sampling,
+        limits=limits,
+        cursor=0,
+        compactor=compactor,
+    )
     worker.start()
     try:
         batch, _ = worker.wait_batch(0)
@@ -74,8 +84,17 @@ def _worker_groups(policy: _Serving, limits: RolloutLimits, sampling: SamplingPa
 
 
 def _shape(t: Trajectory) -> tuple[Any, ...]:
-    return (t.seed, t.token_ids, t.loss_mask, t.turn_index, t.sample_starts, t.split_reasons,
-            t.stop_reason, t.truncated, [turn.text for turn in t.turns])  # fmt: skip
+    return (
+        t.seed,
+        t.token_ids,
+        t.loss_mask,
+        t.turn_index,
+        t.sample_starts,
+        t.split_reasons,
+        t.stop_reason,
+        t.truncated,
+        [turn.text for turn in t.turns],
+    )
 
 
 def test_compaction_under_async_shortens_histories_as_the_synchronous_rollout() -> None:
@@ -117,14 +136,31 @@ def test_compaction_in_an_asynchronous_training_run(tmp_path: Path, monkeypatch:
     from veriloop.configs.loader import load_config
 
     monkeypatch.setattr(S, "evaluate_step", lambda cfg, policy, step, quiet, **kw: {})
-    cfg = load_config(None, [
-        "policy.model=tiny", "env.id=veriloop/MathVerifyRetry-v0", "env.kwargs={level: 1}",
-        "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_turns=3",
-        "rollout.max_context=150", "train.steps=1", "train.micro_batch_size=2", "eval.at_start=false",
-        "eval.every=0", "run.tensorboard=false", "run.checkpoint_every=0", "train.max_staleness=1",
-        "algo.rollout_is=truncate", "rollout.compaction=keep_last", "rollout.compaction_keep=0",
-        f"run.out_dir={tmp_path}", "run.name=ac",
-    ])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "policy.model=tiny",
+            "env.id=veriloop/MathVerifyRetry-v0",
+            "env.kwargs={level: 1}",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=8",
+            "rollout.max_turns=3",
+            "rollout.max_context=150",
+            "train.steps=1",
+            "train.micro_batch_size=2",
+            "eval.at_start=false",
+            "eval.every=0",
+            "run.tensorboard=false",
+            "run.checkpoint_every=0",
+            "train.max_staleness=1",
+            "algo.rollout_is=truncate",
+            "rollout.compaction=keep_last",
+            "rollout.compaction_keep=0",
+            f"run.out_dir={tmp_path}",
+            "run.name=ac",
+        ],
+    )
     (row,) = [r for r in read_metrics(train(cfg, quiet=True)) if "updates" in r]
     assert row["updates"] == 1.0
     assert (row["turns/mean"], row["samples/split_rate"], row["samples/per_episode"]) == (3.0, 1.0, 2.0)

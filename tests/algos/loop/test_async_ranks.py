@@ -83,8 +83,12 @@ if mode == "record":
 
 
 def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", RUNNER, str(HERE), *args], env={**os.environ, "OMP_NUM_THREADS": "1", **env},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", RUNNER, str(HERE), *args],
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _two_ranks(args: list[str], env: dict[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
@@ -165,8 +169,12 @@ def test_k1_on_two_ranks_trains_each_problem_once_with_the_single_process_gradie
     batches in the same order; one process training those batches gets the same gradient norms and
     weights within the data-parallel tolerance (the ranks' gradients sum to the whole batch's)."""
     k, steps = 1, 4
-    over = [f"train.steps={steps}", f"train.max_staleness={k}", *ASYNC,
-            "env.kwargs={slow_every: 3, slow_turns: 4, delay_s: 0.2}"]  # fmt: skip
+    over = [
+        f"train.steps={steps}",
+        f"train.max_staleness={k}",
+        *ASYNC,
+        "env.kwargs={slow_every: 3, slow_turns: 4, delay_s: 0.2}",
+    ]
     _wait(_two_ranks(_args("record", tmp_path, "two", *over)))
     run = tmp_path / "two"
     ledger = _ledger(run)
@@ -197,8 +205,14 @@ def test_kill9_of_both_ranks_then_resume_loses_nothing_and_trains_nothing_twice(
     """Both ranks killed with groups in flight right after the step-2 checkpoint; resumed on two
     ranks, the run plays the checkpoint's pending problems again, continues from its data cursor,
     and in the end every problem taken is trained exactly once or dropped with a reason."""
-    over = ["train.steps=6", "train.max_staleness=2", *ASYNC, "run.checkpoint_every=2", "run.keep_last=5",
-            "env.kwargs={slow_every: 3, slow_turns: 4, delay_s: 0.1}"]  # fmt: skip
+    over = [
+        "train.steps=6",
+        "train.max_staleness=2",
+        *ASYNC,
+        "run.checkpoint_every=2",
+        "run.keep_last=5",
+        "env.kwargs={slow_every: 3, slow_turns: 4, delay_s: 0.1}",
+    ]
     procs = _two_ranks(_args("plain", tmp_path, "r", *over))
     ckpt = tmp_path / "r" / "checkpoints" / "step-000002"
     end = time.monotonic() + 300
@@ -228,16 +242,34 @@ def test_sharded_ranks_are_refused_in_one_line_before_anything_is_written(tmp_pa
     """train.parallel=fsdp with K > 0 and the HF engine (the worker would need a whole copy of the
     sharded weights): every rank exits 2 with one line naming the combination and the fixes; no
     run folder is made."""
-    args = ["-m", "veriloop.cli", "train", "quickstart", "policy.model=tiny", "sft.steps=0", "train.parallel=fsdp",
-            "rollout.backend=hf", "train.max_staleness=1", f"run.out_dir={tmp_path}", "run.name=r"]  # fmt: skip
+    args = [
+        "-m",
+        "veriloop.cli",
+        "train",
+        "quickstart",
+        "policy.model=tiny",
+        "sft.steps=0",
+        "train.parallel=fsdp",
+        "rollout.backend=hf",
+        "train.max_staleness=1",
+        f"run.out_dir={tmp_path}",
+        "run.name=r",
+    ]
     common = {
         "WORLD_SIZE": "2",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
         "OMP_NUM_THREADS": "1",
     }
-    procs = [subprocess.Popen([sys.executable, *args], env={**os.environ, **common, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for r in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *args],
+            env={**os.environ, **common, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for r in range(2)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=240)
         lines = [line for line in err.decode().splitlines() if line.strip()]

@@ -38,10 +38,25 @@ def test_quickstart_trains_asynchronously_on_two_ranks_against_a_vllm_server(
     from veriloop.algos.loop.async_loop import read_ledger
 
     with running_server(log=tmp_path / "server.log") as server:
-        args = [*SHORT, f"train.parallel={parallel}", f"rollout.server.urls=[{server.url}]",
-                f"run.out_dir={tmp_path}", "run.name=r"]  # fmt: skip
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "veriloop.cli",
-               "train", "quickstart", *args]  # fmt: skip
+        args = [
+            *SHORT,
+            f"train.parallel={parallel}",
+            f"rollout.server.urls=[{server.url}]",
+            f"run.out_dir={tmp_path}",
+            "run.name=r",
+        ]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "veriloop.cli",
+            "train",
+            "quickstart",
+            *args,
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         done = subprocess.run(cmd, env=env, capture_output=True, timeout=1200)
     assert done.returncode == 0, done.stderr.decode()[-3000:]

@@ -75,12 +75,19 @@ def test_k0_is_the_synchronous_loop_bit_for_bit(tmp_path: Path, monkeypatch: pyt
     b = train(_cfg(tmp_path, "b", "train.steps=2", "train.max_staleness=0"), quiet=True)
     strip = [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in _rows(a)]
     assert strip == [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in _rows(b)]
-    wa, wb = (torch.load(r / "final" / "model.pt", weights_only=True) if (r / "final" / "model.pt").is_file()
-              else None for r in (a, b))  # fmt: skip
+    wa, wb = (
+        torch.load(r / "final" / "model.pt", weights_only=True)
+        if (r / "final" / "model.pt").is_file()
+        else None
+        for r in (a, b)
+    )
     if wa is None:  # the final folder's format: compare every file byte for byte
         files = sorted(p.relative_to(a / "final") for p in (a / "final").rglob("*") if p.is_file())
-        assert files and all((a / "final" / f).read_bytes() == (b / "final" / f).read_bytes() for f in files
-                             if f.suffix != ".md")  # fmt: skip
+        assert files and all(
+            (a / "final" / f).read_bytes() == (b / "final" / f).read_bytes()
+            for f in files
+            if f.suffix != ".md"
+        )
     else:
         assert all(torch.equal(wa[n], wb[n]) for n in wa)
 
@@ -91,8 +98,15 @@ def test_no_trained_group_is_staler_than_k(tmp_path: Path, k: int) -> None:
     step, and some group did live through a weight update (the test exercises the bound)."""
     from veriloop.algos.loop.train import train
 
-    cfg = _cfg(tmp_path, f"k{k}", "policy.lora=false", "train.steps=5", f"train.max_staleness={k}", *ASYNC,
-               "env.kwargs={slow_every: 3, slow_turns: 4, delay_s: 0.3}")  # fmt: skip
+    cfg = _cfg(
+        tmp_path,
+        f"k{k}",
+        "policy.lora=false",
+        "train.steps=5",
+        f"train.max_staleness={k}",
+        *ASYNC,
+        "env.kwargs={slow_every: 3, slow_turns: 4, delay_s: 0.3}",
+    )
     run = train(cfg, quiet=True)
     rows = _rows(run)
     assert [r["step"] for r in rows if "async/staleness_max" in r] == [1, 2, 3, 4, 5]
@@ -131,8 +145,16 @@ def test_lora_episodes_keep_their_adapter_version(tmp_path: Path, monkeypatch: p
 
     monkeypatch.setattr(W.GenerationWorker, "_play", spy)
     k = 2
-    cfg = _cfg(tmp_path, "lora", "policy.lora=true", "train.steps=4", f"train.max_staleness={k}", *ASYNC,
-               "train.lr=5e-2", "env.kwargs={slow_every: 2, slow_turns: 4, delay_s: 0.3}")  # fmt: skip
+    cfg = _cfg(
+        tmp_path,
+        "lora",
+        "policy.lora=true",
+        "train.steps=4",
+        f"train.max_staleness={k}",
+        *ASYNC,
+        "train.lr=5e-2",
+        "env.kwargs={slow_every: 2, slow_turns: 4, delay_s: 0.3}",
+    )
     run = train(cfg, quiet=True)
     assert seen and all(len(v) == 1 for v in seen.values()), "an episode mixed adapter versions"
     assert any(later), "no episode outlived an update: the test did not exercise version keeping"
@@ -167,8 +189,15 @@ def test_kv_cache_never_serves_an_older_version(tmp_path: Path, monkeypatch: pyt
 
     monkeypatch.setattr(HFBackend, "_cached_length", spy_cached)
     monkeypatch.setattr(W.GenerationWorker, "_play", spy_play)
-    cfg = _cfg(tmp_path, "kv", "policy.lora=false", "train.steps=4", "train.max_staleness=2", *ASYNC,
-               "env.kwargs={slow_every: 2, slow_turns: 4, delay_s: 0.3}")  # fmt: skip
+    cfg = _cfg(
+        tmp_path,
+        "kv",
+        "policy.lora=false",
+        "train.steps=4",
+        "train.max_staleness=2",
+        *ASYNC,
+        "env.kwargs={slow_every: 2, slow_turns: 4, delay_s: 0.3}",
+    )
     train(cfg, quiet=True)
     assert reused, "no K/V was reused at all: the test did not exercise the cache"
     assert all(a == b for a, b in reused)
@@ -180,8 +209,15 @@ def test_dynamic_sampling_drops_with_a_reason(tmp_path: Path) -> None:
     reason), more are admitted, and each step still trains its groups."""
     from veriloop.algos.loop.train import train
 
-    cfg = _cfg(tmp_path, "ds", "train.steps=3", "train.max_staleness=1", *ASYNC, "algo.dynamic_sampling=true",
-               "rollout.group_size=2")  # fmt: skip
+    cfg = _cfg(
+        tmp_path,
+        "ds",
+        "train.steps=3",
+        "train.max_staleness=1",
+        *ASYNC,
+        "algo.dynamic_sampling=true",
+        "rollout.group_size=2",
+    )
     run = train(cfg, quiet=True)
     ledger = _ledger(run)
     cursor = max(r["seed"] for r in ledger) + 1
@@ -199,12 +235,25 @@ RUNNER = (
 
 
 def _start(out: Path, steps: int) -> subprocess.Popen[bytes]:
-    args = [*BASE, ENV, f"train.steps={steps}", "train.max_staleness=2", *ASYNC, "run.checkpoint_every=2",
-            "run.keep_last=5", "env.kwargs={slow_every: 3, slow_turns: 4, delay_s: 0.1}", f"run.out_dir={out}",
-            "run.name=r"]  # fmt: skip
+    args = [
+        *BASE,
+        ENV,
+        f"train.steps={steps}",
+        "train.max_staleness=2",
+        *ASYNC,
+        "run.checkpoint_every=2",
+        "run.keep_last=5",
+        "env.kwargs={slow_every: 3, slow_turns: 4, delay_s: 0.1}",
+        f"run.out_dir={out}",
+        "run.name=r",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", RUNNER, str(HERE), *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", RUNNER, str(HERE), *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def test_kill9_then_resume_loses_nothing_and_trains_nothing_twice(tmp_path: Path) -> None:
@@ -349,8 +398,10 @@ def test_a_mixture_trains_asynchronously(tmp_path: Path) -> None:
     from veriloop.algos.loop.mixture import assign_envs
     from veriloop.algos.loop.train import train
 
-    mix = ("env.mixture={fast: {id: test/LongTail-v0, kwargs: {slow_every: 1000}, weight: 1}, "
-           "slow: {id: test/LongTail-v0, kwargs: {slow_every: 1, slow_turns: 2}, weight: 1}}")  # fmt: skip
+    mix = (
+        "env.mixture={fast: {id: test/LongTail-v0, kwargs: {slow_every: 1000}, weight: 1}, "
+        "slow: {id: test/LongTail-v0, kwargs: {slow_every: 1, slow_turns: 2}, weight: 1}}"
+    )
     cfg = _cfg(tmp_path, "mix", mix, "train.steps=3", "train.max_staleness=1", *ASYNC)
     run = train(cfg, quiet=True)
     trained = [r["seed"] for r in _ledger(run) if r["event"] == "trained"]

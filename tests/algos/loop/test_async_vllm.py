@@ -67,8 +67,14 @@ def test_quickstart_trains_asynchronously_against_a_vllm_server(tmp_path: Path) 
 
     with running_server(log=tmp_path / "server.log") as server:
         url = server.url
-        over = [*SHORT[:-3], "rollout.backend=vllm_server", f"rollout.server.urls=[{url}]",
-                "rollout.server.lora_sync=merge", "train.max_staleness=1", "algo.rollout_is=truncate"]  # fmt: skip
+        over = [
+            *SHORT[:-3],
+            "rollout.backend=vllm_server",
+            f"rollout.server.urls=[{url}]",
+            "rollout.server.lora_sync=merge",
+            "train.max_staleness=1",
+            "algo.rollout_is=truncate",
+        ]
         run = train(load_config("quickstart", [*over, f"run.out_dir={tmp_path}", "run.name=s"]), quiet=True)
     _check_run(run)
 
@@ -144,8 +150,12 @@ def test_lora_adapters_on_a_server_keep_each_episodes_version(
     named, older, pauses = _spy_adapters(monkeypatch)
     with running_server("--lora-rank", "16", "--", "--max-loras", "3", log=tmp_path / "server.log") as server:
         url = server.url
-        over = [*ADAPTERS, "rollout.backend=vllm_server", f"rollout.server.urls=[{url}]",
-                "rollout.server.lora_sync=adapter"]  # fmt: skip
+        over = [
+            *ADAPTERS,
+            "rollout.backend=vllm_server",
+            f"rollout.server.urls=[{url}]",
+            "rollout.server.lora_sync=adapter",
+        ]
         run = train(load_config("quickstart", [*over, f"run.out_dir={tmp_path}", "run.name=l"]), quiet=True)
     _check_run(run)
     _check_versions(named, older, pauses)

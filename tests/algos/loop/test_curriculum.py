@@ -26,8 +26,12 @@ POOLS = (Pool("hard", 0.0, 0.2, 1.0), Pool("medium", 0.2, 0.8, 1.0), Pool("easy"
 
 def ep(solved: bool, reward: float | None = None, level: int = 1, tokens: int = 3):
     turn = SimpleNamespace(signal=SimpleNamespace(solved=solved), verdict=None)
-    return SimpleNamespace(turns=[turn], reward=float(solved) if reward is None else reward,
-                           task={"level": level}, num_generated_tokens=tokens)  # fmt: skip
+    return SimpleNamespace(
+        turns=[turn],
+        reward=float(solved) if reward is None else reward,
+        task={"level": level},
+        num_generated_tokens=tokens,
+    )
 
 
 def test_success_stats_ema_by_hand():
@@ -74,8 +78,9 @@ def test_weights_set_the_share_of_a_pool():
     stats = SuccessStats()
     stats.update("e", 1.0)
     stats.update("h", 0.0)
-    d = draw_problems(0, 4000, bucket_of=lambda s: "e" if s % 2 else "h", stats=stats, pools=pools,
-                      run_seed=0, max_scan=4)  # fmt: skip
+    d = draw_problems(
+        0, 4000, bucket_of=lambda s: "e" if s % 2 else "h", stats=stats, pools=pools, run_seed=0, max_scan=4
+    )
     # equal offers, easy taken a quarter as often: 1 / (1 + 0.25) of the batch is hard
     assert d.pools["hard"] / 4000 == pytest.approx(0.8, abs=0.02)
 
@@ -117,8 +122,11 @@ def test_gate_refills_through_dynamic_sampling_and_counts_the_cost():
 
 def test_record_groups_and_pool_metrics():
     stats = SuccessStats(alpha=0.5)
-    groups = [[ep(True, level=1), ep(True, level=1)], [ep(False, level=5), ep(True, level=5)],
-              [ep(False, level=9), ep(False, level=9)]]  # fmt: skip
+    groups = [
+        [ep(True, level=1), ep(True, level=1)],
+        [ep(False, level=5), ep(True, level=5)],
+        [ep(False, level=9), ep(False, level=9)],
+    ]
     record_groups(stats, groups, lambda t: bucket_name("math", t.task, ["level"]))
     assert stats.rates == {"math/1": 1.0, "math/5": 0.5, "math/9": 0.0}
     d = draw_problems(0, 2, bucket_of=lambda s: "math/5", stats=stats, pools=POOLS, run_seed=0, max_scan=8)

@@ -47,12 +47,22 @@ torch.save(steps, os.path.join(out, f"{dist.rank}.pt"))
 shutdown_distributed(dist)
 """
 CONFIG = [
-    "policy.model=tiny", "policy.lora=false", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}",
-    "run.algo_preset=grpo", "rollout.prompts_per_step=4", "rollout.group_size=2", "rollout.max_new_tokens=8",
-    "rollout.max_context=256", "train.micro_batch_size=1", "curriculum.pools_enabled=true", "curriculum.gate=true",
-    "curriculum.max_rounds=2", "curriculum.bucket_keys=[kind]",
+    "policy.model=tiny",
+    "policy.lora=false",
+    "env.id=veriloop/MathVerify-v0",
+    "env.kwargs={level: 1}",
+    "run.algo_preset=grpo",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.micro_batch_size=1",
+    "curriculum.pools_enabled=true",
+    "curriculum.gate=true",
+    "curriculum.max_rounds=2",
+    "curriculum.bucket_keys=[kind]",
     "curriculum.pools={hard: {low: 0, high: 0.5, weight: 1}, easy: {low: 0.5, high: 1, weight: 0.3}}",
-]  # fmt: skip
+]
 
 
 def test_two_ranks_draw_gate_and_learn_the_same_rates(tmp_path: Path) -> None:
@@ -64,7 +74,7 @@ def test_two_ranks_draw_gate_and_learn_the_same_rates(tmp_path: Path) -> None:
             env={**os.environ, **common, "RANK": str(r), "LOCAL_RANK": str(r)},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-        )  # fmt: skip
+        )
         for r in range(2)
     ]
     for p in procs:

@@ -33,8 +33,10 @@ def _rows(run: Path) -> list[dict]:
 def _train(tmp_path: Path, name: str, steps: int, resume: bool = False) -> Path:
     from veriloop.algos.loop.train import train
 
-    cfg = load_config("quickstart", [*MIX, *TINY, *CURRICULUM, f"train.steps={steps}", f"run.out_dir={tmp_path}",
-                                     f"run.name={name}"])  # fmt: skip
+    cfg = load_config(
+        "quickstart",
+        [*MIX, *TINY, *CURRICULUM, f"train.steps={steps}", f"run.out_dir={tmp_path}", f"run.name={name}"],
+    )
     return train(cfg, quiet=True, resume=resume)
 
 

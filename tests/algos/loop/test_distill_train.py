@@ -24,8 +24,10 @@ def test_distillation_term_by_hand(tiny_llama, make_traj):
     cfg = AlgoConfig(distill_coef=1.0, rl_coef=0.0, loss_agg="token_mean")
     trajs, batch = _batch(tiny_llama, make_traj, cfg)
     # a teacher one nat above the student on every sampled token: A_t = 1, loss_t = -1, token mean -1
-    teacher = [[lp + 1.0 if m else 0.0 for lp, m in zip(row.tolist(), mask.tolist())]
-               for row, mask in zip(batch.old_logprobs, batch.loss_mask)]  # fmt: skip
+    teacher = [
+        [lp + 1.0 if m else 0.0 for lp, m in zip(row.tolist(), mask.tolist())]
+        for row, mask in zip(batch.old_logprobs, batch.loss_mask)
+    ]
     loss, metrics = policy_loss(tiny_llama, with_teacher(batch, teacher), resolve(cfg))
     assert loss.item() == pytest.approx(-1.0, abs=1e-5)
     assert metrics["distill/reverse_kl"] == pytest.approx(-1.0, abs=1e-5)
@@ -65,13 +67,31 @@ def test_opsd_preset_trains_with_privileged_self_distillation(tmp_path, monkeypa
         return hint
 
     monkeypatch.setattr(teacher, "privileged_text", spy)
-    cfg = load_config(None, [
-        "policy.model=tiny", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}", "run.algo_preset=opsd",
-        "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_context=256",
-        "train.steps=2", "train.micro_batch_size=2", "train.lr=1e-2", "eval.num_problems=1", "eval.n_samples=1",
-        "eval.k_list=[1]", "eval.greedy=false", "eval.every=0", "run.tensorboard=false", "run.checkpoint_every=1",
-        f"run.out_dir={tmp_path}", "run.name=opsd",
-    ])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "policy.model=tiny",
+            "env.id=veriloop/MathVerify-v0",
+            "env.kwargs={level: 1}",
+            "run.algo_preset=opsd",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=8",
+            "rollout.max_context=256",
+            "train.steps=2",
+            "train.micro_batch_size=2",
+            "train.lr=1e-2",
+            "eval.num_problems=1",
+            "eval.n_samples=1",
+            "eval.k_list=[1]",
+            "eval.greedy=false",
+            "eval.every=0",
+            "run.tensorboard=false",
+            "run.checkpoint_every=1",
+            f"run.out_dir={tmp_path}",
+            "run.name=opsd",
+        ],
+    )
     assert cfg.algo.distill_coef == 1.0 and cfg.algo.rl_coef == 0.0
     run_dir = T.train(cfg, quiet=True)
     rows = [r for r in read_metrics(run_dir) if r["step"] > 0]

@@ -16,8 +16,12 @@ def _groups(make_traj: Any) -> list[list[Trajectory]]:
     """Four groups of two: differing rewards; equal rewards; differing only through an episode
     whose verifier failed (its reward is unknown, so the group teaches nothing); differing."""
     ep = lambda r, gid, error=None: make_traj([([5, 6], [7], r)], group_id=gid, error=error)  # noqa: E731
-    return [[ep(1.0, 0), ep(0.0, 0)], [ep(1.0, 1), ep(1.0, 1)], [ep(1.0, 2), ep(0.0, 2, "timeout")],
-            [ep(0.0, 3), ep(1.0, 3)]]  # fmt: skip
+    return [
+        [ep(1.0, 0), ep(0.0, 0)],
+        [ep(1.0, 1), ep(1.0, 1)],
+        [ep(1.0, 2), ep(0.0, 2, "timeout")],
+        [ep(0.0, 3), ep(1.0, 3)],
+    ]
 
 
 def _cfg(*extra: str) -> Any:

@@ -42,9 +42,14 @@ def test_policy_loss_reports_a_known_mismatch() -> None:
     with torch.no_grad():
         lp, _ = token_logprobs(policy.model, ids, torch.ones_like(ids))
     mask = torch.tensor([[0, 0, 1, 1, 1, 1]], dtype=torch.float32)
-    batch = TokenBatch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=mask,
-                       old_logprobs=(lp + 0.1) * mask, turn_index=torch.zeros_like(ids),
-                       advantages=torch.ones_like(mask) * mask)  # fmt: skip
+    batch = TokenBatch(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        loss_mask=mask,
+        old_logprobs=(lp + 0.1) * mask,
+        turn_index=torch.zeros_like(ids),
+        advantages=torch.ones_like(mask) * mask,
+    )
     stats: list[MismatchStats] = []
     policy_loss(policy.model, batch, resolve(AlgoConfig()), mismatch=stats)
     m = sum(stats, MismatchStats()).metrics()

@@ -123,8 +123,16 @@ def test_metrics_by_hand() -> None:
 def _config(*overrides: str):  # type: ignore[no-untyped-def]
     from veriloop.configs.loader import load_config
 
-    base = ["policy.model=tiny", "env.id=veriloop/MathVerify-v0", "rollout.prompts_per_step=2", "rollout.group_size=2",
-            "rollout.max_new_tokens=8", "rollout.max_context=256", "train.micro_batch_size=2", "train.steps=2"]  # fmt: skip
+    base = [
+        "policy.model=tiny",
+        "env.id=veriloop/MathVerify-v0",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "rollout.max_context=256",
+        "train.micro_batch_size=2",
+        "train.steps=2",
+    ]
     return load_config(None, [*base, *overrides])
 
 

@@ -26,12 +26,24 @@ from veriloop.envs.math_env import MathVerifyEnv
 from veriloop.envs.verifiers import Verdict
 
 FAST = [
-    "policy.model=tiny", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}",
-    "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
-    "rollout.max_context=256", "train.steps=2", "train.micro_batch_size=2", "train.lr=1e-2",
-    "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]", "eval.greedy=false",
-    "eval.every=0", "run.tensorboard=false", "run.checkpoint_every=0",
-]  # fmt: skip
+    "policy.model=tiny",
+    "env.id=veriloop/MathVerify-v0",
+    "env.kwargs={level: 1}",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.steps=2",
+    "train.micro_batch_size=2",
+    "train.lr=1e-2",
+    "eval.num_problems=1",
+    "eval.n_samples=1",
+    "eval.k_list=[1]",
+    "eval.greedy=false",
+    "eval.every=0",
+    "run.tensorboard=false",
+    "run.checkpoint_every=0",
+]
 S2R = ["env.id=veriloop/SolveVerify-v0", "rollout.max_context=512", "rollout.max_turns=4"]
 PRESETS = {
     "ppo": [],
@@ -45,17 +57,46 @@ PRESETS = {
 }
 #: Logged every step under the same name for every algorithm.
 STEP_METRICS = (
-    "reward/mean", "reward/std", "success_rate", "response_length/mean", "response_length/max",
-    "truncation_rate", "entropy", "mean_token_prob", "clip_frac_low", "clip_frac_high", "approx_kl",
-    "kl_ref", "grad_norm", "sampling/kept_fraction", "sampling/rounds", "verifier/errors",
-    "verifier/timeouts", "drift_rate", "throughput/rollout_tokens_per_s", "throughput/train_tokens_per_s",
-    "time/rollout_s", "time/train_s", "time/rollout_fraction", "lr", "nonfinite_skipped_total",
-)  # fmt: skip
+    "reward/mean",
+    "reward/std",
+    "success_rate",
+    "response_length/mean",
+    "response_length/max",
+    "truncation_rate",
+    "entropy",
+    "mean_token_prob",
+    "clip_frac_low",
+    "clip_frac_high",
+    "approx_kl",
+    "kl_ref",
+    "grad_norm",
+    "sampling/kept_fraction",
+    "sampling/rounds",
+    "verifier/errors",
+    "verifier/timeouts",
+    "drift_rate",
+    "throughput/rollout_tokens_per_s",
+    "throughput/train_tokens_per_s",
+    "time/rollout_s",
+    "time/train_s",
+    "time/rollout_fraction",
+    "lr",
+    "nonfinite_skipped_total",
+)
 
 
 def config(tmp_path: Path, preset: str, *extra: str):  # type: ignore[no-untyped-def]
-    return load_config(None, [*FAST, f"run.algo_preset={preset}", *PRESETS.get(preset, []),
-                              f"run.out_dir={tmp_path}", f"run.name={preset}", *extra])  # fmt: skip
+    return load_config(
+        None,
+        [
+            *FAST,
+            f"run.algo_preset={preset}",
+            *PRESETS.get(preset, []),
+            f"run.out_dir={tmp_path}",
+            f"run.name={preset}",
+            *extra,
+        ],
+    )
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -210,8 +251,9 @@ def test_rl_seeds_start_after_sft_examples(tmp_path, monkeypatch, no_eval) -> No
     import veriloop.algos.sft.train as sft
 
     warmups: list[Path] = []
-    monkeypatch.setattr(sft, "warmup_from_config", lambda cfg, policy, run_dir: warmups.append(run_dir) or {},
-                        raising=False)  # fmt: skip
+    monkeypatch.setattr(
+        sft, "warmup_from_config", lambda cfg, policy, run_dir: warmups.append(run_dir) or {}, raising=False
+    )
     seen: list[int] = []
     real = source_module.rollout
 

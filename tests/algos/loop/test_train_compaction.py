@@ -15,20 +15,42 @@ from veriloop.configs.loader import load_config
 from veriloop.configs.schema import ConfigError
 
 TINY = [
-    "policy.model=tiny", "env.id=veriloop/MathVerifyRetry-v0", "env.kwargs={level: 1}",
-    "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_turns=3",
-    "rollout.max_context=150", "train.steps=1", "train.micro_batch_size=2", "eval.at_start=false",
-    "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]", "eval.greedy=false", "eval.every=0",
-    "run.tensorboard=false", "run.checkpoint_every=0",
-]  # fmt: skip
+    "policy.model=tiny",
+    "env.id=veriloop/MathVerifyRetry-v0",
+    "env.kwargs={level: 1}",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_turns=3",
+    "rollout.max_context=150",
+    "train.steps=1",
+    "train.micro_batch_size=2",
+    "eval.at_start=false",
+    "eval.num_problems=1",
+    "eval.n_samples=1",
+    "eval.k_list=[1]",
+    "eval.greedy=false",
+    "eval.every=0",
+    "run.tensorboard=false",
+    "run.checkpoint_every=0",
+]
 
 
 @pytest.mark.parametrize(("compaction", "split"), [("none", False), ("keep_last", True)])
-def test_compaction_in_a_training_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compaction: str,
-                                       split: bool) -> None:  # fmt: skip
+def test_compaction_in_a_training_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compaction: str, split: bool
+) -> None:
     monkeypatch.setattr(in_training, "evaluate_step", lambda cfg, policy, step, quiet, **kw: {})
-    cfg = load_config(None, [*TINY, f"run.out_dir={tmp_path}", "run.name=c", f"rollout.compaction={compaction}",
-                             "rollout.compaction_keep=0"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            *TINY,
+            f"run.out_dir={tmp_path}",
+            "run.name=c",
+            f"rollout.compaction={compaction}",
+            "rollout.compaction_keep=0",
+        ],
+    )
     (row,) = read_metrics(T.train(cfg, quiet=True))
     assert row["updates"] == 1.0
     if split:  # every episode played its 3 turns, in two samples
@@ -52,8 +74,9 @@ def test_evaluation_compacts_as_training_does(compaction: str, played_out: bool)
     from veriloop.algos.eval.loop import evaluate_config
     from veriloop.algos.run.setup import build_policy
 
-    cfg = load_config(None, [*TINY, "eval.num_problems=2", f"rollout.compaction={compaction}",
-                             "rollout.compaction_keep=0"])  # fmt: skip
+    cfg = load_config(
+        None, [*TINY, "eval.num_problems=2", f"rollout.compaction={compaction}", "rollout.compaction_keep=0"]
+    )
     report = evaluate_config(cfg, build_policy(cfg))
     turns, cut = report["splits"]["id"]["turns/mean"], report["splits"]["id"]["limit_stop_rate"]
     assert report["meta"]["compactor"] == (None if compaction == "none" else "KeepLastTurns(k=0)")

@@ -12,8 +12,15 @@ from veriloop.configs.loader import load_config
 
 
 def _factor(schedule: str, steps: int = 10, warmup: int = 2):  # type: ignore[no-untyped-def]
-    cfg = load_config(None, ["policy.model=tiny", f"train.steps={steps}", f"train.warmup_steps={warmup}",
-                             f"train.schedule={schedule}"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "policy.model=tiny",
+            f"train.steps={steps}",
+            f"train.warmup_steps={warmup}",
+            f"train.schedule={schedule}",
+        ],
+    )
     return S.lr_lambda(cfg)
 
 

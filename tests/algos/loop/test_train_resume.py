@@ -23,12 +23,27 @@ from veriloop.algos.run.log import read_metrics
 
 STEPS = 3
 OVERRIDES = [
-    "policy.model=tiny", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}", "run.algo_preset=grpo",
-    "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
-    "rollout.max_context=256", f"train.steps={STEPS}", "train.micro_batch_size=2", "train.lr=1e-2",
-    "train.mini_batch_size=2", "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]",
-    "eval.greedy=false", "eval.every=0", "run.tensorboard=false", "run.checkpoint_every=1", "run.keep_last=2",
-]  # fmt: skip
+    "policy.model=tiny",
+    "env.id=veriloop/MathVerify-v0",
+    "env.kwargs={level: 1}",
+    "run.algo_preset=grpo",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    f"train.steps={STEPS}",
+    "train.micro_batch_size=2",
+    "train.lr=1e-2",
+    "train.mini_batch_size=2",
+    "eval.num_problems=1",
+    "eval.n_samples=1",
+    "eval.k_list=[1]",
+    "eval.greedy=false",
+    "eval.every=0",
+    "run.tensorboard=false",
+    "run.checkpoint_every=1",
+    "run.keep_last=2",
+]
 RUNNER = (
     "import sys; from veriloop.configs.loader import load_config; from veriloop.algos.loop.train import train; "
     "train(load_config(None, sys.argv[1:]), resume=True, quiet=True)"

@@ -34,14 +34,24 @@ KL_GRAD = TV_GRAD[:4] + [0.019062] + TV_GRAD[5:]
 def _run(divergence: str, delta: float):
     lp = torch.log(torch.tensor([PI], dtype=torch.float64)).requires_grad_(True)
     mu = torch.log(torch.tensor([MU], dtype=torch.float64))
-    loss, stats = L.dppo_loss(lp, mu, torch.tensor([ADV], dtype=torch.float64), torch.ones(1, 6),
-                              divergence=divergence, delta_low=delta, delta_high=delta, tau=0.1)  # fmt: skip
+    loss, stats = L.dppo_loss(
+        lp,
+        mu,
+        torch.tensor([ADV], dtype=torch.float64),
+        torch.ones(1, 6),
+        divergence=divergence,
+        delta_low=delta,
+        delta_high=delta,
+        tau=0.1,
+    )
     loss.sum().backward()
     return loss, lp.grad, stats
 
 
-@pytest.mark.parametrize(("divergence", "delta", "want_loss", "want_grad", "dropped_high"),
-                         [("tv", 0.2, TV_LOSS, TV_GRAD, 1), ("kl", 0.1, KL_LOSS, KL_GRAD, 2)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("divergence", "delta", "want_loss", "want_grad", "dropped_high"),
+    [("tv", 0.2, TV_LOSS, TV_GRAD, 1), ("kl", 0.1, KL_LOSS, KL_GRAD, 2)],
+)
 def test_dppo_values_and_gradients_by_hand(divergence, delta, want_loss, want_grad, dropped_high):
     loss, grad, stats = _run(divergence, delta)
     assert loss[0].tolist() == pytest.approx(want_loss, abs=1e-6)
@@ -54,13 +64,29 @@ def test_dppo_values_and_gradients_by_hand(divergence, delta, want_loss, want_gr
 
 def test_dppo_masked_positions_and_bad_settings():
     lp = torch.tensor([[-0.5, 50.0]], requires_grad=True)  # the second position is off the mask
-    loss, _ = L.dppo_loss(lp, torch.tensor([[-0.5, -90.0]]), torch.ones(1, 2), torch.tensor([[1.0, 0.0]]),
-                          divergence="tv", delta_low=0.2, delta_high=0.2, tau=1e-3)  # fmt: skip
+    loss, _ = L.dppo_loss(
+        lp,
+        torch.tensor([[-0.5, -90.0]]),
+        torch.ones(1, 2),
+        torch.tensor([[1.0, 0.0]]),
+        divergence="tv",
+        delta_low=0.2,
+        delta_high=0.2,
+        tau=1e-3,
+    )
     loss.sum().backward()
     assert loss[0, 1] == 0 and lp.grad[0, 1] == 0 and lp.grad[0, 0] == pytest.approx(-1.0)
     with pytest.raises(ValueError, match="'tv' or 'kl'"):
-        L.dppo_loss(lp, lp.detach(), torch.ones(1, 2), torch.ones(1, 2), divergence="js", delta_low=0.2,
-                    delta_high=0.2, tau=0.0)  # type: ignore[arg-type]  # fmt: skip
+        L.dppo_loss(
+            lp,
+            lp.detach(),
+            torch.ones(1, 2),
+            torch.ones(1, 2),
+            divergence="js",
+            delta_low=0.2,
+            delta_high=0.2,
+            tau=0.0,
+        )  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="rollout correction"):
         AlgoConfig(policy_loss="dppo", rollout_is="truncate").validate()
     with pytest.raises(ValueError, match="dppo_low"):
@@ -70,7 +96,12 @@ def test_dppo_masked_positions_and_bad_settings():
 def test_the_preset_is_prime_rls_default():
     cfg = load_preset("dppo")
     assert (cfg.policy_loss, cfg.dppo_divergence, cfg.dppo_low, cfg.dppo_high, cfg.dppo_tau) == (
-        "dppo", "tv", 0.2, 0.2, 1e-3)  # fmt: skip
+        "dppo",
+        "tv",
+        0.2,
+        0.2,
+        1e-3,
+    )
     assert cfg.needs_sampler_logprobs and not cfg.needs_old_recompute and cfg.kl_coef == 0
 
 

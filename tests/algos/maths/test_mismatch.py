@@ -28,9 +28,17 @@ def test_hand_computed_case():
 def test_no_mismatch_and_no_tokens():
     lp = torch.randn(2, 5).clamp(max=0)
     m = mismatch_stats(lp, lp.clone(), torch.ones(2, 5)).metrics()
-    assert (m["mismatch/k3_kl"], m["mismatch/ratio_max"], m["mismatch/ratio_min"], m["mismatch/outside_frac"]) == (
-        0.0, 1.0, 1.0, 0.0,
-    )  # fmt: skip
+    assert (
+        m["mismatch/k3_kl"],
+        m["mismatch/ratio_max"],
+        m["mismatch/ratio_min"],
+        m["mismatch/outside_frac"],
+    ) == (
+        0.0,
+        1.0,
+        1.0,
+        0.0,
+    )
     empty = mismatch_stats(lp, lp - 1, torch.zeros(2, 5)).metrics()
     assert empty["mismatch/tokens"] == 0 and empty["mismatch/k3_kl"] == 0.0
 

@@ -161,12 +161,26 @@ def test_checkpoints_without_checksums_still_load(tmp_path: Path) -> None:
 
 
 TINY = [
-    "policy.model=tiny", "policy.lora=false", "env.kwargs={level: 1}", "rollout.prompts_per_step=2",
-    "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_context=256", "train.steps=2",
-    "train.micro_batch_size=2", "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]",
-    "eval.greedy=false", "eval.every=0", "eval.at_start=false", "run.tensorboard=false",
-    "run.checkpoint_every=1", "run.keep_last=2", "sft.steps=0",
-]  # fmt: skip
+    "policy.model=tiny",
+    "policy.lora=false",
+    "env.kwargs={level: 1}",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.steps=2",
+    "train.micro_batch_size=2",
+    "eval.num_problems=1",
+    "eval.n_samples=1",
+    "eval.k_list=[1]",
+    "eval.greedy=false",
+    "eval.every=0",
+    "eval.at_start=false",
+    "run.tensorboard=false",
+    "run.checkpoint_every=1",
+    "run.keep_last=2",
+    "sft.steps=0",
+]
 
 
 def test_train_resume_skips_a_flipped_newest_checkpoint(tmp_path: Path, capsys) -> None:
@@ -196,10 +210,13 @@ def test_sft_resume_skips_a_damaged_newest_checkpoint(tmp_path: Path, capsys) ->
     from veriloop.algos.sft.train import TRAINABLE_FILE, train_sft
 
     examples = [
-        SFTExample(({"role": "user", "content": f"Add {i} and 3."}, {"role": "assistant", "content": f"{i + 3}"}),
-                   (True,), {"seed": i})
+        SFTExample(
+            ({"role": "user", "content": f"Add {i} and 3."}, {"role": "assistant", "content": f"{i + 3}"}),
+            (True,),
+            {"seed": i},
+        )
         for i in range(6)
-    ]  # fmt: skip
+    ]
     kw = {
         "lr": 1e-2,
         "batch_size": 2,

@@ -27,12 +27,26 @@ MathVerifyEnv.check = lambda self, r, task: Verdict(correct=len(r) % 2 == 0, rea
 T.train(load_config(None, sys.argv[1:]), quiet=True)
 """
 CONFIG = [
-    "policy.model=tiny", "policy.lora=true", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}",
-    "run.algo_preset=rloo", "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=8",
-    "rollout.max_context=256", "train.micro_batch_size=2", "train.lr=1e-2", "train.steps=3",
-    "run.checkpoint_every=0", "eval.every=0", "eval.at_start=false", "eval.num_problems=1", "eval.n_samples=1",
-    "eval.k_list=[1]", "run.tensorboard=false",
-]  # fmt: skip
+    "policy.model=tiny",
+    "policy.lora=true",
+    "env.id=veriloop/MathVerify-v0",
+    "env.kwargs={level: 1}",
+    "run.algo_preset=rloo",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.micro_batch_size=2",
+    "train.lr=1e-2",
+    "train.steps=3",
+    "run.checkpoint_every=0",
+    "eval.every=0",
+    "eval.at_start=false",
+    "eval.num_problems=1",
+    "eval.n_samples=1",
+    "eval.k_list=[1]",
+    "run.tensorboard=false",
+]
 #: Wall-clock keys: when and how fast, never what was computed.
 TIMING = ("time", "time/", "throughput/")
 
@@ -45,9 +59,15 @@ def numbers(run: Path) -> list[dict[str, Any]]:
 
 def fresh_runs(tmp: Path, extra: list[str]) -> tuple[Path, Path]:
     """Two runs of the same config, each in its own process (both at once)."""
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, *CONFIG, *extra, f"run.out_dir={tmp}", f"run.name={n}"],
-                              env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE) for n in ("a", "b")]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, *CONFIG, *extra, f"run.out_dir={tmp}", f"run.name={n}"],
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for n in ("a", "b")
+    ]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err.decode()[-3000:]

@@ -38,8 +38,12 @@ SHORT = ["policy.precision=fp32", "rollout.backend=vllm", "sft.steps=0", "rollou
 @requires_vllm
 def test_two_fresh_runs_sampled_by_vllm_are_identical(tmp_path: Path) -> None:
     for name in ("a", "b"):  # one after the other: each engine takes every core
-        done = subprocess.run([sys.executable, "-c", WORKER, *SHORT, f"run.out_dir={tmp_path}", f"run.name={name}"],
-                              capture_output=True, text=True, timeout=900)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", WORKER, *SHORT, f"run.out_dir={tmp_path}", f"run.name={name}"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
     a, b = tmp_path / "a", tmp_path / "b"
     rows = numbers(a)

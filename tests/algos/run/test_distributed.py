@@ -58,15 +58,27 @@ torch.save({"start": start, "after": after, "same": same, "grad_norm": m["grad_n
 shutdown_distributed(dist)
 """
 CONFIG = [
-    "policy.model=tiny", "policy.lora=false", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}",
-    "run.algo_preset=rloo", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
-    "rollout.max_context=256", "train.micro_batch_size=1", "train.lr=1e-2",
-]  # fmt: skip
+    "policy.model=tiny",
+    "policy.lora=false",
+    "env.id=veriloop/MathVerify-v0",
+    "env.kwargs={level: 1}",
+    "run.algo_preset=rloo",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.micro_batch_size=1",
+    "train.lr=1e-2",
+]
 
 
 def _run(out: Path, mode: str, env: dict[str, str], extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", WORKER, str(out), mode, *CONFIG, *extra], env={**os.environ, **env},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", WORKER, str(out), mode, *CONFIG, *extra],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _wait(procs: list[subprocess.Popen[bytes]]) -> None:

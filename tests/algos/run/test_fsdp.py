@@ -102,17 +102,28 @@ T.train(load_config(None, sys.argv[2:]), resume=sys.argv[1] == "resume", quiet=T
 """
 )
 TINY = [
-    "policy.model=tiny", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}", "run.algo_preset=rloo",
-    "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
-    "rollout.max_context=256", "train.micro_batch_size=1", "train.lr=1e-2",
-]  # fmt: skip
+    "policy.model=tiny",
+    "env.id=veriloop/MathVerify-v0",
+    "env.kwargs={level: 1}",
+    "run.algo_preset=rloo",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.micro_batch_size=1",
+    "train.lr=1e-2",
+]
 #: PPO with a value head on the policy: the head is sharded too, and its loss is a token mean.
 CRITIC = ["algo.advantage=gae", "algo.critic=value_head", "algo.loss_agg_constant=8"]
 
 
 def _start(script: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", script, *args], env={**os.environ, "OMP_NUM_THREADS": "1", **env},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _two_ranks(
@@ -178,8 +189,16 @@ def test_sharded_update_matches_single_process_and_halves_memory(tmp_path: Path,
         worst = max(worst, float((r0["after"][k] - one["after"][k]).abs().max()))
     whole = sum(one["memory"].values())
     halves = [sum(r["memory"].values()) / whole for r in (r0, r1)]
-    _report(f"fsdp-update-{'-'.join(extra)}", {"unsharded_bytes": one["memory"], "rank0_bytes": r0["memory"],
-            "rank1_bytes": r1["memory"], "fraction_per_rank": halves, "max_abs_weight_diff": worst})  # fmt: skip
+    _report(
+        f"fsdp-update-{'-'.join(extra)}",
+        {
+            "unsharded_bytes": one["memory"],
+            "rank0_bytes": r0["memory"],
+            "rank1_bytes": r1["memory"],
+            "fraction_per_rank": halves,
+            "max_abs_weight_diff": worst,
+        },
+    )
     assert all(0.45 <= h <= 0.55 for h in halves), halves  # each rank keeps about half
     assert sum(halves) == pytest.approx(1.0, abs=0.01)  # and together they hold it once
 
@@ -235,10 +254,21 @@ def _misfit_resume_says_so_in_one_line(run: Path) -> None:
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_killed_sharded_run_resumes_to_the_uninterrupted_weights(tmp_path: Path, lora: bool) -> None:
-    cfg = [*TINY, f"policy.lora={str(lora).lower()}", "train.parallel=fsdp", "train.steps=3",
-           "run.checkpoint_every=1", "run.keep_last=3", "eval.every=0", "eval.at_start=false",
-           "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]", "run.tensorboard=false",
-           f"run.out_dir={tmp_path}"]  # fmt: skip
+    cfg = [
+        *TINY,
+        f"policy.lora={str(lora).lower()}",
+        "train.parallel=fsdp",
+        "train.steps=3",
+        "run.checkpoint_every=1",
+        "run.keep_last=3",
+        "eval.every=0",
+        "eval.at_start=false",
+        "eval.num_problems=1",
+        "eval.n_samples=1",
+        "eval.k_list=[1]",
+        "run.tensorboard=false",
+        f"run.out_dir={tmp_path}",
+    ]
     straight = _two_ranks(TRAIN, ["fresh", *cfg, "run.name=straight"])
     # the other run: killed once its first checkpoint is committed (each commit waits 3 s first,
     # so step 2's cannot be committed yet); then resumed from that checkpoint
@@ -280,19 +310,32 @@ def _optimizer_steps(ckpt: Path) -> set[int]:
 
 @pytest.mark.parametrize(
     ("ranks", "lora"),
-    [((2, 1), True), pytest.param((2, 1), False, marks=pytest.mark.slow), pytest.param((1, 2), True, marks=pytest.mark.slow),
-     pytest.param((1, 2), False, marks=pytest.mark.slow)],  # ~1.5 min each on two cores
+    [
+        ((2, 1), True),
+        pytest.param((2, 1), False, marks=pytest.mark.slow),
+        pytest.param((1, 2), True, marks=pytest.mark.slow),
+        pytest.param((1, 2), False, marks=pytest.mark.slow),
+    ],  # ~1.5 min each on two cores
     ids=["2to1-lora", "2to1-full", "1to2-lora", "1to2-full"],
-)  # fmt: skip
+)
 def test_a_checkpoint_resumes_on_another_number_of_ranks(
     tmp_path: Path, ranks: tuple[int, int], lora: bool
 ) -> None:
     """Written by ``ranks[0]`` processes at step 1, resumed by ``ranks[1]``: the weights arrive bit
     for bit, then the run continues at step 2 with the problem cursor, AdamW's state and the
     metrics file of the uninterrupted run."""
-    cfg = [*TINY, f"policy.lora={str(lora).lower()}", "train.parallel=fsdp", "run.checkpoint_every=1",
-           "run.keep_last=3", "eval.every=0", "eval.at_start=false", "run.tensorboard=false",
-           f"run.out_dir={tmp_path}", "run.name=moved"]  # fmt: skip
+    cfg = [
+        *TINY,
+        f"policy.lora={str(lora).lower()}",
+        "train.parallel=fsdp",
+        "run.checkpoint_every=1",
+        "run.keep_last=3",
+        "eval.every=0",
+        "eval.at_start=false",
+        "run.tensorboard=false",
+        f"run.out_dir={tmp_path}",
+        "run.name=moved",
+    ]
     run, kind = tmp_path / "moved", "lora-adapter" if lora else "full"
     _wait(_ranks(ranks[0], TRAIN, ["fresh", *cfg, "train.steps=1"]))
     assert (run / "checkpoints" / "step-000001" / "model" / "shards").is_dir() == (ranks[0] > 1)
@@ -302,8 +345,10 @@ def test_a_checkpoint_resumes_on_another_number_of_ranks(
     assert written.keys() == loaded.keys()
     assert all(torch.equal(written[k], loaded[k]) for k in written), "the weights changed on the way"
     _wait(_ranks(ranks[1], TRAIN, ["resume", *cfg, "train.steps=3"]))
-    states = {s: json.loads((run / "checkpoints" / f"step-00000{s}" / "trainer_state.json").read_text())["state"]
-              for s in (1, 2, 3)}  # fmt: skip
+    states = {
+        s: json.loads((run / "checkpoints" / f"step-00000{s}" / "trainer_state.json").read_text())["state"]
+        for s in (1, 2, 3)
+    }
     # the problem cursor: each step plays the next prompts_per_step problems, as without the move
     assert [states[s]["step"] for s in (2, 3)] == [2, 3]
     assert [states[s]["next_seed"] - states[1]["next_seed"] for s in (2, 3)] == [2, 4]

@@ -24,12 +24,24 @@ from veriloop.envs.math_env import MathVerifyEnv
 from veriloop.envs.verifiers import Verdict
 
 FAST = [
-    "policy.model=tiny", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}", "run.algo_preset=grpo",
-    "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
-    "rollout.max_context=256", "train.micro_batch_size=2", "eval.at_start=false", "eval.every=0",
-    "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]", "eval.greedy=false",
-    "run.tensorboard=false", "run.checkpoint_every=0",
-]  # fmt: skip
+    "policy.model=tiny",
+    "env.id=veriloop/MathVerify-v0",
+    "env.kwargs={level: 1}",
+    "run.algo_preset=grpo",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.micro_batch_size=2",
+    "eval.at_start=false",
+    "eval.every=0",
+    "eval.num_problems=1",
+    "eval.n_samples=1",
+    "eval.k_list=[1]",
+    "eval.greedy=false",
+    "run.tensorboard=false",
+    "run.checkpoint_every=0",
+]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -98,8 +110,16 @@ def test_truncation_warns_once_above_the_threshold() -> None:
 
 
 def test_a_run_where_every_sample_gets_the_same_reward_stops(tmp_path: Path, always_right) -> None:
-    cfg = load_config(None, [*FAST, "train.steps=5", "train.max_uninformative_steps=2",
-                             f"run.out_dir={tmp_path}", "run.name=same"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            *FAST,
+            "train.steps=5",
+            "train.max_uninformative_steps=2",
+            f"run.out_dir={tmp_path}",
+            "run.name=same",
+        ],
+    )
     with pytest.raises(UninformativeRunError, match="2 steps in a row"):
         T.train(cfg, quiet=True)
     rows = read_metrics(tmp_path / "same")
@@ -109,8 +129,18 @@ def test_a_run_where_every_sample_gets_the_same_reward_stops(tmp_path: Path, alw
 
 
 def test_the_cli_exits_non_zero_with_one_line(tmp_path: Path, always_right, capsys) -> None:
-    rc = cli_run(["train", "quickstart", *FAST, "train.steps=4", "train.max_uninformative_steps=2", "sft.steps=0",
-                  f"run.out_dir={tmp_path}", "run.name=same"])  # fmt: skip
+    rc = cli_run(
+        [
+            "train",
+            "quickstart",
+            *FAST,
+            "train.steps=4",
+            "train.max_uninformative_steps=2",
+            "sft.steps=0",
+            f"run.out_dir={tmp_path}",
+            "run.name=same",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 4, err[-2000:]
     last = err.strip().splitlines()[-1]
@@ -124,9 +154,11 @@ def test_the_cli_exits_non_zero_with_one_line(tmp_path: Path, always_right, caps
 def _ended(steps: int, in_a_row: int, prompts: int = 8, least: int = 32):  # type: ignore[no-untyped-def]
     from types import SimpleNamespace
 
-    cfg = SimpleNamespace(train=SimpleNamespace(untrained_after_groups=least),
-                          rollout=SimpleNamespace(prompts_per_step=prompts, group_size=2),
-                          algo=load_config(None, []).algo)  # fmt: skip
+    cfg = SimpleNamespace(
+        train=SimpleNamespace(untrained_after_groups=least),
+        rollout=SimpleNamespace(prompts_per_step=prompts, group_size=2),
+        algo=load_config(None, []).algo,
+    )
     return cfg, SimpleNamespace(step=steps, uninformative_in_a_row=in_a_row)
 
 
@@ -144,25 +176,61 @@ def test_the_end_of_run_rule() -> None:
 
 def test_a_short_run_that_trained_nothing_exits_non_zero(tmp_path: Path, always_right, capsys) -> None:
     """4 steps, under train.max_uninformative_steps=10, of 8 groups each where every sample gets reward 1."""
-    rc = cli_run(["train", "quickstart", *FAST, "train.steps=4", "rollout.prompts_per_step=8", "sft.steps=0",
-                  "train.micro_batch_size=16", f"run.out_dir={tmp_path}", "run.name=same"])  # fmt: skip
+    rc = cli_run(
+        [
+            "train",
+            "quickstart",
+            *FAST,
+            "train.steps=4",
+            "rollout.prompts_per_step=8",
+            "sft.steps=0",
+            "train.micro_batch_size=16",
+            f"run.out_dir={tmp_path}",
+            "run.name=same",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 4, err[-2000:]
     last = err.strip().splitlines()[-1]
-    assert last.startswith("veriloop train: train: the run ended without one informative group: in all 4 steps "
-                           "(32 groups of rollout.group_size=2 samples)")  # fmt: skip
+    assert last.startswith(
+        "veriloop train: train: the run ended without one informative group: in all 4 steps "
+        "(32 groups of rollout.group_size=2 samples)"
+    )
     assert "train.untrained_after_groups=0 turns this check off" in last and "Traceback" not in err
     assert [r["step"] for r in read_metrics(tmp_path / "same")] == [1, 2, 3, 4]  # it ran to its end
     assert not (tmp_path / "same" / "final").exists()  # nothing trained: no final policy
     off = ["train.untrained_after_groups=0", "run.name=unchecked"]
-    assert cli_run(["train", "quickstart", *FAST, "train.steps=4", "rollout.prompts_per_step=8", "sft.steps=0",
-                    "train.micro_batch_size=16", f"run.out_dir={tmp_path}", *off]) == 0  # fmt: skip
+    assert (
+        cli_run(
+            [
+                "train",
+                "quickstart",
+                *FAST,
+                "train.steps=4",
+                "rollout.prompts_per_step=8",
+                "sft.steps=0",
+                "train.micro_batch_size=16",
+                f"run.out_dir={tmp_path}",
+                *off,
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "unchecked" / "final").is_dir()
 
 
 def test_an_informative_run_finishes_and_warns_about_truncation_once(tmp_path: Path, coin, capsys) -> None:
-    cfg = load_config(None, [*FAST, "train.steps=3", "train.max_uninformative_steps=0",
-                             "train.warn_truncation_above=0", f"run.out_dir={tmp_path}", "run.name=coin"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            *FAST,
+            "train.steps=3",
+            "train.max_uninformative_steps=0",
+            "train.warn_truncation_above=0",
+            f"run.out_dir={tmp_path}",
+            "run.name=coin",
+        ],
+    )
     T.train(cfg, quiet=True)
     rows = read_metrics(tmp_path / "coin")
     err = capsys.readouterr().err
@@ -197,15 +265,27 @@ def test_step_0_shares_of_cut_samples_and_verifier_errors_come_with_advice(
         raise RuntimeError("scripted verifier crash")
 
     monkeypatch.setattr(MathVerifyEnv, "check", crash)
-    rc = cli_run(["train", "quickstart", *FAST, "rollout.max_new_tokens=2", "train.steps=1", "sft.steps=0",
-                  f"run.out_dir={tmp_path}", "run.name=crash"])  # fmt: skip
+    rc = cli_run(
+        [
+            "train",
+            "quickstart",
+            *FAST,
+            "rollout.max_new_tokens=2",
+            "train.steps=1",
+            "sft.steps=0",
+            f"run.out_dir={tmp_path}",
+            "run.name=crash",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 0, err[-2000:]  # one step of 2 groups: too few to judge the run (it ends as before)
     (row,) = read_metrics(tmp_path / "crash")
     assert row["truncation_rate"] == 1.0 and row["verifier/errors"] == row["samples/episodes"] == 4.0
     line = next(x for x in err.splitlines() if "step-0 groups (base policy)" in x)
-    assert line.startswith("veriloop: warning: step-0 groups (base policy): 100% with zero reward variance, "
-                           "100% of samples cut at rollout.max_new_tokens, 100% verifier errors")  # fmt: skip
+    assert line.startswith(
+        "veriloop: warning: step-0 groups (base policy): 100% with zero reward variance, "
+        "100% of samples cut at rollout.max_new_tokens, 100% verifier errors"
+    )
     assert "raise rollout.max_new_tokens" in line and "check the verifier" in line
 
 
@@ -240,12 +320,33 @@ def test_a_template_that_drops_the_prompt_is_refused() -> None:
 def test_first_step_line_and_its_advice() -> None:
     from veriloop.algos.run.guards import first_step_check
 
-    line, extreme = first_step_check({"sampling/informative_fraction": 0.25, "truncation_rate": 0.125,
-                                      "verifier/errors": 1.0, "samples/episodes": 16.0}, 4)  # fmt: skip
-    assert line == ("step-0 groups (base policy): 75% with zero reward variance, 12% of samples cut at "
-                    "rollout.max_new_tokens, 6% verifier errors") and not extreme  # fmt: skip
-    line, extreme = first_step_check({"sampling/informative_fraction": 0.0, "truncation_rate": 0.75,
-                                      "verifier/errors": 4.0, "samples/episodes": 16.0, "reward/mean": 0.0}, 4)  # fmt: skip
+    line, extreme = first_step_check(
+        {
+            "sampling/informative_fraction": 0.25,
+            "truncation_rate": 0.125,
+            "verifier/errors": 1.0,
+            "samples/episodes": 16.0,
+        },
+        4,
+    )
+    assert (
+        line
+        == (
+            "step-0 groups (base policy): 75% with zero reward variance, 12% of samples cut at "
+            "rollout.max_new_tokens, 6% verifier errors"
+        )
+        and not extreme
+    )
+    line, extreme = first_step_check(
+        {
+            "sampling/informative_fraction": 0.0,
+            "truncation_rate": 0.75,
+            "verifier/errors": 4.0,
+            "samples/episodes": 16.0,
+            "reward/mean": 0.0,
+        },
+        4,
+    )
     assert extreme and "too hard or too easy for this model at this group size" in line
     assert "raise rollout.max_new_tokens" in line and "check the verifier" in line
 
@@ -261,8 +362,18 @@ def test_a_run_on_a_template_that_drops_the_system_message_stops_before_training
     policy = tiny_policy()
     policy.tokenizer.chat_template = NO_SYSTEM
     save_policy(policy, tmp_path / "model")
-    args = ["train", "quickstart", *FAST, f"policy.model={tmp_path / 'model'}", "policy.lora=false", "sft.steps=0",
-            "train.steps=1", "env.system_prompt='Answer in \\boxed{}.'", f"run.out_dir={tmp_path}", "run.name=r"]  # fmt: skip
+    args = [
+        "train",
+        "quickstart",
+        *FAST,
+        f"policy.model={tmp_path / 'model'}",
+        "policy.lora=false",
+        "sft.steps=0",
+        "train.steps=1",
+        "env.system_prompt='Answer in \\boxed{}.'",
+        f"run.out_dir={tmp_path}",
+        "run.name=r",
+    ]
     rc = cli_run(args)
     err = capsys.readouterr().err
     assert rc == 2, err[-2000:]

@@ -16,18 +16,42 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def write_metrics(run_dir, with_clip=True):
     """Step 0: eval only (as the training loop logs the base policy); steps 1-6: training rows."""
-    rows = [{"step": 0, "time": 0.0, "eval/id/avg@n": 0.1, "eval/id/pass@4": 0.3, "eval/id/num_problems": 8,
-             "eval/rule_ood/avg@n": 0.05, "eval/rule_ood/greedy_acc": 0.0}]  # fmt: skip
+    rows = [
+        {
+            "step": 0,
+            "time": 0.0,
+            "eval/id/avg@n": 0.1,
+            "eval/id/pass@4": 0.3,
+            "eval/id/num_problems": 8,
+            "eval/rule_ood/avg@n": 0.05,
+            "eval/rule_ood/greedy_acc": 0.0,
+        }
+    ]
     for s in range(1, 7):
-        row = {"step": s, "time": float(s), "reward/mean": 0.1 * s, "reward/std": 0.05,
-               "response_length/mean": 40.0 + s, "response_length/max": 64.0, "truncation_rate": 0.1,
-               "entropy": 1.0 / s, "mean_token_prob": 0.5 + 0.05 * s, "approx_kl": 0.01 * s,
-               "grad_norm": math.nan}  # fmt: skip
+        row = {
+            "step": s,
+            "time": float(s),
+            "reward/mean": 0.1 * s,
+            "reward/std": 0.05,
+            "response_length/mean": 40.0 + s,
+            "response_length/max": 64.0,
+            "truncation_rate": 0.1,
+            "entropy": 1.0 / s,
+            "mean_token_prob": 0.5 + 0.05 * s,
+            "approx_kl": 0.01 * s,
+            "grad_norm": math.nan,
+        }
         if with_clip:
             row.update({"clip_frac_low": 0.01, "clip_frac_high": 0.02})
         if s % 3 == 0:
-            row.update({"eval/id/avg@n": 0.1 + 0.05 * s, "eval/id/pass@4": 0.3 + 0.05 * s,
-                        "eval/rule_ood/avg@n": 0.05 + 0.02 * s, "eval/rule_ood/greedy_acc": 0.1})  # fmt: skip
+            row.update(
+                {
+                    "eval/id/avg@n": 0.1 + 0.05 * s,
+                    "eval/id/pass@4": 0.3 + 0.05 * s,
+                    "eval/rule_ood/avg@n": 0.05 + 0.02 * s,
+                    "eval/rule_ood/greedy_acc": 0.1,
+                }
+            )
         rows.append(row)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 7, "tor')
@@ -43,8 +67,9 @@ def test_plot_run_writes_every_group_and_skips_missing(tmp_path):
     write_metrics(run, with_clip=False)
     paths = plot_run(run)
     names = sorted(p.name for p in paths)
-    assert names == sorted(["reward.png", "length.png", "entropy.png", "token_prob.png", "kl.png", "eval.png",
-                            "overview.png"])  # fmt: skip
+    assert names == sorted(
+        ["reward.png", "length.png", "entropy.png", "token_prob.png", "kl.png", "eval.png", "overview.png"]
+    )
     assert all(p.parent == run / "plots" and is_png(p) for p in paths)
     assert not (run / "plots" / "clip.png").exists()  # clip fractions were never logged
 
@@ -68,8 +93,12 @@ def test_plot_run_without_metrics_file_says_what_to_pass(tmp_path):
 
 
 def report(values):
-    return {"splits": {"id": {f"pass@{k}": v for k, v in values.items()} | {"avg@n": 0.2, "num_problems": 4},
-                       "rule_ood": {"pass@1": 0.1, "pass@8": math.nan}}}  # fmt: skip
+    return {
+        "splits": {
+            "id": {f"pass@{k}": v for k, v in values.items()} | {"avg@n": 0.2, "num_problems": 4},
+            "rule_ood": {"pass@1": 0.1, "pass@8": math.nan},
+        }
+    }
 
 
 def test_pass_at_k_curves_sorted_and_nan_dropped():
@@ -89,8 +118,18 @@ def test_plot_pass_at_k_two_checkpoints(tmp_path):
 def test_empty_panels_say_why_and_eval_shows_the_base_model():
     from veriloop.algos.run.plots import _draw_eval, _pyplot, panel_note
 
-    rows = [{"step": s, "clip_frac_low": 0.0, "clip_frac_high": 0.0, "approx_kl": 1e-9 * (-1) ** s,
-             "updates": 1.0, "eval/id/avg@n": 0.1 * s, "eval/id/pass@1": 0.1 * s} for s in range(1, 4)]  # fmt: skip
+    rows = [
+        {
+            "step": s,
+            "clip_frac_low": 0.0,
+            "clip_frac_high": 0.0,
+            "approx_kl": 1e-9 * (-1) ** s,
+            "updates": 1.0,
+            "eval/id/avg@n": 0.1 * s,
+            "eval/id/pass@1": 0.1 * s,
+        }
+        for s in range(1, 4)
+    ]
     rows.insert(0, {"step": 0, "eval_base/id/avg@n": 0.0, "eval/id/avg@n": 0.2, "eval/id/pass@1": 0.2})
     assert "ratio is exactly 1" in panel_note(rows, "clip")
     assert panel_note(rows, "kl").startswith("~0")

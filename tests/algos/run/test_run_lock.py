@@ -65,8 +65,12 @@ def test_train_and_resume_on_a_busy_run_exit_2_and_change_nothing(tmp_path: Path
         exe = Path(sys.executable).with_name("veriloop")
         for command, flag in (("train", "--resume"), ("train", "--overwrite"), ("sft", "--resume")):
             args = [str(exe), command, "quickstart", *TINY, f"run.out_dir={tmp_path}", "run.name=r", flag]
-            r = subprocess.run([*args, *(["sft.steps=1"] if command == "sft" else [])],
-                               capture_output=True, text=True, timeout=120)  # fmt: skip
+            r = subprocess.run(
+                [*args, *(["sft.steps=1"] if command == "sft" else [])],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert r.returncode == 2, r.stderr[-2000:]
             assert "in use by another trainer" in r.stderr and f"pid {holder.pid}" in r.stderr
             assert "Traceback" not in r.stderr

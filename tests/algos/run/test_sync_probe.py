@@ -23,12 +23,26 @@ from veriloop.envs.math_env import MathVerifyEnv
 from veriloop.envs.verifiers import Verdict
 
 FAST = [
-    "policy.model=tiny", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}", "run.algo_preset=grpo",
-    "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_context=256",
-    "train.micro_batch_size=2", "train.lr=1e-2", "eval.at_start=false", "eval.every=0", "eval.num_problems=1",
-    "eval.n_samples=1", "eval.k_list=[1]", "eval.greedy=false", "run.tensorboard=false", "run.checkpoint_every=0",
+    "policy.model=tiny",
+    "env.id=veriloop/MathVerify-v0",
+    "env.kwargs={level: 1}",
+    "run.algo_preset=grpo",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.micro_batch_size=2",
+    "train.lr=1e-2",
+    "eval.at_start=false",
+    "eval.every=0",
+    "eval.num_problems=1",
+    "eval.n_samples=1",
+    "eval.k_list=[1]",
+    "eval.greedy=false",
+    "run.tensorboard=false",
+    "run.checkpoint_every=0",
     "train.max_uninformative_steps=0",
-]  # fmt: skip
+]
 
 
 class CopyBackend:

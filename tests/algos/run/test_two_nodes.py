@@ -36,12 +36,28 @@ MathVerifyEnv.check = lambda self, r, task: Verdict(correct=len(r) % 2 == 0, rea
 T.train(load_config(None, sys.argv[2:]), resume=sys.argv[1] == "resume", quiet=True)
 """
 CONFIG = [
-    "policy.model=tiny", "policy.lora=true", "train.parallel=fsdp", "env.id=veriloop/MathVerify-v0",
-    "env.kwargs={level: 1}", "run.algo_preset=rloo", "rollout.prompts_per_step=2", "rollout.group_size=2",
-    "rollout.max_new_tokens=8", "rollout.max_context=256", "train.micro_batch_size=1", "train.lr=1e-2",
-    "train.steps=3", "run.checkpoint_every=1", "run.keep_last=3", "eval.every=0", "eval.at_start=false",
-    "eval.num_problems=1", "eval.n_samples=1", "eval.k_list=[1]", "run.tensorboard=false",
-]  # fmt: skip
+    "policy.model=tiny",
+    "policy.lora=true",
+    "train.parallel=fsdp",
+    "env.id=veriloop/MathVerify-v0",
+    "env.kwargs={level: 1}",
+    "run.algo_preset=rloo",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.micro_batch_size=1",
+    "train.lr=1e-2",
+    "train.steps=3",
+    "run.checkpoint_every=1",
+    "run.keep_last=3",
+    "eval.every=0",
+    "eval.at_start=false",
+    "eval.num_problems=1",
+    "eval.n_samples=1",
+    "eval.k_list=[1]",
+    "run.tensorboard=false",
+]
 
 
 def _node(
@@ -50,12 +66,29 @@ def _node(
     """One node's launcher: ``torchrun --nnodes 2 --nproc_per_node 1`` in its own folder and session."""
     home = tmp / "nodes" / job / node
     (home / "tmp").mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
-           "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", job,
-           "--max_restarts", "0", str(tmp / "worker.py"), *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "1",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv_id",
+        job,
+        "--max_restarts",
+        "0",
+        str(tmp / "worker.py"),
+        *args,
+    ]
     full = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(home / "tmp"), **(env or {})}
-    return subprocess.Popen(cmd, cwd=home, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        cmd, cwd=home, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
 
 
 def _cluster(

@@ -258,8 +258,13 @@ def test_checkpoint_resume_matches_an_uninterrupted_run(tmp_path):
         train_sft(tiny_policy(lora=True, seed=2), _short(4), steps=5, run_dir=tmp_path / "b", **kw)
     # a setting that shapes the trajectory is refused changed (steps and logging may change)
     with pytest.raises(ValueError, match=r"other SFT settings \(lr: 0.01 -> 0.02; warmup: 2 -> 0\)"):
-        train_sft(tiny_policy(lora=True, seed=2), _short(3), steps=5, run_dir=tmp_path / "b",
-                  **{**kw, "lr": 2e-2, "warmup": 0, "log_every": 5})  # fmt: skip
+        train_sft(
+            tiny_policy(lora=True, seed=2),
+            _short(3),
+            steps=5,
+            run_dir=tmp_path / "b",
+            **{**kw, "lr": 2e-2, "warmup": 0, "log_every": 5},
+        )
 
 
 def test_settings_validation_lists_every_problem():
@@ -319,8 +324,18 @@ def test_the_warm_ups_settings_are_derived_from_the_experiment_config():
     from veriloop.algos.sft.train import SFT_BATCH_SIZE
     from veriloop.configs.loader import load_config
 
-    cfg = load_config(None, ["sft.steps=40", "sft.lr=3e-5", "train.log_every=7", "train.micro_batch_size=2",
-                             "run.checkpoint_every=5", "rollout.max_context=512", "rollout.seed=11"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "sft.steps=40",
+            "sft.lr=3e-5",
+            "train.log_every=7",
+            "train.micro_batch_size=2",
+            "run.checkpoint_every=5",
+            "rollout.max_context=512",
+            "rollout.seed=11",
+        ],
+    )
     s = SFTSettings.from_config(cfg, num_examples=100)
     assert (s.steps, s.lr, s.log_every, s.micro_batch_size, s.checkpoint_every) == (40, 3e-5, 7, 2, 5)
     assert (s.batch_size, s.max_len, s.seed, s.warmup) == (SFT_BATCH_SIZE, 512, 11, 2)

@@ -132,8 +132,16 @@ def _one_step(micro, lr=1e-9):
 
     handle = register_optimizer_step_pre_hook(grab)
     try:
-        out = train_sft(policy, _vision_examples(), steps=1, lr=lr, batch_size=3, micro_batch_size=micro,
-                        max_len=2048, tensorboard=False)  # fmt: skip
+        out = train_sft(
+            policy,
+            _vision_examples(),
+            steps=1,
+            lr=lr,
+            batch_size=3,
+            micro_batch_size=micro,
+            max_len=2048,
+            tensorboard=False,
+        )
     finally:
         handle.remove()
     return policy, out, captured
