@@ -113,7 +113,8 @@ def evaluations(run_dir: Path) -> dict[str, dict]:
 def collect(run_dir: Path, record: Path) -> dict:
     """One seed: avg@n ± SE at each evaluation, the SFT and RL phases' paired changes, its cost."""
     evals = evaluations(run_dir)
-    acc = {k: {"avg@n": r["splits"]["id"]["avg@n"], "se": r["splits"]["id"].get("se/avg@n")}
+    acc = {k: {"avg@n": r["splits"]["id"]["avg@n"], "se": r["splits"]["id"].get("se/avg@n"),
+               **{m: v for m, v in r["splits"]["id"].items() if m.startswith(("reason/", "response_length/mean"))}}
            for k, r in evals.items()}  # fmt: skip
     steps = sorted(int(k) for k in evals if k != "base")
     per = {k: r["per_problem"]["id"]["avg@n"] for k, r in evals.items()}
