@@ -85,6 +85,31 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - miss
 
 
+def pass_at_k_curve(n: int, correct: Sequence[int], ks: Sequence[int]) -> dict[int, tuple[float, float]]:
+    """pass@k over problems with its standard error, for each k (Yue et al. 2025's curve).
+
+    For problem ``j`` with ``c_j`` of its ``n`` samples correct, :func:`pass_at_k` gives
+    ``p_j(k) = 1 - C(n - c_j, k) / C(n, k)``; the curve's point is ``mean_j p_j(k)`` and its error
+    :func:`standard_error` of the ``p_j(k)``: ``sd_j p_j(k) / sqrt(P)``, the noise of drawing the
+    ``P`` problems (the samples' own noise is already averaged by the unbiased estimator).
+
+    Args:
+        n: Samples per problem (the same for every problem).
+        correct: ``c_j`` per problem.
+        ks: The k values, each in 1..n.
+
+    Returns:
+        ``{k: (mean, se)}``; ``se`` is ``nan`` for a single problem.
+    """
+    if not correct:
+        raise ValueError("pass@k curve needs at least one problem, got none")
+    out: dict[int, tuple[float, float]] = {}
+    for k in ks:
+        values = [pass_at_k(n, c, k) for c in correct]
+        out[k] = (_mean(values), standard_error(values))
+    return out
+
+
 def avg_at_k(correct: Sequence[bool]) -> float:
     """Mean accuracy over the samples of one problem (avg@k with k = len(correct))."""
     if len(correct) == 0:

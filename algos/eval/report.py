@@ -142,7 +142,39 @@ def run_summary(eval_dir: str | Path) -> str:
             cells = [_cell(m.get(k)) for k in [*rates, "error_rate"]]
             lines.append("| " + " | ".join([label, split, *cells]) + " |")
     note = "avg@n is the unbiased pass@1; n/a = not measurable (e.g. maj@k without extracted answers)."
-    return "\n".join(lines) + "\n\n" + note + "\n" + sources_markdown(reports[-1][2].get("meta", {}))
+    change = rl_phase_markdown([(order[0], r) for order, _, r in reports])
+    return "\n".join(lines) + "\n\n" + note + "\n" + change + sources_markdown(reports[-1][2].get("meta", {}))
+
+
+def rl_phase_markdown(reports: list[tuple[int, Mapping[str, Any]]], split: str = REFERENCE_SPLIT) -> str:
+    """The RL phase's change on held-out problems, paired by problem, in words: from the start
+    (step 0, after any SFT warm-up) to the last evaluated step, ``avg@n`` before and after and
+    :func:`~veriloop.algos.eval.metrics.paired_difference` (``d_j = after_j - before_j``, mean ± SE,
+    ``z = mean / SE``). ``reports``: ``(step, report)`` pairs, the base model's step -1. Empty when
+    the run has no step-0 and later evaluation of the same problems with per-problem results."""
+    steps = {step: r for step, r in reports if step >= 0}
+    if 0 not in steps or max(steps) == 0:
+        return ""
+    start, end, last = steps[0], steps[max(steps)], max(steps)
+    a = start.get("per_problem", {}).get(split, {}).get("avg@n")
+    b = end.get("per_problem", {}).get(split, {}).get("avg@n")
+    meta = end.get("meta", {})
+    if (
+        a is None
+        or b is None
+        or len(a) != len(b)
+        or start.get("meta", {}).get("first_seed") != meta.get("first_seed")
+    ):
+        return ""
+    d = paired_difference(a, b)
+    verdict = "beyond noise" if abs(d["z"]) > 3 else "within 3 SE, so it may be noise"
+    return (
+        f"\n**RL phase, on {len(a)} held-out problems x {meta.get('n_samples', '?')} samples** (split {split}): "
+        f"avg@n {sum(a) / len(a):.3f} at the start (step 0) -> {sum(b) / len(b):.3f} at step {last}, "
+        f"a change of {d['diff']:+.3f} ± {_cell(d['se'])} (paired SE, z = {d['z']:.1f}): {verdict}. "
+        "The change is each problem's share of right answers after RL minus before, averaged over the same "
+        "problems (their difficulty cancels), so above 3 SE RL's gain is unlikely to be sampling luck.\n"
+    )
 
 
 def _cell(value: Any) -> str:

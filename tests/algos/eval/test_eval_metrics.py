@@ -206,3 +206,21 @@ def test_paired_difference_cancels_problem_difficulty():
     assert math.isnan(paired_difference([0, 1], [0, 1])["z"])
     with pytest.raises(ValueError, match="same problems"):
         paired_difference([0, 1], [0])
+
+
+def test_pass_at_k_curve_mean_and_se_by_hand() -> None:
+    from veriloop.algos.eval.metrics import pass_at_k_curve
+
+    # n = 4 samples; problems with c = 0, 1, 2 correct.
+    # k = 1: p = 0, 1/4, 2/4 -> mean 0.25; sd = 0.25 -> SE = 0.25 / sqrt(3)
+    # k = 2: p = 0, 1 - C(3,2)/C(4,2) = 1/2, 1 - C(2,2)/C(4,2) = 5/6 -> mean 4/9;
+    #        deviations -4/9, 1/18, 7/18: sum of squares 16/81 + 1/324 + 49/324 = 114/324; sd^2 = 57/324
+    # k = 4: p = 0, 1, 1 -> mean 2/3; sd^2 = (4/9 + 1/9 + 1/9) / 2 = 1/3
+    curve = pass_at_k_curve(4, [0, 1, 2], [1, 2, 4])
+    assert curve[1] == pytest.approx((0.25, 0.25 / math.sqrt(3)))
+    assert curve[2] == pytest.approx((4 / 9, math.sqrt(57 / 324 / 3)))
+    assert curve[4] == pytest.approx((2 / 3, math.sqrt(1 / 3 / 3)))
+    mean, se = pass_at_k_curve(4, [3], [2])[2]
+    assert mean == 1.0 and math.isnan(se)
+    with pytest.raises(ValueError, match="at least one problem"):
+        pass_at_k_curve(4, [], [1])
