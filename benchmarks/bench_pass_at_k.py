@@ -52,9 +52,20 @@ def evaluate(tag: str, label: str, config: str, checkpoint: str, args: argparse.
         return out
     ks = ks_up_to(args.samples)
     exe = shutil.which("veriloop", path=str(Path(sys.executable).parent)) or "veriloop"
-    cmd = [exe, "eval", config, "--checkpoints", checkpoint, "--out", str(out),
-           f"eval.num_problems={args.problems}", f"eval.n_samples={args.samples}",
-           f"eval.k_list=[{','.join(map(str, ks))}]", "eval.greedy=false", *args.overrides]  # fmt: skip
+    cmd = [
+        exe,
+        "eval",
+        config,
+        "--checkpoints",
+        checkpoint,
+        "--out",
+        str(out),
+        f"eval.num_problems={args.problems}",
+        f"eval.n_samples={args.samples}",
+        f"eval.k_list=[{','.join(map(str, ks))}]",
+        "eval.greedy=false",
+        *args.overrides,
+    ]
     out.mkdir(parents=True, exist_ok=True)
     print(f"[{label}] {' '.join(cmd[1:])}", flush=True)
     load0, t0 = os.getloadavg()[0], time.time()
@@ -64,8 +75,13 @@ def evaluate(tag: str, label: str, config: str, checkpoint: str, args: argparse.
     rc = os.waitstatus_to_exitcode(status)
     if rc != 0:
         raise SystemExit(f"{label}: veriloop eval failed (exit {rc}); see {out / 'eval.log'}")
-    cost = {"command": " ".join(cmd[1:]), "seconds": time.time() - t0, "cpu_seconds": usage.ru_utime + usage.ru_stime,
-            "maxrss_gb": usage.ru_maxrss / 1e6, "load_1min_start_end": [load0, os.getloadavg()[0]]}  # fmt: skip
+    cost = {
+        "command": " ".join(cmd[1:]),
+        "seconds": time.time() - t0,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "maxrss_gb": usage.ru_maxrss / 1e6,
+        "load_1min_start_end": [load0, os.getloadavg()[0]],
+    }
     (out / "cost.json").write_text(json.dumps(cost, indent=1))
     return out
 
@@ -84,8 +100,11 @@ def crossings(a: dict[int, tuple[float, float]], b: dict[int, tuple[float, float
     ks = sorted(a)
     signs = [(k, math.copysign(1, a[k][0] - b[k][0]) if a[k][0] != b[k][0] else 0.0) for k in ks]
     nonzero = [(k, s) for k, s in signs if s]
-    return [{"between_k": [k0, k1], "before": "a above" if s0 > 0 else "b above"}
-            for (k0, s0), (k1, s1) in zip(nonzero, nonzero[1:]) if s0 != s1]  # fmt: skip
+    return [
+        {"between_k": [k0, k1], "before": "a above" if s0 > 0 else "b above"}
+        for (k0, s0), (k1, s1) in zip(nonzero, nonzero[1:])
+        if s0 != s1
+    ]
 
 
 def plot(curves: dict[str, dict[int, tuple[float, float]]], title: str, path: Path) -> None:
@@ -98,8 +117,13 @@ def plot(curves: dict[str, dict[int, tuple[float, float]]], title: str, path: Pa
         ys = [curve[k][0] for k in ks]
         se = [0.0 if math.isnan(curve[k][1]) else curve[k][1] for k in ks]
         (line,) = ax.plot(ks, ys, marker="o", label=label)
-        ax.fill_between(ks, [y - s for y, s in zip(ys, se)], [y + s for y, s in zip(ys, se)],
-                        color=line.get_color(), alpha=0.2)  # fmt: skip
+        ax.fill_between(
+            ks,
+            [y - s for y, s in zip(ys, se)],
+            [y + s for y, s in zip(ys, se)],
+            color=line.get_color(),
+            alpha=0.2,
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k (samples per problem)")
     ax.set_ylabel("pass@k (band: ±1 SE over problems)")
@@ -146,12 +170,18 @@ def write(args: argparse.Namespace, pairs: list[list[str]], curves: dict, cost: 
         "checkpoints": dict(pairs),
         "problems": args.problems,
         "samples": args.samples,
-        "meta": {k: {f: v.get(f) for f in ("first_seed", "temperature", "max_new_tokens", "num_problems")} for k, v in meta.items()},
-        "curves": {label: {str(k): {"mean": m, "se": s} for k, (m, s) in sorted(c.items())} for label, c in curves.items()},
+        "meta": {
+            k: {f: v.get(f) for f in ("first_seed", "temperature", "max_new_tokens", "num_problems")}
+            for k, v in meta.items()
+        },
+        "curves": {
+            label: {str(k): {"mean": m, "se": s} for k, (m, s) in sorted(c.items())}
+            for label, c in curves.items()
+        },
         "crossings": cross,
         f"pass@{kmax}": at_max,
         "cost": cost,
-    }  # fmt: skip
+    }
     path = RESULTS / f"pass_at_k_{args.tag}.json"
     path.write_text(json.dumps(out, indent=1, allow_nan=True) + "\n")
     title = f"pass@k on {args.problems} held-out problems x {args.samples} samples ({args.tag})"

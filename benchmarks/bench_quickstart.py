@@ -68,8 +68,14 @@ def run_seed(tag: str, seed: int, overrides: list[str]) -> Path:
     run_dir, record = out / f"s{seed}", out / f"s{seed}.attempts.json"
     if (run_dir / "final").is_dir():
         return run_dir
-    args = [*veriloop_cmd(), "quickstart", *overrides, f"rollout.seed={1000 * seed}",
-            f"run.out_dir={out}", f"run.name=s{seed}"]  # fmt: skip
+    args = [
+        *veriloop_cmd(),
+        "quickstart",
+        *overrides,
+        f"rollout.seed={1000 * seed}",
+        f"run.out_dir={out}",
+        f"run.name=s{seed}",
+    ]
     done = attempts(record)
     opened = {"started": time.time(), "command": " ".join(args[1:]), "cpus": os.cpu_count(), "exit": None}
     record.write_text(json.dumps([*done, opened], indent=1))
@@ -79,8 +85,14 @@ def run_seed(tag: str, seed: int, overrides: list[str]) -> Path:
         proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
     rc = os.waitstatus_to_exitcode(status)
-    closed = {**opened, "exit": rc, "seconds": time.time() - t0, "cpu_seconds": usage.ru_utime + usage.ru_stime,
-              "maxrss_gb": usage.ru_maxrss / 1e6, "load_1min": _spread(load.samples)}  # fmt: skip
+    closed = {
+        **opened,
+        "exit": rc,
+        "seconds": time.time() - t0,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "maxrss_gb": usage.ru_maxrss / 1e6,
+        "load_1min": _spread(load.samples),
+    }
     record.write_text(json.dumps([*done, closed], indent=1))
     print(f"[{tag} s{seed}] exit {rc} after {closed['seconds']:.0f} s", flush=True)
     if rc != 0:
@@ -93,8 +105,17 @@ def attempts(record: Path) -> list[dict]:
     rows = json.loads(record.read_text()) if record.exists() else []
     log = record.with_name(record.name.replace(".attempts.json", ".log"))
     end = log.stat().st_mtime if log.exists() else None
-    return [r if "seconds" in r else {**r, "seconds": max(0.0, (end or r["started"]) - r["started"]),
-                                      "exit": "killed", "estimated": True} for r in rows]  # fmt: skip
+    return [
+        r
+        if "seconds" in r
+        else {
+            **r,
+            "seconds": max(0.0, (end or r["started"]) - r["started"]),
+            "exit": "killed",
+            "estimated": True,
+        }
+        for r in rows
+    ]
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -113,9 +134,18 @@ def evaluations(run_dir: Path) -> dict[str, dict]:
 def collect(run_dir: Path, record: Path) -> dict:
     """One seed: avg@n ± SE at each evaluation, the SFT and RL phases' paired changes, its cost."""
     evals = evaluations(run_dir)
-    acc = {k: {"avg@n": r["splits"]["id"]["avg@n"], "se": r["splits"]["id"].get("se/avg@n"),
-               **{m: v for m, v in r["splits"]["id"].items() if m.startswith(("reason/", "response_length/mean"))}}
-           for k, r in evals.items()}  # fmt: skip
+    acc = {
+        k: {
+            "avg@n": r["splits"]["id"]["avg@n"],
+            "se": r["splits"]["id"].get("se/avg@n"),
+            **{
+                m: v
+                for m, v in r["splits"]["id"].items()
+                if m.startswith(("reason/", "response_length/mean"))
+            },
+        }
+        for k, r in evals.items()
+    }
     steps = sorted(int(k) for k in evals if k != "base")
     per = {k: r["per_problem"]["id"]["avg@n"] for k, r in evals.items()}
     row: dict = {"accuracy": acc, "steps": steps, "finished": (run_dir / "final").is_dir()}
@@ -183,8 +213,11 @@ def main() -> None:
 
 
 def write(path: Path, tag: str, overrides: list[str]) -> None:
-    seeds = {int(d.name[1:]): collect(d, RUNS / tag / f"{d.name}.attempts.json")
-             for d in sorted((RUNS / tag).glob("s[0-9]*")) if d.is_dir() and (d / "eval").is_dir()}  # fmt: skip
+    seeds = {
+        int(d.name[1:]): collect(d, RUNS / tag / f"{d.name}.attempts.json")
+        for d in sorted((RUNS / tag).glob("s[0-9]*"))
+        if d.is_dir() and (d / "eval").is_dir()
+    }
     out = {
         "command": f"python benchmarks/bench_quickstart.py --tag {tag} --seeds ... -- {' '.join(overrides)}".rstrip(),
         "overrides": overrides,

@@ -184,8 +184,9 @@ def summarize_split(
     }
     # maj@k votes on the extracted answers (``Verdict.parsed``); a judged-correct sample without
     # one means the env does not extract answers, and any vote would be a wrong number: n/a (nan)
-    votable = not any(s.answer is None and s.correct and s.error is None
-                      for samples in results_per_problem for s in samples)  # fmt: skip
+    votable = not any(
+        s.answer is None and s.correct and s.error is None for samples in results_per_problem for s in samples
+    )
     for k in k_list:
         out[f"pass@{k}"] = _mean([pass_at_k(len(c), sum(c), k) for c in solved])
         out[f"maj@{k}"] = (
@@ -194,7 +195,7 @@ def summarize_split(
                     float(maj_at_k([s.answer for s in samples], _vote_truth(samples), k))
                     for samples in results_per_problem
                 ]
-            )  # fmt: skip
+            )
             if votable
             else math.nan
         )
@@ -298,8 +299,12 @@ def markdown_table(report: Mapping[str, Mapping[str, float]], reference_split: s
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for split in splits:
         m = report[split]
-        cells = [split, _int_cell(m.get("num_problems")), _int_cell(m.get("verifier_errors")),
-                 _rate_cell(m.get("error_rate"))]  # fmt: skip
+        cells = [
+            split,
+            _int_cell(m.get("num_problems")),
+            _int_cell(m.get("verifier_errors")),
+            _rate_cell(m.get("error_rate")),
+        ]
         lines.append("| " + " | ".join(cells + [_rate_cell(m.get(r)) for r in rates]) + " |")
     if any(reference_of(s, report, reference_split) for s in report):
         for split, gap in generalization_gap(report, reference_split).items():

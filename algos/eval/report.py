@@ -20,8 +20,13 @@ from veriloop.envs.json_safe import json_safe
 #: Non-rate metrics shown in the task table of the Markdown report (when a split has them).
 #: The environments' own metrics (``LearnerSignal``) go between ``greedy_acc`` and the rest.
 TASK_METRICS = (
-    "greedy_acc", "attempts/mean", "turns/mean", "response_length/mean", "truncation_rate", "limit_stop_rate",
-)  # fmt: skip
+    "greedy_acc",
+    "attempts/mean",
+    "turns/mean",
+    "response_length/mean",
+    "truncation_rate",
+    "limit_stop_rate",
+)
 #: Metrics every split has (not the environment's own): these names, and the prefixes below.
 _GENERIC = {
     *TASK_METRICS,
@@ -132,9 +137,15 @@ def run_summary(eval_dir: str | Path) -> str:
     if not reports:
         raise FileNotFoundError(f"no evaluation reports (*.json) in {eval_dir}")
     reports.sort(key=lambda r: r[0])
-    rates = list(dict.fromkeys(k for _, _, r in reports for m in r["splits"].values() for k in m
-                               if k.startswith(("avg@", "pass@", "maj@", "greedy_acc", "se/"))
-                               and k != "pass@1"))  # fmt: skip
+    rates = list(
+        dict.fromkeys(
+            k
+            for _, _, r in reports
+            for m in r["splits"].values()
+            for k in m
+            if k.startswith(("avg@", "pass@", "maj@", "greedy_acc", "se/")) and k != "pass@1"
+        )
+    )
     header = ["checkpoint", "split", *rates, "error rate"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for _, label, report in reports:

@@ -41,6 +41,7 @@ def test_clamp_log_ratio_is_the_identity_inside_and_straight_through_outside():
 def test_ppo_clip_unclipped_side_keeps_its_gradient_past_the_clamp(log_r):
     """A = -1, r = e^log_r >> 1 + 0.2: the unclipped side, loss = -A r = r, d/d log pi = r, with r
     taken at the clamp past it: e^19.5 inside, e^20 at 20.5 and 30 (the old clamp gave 0 there)."""
+
     def fn(x):
         return L.clipped_pg_loss(
             x,
@@ -50,6 +51,7 @@ def test_ppo_clip_unclipped_side_keeps_its_gradient_past_the_clamp(log_r):
             clip_low=0.2,
             clip_high=0.2,
         )
+
     g = _grad(fn, torch.full((1, 1), log_r))
     assert float(g) == pytest.approx(math.exp(min(log_r, 20.0)), rel=1e-5)
 
@@ -57,6 +59,7 @@ def test_ppo_clip_unclipped_side_keeps_its_gradient_past_the_clamp(log_r):
 def test_ppo_clip_keeps_the_gradient_below_the_lower_clamp():
     """A = +1, log r = -20.5: r < 1 - 0.2 is the unclipped side for A > 0 (still pushed up), loss =
     -r, gradient -r at the clamp = -e^-20 (the old clamp: 0); at -19.5 it is -e^-19.5."""
+
     def fn(x):
         return L.clipped_pg_loss(
             x,
@@ -66,6 +69,7 @@ def test_ppo_clip_keeps_the_gradient_below_the_lower_clamp():
             clip_low=0.2,
             clip_high=0.2,
         )
+
     g = _grad(fn, torch.tensor([[-19.5, -20.5]]))
     assert g[0].tolist() == pytest.approx([-math.exp(-19.5), -math.exp(-20.0)], rel=1e-5)
 
@@ -76,6 +80,7 @@ def test_dppo_keeps_policy_gradient_and_pull_back_past_the_clamp():
     token 1: log mu = -0.1, log pi = -20.6, log r = -20.5 -> -20: -A e^-20 + 2 tau (-20) = -0.04.
     The old clamp gave both 0 (not even the tau log^2 pull-back)."""
     mu = torch.tensor([[-30.0, -0.1]])
+
     def fn(x):
         return L.dppo_loss(
             x,
@@ -87,6 +92,7 @@ def test_dppo_keeps_policy_gradient_and_pull_back_past_the_clamp():
             delta_high=0.2,
             tau=1e-3,
         )
+
     g = _grad(fn, torch.tensor([[-9.5, -20.6]]))
     assert float(g[0, 0]) == pytest.approx(-E20 + 2e-3 * 20, rel=1e-5)
     assert float(g[0, 1]) == pytest.approx(-math.exp(-20.0) - 2e-3 * 20, rel=1e-5)
@@ -100,6 +106,7 @@ def test_sapo_keeps_its_gradient_below_the_clamp(log_r):
     """A = +1, tau = 1: d loss / d log pi = -A r 4 sigma(r - 1)(1 - sigma(r - 1)) at r = e^max(log_r, -20)
     (about -4.1e-9 at the clamp; the old clamp gave 0). Above +20 the gate is saturated in float32
     (sigma = 1): 0 with either clamp, so only the lower side can tell them apart."""
+
     def fn(x):
         return L.sapo_loss(
             x,
@@ -109,6 +116,7 @@ def test_sapo_keeps_its_gradient_below_the_clamp(log_r):
             tau_pos=1.0,
             tau_neg=1.05,
         )
+
     r = math.exp(max(log_r, -20.0))
     s = 1 / (1 + math.exp(-(r - 1)))
     assert float(_grad(fn, torch.full((1, 1), log_r))) == pytest.approx(-r * 4 * s * (1 - s), rel=1e-4)
@@ -118,6 +126,7 @@ def test_sapo_keeps_its_gradient_below_the_clamp(log_r):
 def test_cispo_gradient_is_the_clipped_weight_on_both_sides_of_the_clamp(log_r):
     """CISPO's weight is detached, so its gradient -clip(r, 0.8, 1.2) A never went through the
     clamp: A = 1 gives -0.8 below 1 and -1.2 above (this one held before the change too)."""
+
     def fn(x):
         return L.cispo_loss(
             x,
@@ -127,6 +136,7 @@ def test_cispo_gradient_is_the_clipped_weight_on_both_sides_of_the_clamp(log_r):
             clip_low=0.2,
             clip_high=0.2,
         )
+
     assert float(_grad(fn, torch.full((1, 1), log_r))) == pytest.approx(-0.8 if log_r < 0 else -1.2)
 
 

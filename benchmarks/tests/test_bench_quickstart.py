@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(name: str):
@@ -39,8 +39,14 @@ def test_collect_pairs_the_rl_phase_and_sums_every_attempt(tmp_path: Path) -> No
     _write(run, "step-000012", 12, [0.5, 0.5, 0.5, 0.25])
     (run / "final").mkdir()
     record = tmp_path / "s0.attempts.json"
-    record.write_text(json.dumps([{"started": 0.0, "seconds": 100.0, "cpu_seconds": 150.0, "maxrss_gb": 1.5},
-                                  {"started": 200.0, "seconds": 50.0, "cpu_seconds": 90.0, "maxrss_gb": 1.2}]))  # fmt: skip
+    record.write_text(
+        json.dumps(
+            [
+                {"started": 0.0, "seconds": 100.0, "cpu_seconds": 150.0, "maxrss_gb": 1.5},
+                {"started": 200.0, "seconds": 50.0, "cpu_seconds": 90.0, "maxrss_gb": 1.2},
+            ]
+        )
+    )
     row = bench.collect(run, record)
     # d = [0.5, 0, 0.25, 0]: mean 0.1875, SE = sqrt(0.171875 / 3 / 4) (hand-computed, as for the summary)
     assert row["rl_phase"]["diff"] == pytest.approx(0.1875)
