@@ -48,13 +48,13 @@ def tiny_tokenizer() -> Any:
     return copy.deepcopy(_cached_tokenizer())
 
 
-def _text_config(tokenizer: Any, vocab_size: int) -> Any:
-    from transformers import LlamaConfig
-
+def tiny_text_settings(tokenizer: Any, **extra: Any) -> dict[str, Any]:
+    """The tiny test models' text settings (two layers of width 64), for any family's config class:
+    ``extra`` adds or replaces a setting (``head_dim``, ``rope_parameters``, ...)."""
     from veriloop.agents.models.text import end_of_turn_ids
 
-    return LlamaConfig(
-        vocab_size=vocab_size,
+    settings: dict[str, Any] = dict(
+        vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -66,6 +66,13 @@ def _text_config(tokenizer: Any, vocab_size: int) -> Any:
         eos_token_id=end_of_turn_ids(tokenizer)[0],
         pad_token_id=tokenizer.pad_token_id,
     )
+    return {**settings, **extra}
+
+
+def _text_config(tokenizer: Any, vocab_size: int) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**tiny_text_settings(tokenizer, vocab_size=vocab_size))
 
 
 def _set_generation_eos(model: Any, tokenizer: Any) -> None:

@@ -25,22 +25,9 @@ TINY_WINDOW = 16
 
 
 def _common(tokenizer: Any) -> dict[str, Any]:
-    from veriloop.agents.models.text import end_of_turn_ids
+    from veriloop.agents.testing import tiny_text_settings
 
-    return dict(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=end_of_turn_ids(tokenizer)[0],
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    return tiny_text_settings(tokenizer, head_dim=16)
 
 
 def _build(config_name: str, model_name: str, **extra: Any) -> Callable[..., Any]:

@@ -55,22 +55,9 @@ _TEMPLATE = (
 
 
 def _text(tokenizer: Any, **extra: Any) -> dict[str, Any]:
-    from veriloop.agents.models.text import end_of_turn_ids
+    from veriloop.agents.testing import tiny_text_settings
 
-    return dict(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=end_of_turn_ids(tokenizer)[0],
-        pad_token_id=tokenizer.pad_token_id,
-        **extra,
-    )
+    return tiny_text_settings(tokenizer, **extra)
 
 
 def _qwen_vl_processor(tokenizer: Any, processor_name: str) -> tuple[Any, list[int]]:
