@@ -112,4 +112,4 @@ $(VSTAMP): pyproject.toml
 	touch $(VSTAMP)
 
 test-vllm: setup-vllm
-	$(VLLM_ENV) $(VBIN)/python -m pytest -q -p no:cacheprovider --durations=5 tests/agents/test_vllm_backend.py tests/agents/test_vllm_families.py tests/agents/test_vllm_server.py tests/algos/maths/test_mismatch.py tests/algos/loop/test_vllm_train.py tests/algos/loop/test_async_vllm.py tests/algos/run/test_determinism_vllm.py tests/algos/loop/test_async_ranks_vllm.py tests/interop/test_verifiers.py
+	$(VLLM_ENV) $(VBIN)/python -m pytest -q -p no:cacheprovider --durations=5 tests/agents/test_vllm_backend.py tests/agents/test_vllm_families.py tests/agents/test_vllm_server.py tests/algos/maths/test_mismatch.py tests/algos/loop/test_vllm_train.py tests/algos/loop/test_async_vllm.py tests/algos/run/test_determinism_vllm.py tests/algos/run/test_sync_probe.py tests/algos/loop/test_async_ranks_vllm.py tests/interop/test_verifiers.py
