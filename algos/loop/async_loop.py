@@ -225,11 +225,12 @@ class AsyncSource(BatchSource):
     def _sync_live(self, w: LiveWeights, version: int) -> dict[str, float]:
         """An engine with its own weights: ``sync``, then the probe (``source.probe_sampler``). Full
         weights: with the worker held between two turns. Adapters: a new adapter beside the ones in
-        use, no pause, unless the probe runs (it samples from the engine, which the worker then leaves
-        alone)."""
+        use, no pause; in-process vLLM alone pauses while the probe runs (its engine serves one caller
+        at a time), servers take the probe beside the worker's requests."""
         backend = self.run.backend
         assert backend is not None
-        pause = not w.lora or self.run.cfg.train.sync_probe
+        cfg = self.run.cfg
+        pause = not w.lora or (cfg.train.sync_probe and cfg.rollout.backend != "vllm_server")
         if pause:
             self.worker.pause()  # the worker holds between two turns
         try:

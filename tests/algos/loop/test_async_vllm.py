@@ -165,12 +165,19 @@ def test_lora_adapters_on_a_server_keep_each_episodes_version(
 def test_lora_adapters_in_process_keep_each_episodes_version(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The in-process engine with ``lora_sync: adapter`` and ``max_loras: 3``: the same guarantees."""
+    """The in-process engine with ``lora_sync: adapter`` and ``max_loras: 3``: the same guarantees.
+    (With ``train.sync_probe`` on, the in-process engine pauses the worker while the probe samples,
+    as it serves one caller at a time; the probe is off here so that nothing waits for a sync.)"""
     from veriloop.algos.loop.train import train
     from veriloop.configs.loader import load_config
 
     named, older, pauses = _spy_adapters(monkeypatch)
-    over = [*ADAPTERS, "rollout.backend=vllm", "rollout.vllm_kwargs={lora_sync: adapter, max_loras: 3}"]
+    over = [
+        *ADAPTERS,
+        "rollout.backend=vllm",
+        "rollout.vllm_kwargs={lora_sync: adapter, max_loras: 3}",
+        "train.sync_probe=false",
+    ]
     run = train(load_config("quickstart", [*over, f"run.out_dir={tmp_path}", "run.name=i"]), quiet=True)
     _check_run(run)
     _check_versions(named, older, pauses)
