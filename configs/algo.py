@@ -32,6 +32,8 @@ KLMode = Literal["loss", "reward"]
 Critic = Literal["none", "value_head", "separate"]
 #: How a split episode's samples weigh: as parts of their episode, or each as its own sequence.
 SplitWeight = Literal["episode", "sample"]
+#: The weights the rollouts are sampled with: the trained ones (on-policy) or those RL started from.
+SamplerWeights = Literal["current", "initial"]
 
 
 # ------------------------------------------------------------------------ the tables of choices
@@ -280,6 +282,16 @@ class AlgoConfig:
         distill_trust_low: The distillation term's trust region (prime-rl's ``opsd``): drop the
             tokens whose pi_theta - mu < -distill_trust_low (prime-rl: 0.2); None = off.
         distill_tau: Weight of the distillation term's tau (log pi_theta / mu)^2 (prime-rl: 1e-3).
+        distill_ratio_cap: Cap c on the distillation term's weight, min(pi_theta / mu, c), detached
+            above c (truncated IS, as ``rollout_is_cap``); None = no cap. On-policy (one update per
+            batch) pi_theta / mu stays ~1 and the cap never acts; under ``sampler_weights=initial``
+            the student moves away from mu during the run and the cap bounds the weight.
+        sampler_weights: The weights the rollouts are sampled with. ``current`` (default): the
+            sampler is handed the trained weights after every update (on-policy). ``initial``:
+            the sampler keeps the weights RL started from (after any SFT warm-up) for the whole
+            run, so every step draws fresh problems from the frozen initial student: distillation
+            on the initial student's rollouts (preset ``semi_opd``). Distillation only (needs
+            ``distill_coef > 0`` and ``rl_coef = 0``), synchronous, without top-k / top-p.
     """
 
     name: str = "grpo"
@@ -338,6 +350,9 @@ class AlgoConfig:
     dppo_ratio_cap: float | None = None
     distill_trust_low: float | None = None
     distill_tau: float = 0.0
+    # distillation on the frozen initial student's rollouts
+    distill_ratio_cap: float | None = None
+    sampler_weights: SamplerWeights = "current"
 
     @property
     def needs_reference(self) -> bool:
@@ -446,6 +461,35 @@ class AlgoConfig:
             )
         if self.distill_coef > 0 and self.distill_teacher == "model" and not self.distill_teacher_model:
             raise ValueError("distill_teacher=model needs distill_teacher_model (a saved policy folder)")
+        if self.distill_ratio_cap is not None and self.distill_ratio_cap <= 0:
+            raise ValueError(f"distill_ratio_cap must be > 0 (e.g. 2.0) or null, got {self.distill_ratio_cap}")
+        self._validate_sampler_weights()
+
+    @property
+    def frozen_sampler(self) -> bool:
+        """The rollouts come from the initial student for the whole run (``sampler_weights=initial``)."""
+        return self.sampler_weights == "initial"
+
+    def _validate_sampler_weights(self) -> None:
+        """A frozen sampler trains the distillation term alone: every other part reads pi_old."""
+        if self.sampler_weights not in ("current", "initial"):
+            raise ValueError(f"sampler_weights must be 'current' or 'initial', got {self.sampler_weights!r}")
+        if not self.frozen_sampler:
+            return
+        if self.distill_coef == 0 or self.rl_coef > 0:
+            raise ValueError(
+                f"sampler_weights=initial samples every step from the initial student, but rl_coef={self.rl_coef} "
+                f"(distill_coef={self.distill_coef}): the RL term's ratio pi_theta / pi_old would be taken "
+                "against a policy the trainer has left, where its clip stops the gradient; set distill_coef > 0 "
+                "and rl_coef=0 (preset semi_opd), or sampler_weights=current"
+            )
+        if self.needs_sampler_logprobs:
+            raise ValueError(
+                "sampler_weights=initial trains the distillation term alone, which weighs each token by "
+                "pi_theta / mu itself: the rollout correction and DPPO act on the RL term it turns off; set "
+                f"rollout_is=none, rollout_seq_mask=false and policy_loss=ppo_clip (got rollout_is={self.rollout_is}, "
+                f"rollout_seq_mask={self.rollout_seq_mask}, policy_loss={self.policy_loss})"
+            )
 
     def _validate_objective(self) -> None:
         """Choices that only some objectives accept."""

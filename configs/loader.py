@@ -99,7 +99,8 @@ def _async_correction(cfg: ExperimentConfig, algo_raw: Any) -> None:
     own pi_prox, weigh by min(pi_prox / mu, C)), as the asynchronous trainers default to. An explicit
     ``algo.rollout_is=none`` is left as written (and refused by the staleness check)."""
     explicit = isinstance(algo_raw, Mapping) and "rollout_is" in algo_raw
-    if cfg.train.max_staleness > 0 and not cfg.algo.needs_sampler_logprobs and not explicit:
+    frozen = cfg.algo.frozen_sampler  # refused with asynchrony by the config check, as written
+    if cfg.train.max_staleness > 0 and not cfg.algo.needs_sampler_logprobs and not explicit and not frozen:
         cfg.algo = dataclasses.replace(cfg.algo, rollout_is="truncate")
 
 

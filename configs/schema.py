@@ -532,7 +532,31 @@ class ExperimentConfig:
         except ValueError as e:
             raise ConfigError(f"algo: {e}") from e
         self._validate_cross()
+        self._check_frozen_sampler()
         self._check_staleness()
+
+    def _check_frozen_sampler(self) -> None:
+        """``algo.sampler_weights=initial``: the synchronous loop, mu the initial student's own distribution."""
+        if not self.algo.frozen_sampler:
+            return
+        rollout, train = self.rollout, self.train
+        if train.max_staleness > 0:
+            raise ConfigError(
+                f"algo.sampler_weights=initial samples from the same weights at every step: asynchronous "
+                f"generation (train.max_staleness={train.max_staleness}) and its weight versions do not apply; "
+                "set train.max_staleness=0"
+            )
+        if rollout.top_p < 1.0 or rollout.top_k > 0:
+            raise ConfigError(
+                f"algo.sampler_weights=initial weighs each token by pi_theta / mu with mu the initial student's "
+                f"recorded log-probs, but rollout.top_p={rollout.top_p} / rollout.top_k={rollout.top_k} record "
+                "the filtered distribution's: sample with rollout.top_p=1.0 rollout.top_k=0"
+            )
+        if train.parallel == "fsdp":
+            raise ConfigError(
+                "algo.sampler_weights=initial keeps a whole copy of the initial weights beside the trained ones: "
+                "not with train.parallel=fsdp; use train.parallel=data"
+            )
 
     def _check_curriculum(self) -> None:
         cur = self.curriculum

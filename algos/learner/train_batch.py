@@ -139,18 +139,35 @@ def train_on_batch(
     out["kl_ref"] = kl_to_reference(batch)  # None without a reference: logged as null
     if t_teacher is not None:  # part of time/train_s: the teacher's forward passes
         out["time/teacher_s"] = t_teacher
-    return merge_metrics(out, adv_metrics, _mismatch_metrics(mismatch, measure, truncated))
+    drift = cfg.algo.frozen_sampler
+    return merge_metrics(out, adv_metrics, _mismatch_metrics(mismatch, measure, truncated, drift))
 
 
-def _mismatch_metrics(parts: list[MismatchStats], measured: bool, truncated: bool) -> dict[str, float | None]:
+#: Under ``algo.sampler_weights=initial``: the statistics of ``mismatch/*`` (same formulas), of the
+#: trainer against the frozen initial sampler's mu.
+DRIFT_NAMES = tuple(name.replace("mismatch/", "drift/") for name in MISMATCH_NAMES)
+
+
+def _mismatch_metrics(
+    parts: list[MismatchStats], measured: bool, truncated: bool, frozen: bool = False
+) -> dict[str, float | None]:
     """``mismatch/*`` from the update's forward passes when it measured them; null under top-k /
     top-p (the sampler recorded the filtered distribution's log-probs, which the trainer's
     unfiltered pass cannot be compared with: a number there would be the nucleus mass, or the
-    trainer against itself); none here when ``prepare_batch`` measured them (rollout correction)."""
+    trainer against itself); none here when ``prepare_batch`` measured them (rollout correction).
+
+    ``frozen`` (``algo.sampler_weights=initial``): mu is the initial student's, by design, so the
+    same statistics measure how far the student has moved from it (plus the engines' own mismatch,
+    alone before the first update): logged as ``drift/*``, and ``mismatch/*`` null. The sampler's
+    own weights are checked where they are loaded (``frozen_sampler``, the sync probe)."""
     if truncated:
         return dict.fromkeys(MISMATCH_NAMES, None)
-    measured_now: dict[str, float | None] = {**sum(parts, MismatchStats()).metrics()} if measured else {}
-    return measured_now
+    if not measured:
+        return {}
+    stats = sum(parts, MismatchStats()).metrics()
+    if frozen:
+        return {**dict.fromkeys(MISMATCH_NAMES, None), **{DRIFT_NAMES[MISMATCH_NAMES.index(k)]: v for k, v in stats.items()}}
+    return {**stats}
 
 
 def merge_metrics(*parts: dict[str, Any]) -> dict[str, Any]:

@@ -382,7 +382,8 @@ def _with_distillation(
     """The aggregated policy term: ``rl_coef`` x the RL objective + ``distill_coef`` x the per-token
     reverse KL to the teacher (``maths.distill``, on ``batch.teacher_logprobs``; its advantage is
     log pi_T - log pi_theta of this forward pass, its weight pi_theta / mu, with the trust region
-    ``distill_trust_low`` / ``distill_tau``); without distillation, the RL objective alone."""
+    ``distill_trust_low`` / ``distill_tau`` and the cap ``distill_ratio_cap``); without distillation,
+    the RL objective alone."""
     c = algo.cfg
     if c.distill_coef == 0:
         return agg(pg), stats
@@ -393,7 +394,13 @@ def _with_distillation(
     # mu: the sampler's record (kept beside a recomputed pi_old), else what old_logprobs hold
     mu = batch.sampler_logprobs if batch.sampler_logprobs is not None else batch.old_logprobs
     kd, kd_stats = reverse_kl_distill_loss(
-        logp, mu, batch.teacher_logprobs, batch.loss_mask, trust_low=c.distill_trust_low, tau=c.distill_tau
+        logp,
+        mu,
+        batch.teacher_logprobs,
+        batch.loss_mask,
+        trust_low=c.distill_trust_low,
+        tau=c.distill_tau,
+        ratio_cap=c.distill_ratio_cap,
     )
     return c.rl_coef * agg(pg) + c.distill_coef * agg(kd), {**stats, **kd_stats}
 
@@ -465,6 +472,7 @@ def _loss_metrics(
         metrics["distill/reverse_kl"] = float(stats["reverse_kl"])
         metrics["distill/teacher_better_frac"] = float(stats["teacher_better_frac"])
         metrics["distill/trust_masked_frac"] = float(stats["trust_masked_frac"])
+        metrics["distill/ratio_capped_frac"] = float(stats["ratio_capped_frac"])
     return metrics
 
 

@@ -128,9 +128,10 @@ def evaluate_and_log(run: RunParts, source: BatchSource, loop: StepLoop, metrics
         _log_evals(loop, beside)
     with whole_weights(run, due):  # sharded: all ranks gather, rank 0 evaluates
         if run.dist.is_main and due:
-            metrics.update(
-                in_training.evaluate_step(cfg, run.policy, step, run.quiet, backend=source.eval_backend)
-            )
+            with source.evaluating():  # the engine serves the trained weights (a frozen sampler's too)
+                metrics.update(
+                    in_training.evaluate_step(cfg, run.policy, step, run.quiet, backend=source.eval_backend)
+                )
             if beside is not None:
                 metrics["async/eval_version"] = float(step)
     loop.log_metrics(step, metrics)  # rank 0 only: the others have no log

@@ -8,17 +8,21 @@ step (the update, the guards, logging, checkpoints) is the step body's, the same
 
 * :class:`SyncSource` (K = 0): each step plays its groups now, with the weights just trained
   (``collect``: dynamic sampling and the curriculum when on), then hands the trained weights to a
-  backend with its own copy of them (vLLM) and probes it.
+  backend with its own copy of them (vLLM) and probes it. Under ``algo.sampler_weights=initial``
+  it plays them with the initial student's weights instead and hands nothing over
+  (``frozen_sampler``).
 * ``async_loop.AsyncSource`` (K > 0): a generation worker plays groups beside the update; a step
   takes those that finished, under the staleness bound.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from veriloop.agents.backends import Backend
 from veriloop.agents.compaction import make_compactor
@@ -36,6 +40,9 @@ from veriloop.algos.loop.sampling import dynamic_sampling, rollout_limits, sampl
 from veriloop.algos.run.distributed import DistContext
 from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.schema import ExperimentConfig
+
+if TYPE_CHECKING:
+    from veriloop.algos.loop.frozen_sampler import InitialSampler
 
 
 @dataclass
@@ -89,6 +96,11 @@ class BatchSource(ABC):
     def before_checkpoint(self) -> None:
         """Right before a checkpoint: put what a resume needs into ``run.state``."""
         return None
+
+    def evaluating(self) -> contextlib.AbstractContextManager[None]:
+        """Around an in-line evaluation on ``eval_backend``: that engine serves the trained weights
+        inside (a frozen sampler's engine is loaded with them, and with its own after)."""
+        return contextlib.nullcontext()
 
     def close(self, finished: bool) -> None:
         """After the last step, or when the loop stops early (``finished`` False)."""
@@ -225,21 +237,45 @@ def collect(
 
 class SyncSource(BatchSource):
     """K = 0: each step plays its groups with the weights the last step trained (``collect``), and
-    a backend with its own weights (vLLM) is synced and probed after every update."""
+    a backend with its own weights (vLLM) is synced and probed after every update. Under
+    ``algo.sampler_weights=initial``: with the initial student's weights, every step, and nothing
+    is handed over (``frozen_sampler.InitialSampler``)."""
 
     def __init__(self, run: RunParts) -> None:
         self.run = run
         self.eval_backend = eval_backend(run)
+        self.initial: InitialSampler | None = None
+
+    def start(self) -> None:
+        if self.run.cfg.algo.frozen_sampler:
+            from veriloop.algos.loop.frozen_sampler import InitialSampler
+
+            self.initial = InitialSampler(self.run)  # saved, or read back and loaded into the engine
 
     def next_batch(self, step: int) -> StepBatch:
         run = self.run
+        policy = self.initial.policy if self.initial is not None else run.policy
         with whole_weights(run, run.backend is None):  # the HF engine generates with the policy itself
-            trajs, sampled, metrics = collect(run.cfg, run.policy, run.state, run.dist, run.backend)
+            trajs, sampled, metrics = collect(run.cfg, policy, run.state, run.dist, run.backend)
         return StepBatch(trajs, sampled, metrics)
+
+    def step_metrics(self, step: int, batch: StepBatch, wall_s: float) -> dict[str, float | None]:
+        """The frozen sampler's last load of the initial weights (``sync/probe_gap``), once."""
+        if self.initial is None or not self.initial.metrics:
+            return {}
+        metrics, self.initial.metrics = self.initial.metrics, {}
+        return {**metrics}
+
+    def evaluating(self) -> contextlib.AbstractContextManager[None]:
+        if self.initial is None or self.eval_backend is None:
+            return contextlib.nullcontext()
+        return self.initial.trained_on_engine()
 
     def hand_over(self, step: int, trained: bool) -> dict[str, float]:
         run = self.run
         if not trained or run.backend is None:  # the HF engine samples with the policy itself
+            return {}
+        if self.initial is not None:  # the frozen sampler keeps the initial weights: no sync, no probe
             return {}
         t0 = time.perf_counter()
         with whole_weights(run):

@@ -58,7 +58,7 @@ from veriloop.algos.run.setup import (
     trainable_parameters,
     trainable_state,
 )
-from veriloop.configs.schema import ExperimentConfig
+from veriloop.configs.schema import ConfigError, ExperimentConfig
 
 
 def train(
@@ -81,6 +81,11 @@ def train(
         from veriloop.algos.loop.async_loop import check_async
 
         check_async(cfg, dist)  # before the run folder is claimed or any model loads
+    if cfg.algo.frozen_sampler and dist.enabled:
+        raise ConfigError(
+            f"algo.sampler_weights=initial runs in one process for now (got {dist.world_size}): its engine is "
+            "loaded with the trained weights for an evaluation on rank 0 alone; run it without torchrun"
+        )
     run_dir = Path(cfg.run.out_dir) / cfg.run_name
     if dist.is_main:  # every refusal before the lock file (or the folder) is made
         check_claim(run_dir, cfg, resume=resume, overwrite=overwrite)

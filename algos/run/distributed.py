@@ -45,6 +45,7 @@ OPTIONAL_METRICS = (
     "distill/reverse_kl",
     "distill/teacher_better_frac",
     "distill/trust_masked_frac",
+    "distill/ratio_capped_frac",
 )
 
 

@@ -10,6 +10,12 @@ After every sync the backend samples a few tokens from a fixed probe prompt at t
 ``|log p_sampler - log p_trainer|`` over them (``sync/probe_gap``) must be within a tolerance that
 depends on the precision (:data:`TOLERANCE`); else :class:`SamplerMismatchError` stops the run,
 naming the backend and the weight version.
+
+A frozen sampler (``algo.sampler_weights=initial``, preset ``semi_opd``) is the stated exception: it
+is meant to serve the initial student, not the trained weights, so it is never synced after an
+update, and each load of the initial weights into it (a resumed run, after an evaluation on the
+engine) is probed against the initial weights instead (``frozen_sampler.InitialSampler``): the same
+check, of the weights it must serve.
 """
 
 from __future__ import annotations
@@ -65,16 +71,24 @@ def probe_gap(policy: Any, backend: Any, seed: int = 0) -> tuple[float, int]:
     return float((trainer - sampler).abs().mean()), len(res.token_ids)
 
 
-def check_sampler(policy: Any, backend: Any, *, version: int, tolerance: float | None = None) -> float:
+def check_sampler(
+    policy: Any,
+    backend: Any,
+    *,
+    version: int,
+    tolerance: float | None = None,
+    serves: str = "the weights just trained",
+) -> float:
     """:func:`probe_gap` within the tolerance (None: :data:`TOLERANCE` of the policy's precision),
-    else :class:`SamplerMismatchError`; returns the gap."""
+    else :class:`SamplerMismatchError`; returns the gap. ``policy`` holds the weights the sampler
+    must serve (``serves`` says which, in the error)."""
     precision = getattr(policy, "precision", "fp32")
     tol = TOLERANCE.get(precision, TOLERANCE["bf16"]) if tolerance is None else tolerance
     gap, n = probe_gap(policy, backend, seed=version)
     if gap > tol:
         name = getattr(backend, "name", None) or type(backend).__name__
         raise SamplerMismatchError(
-            f"the sampler ({name}) does not serve the weights just trained: after the weight sync to version "
+            f"the sampler ({name}) does not serve {serves}: after the weight sync to version "
             f"{version} its log-probs of a fixed probe ({n} tokens) differ from the trainer's by {gap:.3g} on "
             f"average (tolerance {tol:g} for {precision}). The sync failed or loaded other weights (a stale "
             "adapter, another engine); resume from the last checkpoint, or raise train.sync_probe_tolerance "

@@ -72,3 +72,27 @@ def test_sampled_reverse_kl_gradient_brings_the_student_to_the_teacher():
         opt.step()
     assert start > 0.9  # uniform student against a peaked teacher
     assert exact_kl() < 0.02 * start
+
+
+def test_ratio_cap_truncates_the_weight_by_hand():
+    """A student that moved away from a frozen sampler: teacher log 0.4 on both tokens, cap c = 2.
+    Token 0: mu = 0.1, pi = 0.5, r = 5 > 2: weight 2, loss -2 log(0.4 / 0.5), gradient -2 log 0.8
+    (the weight's factor, not r: d/d log pi of r * (c / sg(r)) is c).
+    Token 1: mu = 0.5, pi = 0.6, r = 1.2 < 2: uncapped, loss and gradient -1.2 log(0.4 / 0.6)."""
+    mu = torch.log(torch.tensor([[0.1, 0.5]]))
+    teacher = torch.log(torch.tensor([[0.4, 0.4]]))
+    mask = torch.ones(1, 2)
+    lp = torch.log(torch.tensor([[0.5, 0.6]])).requires_grad_(True)
+    loss, stats = reverse_kl_distill_loss(lp, mu, teacher, mask, ratio_cap=2.0)
+    assert loss[0].tolist() == pytest.approx([-2 * math.log(0.8), -1.2 * math.log(0.4 / 0.6)], rel=1e-5)
+    assert stats["ratio_capped_frac"].item() == pytest.approx(0.5)
+    loss.sum().backward()
+    assert lp.grad[0].tolist() == pytest.approx([-2 * math.log(0.8), -1.2 * math.log(0.4 / 0.6)], rel=1e-5)
+    # without the cap token 0 weighs r = 5; the cap never acts at r <= c (an on-policy batch: r = 1)
+    uncapped, off = reverse_kl_distill_loss(lp.detach(), mu, teacher, mask)
+    assert uncapped[0, 0].item() == pytest.approx(-5 * math.log(0.8), rel=1e-5) and off["ratio_capped_frac"] == 0
+    on_policy, _ = reverse_kl_distill_loss(lp.detach(), lp.detach(), teacher, mask, ratio_cap=2.0)
+    same, _ = reverse_kl_distill_loss(lp.detach(), lp.detach(), teacher, mask)
+    assert torch.equal(on_policy, same)
+    with pytest.raises(ValueError, match="ratio_cap"):
+        reverse_kl_distill_loss(lp.detach(), mu, teacher, mask, ratio_cap=0.0)
