@@ -23,7 +23,8 @@ Suites:
             samples (one evaluation's SE ~0.016); grpo_p16: 16 x 8 for 16 steps on 1024 problems;
             each seed's gain over its own SFT start, paired by problem, with its SE and z; CPU-hours.
             At grpo_p16_v2's setting: grpo_p16_gate (difficulty pools + the refilling gate), opsd_p16
-            (self-distillation with privileged context, no RL term), opsd_gate_p16 (both).
+            (self-distillation with privileged context, no RL term), opsd_gate_p16 (both), semi_opd_p16
+            (opsd_p16 on rollouts of the frozen initial student).
             Run it with .venv-vllm's python.
   dapo_parts DAPO's parts added one at a time to GRPO, 2 epochs x 2 mini-batches per batch; each arm's
             end against grpo's in the same seed, paired by problem. Run it with .venv-vllm's python.
@@ -168,6 +169,9 @@ SUITES: dict[str, dict] = {
             ("grpo_p16_gate", "quickstart", [*P16, *CURRICULUM_GATE]),
             ("opsd_p16", "quickstart", [*P16, "algo.preset=opsd"]),
             ("opsd_gate_p16", "quickstart", [*P16, "algo.preset=opsd", *CURRICULUM_GATE]),
+            # opsd_p16 with the rollouts of the initial student (the warm-up's policy, frozen as the sampler
+            # for the whole run) instead of its own: distillation on offline student rollouts
+            ("semi_opd_p16", "quickstart", [*P16, "algo.preset=semi_opd"]),
         ],
         "common": [*VLLM_BF16, *FP32, *BIG_EVAL, "run.checkpoint_every=5"],
     },

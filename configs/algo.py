@@ -462,7 +462,9 @@ class AlgoConfig:
         if self.distill_coef > 0 and self.distill_teacher == "model" and not self.distill_teacher_model:
             raise ValueError("distill_teacher=model needs distill_teacher_model (a saved policy folder)")
         if self.distill_ratio_cap is not None and self.distill_ratio_cap <= 0:
-            raise ValueError(f"distill_ratio_cap must be > 0 (e.g. 2.0) or null, got {self.distill_ratio_cap}")
+            raise ValueError(
+                f"distill_ratio_cap must be > 0 (e.g. 2.0) or null, got {self.distill_ratio_cap}"
+            )
         self._validate_sampler_weights()
 
     @property

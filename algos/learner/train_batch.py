@@ -166,7 +166,10 @@ def _mismatch_metrics(
         return {}
     stats = sum(parts, MismatchStats()).metrics()
     if frozen:
-        return {**dict.fromkeys(MISMATCH_NAMES, None), **{DRIFT_NAMES[MISMATCH_NAMES.index(k)]: v for k, v in stats.items()}}
+        return {
+            **dict.fromkeys(MISMATCH_NAMES, None),
+            **{DRIFT_NAMES[MISMATCH_NAMES.index(k)]: v for k, v in stats.items()},
+        }
     return {**stats}
 
 

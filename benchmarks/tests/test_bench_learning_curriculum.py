@@ -9,7 +9,7 @@ from pathlib import Path
 from veriloop.configs.loader import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-NEW = ("grpo_p16_gate", "opsd_p16", "opsd_gate_p16")
+NEW = ("grpo_p16_gate", "opsd_p16", "opsd_gate_p16", "semi_opd_p16")
 
 
 def _suite() -> dict:
@@ -25,7 +25,7 @@ def _suite() -> dict:
     return module.SUITES["math_gain"]
 
 
-def test_the_four_arms_share_grpo_p16_v2s_setting_and_load():
+def test_the_arms_share_grpo_p16_v2s_setting_and_load():
     spec = _suite()
     arms = {label: (config, overrides) for label, config, overrides in spec["arms"]}
     base_config, base = arms["grpo_p16_v2"]
@@ -39,3 +39,7 @@ def test_the_four_arms_share_grpo_p16_v2s_setting_and_load():
     assert loaded["opsd_p16"].algo.distill_coef > 0 and not loaded["opsd_p16"].curriculum.enabled
     assert loaded["opsd_gate_p16"].algo.distill_coef > 0 and loaded["opsd_gate_p16"].curriculum.gate
     assert not loaded["grpo_p16_v2"].curriculum.enabled and loaded["grpo_p16_v2"].algo.distill_coef == 0
+    # semi_opd_p16 is opsd_p16 but for the sampler: the initial student's weights, frozen
+    semi, opsd = loaded["semi_opd_p16"].algo, loaded["opsd_p16"].algo
+    assert semi.frozen_sampler and not opsd.frozen_sampler and semi.distill_coef == opsd.distill_coef
+    assert arms["semi_opd_p16"][1] == [*arms["opsd_p16"][1][:-1], "algo.preset=semi_opd"]

@@ -11,7 +11,8 @@ import torch
 from veriloop.configs.presets import config_from_mapping, list_presets, load_preset
 
 EXPECTED = {"ppo", "grpo", "rloo", "dapo", "dr_grpo", "reinforce_pp", "s2r_outcome_rloo", "s2r_process_grpo",
-            "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "reinforce_pp_baseline", "dppo"}  # fmt: skip
+            "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "reinforce_pp_baseline", "dppo",
+            "semi_opd"}  # fmt: skip
 
 
 def test_all_presets_ship_load_and_start_with_a_paper_comment():
@@ -120,7 +121,40 @@ PAPER_SETTINGS = {
         rollout_is="none",
         rollout_seq_mask=False,
     ),
+    # Semi-OPD: opsd's self-distillation alone, sampled by the frozen initial student, the weight bounded
+    "semi_opd": dict(
+        distill_coef=1.0,
+        distill_teacher="privileged",
+        rl_coef=0.0,
+        sampler_weights="initial",
+        distill_ratio_cap=2.0,
+        distill_trust_low=0.2,
+        distill_tau=1e-3,
+        kl_coef=0.0,
+        epochs=1,
+    ),
 }
+
+
+def test_semi_opd_is_opsd_but_for_the_sampler_and_the_bounded_weight():
+    """The two presets differ in the sampler and in the three bounds on pi_theta / mu, which on-policy
+    (one update per batch: the weight ~1) never act; the knob refuses what needs on-policy samples."""
+    import dataclasses
+
+    semi, opsd = dataclasses.asdict(load_preset("semi_opd")), dataclasses.asdict(load_preset("opsd"))
+    differ = {k for k in semi if semi[k] != opsd[k]}
+    assert differ == {"name", "sampler_weights", "distill_ratio_cap", "distill_trust_low", "distill_tau"}
+    assert load_preset("semi_opd").frozen_sampler and not load_preset("opsd").frozen_sampler
+    with pytest.raises(ValueError, match="rl_coef=0"):
+        load_preset("semi_opd", rl_coef=0.5)
+    with pytest.raises(ValueError, match="rl_coef=0"):
+        load_preset("grpo", sampler_weights="initial")  # no distillation term: nothing but stale RL
+    with pytest.raises(ValueError, match="rollout_is=none"):
+        load_preset("semi_opd", rollout_is="mask")
+    with pytest.raises(ValueError, match="sampler_weights must be"):
+        load_preset("semi_opd", sampler_weights="frozen")
+    with pytest.raises(ValueError, match="distill_ratio_cap"):
+        load_preset("semi_opd", distill_ratio_cap=0.0)
 
 
 @pytest.mark.parametrize("name", sorted(PAPER_SETTINGS))

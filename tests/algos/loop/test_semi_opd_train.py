@@ -44,7 +44,9 @@ FAST = [
 
 
 def _config(tmp_path: Path, steps: int, *extra: str):  # type: ignore[no-untyped-def]
-    return load_config(None, [*FAST, f"train.steps={steps}", f"run.out_dir={tmp_path}", "run.name=semi", *extra])
+    return load_config(
+        None, [*FAST, f"train.steps={steps}", f"run.out_dir={tmp_path}", "run.name=semi", *extra]
+    )
 
 
 @pytest.fixture
@@ -108,7 +110,9 @@ def test_sampler_keeps_the_initial_weights_while_the_trainer_moves(tmp_path, spy
     # the trainer against the frozen mu is the student's drift: logged as drift/*, never as mismatch/*
     assert all(r["mismatch/k3_kl"] is None and r["drift/tokens"] > 0 for r in rows)
     assert rows[0]["drift/abs_log_ratio"] < 1e-4 < rows[-1]["drift/abs_log_ratio"]
-    assert all(math.isfinite(r["distill/reverse_kl"]) and 0 <= r["distill/ratio_capped_frac"] <= 1 for r in rows)
+    assert all(
+        math.isfinite(r["distill/reverse_kl"]) and 0 <= r["distill/ratio_capped_frac"] <= 1 for r in rows
+    )
 
 
 def test_a_resumed_run_samples_with_the_initial_weights_again(tmp_path, spy) -> None:
@@ -121,7 +125,9 @@ def test_a_resumed_run_samples_with_the_initial_weights_again(tmp_path, spy) -> 
         assert _gap(initial.model, trajs) < 1e-4  # not the checkpoint's weights
     resumed = spy["sources"][1].initial.policy.model
     start = S.trainable_state(initial, None)
-    assert all(torch.equal(dict(resumed.named_parameters())[k.removeprefix("policy.")], v) for k, v in start.items())
+    assert all(
+        torch.equal(dict(resumed.named_parameters())[k.removeprefix("policy.")], v) for k, v in start.items()
+    )
     # without the saved initial weights a resume cannot know them: it says so
     (run_dir / INITIAL_FILE).unlink()
     with pytest.raises(ConfigError, match=INITIAL_FILE):
@@ -135,6 +141,7 @@ def test_a_resumed_run_samples_with_the_initial_weights_again(tmp_path, spy) -> 
         (["algo.rollout_is=truncate"], "rollout_is=none"),
         (["train.max_staleness=1"], "max_staleness=0"),
         (["rollout.top_p=0.9"], "top_p=1.0"),
+        (["train.parallel=fsdp"], "parallel=data"),
     ],
 )
 def test_incompatible_settings_are_refused_before_the_folder(tmp_path, extra, match) -> None:

@@ -104,3 +104,55 @@ def test_veriloop_eval_without_vllm_uses_the_hf_engine(tmp_path: Path) -> None:
 
     cfg = load_config("quickstart", ["rollout.backend=hf"])
     assert _cli_backend(cfg, policy=None) is None
+
+
+@requires_vllm
+def test_semi_opd_keeps_the_engine_at_the_initial_weights_across_evaluations_and_a_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``algo.sampler_weights=initial`` on in-process vLLM: the engine is never synced after an
+    update; an evaluation on it loads the trained weights, then the initial ones back (probed); a
+    resumed run's engine, built from the checkpoint's weights, is loaded with the saved initial ones.
+    Every step's recorded log-probs are the initial (post-warm-up) student's."""
+    import torch
+
+    import veriloop.algos.loop.run_steps as R
+    import veriloop.algos.loop.train as T
+    import veriloop.algos.run.setup as S
+    from veriloop.algos.learner.algorithm import resolve
+    from veriloop.algos.learner.update import prepare_batch
+    from veriloop.algos.loop.frozen_sampler import INITIAL_FILE, _put
+    from veriloop.configs.algo import AlgoConfig
+    from veriloop.configs.loader import load_config
+
+    seen: list[Any] = []
+    real = R.train_on_batch
+    monkeypatch.setattr(
+        R, "train_on_batch", lambda c, p, cr, o, t, *a, **k: seen.append(t) or real(c, p, cr, o, t, *a, **k)
+    )
+    over = [
+        *SHORT,
+        "algo.preset=semi_opd",
+        "rollout.backend=vllm",
+        "train.lr=1e-2",
+        "run.checkpoint_every=1",
+        f"run.out_dir={tmp_path}",
+        "run.name=s",
+    ]
+    run = T.train(load_config("quickstart", [*over, "train.steps=2"]), quiet=True)
+    cfg = load_config("quickstart", [*over, "train.steps=3"])
+    T.train(cfg, resume=True, quiet=True)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0 and "drift/tokens" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3] and all(r["mismatch/k3_kl"] is None for r in steps)
+    # step 2 and 3 logged the probe of the initial weights loaded back (after step 1's evaluation; at the resume)
+    assert all(0 <= r["sync/probe_gap"] < 1e-3 for r in steps[1:])
+    policy = S.build_policy(cfg)
+    _put(policy.model, torch.load(run / INITIAL_FILE, weights_only=True))
+
+    def gap(trajs: Any) -> float:
+        _, m = prepare_batch(trajs, resolve(AlgoConfig(rollout_is="truncate")), model=policy.model, pad_id=0)
+        return float(m["mismatch/abs_log_ratio"])
+
+    assert len(seen) == 3 and all(gap(t) < 1e-3 for t in seen)  # fp32 vLLM-CPU vs the trainer: ~1e-5
+    assert steps[-1]["drift/abs_log_ratio"] > 10 * gap(seen[-1])  # the trainer did move away from them

@@ -90,7 +90,9 @@ def test_ratio_cap_truncates_the_weight_by_hand():
     assert lp.grad[0].tolist() == pytest.approx([-2 * math.log(0.8), -1.2 * math.log(0.4 / 0.6)], rel=1e-5)
     # without the cap token 0 weighs r = 5; the cap never acts at r <= c (an on-policy batch: r = 1)
     uncapped, off = reverse_kl_distill_loss(lp.detach(), mu, teacher, mask)
-    assert uncapped[0, 0].item() == pytest.approx(-5 * math.log(0.8), rel=1e-5) and off["ratio_capped_frac"] == 0
+    assert (
+        uncapped[0, 0].item() == pytest.approx(-5 * math.log(0.8), rel=1e-5) and off["ratio_capped_frac"] == 0
+    )
     on_policy, _ = reverse_kl_distill_loss(lp.detach(), lp.detach(), teacher, mask, ratio_cap=2.0)
     same, _ = reverse_kl_distill_loss(lp.detach(), lp.detach(), teacher, mask)
     assert torch.equal(on_policy, same)
