@@ -145,7 +145,7 @@ def train_on_batch(
 
 #: Under ``algo.sampler_weights=initial``: the statistics of ``mismatch/*`` (same formulas), of the
 #: trainer against the frozen initial sampler's mu.
-DRIFT_NAMES = tuple(name.replace("mismatch/", "drift/") for name in MISMATCH_NAMES)
+FROZEN_NAMES = tuple(name.replace("mismatch/", "frozen_sampler/") for name in MISMATCH_NAMES)
 
 
 def _mismatch_metrics(
@@ -158,7 +158,7 @@ def _mismatch_metrics(
 
     ``frozen`` (``algo.sampler_weights=initial``): mu is the initial student's, by design, so the
     same statistics measure how far the student has moved from it (plus the engines' own mismatch,
-    alone before the first update): logged as ``drift/*``, and ``mismatch/*`` null. The sampler's
+    alone before the first update): logged as ``frozen_sampler/*``, and ``mismatch/*`` null. The sampler's
     own weights are checked where they are loaded (``frozen_sampler``, the sync probe)."""
     if truncated:
         return dict.fromkeys(MISMATCH_NAMES, None)
@@ -168,7 +168,7 @@ def _mismatch_metrics(
     if frozen:
         return {
             **dict.fromkeys(MISMATCH_NAMES, None),
-            **{DRIFT_NAMES[MISMATCH_NAMES.index(k)]: v for k, v in stats.items()},
+            **{FROZEN_NAMES[MISMATCH_NAMES.index(k)]: v for k, v in stats.items()},
         }
     return {**stats}
 

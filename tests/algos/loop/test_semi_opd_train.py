@@ -107,9 +107,9 @@ def test_sampler_keeps_the_initial_weights_while_the_trainer_moves(tmp_path, spy
         assert _gap(initial.model, trajs) < 1e-4
     assert _gap(trained.model, spy["trajs"][-1]) > 1e-2
     rows = [r for r in read_metrics(run_dir) if r["step"] > 0]
-    # the trainer against the frozen mu is the student's drift: logged as drift/*, never as mismatch/*
-    assert all(r["mismatch/k3_kl"] is None and r["drift/tokens"] > 0 for r in rows)
-    assert rows[0]["drift/abs_log_ratio"] < 1e-4 < rows[-1]["drift/abs_log_ratio"]
+    # the trainer against the frozen mu is the student's drift: logged as frozen_sampler/*, never as mismatch/*
+    assert all(r["mismatch/k3_kl"] is None and r["frozen_sampler/tokens"] > 0 for r in rows)
+    assert rows[0]["frozen_sampler/abs_log_ratio"] < 1e-4 < rows[-1]["frozen_sampler/abs_log_ratio"]
     assert all(
         math.isfinite(r["distill/reverse_kl"]) and 0 <= r["distill/ratio_capped_frac"] <= 1 for r in rows
     )
