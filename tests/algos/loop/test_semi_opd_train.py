@@ -18,6 +18,7 @@ from veriloop.algos.learner.algorithm import resolve
 from veriloop.algos.learner.update import prepare_batch
 from veriloop.algos.loop.frozen_sampler import INITIAL_FILE
 from veriloop.algos.run.log import read_metrics
+from veriloop.algos.run.sync_probe import SamplerMismatchError
 from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.loader import load_config
 from veriloop.configs.schema import ConfigError
@@ -148,3 +149,51 @@ def test_incompatible_settings_are_refused_before_the_folder(tmp_path, extra, ma
     with pytest.raises(ConfigError, match=match):
         T.train(_config(tmp_path, 1, *extra), quiet=True)
     assert not (tmp_path / "semi").exists()
+
+
+def _engine_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, skip: tuple[int, ...]) -> tuple[Path, list]:
+    """semi_opd on an engine with its own copy of the weights (the HF engine on a copy: a
+    ServingBackend on CPU), evaluated on it after each of 2 steps; ``skip``: its syncs left stale."""
+    from tests.algos.run.test_sync_probe import CopyBackend
+
+    made: list[CopyBackend] = []
+    monkeypatch.setattr(
+        T, "_rollout_backend", lambda cfg, policy, dist: made.append(CopyBackend(policy, skip)) or made[-1]
+    )
+    at_eval: list[bool] = []  # the engine held the trained weights at each evaluation
+
+    def evaluate(cfg, policy, step, quiet, **kw):  # type: ignore[no-untyped-def]
+        engine = dict(kw["backend"].copy.model.named_parameters())
+        at_eval.append(all(torch.equal(engine[n], p) for n, p in policy.model.named_parameters()))
+        return {}
+
+    monkeypatch.setattr(in_training, "evaluate_step", evaluate)
+    cfg = _config(tmp_path, 2, "eval.every=1", "eval.at_start=false")
+    return T.train(cfg, quiet=True), [made, at_eval, cfg]
+
+
+def test_an_engine_is_never_synced_after_an_update_and_its_reloads_are_probed(
+    tmp_path, spy, monkeypatch
+) -> None:
+    run_dir, (made, at_eval, cfg) = _engine_run(tmp_path, monkeypatch, ())
+    (engine,) = made
+    # no sync after an update; each evaluation: the trained weights in, then the initial ones back
+    assert engine.syncs == 4 and at_eval == [True, True]
+    start = S.trainable_state(_initial(cfg), None)
+    served = {f"policy.{n}": p for n, p in engine.copy.model.named_parameters()}
+    assert all(torch.equal(served[k], v) for k, v in start.items())
+    after = _trained(run_dir)
+    assert any(not torch.equal(start[k], after[k]) for k in start)  # while the trainer's moved
+    rows = [r for r in read_metrics(run_dir) if r["step"] > 0]
+    assert rows[1]["sync/probe_gap"] <= 1e-3  # the reload after step 1's evaluation, probed
+    for trajs in spy["trajs"]:
+        assert _gap(_initial(cfg).model, trajs) < 1e-4
+
+
+def test_the_probe_names_the_initial_weights_when_the_engine_keeps_the_trained_ones(
+    tmp_path, spy, monkeypatch
+) -> None:
+    """The reload after the first evaluation (the engine's 2nd sync) fails: it still serves the
+    trained weights, and the run stops saying it should serve the initial student's."""
+    with pytest.raises(SamplerMismatchError, match="initial student's weights"):
+        _engine_run(tmp_path, monkeypatch, (2,))
