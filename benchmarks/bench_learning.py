@@ -636,6 +636,10 @@ def collect(run_dir: Path, start_dir: Path | None = None) -> dict:
         "mismatch/outside_frac": [],
         "rollout_corr/token_frac": [],
         "samples/episodes": [],
+        # distillation: the KL to the teacher; semi_opd: the student against its frozen sampler, the capped share
+        "distill/reverse_kl": [],
+        "frozen_sampler/k3_kl": [],
+        "distill/ratio_capped_frac": [],
     }
     for row in rows:
         for key, value in row.items():
