@@ -226,6 +226,11 @@ class VLLMBackend:
             kwargs.setdefault("logprobs_mode", "processed_logprobs")
         # the trainer's precision unless told otherwise: vLLM's "auto" picks bf16 for fp32 models on CPU
         kwargs.setdefault("dtype", policy.sampler_dtype)
+        #: what the engine rounds in (``fp32`` or ``bf16``; fp16 and "auto" count as the coarser), read
+        #: by the sampler probe's tolerance: bf16 sampling for an fp32 trainer differs by ~0.02-0.05
+        self.precision = (
+            "fp32" if str(kwargs["dtype"]).removeprefix("torch.") in ("float32", "float") else "bf16"
+        )
         if self.serves_adapter:
             kwargs.setdefault("max_lora_rank", lora_rank_bound(policy.model))
         else:

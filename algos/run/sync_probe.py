@@ -33,7 +33,8 @@ from veriloop.algos.run.guards import RunStoppedError
 PROBE_TEXT = "Question: what is 17 + 25? Think step by step, then give the answer. Answer:"
 #: Tokens the sampler draws from the probe.
 PROBE_TOKENS = 8
-#: Mean |log-prob difference| allowed per precision of the trainer. Measured on the default model
+#: Mean |log-prob difference| allowed per precision of the trainer or the sampler, whichever is
+#: coarser (:func:`loosest_precision`). Measured on the default model
 #: (HF engine against the trainer, 8 probes of 1-8 tokens): fp32 ~1e-5 (vLLM in fp32: k3 7e-11, the
 #: same order), so 1e-3 leaves a 100x margin; bf16 0.02-0.10 (sampler and trainer round independently;
 #: one token's log ratio reaches ~0.4, docs/precision.md), so 0.5: in bf16 the probe catches a sampler
@@ -71,6 +72,14 @@ def probe_gap(policy: Any, backend: Any, seed: int = 0) -> tuple[float, int]:
     return float((trainer - sampler).abs().mean()), len(res.token_ids)
 
 
+def loosest_precision(policy: Any, backend: Any) -> str:
+    """``bf16`` when the trainer (``policy.precision``) or the sampler (``backend.precision``: vLLM
+    serving bf16 weights to an fp32 trainer) rounds in bf16, else ``fp32``: the probe can only be as
+    tight as the coarser of the two."""
+    sides = (getattr(policy, "precision", "fp32"), getattr(backend, "precision", None) or "fp32")
+    return "fp32" if all(p == "fp32" for p in sides) else "bf16"
+
+
 def check_sampler(
     policy: Any,
     backend: Any,
@@ -79,11 +88,11 @@ def check_sampler(
     tolerance: float | None = None,
     serves: str = "the weights just trained",
 ) -> float:
-    """:func:`probe_gap` within the tolerance (None: :data:`TOLERANCE` of the policy's precision),
+    """:func:`probe_gap` within the tolerance (None: :data:`TOLERANCE` of :func:`loosest_precision`),
     else :class:`SamplerMismatchError`; returns the gap. ``policy`` holds the weights the sampler
     must serve (``serves`` says which, in the error)."""
-    precision = getattr(policy, "precision", "fp32")
-    tol = TOLERANCE.get(precision, TOLERANCE["bf16"]) if tolerance is None else tolerance
+    precision = loosest_precision(policy, backend)
+    tol = TOLERANCE[precision] if tolerance is None else tolerance
     gap, n = probe_gap(policy, backend, seed=version)
     if gap > tol:
         name = getattr(backend, "name", None) or type(backend).__name__

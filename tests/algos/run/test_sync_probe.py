@@ -179,3 +179,18 @@ def test_vllm_in_process_passes_after_a_sync_and_is_caught_without_one(lora_sync
         assert check_sampler(policy, backend, version=1) <= TOLERANCE["fp32"]
     finally:
         backend.close()
+
+
+def test_a_bf16_sampler_gets_the_bf16_tolerance_beside_an_fp32_trainer(tiny_text_policy) -> None:  # type: ignore[no-untyped-def]
+    """vLLM sampling in bf16 for an fp32 trainer (``rollout.vllm_kwargs.dtype=bfloat16``) differs by a
+    few hundredths on the probe without anything being wrong: the tolerance is the coarser side's."""
+    backend = CopyBackend(tiny_text_policy)
+    with torch.no_grad():  # relative errors a few times bf16's step (2^-8): what its rounding does at scale
+        for p in backend.copy.model.parameters():
+            p.mul_(1 + 0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    gap, _ = probe_gap(tiny_text_policy, backend)
+    assert TOLERANCE["fp32"] < gap < TOLERANCE["bf16"]
+    with pytest.raises(SamplerMismatchError, match="tolerance 0.001 for fp32"):
+        check_sampler(tiny_text_policy, backend, version=0)
+    backend.precision = "bf16"  # type: ignore[attr-defined]
+    assert check_sampler(tiny_text_policy, backend, version=0) == pytest.approx(gap)
