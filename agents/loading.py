@@ -191,6 +191,27 @@ def _resolve(model: str | Path, revision: str | None = None) -> ModelRef:
     )
 
 
+def vision_model_type(model: str) -> str | None:
+    """``config.model_type`` of ``model`` (a shipped name, folder or Hub id) when it is a
+    vision-language model, read from its ``config.json`` alone (nothing loads; an adapter folder's
+    base through its ``adapter_config.json``); None for a text model or one that cannot be read."""
+    if model in ("default", "tiny", "gemma3-270m"):
+        return None
+    if model == "default-vision":
+        return "llava"  # the built card-reading VLM (not built here)
+    try:
+        ref = _resolve(model)
+        found = _hub_file(ref, "config.json")
+        if found is None:
+            adapter = _hub_file(ref, "adapter_config.json")
+            base = json.loads(adapter.read_text()).get("base_model_name_or_path") if adapter else None
+            return vision_model_type(str(base)) if base and base != model else None
+        config = json.loads(found.read_text())
+    except (OSError, ValueError):
+        return None
+    return str(config.get("model_type")) if isinstance(config.get("vision_config"), dict) else None
+
+
 def check_model_files(ref: ModelRef) -> None:
     """Refuse, before anything loads, a model that would need ``trust_remote_code`` (its
     ``config.json`` maps classes to the repository's own code, or names a model type transformers

@@ -367,3 +367,70 @@ def test_a_saved_policy_keeps_its_image_tokens_per_image(name: str, tmp_path: Pa
     messages = [{"role": "user", "content": user_content("What now?", _image(0))}]
     ours, theirs = (encode_vision_messages(p.processor, messages) for p in (policy, back))
     assert torch.equal(ours["input_ids"], theirs["input_ids"])
+
+
+def _saved(name: str, folder: Path) -> Path:
+    model, processor = tiny_vision_base(name)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("name", "backend"),
+    [*(pytest.param(*f.values, "vllm", marks=f.marks) for f in FAMILIES), ("qwen2_5_vl", "vllm_server")],
+)
+def test_vllm_with_a_vision_model_is_refused_before_the_run_folder(
+    name: str, backend: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``rollout.backend=vllm`` / ``vllm_server`` with a VLM: exit 2, one line naming the family,
+    the setting and the fix, no run folder (veriloop's vLLM backends send token ids, not images)."""
+    from veriloop.cli.main import run as cli_run
+
+    folder = _saved(name, tmp_path / "vlm")
+    capsys.readouterr()
+    rc = cli_run(
+        [
+            "train",
+            "points24_vision_grpo",
+            f"policy.model={folder}",
+            f"rollout.backend={backend}",
+            f"run.out_dir={tmp_path / 'runs'}",
+            "run.name=r",
+        ]
+    )
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1, err
+    kind = tiny_vision_base(name)[0].config.model_type
+    assert f"rollout.backend={backend}" in err[0] and f"({kind})" in err[0], err
+    assert "rollout.backend=hf" in err[0], err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_vllm_eval_of_a_vision_adapter_is_refused_before_its_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``veriloop eval`` on the rollouts' vLLM engine: a saved VLM adapter (its base read through
+    ``adapter_config.json``) is refused before the report folder is made."""
+    from veriloop.agents.loading import load_policy, save_policy
+    from veriloop.agents.testing import TINY_LORA
+    from veriloop.cli.main import run as cli_run
+
+    base = _saved("qwen2_5_vl", tmp_path / "base")
+    save_policy(load_policy(base, lora=TINY_LORA), tmp_path / "final")
+    capsys.readouterr()
+    rc = cli_run(
+        [
+            "eval",
+            "points24_vision_grpo",
+            f"policy.model={base}",
+            "rollout.backend=vllm",
+            "--checkpoints",
+            str(tmp_path / "final"),
+            "--out",
+            str(tmp_path / "report"),
+        ]
+    )
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1 and "(qwen2_5_vl)" in err[0] and "rollout.backend=hf" in err[0], err
+    assert not (tmp_path / "report").exists()
