@@ -388,7 +388,7 @@ def images_only(processor_class: type) -> type:
 
     class ImagesOnly(processor_class):  # type: ignore[misc,valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            if "video_processor" in inspect.signature(processor_class.__init__).parameters:
+            if "video_processor" in inspect.signature(processor_class).parameters:
                 kwargs.setdefault("video_processor", None)  # SmolVLM's processor requires one
             super().__init__(*args, **kwargs)
 
@@ -444,7 +444,7 @@ def _saved_processor_settings(path: str | Path, cls: type, extra: dict[str, Any]
     if not found:
         return {}
     saved = json.loads(Path(found).read_text())
-    takes = set(inspect.signature(cls.__init__).parameters) - {
+    takes = set(inspect.signature(cls).parameters) - {
         "self",
         "image_processor",
         "tokenizer",
