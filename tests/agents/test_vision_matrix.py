@@ -248,6 +248,13 @@ def test_vision_family(name: str, mode: str, precision: str, tmp_path: Path) -> 
     if precision == "fp32":
         result["reload_gap"] = _reload_gap(policy, name, trajs, tmp_path)
         assert result["reload_gap"] <= BOUND["fp32"]
+    if precision == "fp32" and mode == "full":  # the saved VLM on vLLM: refused before any run folder
+        from veriloop.algos.run.setup import check_backend_family
+        from veriloop.configs.errors import ConfigError
+
+        with pytest.raises(ConfigError, match=r"rollout.backend=vllm: .* vision-language model"):
+            check_backend_family(str(tmp_path / "final"), "vllm")
+        result["vllm"] = "refused"
     if out := os.environ.get("VERILOOP_MODEL_MATRIX"):
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / f"{name}-{mode}-{precision}.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -347,6 +354,7 @@ def test_docs_table_holds_the_vision_results() -> None:
     }
     for r in vision:
         assert r["logprob_gap"] <= BOUND[r["precision"]] and r["rollout_gap"] <= ROLLOUT_BOUND[r["precision"]]
+        assert r.get("vllm") == ("refused" if (r["mode"], r["precision"]) == ("full", "fp32") else None)
         assert r["grad_cosine"] >= MIN_COSINE[r["precision"]] and r["path"] == "batched"
     page = table.PAGE.read_text()
     assert table.page_block(results) in page
