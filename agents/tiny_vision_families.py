@@ -10,9 +10,11 @@ SmolLM2 tokenizer (plus the family's image tokens) and a ChatML template that re
                  position is not its index (``<|vision_start|><|image_pad|>...<|vision_end|>``)
     qwen3_vl     Qwen3-VL: the same markup, interleaved multimodal RoPE, and "deepstack" features of
                  a ViT layer added into the language model's first layers
-    idefics3     Idefics3, the architecture of SmolVLM: a SigLIP-style ViT, a pixel-shuffle
-                 connector (4 tokens per 32x32 image) and a Llama; each image is
+    idefics3     Idefics3: a SigLIP-style ViT, a pixel-shuffle connector (4 tokens per 32x32
+                 image) and a Llama; each image is
                  ``<fake_token_around_image><global-img><image>...<fake_token_around_image>``
+    smolvlm      SmolVLM: Idefics3's architecture under its own classes, whose processor needs
+                 num2words (the ``vision`` extra) and a video processor (here: images only)
 
 ``tests/agents/test_vision_matrix.py`` runs each through the HF engine and the trainer (an image in
 every turn), and ``docs/models.md``'s support table is generated from its results.
@@ -122,25 +124,27 @@ def _qwen3_vl(tokenizer: Any) -> tuple[Any, Any]:
     )
 
 
-def _idefics3(tokenizer: Any) -> tuple[Any, Any]:
+def _pixel_shuffle_vlm(tokenizer: Any, name: str) -> tuple[Any, Any]:
+    """A tiny ``{name}ForConditionalGeneration`` (Idefics3, SmolVLM: a SigLIP-style ViT, a
+    pixel-shuffle connector and a Llama) and its processor (images only, unsplit)."""
     import transformers
 
     marks = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
     tokenizer.add_tokens(marks, special_tokens=True)
     scale = 2
-    image_processor = transformers.Idefics3ImageProcessorPil(
+    image_processor = getattr(transformers, f"{name}ImageProcessorPil")(
         do_image_splitting=False,
         size={"longest_edge": TINY_VISION_SIZE},
         max_image_size={"longest_edge": TINY_VISION_SIZE},
     )
     per_image = (TINY_VISION_SIZE // _PATCH) ** 2 // scale**2
-    processor = transformers.Idefics3Processor(
+    processor = images_only(getattr(transformers, f"{name}Processor"))(
         image_processor=image_processor,
         tokenizer=tokenizer,
         image_seq_len=per_image,
         chat_template=_TEMPLATE.replace("{image}", "<image>"),
     )
-    vision = transformers.Idefics3VisionConfig(
+    vision = getattr(transformers, f"{name}VisionConfig")(
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
@@ -148,14 +152,22 @@ def _idefics3(tokenizer: Any) -> tuple[Any, Any]:
         image_size=TINY_VISION_SIZE,
         patch_size=_PATCH,
     )
-    config = transformers.Idefics3Config(
+    config = getattr(transformers, f"{name}Config")(
         vision_config=vision,
         text_config=transformers.LlamaConfig(**_text(tokenizer, head_dim=16)),
         scale_factor=scale,
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
         tie_word_embeddings=True,
     )
-    return transformers.Idefics3ForConditionalGeneration(config), processor
+    return getattr(transformers, f"{name}ForConditionalGeneration")(config), processor
+
+
+def _idefics3(tokenizer: Any) -> tuple[Any, Any]:
+    return _pixel_shuffle_vlm(tokenizer, "Idefics3")
+
+
+def _smolvlm(tokenizer: Any) -> tuple[Any, Any]:
+    return _pixel_shuffle_vlm(tokenizer, "SmolVLM")
 
 
 #: family -> builder(tokenizer) of (tiny random VLM, its processor); the tokenizer gains image tokens.
@@ -163,6 +175,7 @@ TINY_VISION_FAMILIES: dict[str, Callable[[Any], tuple[Any, Any]]] = {
     "qwen2_5_vl": _qwen2_5_vl,
     "qwen3_vl": _qwen3_vl,
     "idefics3": _idefics3,
+    "smolvlm": _smolvlm,
 }
 
 

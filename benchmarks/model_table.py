@@ -43,9 +43,10 @@ FAMILIES = {
     "qwen3_5": ("Qwen3_5ForCausalLM", "Gated DeltaNet linear attention + full attention"),
     "qwen3_moe": ("Qwen3MoeForCausalLM", "4 experts, 2 per token"),
     "smollm3": ("SmolLM3ForCausalLM", "a layer without RoPE"),
-    "idefics3": (
-        "Idefics3ForConditionalGeneration",
-        "SmolVLM's architecture: ViT, pixel-shuffle connector, Llama",
+    "idefics3": ("Idefics3ForConditionalGeneration", "ViT, pixel-shuffle connector, Llama"),
+    "smolvlm": (
+        "SmolVLMForConditionalGeneration",
+        "Idefics3's architecture, SmolVLM's classes and processor",
     ),
     "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "windowed ViT, 2x2 patch merger, multimodal RoPE"),
     "qwen3_vl": ("Qwen3VLForConditionalGeneration", "interleaved multimodal RoPE, deepstack ViT features"),
@@ -63,9 +64,13 @@ ENGINE = {
 }
 
 
-def _vllm(fam: str) -> str:
+def _vllm(fam: str, result: dict[str, Any]) -> str:
+    """The vLLM column: the text families ``make test-vllm`` runs, or what the matrix's result says
+    (a VLM's ``rollout.backend=vllm`` refused: veriloop's vLLM backends send no images)."""
     from veriloop.agents.tiny_families import VLLM_FAMILIES
 
+    if result.get("vllm") == "refused":
+        return "refused before the run (exit 2): use `rollout.backend=hf`"
     if fam in VLLM_FAMILIES:
         return "✓ LoRA + full, fp32 (`make test-vllm`)"
     return "cannot load (vLLM 0.32)" if fam == "qwen3_5" else "not tested"
@@ -101,7 +106,7 @@ def render(results: list[dict[str, Any]]) -> str:
         targets = _targets(lora.get("lora_targets", []))
         lines.append(
             f"| {fam} (`{cls}`) | {what} | {engine} | {PATHS[path]} | {targets} | "
-            f"{' | '.join(cells)} | {_vllm(fam)} |"
+            f"{' | '.join(cells)} | {_vllm(fam, by[(fam, 'full', 'fp32')])} |"
         )
     return "\n".join(lines)
 
@@ -116,7 +121,7 @@ POPULAR = [
     ("Gemma-3-270M", 0.268e9, "gemma3"),
     ("Llama-3.2-1B-Instruct", 1.24e9, "llama"),
     ("Qwen2.5-VL-3B-Instruct", 3.75e9, "qwen2_5_vl"),
-    ("SmolVLM-256M-Instruct", 0.256e9, "idefics3 (SmolVLM's architecture)"),
+    ("SmolVLM-256M-Instruct", 0.256e9, "smolvlm"),
 ]
 #: Bytes per parameter: weights (+ the sampler's saved copy of the adapted weights while LoRA is
 #: merged) for LoRA; weights, gradients and AdamW's two moments (all fp32) for full fine-tuning.

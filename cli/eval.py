@@ -10,7 +10,7 @@ from typing import Any
 
 from veriloop.algos.eval.loop import evaluate_config
 from veriloop.algos.eval.report import comparison_markdown, report_markdown, write_report
-from veriloop.algos.run.setup import check_model, load_checkpoint_policy
+from veriloop.algos.run.setup import check_backend_family, check_model, load_checkpoint_policy
 from veriloop.configs.schema import ExperimentConfig
 
 
@@ -93,6 +93,9 @@ def run_eval_cli(
         )
     if any(c in ("base", "default") for c in checkpoints or ["base"]):
         check_model(cfg.policy.model)  # the base model exists (before any folder is made)
+    if cfg.eval.backend == "rollout" and cfg.rollout.backend == "vllm":  # (vllm_server: the HF engine here)
+        for model in [cfg.policy.model, *(c for c in checkpoints if c not in ("base", "default"))]:
+            check_backend_family(model, "vllm")  # a VLM on vLLM, refused before any folder is made
     out = Path(out_dir) if out_dir is not None else _default_eval_dir(cfg, checkpoints)
     out.mkdir(parents=True, exist_ok=True)  # an unwritable folder fails now, before any model loads
     reports: dict[str, dict] = {}

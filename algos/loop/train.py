@@ -47,6 +47,7 @@ from veriloop.algos.run.setup import (
     build_critic,
     build_optimizer,
     build_policy,
+    check_backend_family,
     check_chat_template_files,
     check_claim,
     check_device,
@@ -180,6 +181,7 @@ def _check_before_loading(cfg: ExperimentConfig) -> None:
     cfg.validate()
     cfg.env.resolve()  # the environments exist (users' modules imported) before anything slow
     check_model(cfg.policy.model)
+    check_backend_family(cfg.policy.model, cfg.rollout.backend)  # a VLM on vLLM, before anything loads
     check_chat_template_files(cfg)  # a template that drops the prompt, before the run folder is made
     check_device(cfg.policy.device)
     if cfg.rollout.backend == "vllm_server":  # an unreachable server fails now, not after loading

@@ -372,6 +372,22 @@ def check_device(name: str) -> None:
         raise ConfigError(str(err)) from None
 
 
+def check_backend_family(model: str, backend: str) -> None:
+    """A vision-language ``model`` is sampled by the HF engine only: ``rollout.backend`` ``vllm`` or
+    ``vllm_server`` with one is refused here, before the run folder exists or any model loads (the
+    vLLM backends send token ids only, not the images; and vLLM 0.32's CPU build cannot import its
+    Qwen-VL models, which need torchvision)."""
+    if backend not in ("vllm", "vllm_server"):
+        return
+    from veriloop.agents.loading import vision_model_type
+
+    if (kind := vision_model_type(model)) is not None:
+        raise ConfigError(
+            f"rollout.backend={backend}: {model!r} is a vision-language model ({kind}), which veriloop "
+            "samples with the HF engine only; set rollout.backend=hf (or auto)"
+        )
+
+
 def check_model(model: str) -> None:
     """``policy.model`` names a loadable model: 'tiny', 'default', 'default-vision', 'gemma3-270m'
     (its PyPI packages installed, or already converted) or a folder with config.json /

@@ -653,7 +653,9 @@ def sft_from_config(
     """``veriloop sft``: the config's SFT warm-up on its own, in ``<run folder>/sft``; the saved
     policy's folder (``sft/final``).
 
-    The examples' source and the model are checked before anything loads (``ConfigError``); the
+    The examples' source, the model and its chat template are checked before anything loads, and a
+    family outside the architecture matrix is loaded and checked (its log-probs against a plain
+    forward) before the run folder exists: a refusal is a ``ConfigError`` with nothing written. The
     run folder is locked against another writer of the same run (a trainer included) and cleared of
     a killed process's half-written files. A folder that already holds an SFT run is continued with
     ``resume`` (a finished one is returned as it is) and replaced with ``overwrite``; otherwise it
@@ -664,10 +666,12 @@ def sft_from_config(
     from veriloop.algos.run.progress import say
     from veriloop.algos.run.setup import (
         build_policy,
+        check_chat_template_files,
         check_device,
         check_folder,
         check_model,
         check_not_busy,
+        check_policy_family,
         claim_folder,
         remove_stale_temporaries,
     )
@@ -678,11 +682,14 @@ def sft_from_config(
         raise ConfigError("sft.steps is 0: nothing to do (set sft.steps=N)")
     check_source(cfg.sft.source, cfg.env.id, cfg.env.kwargs)
     check_model(cfg.policy.model)
+    check_chat_template_files(cfg)
     check_device(cfg.policy.device)
     sft_dir = Path(cfg.run.out_dir) / cfg.run_name / "sft"
     check_not_busy(sft_dir.parent)
-    if not (resume and not overwrite and (sft_dir / "final").is_dir()):
+    finished = resume and not overwrite and (sft_dir / "final").is_dir()
+    if not finished:
         check_folder(sft_dir, resume=resume, overwrite=overwrite, what="an SFT run")  # before the lock file
+        check_policy_family(cfg)  # a family outside the matrix: loaded and checked before the folder exists
     with run_lock(sft_dir.parent):  # one writer per run folder: not beside a trainer of the same run
         remove_stale_temporaries(sft_dir.parent)
         if resume and not overwrite and (sft_dir / "final").is_dir():

