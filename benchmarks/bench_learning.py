@@ -336,6 +336,11 @@ SUITES: dict[str, dict] = {
             "eval.n_samples=2",
             "eval.k_list=[1,2]",
             "run.checkpoint_every=5",
+            # a base model that never writes the format nor a right answer gives every group equal
+            # rewards: the run goes on (and says so: sampling/informative_fraction) instead of stopping
+            # with exit 4, since whether R1-Zero starts at all is the question
+            "train.max_uninformative_steps=0",
+            "train.untrained_after_groups=0",
         ],
     },
     "math": {
@@ -658,6 +663,7 @@ def collect(run_dir: Path, start_dir: Path | None = None) -> dict:
         "success_rate": [],
         "format_rate": [],
         "truncation_rate": [],
+        "sampling/informative_fraction": [],
         "mismatch/k3_kl": [],
         "mismatch/ratio_max": [],
         "mismatch/ratio_min": [],

@@ -328,14 +328,17 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]], start_arm: str |
 
 
 #: The R1-Zero table's training curves, each averaged over the RL steps since the previous evaluation.
-R1_ZERO_TRAIN = ("format_rate", "success_rate", "response_length/mean")
+#: ``sampling/informative_fraction``: the share of groups whose rewards were not all equal (the rest
+#: teach nothing).
+R1_ZERO_TRAIN = ("format_rate", "success_rate", "response_length/mean", "sampling/informative_fraction")
 
 
 def r1_zero_table(runs: dict[str, dict[int, dict]], split: str = "id") -> list[dict]:
     """One row per arm, seed and evaluated step: the held-out format rate, avg@n (with its SE),
     response length and truncation rate at that step, and the training episodes' format rate,
-    success rate and length averaged over the RL steps since the previous evaluation (``train
-    steps``: the logged rows ``(previous, step]``; none at step 0, the starting policy)."""
+    success rate, length and share of informative groups averaged over the RL steps since the previous
+    evaluation (``train steps``: the logged rows ``(previous, step]``; none at step 0, the starting
+    policy)."""
     rows = []
     for label, by_seed in runs.items():
         for seed, r in sorted(by_seed.items()):

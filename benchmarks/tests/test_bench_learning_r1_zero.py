@@ -56,6 +56,8 @@ def test_rl_starts_from_the_base_model_with_r1_zeros_prompt_and_reward(bench, tm
         8,
     )
     assert (cfg.eval.num_problems, cfg.eval.n_samples, cfg.rollout.backend) == (128, 2, "hf")
+    # a run in which nothing is informative goes on to its end (what happens is the result)
+    assert cfg.train.max_uninformative_steps == 0 and cfg.train.untrained_after_groups == 0
     env = gym.make(cfg.env.id, **cfg.env.kwargs)
     prompt, _ = env.reset(seed=3)
     assert "<think>" in prompt and "<answer>" in prompt  # R1-Zero's prompt
@@ -79,6 +81,7 @@ def _r1_run(tmp_path: Path) -> Path:
     rows = [{"step": 0, **{f"eval/id/{k}": v for k, v in held[0].items()}}]
     for step, (fmt, acc, length) in train.items():
         row = {"step": step, "reward/mean": acc + 0.1 * fmt, "format_rate": fmt, "success_rate": acc}
+        row["sampling/informative_fraction"] = 0.0 if step == 1 else 0.5
         row["response_length/mean"] = length
         row.update({f"eval/id/{k}": v for k, v in held.get(step, {}).items()})
         rows.append(row)
@@ -98,6 +101,10 @@ def test_the_curves_by_step_are_collected_tabled_and_plotted(bench, report, tmp_
     assert (start["heldout format_rate"], start["heldout response_length/mean"]) == (0.0, 128.0)
     assert mid["train steps"] == [1, 2] and mid["train format_rate"] == pytest.approx(0.25)
     assert mid["train success_rate"] == pytest.approx(0.125) and mid["train response_length/mean"] == 119.0
+    assert (
+        mid["train sampling/informative_fraction"] == 0.25
+        and end["train sampling/informative_fraction"] == 0.5
+    )
     assert end["train steps"] == [3, 4] and end["train format_rate"] == pytest.approx(0.625)
     assert end["train response_length/mean"] == 70.0
     assert (end["heldout avg@n"], end["heldout se/avg@n"], end["heldout truncation_rate"]) == (
