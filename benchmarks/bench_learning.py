@@ -319,7 +319,14 @@ SUITES: dict[str, dict] = {
     # model take up the format, does accuracy follow, what does the response length do? Per RL step:
     # format_rate, success_rate and response_length/mean of the 64 episodes played; held-out format_rate,
     # avg@n and length on 128 problems x 2 samples at steps 0 (the base model), 10, 20 and 30. One
-    # seed per call (the seeds merge in learning_r1_zero.json). ESTIMATE_PENDING
+    # seed per call (the seeds merge in learning_r1_zero.json).
+    # Cost: the base model's answers run to the 128-token limit (88% cut), so a step costs far more than
+    # the quickstart's after its warm-up. Step 1 of this command, measured beside other runs (load 5-10
+    # on 2 cores, nice 10): 738 s sampling + 474 s update of 64 answers of 122 tokens (7,790 trained
+    # tokens), 4.6 GB peak; none shaped or right, every group uninformative. Scaled from the Gemma
+    # quickstart's idle steps (32 answers of ~35 tokens: ~11 s + ~8 s), ~40 s + ~60 s a step: ~50 min
+    # of RL and ~10 min of evaluation (1,024 answers), about 1 h per seed on idle cores (up to ~3 h if
+    # the loaded CPU-seconds, 750 a step, are not inflated by the load); less if answers get shorter.
     "r1_zero": {
         "steps": 30,
         "eval_every": 10,
