@@ -26,6 +26,8 @@ Suites:
             (self-distillation with privileged context, no RL term), opsd_gate_p16 (both), semi_opd_p16
             (opsd_p16 on rollouts of the frozen initial student).
             Run it with .venv-vllm's python.
+  r1_zero   R1-Zero from the base Gemma 3 270M: GRPO with R1-Zero's prompt and format reward, no SFT;
+            format rate, accuracy and response length by step (training and held-out), one seed per call.
   dapo_parts DAPO's parts added one at a time to GRPO, 2 epochs x 2 mini-batches per batch; each arm's
             end against grpo's in the same seed, paired by problem. Run it with .venv-vllm's python.
 
@@ -41,6 +43,7 @@ Usage (from the repository root, in the venv):
   OMP_PROC_BIND=true OMP_PLACES=cores .venv-vllm/bin/python benchmarks/bench_learning.py losses --seeds 0 1
   python benchmarks/bench_learning.py math --report-only   # re-collect finished runs, re-plot
   OMP_PROC_BIND=true OMP_PLACES=cores .venv-vllm/bin/python benchmarks/bench_learning.py math_gain --seeds 0 1 2
+  python benchmarks/bench_learning.py r1_zero --seeds 0   # then --seeds 1
 """
 
 from __future__ import annotations
@@ -311,6 +314,44 @@ SUITES: dict[str, dict] = {
             "eval.before_sft=false",
             "run.checkpoint_every=5",
             "run.tensorboard=false",
+        ],
+    },
+    # R1-Zero at toy scale (DeepSeek-AI 2025): RL straight from the BASE Gemma 3 270M, no SFT warm-up,
+    # with R1-Zero's prompt (reason inside <think></think>, answer inside <answer></answer>) and its
+    # reward: MathVerify's reward=r1 pays 1 for a right answer (read from <answer>) plus 0.1 when the
+    # whole response has that shape (algo.format_reward stays 0: the env pays the format). Does the base
+    # model take up the format, does accuracy follow, what does the response length do? Per RL step:
+    # format_rate, success_rate and response_length/mean of the 64 episodes played; held-out format_rate,
+    # avg@n and length on 128 problems x 2 samples at steps 0 (the base model), 10, 20 and 30. One
+    # seed per call (the seeds merge in learning_r1_zero.json).
+    # Cost: the base model's answers run to the 128-token limit (88% cut), so a step costs far more than
+    # the quickstart's after its warm-up. Step 1 of this command, measured beside other runs (load 5-10
+    # on 2 cores, nice 10): 738 s sampling + 474 s update of 64 answers of 122 tokens (7,790 trained
+    # tokens), 4.6 GB peak; none shaped or right, every group uninformative. Scaled from the Gemma
+    # quickstart's idle steps (32 answers of ~35 tokens: ~11 s + ~8 s), ~40 s + ~60 s a step: ~50 min
+    # of RL and ~10 min of evaluation (1,024 answers), about 1 h per seed on idle cores (up to ~3 h if
+    # the loaded CPU-seconds, 750 a step, are not inflated by the load); less if answers get shorter.
+    "r1_zero": {
+        "steps": 30,
+        "eval_every": 10,
+        "arms": [("gemma_r1_zero", "quickstart", [])],
+        "common": [
+            "policy.model=gemma3-270m",
+            "env.kwargs.reward=r1",
+            "sft.steps=0",
+            "eval.before_sft=false",  # no warm-up: step 0's evaluation is the base model's
+            "rollout.backend=hf",  # vLLM-CPU was never tried on Gemma's 256-wide heads
+            "rollout.prompts_per_step=8",
+            "rollout.group_size=8",
+            "eval.num_problems=128",
+            "eval.n_samples=2",
+            "eval.k_list=[1,2]",
+            "run.checkpoint_every=5",
+            # a base model that never writes the format nor a right answer gives every group equal
+            # rewards: the run goes on (and says so: sampling/informative_fraction) instead of stopping
+            # with exit 4, since whether R1-Zero starts at all is the question
+            "train.max_uninformative_steps=0",
+            "train.untrained_after_groups=0",
         ],
     },
     "math": {
@@ -630,6 +671,10 @@ def collect(run_dir: Path, start_dir: Path | None = None) -> dict:
         "clip_frac_low": [],
         "clip_frac_high": [],
         "approx_kl": [],
+        "success_rate": [],
+        "format_rate": [],
+        "truncation_rate": [],
+        "sampling/informative_fraction": [],
         "mismatch/k3_kl": [],
         "mismatch/ratio_max": [],
         "mismatch/ratio_min": [],

@@ -279,6 +279,9 @@ EXTRA_METRICS = {
     "points24": ["reason/illegal_numbers", "reason/wrong_value", "reason/unparseable", "truncation_rate"],
     "vision": ["recognition_acc", "reason/illegal_numbers", "reason/wrong_value", "reason/unparseable"],
 }
+#: R1-Zero: does the base model take up the format, and what happens to its length?
+R1_ZERO_METRICS = ["format_rate", "response_length/mean", "truncation_rate"]
+EXTRA_METRICS["r1_zero"] = R1_ZERO_METRICS
 EXTRA_METRICS["points24_easy"] = EXTRA_METRICS["points24"]
 EXTRA_METRICS["s2r_easy"] = EXTRA_METRICS["s2r"]
 
@@ -319,7 +322,87 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]], start_arm: str |
         out["bf16_vs_fp32_rerun"] = arm_differences(reruns, reference="grpo_p16_v2_rerun")
     if suite == "points24_easy" and start_arm:
         out["matched"] = matched_table(runs, start_arm, ["id", "rule_ood"])
+    if suite == "r1_zero":
+        out["r1_zero_table"] = r1_zero_table(runs)
     return out
+
+
+#: The R1-Zero table's training curves, each averaged over the RL steps since the previous evaluation.
+#: ``sampling/informative_fraction``: the share of groups whose rewards were not all equal (the rest
+#: teach nothing).
+R1_ZERO_TRAIN = ("format_rate", "success_rate", "response_length/mean", "sampling/informative_fraction")
+
+
+def r1_zero_table(runs: dict[str, dict[int, dict]], split: str = "id") -> list[dict]:
+    """One row per arm, seed and evaluated step: the held-out format rate, avg@n (with its SE),
+    response length and truncation rate at that step, and the training episodes' format rate,
+    success rate, length and share of informative groups averaged over the RL steps since the previous
+    evaluation (``train steps``: the logged rows ``(previous, step]``; none at step 0, the starting
+    policy)."""
+    rows = []
+    for label, by_seed in runs.items():
+        for seed, r in sorted(by_seed.items()):
+            ev = r["evals"].get(split, {})
+            train = r.get("train", {})
+            logged = train.get("step", [])
+            previous = None
+            for step in sorted(ev, key=int):
+                held = ev[step]
+                window = [
+                    i for i, s in enumerate(logged) if (previous is None or s > previous) and s <= int(step)
+                ]
+                row: dict = {"arm": label, "seed": seed, "step": int(step)}
+                row.update({f"heldout {m}": held.get(m) for m in ("format_rate", "avg@n", "se/avg@n")})
+                row.update({f"heldout {m}": held.get(m) for m in R1_ZERO_METRICS[1:]})
+                row["train steps"] = [logged[i] for i in window]
+                for key in R1_ZERO_TRAIN:
+                    values = [train.get(key, [None] * len(logged))[i] for i in window]
+                    row[f"train {key}"] = _mean(values)
+                rows.append(row)
+                previous = int(step)
+    return rows
+
+
+def plot_r1_zero(runs: dict[str, dict[int, dict]], path: Path, split: str = "id") -> None:
+    """R1-Zero's three curves by RL step, one panel each: format rate, accuracy (the training
+    episodes' success rate; held-out avg@n) and response length. Thin lines: every RL step's
+    episodes, one per seed; dots joined: the held-out evaluations (step 0 = the base model)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("format rate", "format_rate", "format_rate"),
+        ("accuracy", "success_rate", "avg@n"),
+        ("response length (tokens)", "response_length/mean", "response_length/mean"),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
+    for i, (label, by_seed) in enumerate(runs.items()):
+        for j, (seed, r) in enumerate(sorted(by_seed.items())):
+            color, train = f"C{(4 * i + j) % 10}", r.get("train", {})
+            ev = r["evals"].get(split, {})
+            steps = sorted(ev, key=int)
+            for ax, (title, train_key, eval_key) in zip(axes, panels):
+                ys = train.get(train_key, [])
+                if ys and any(y is not None for y in ys):
+                    ax.plot(
+                        train["step"], ys, color=color, lw=0.8, alpha=0.6, label=f"{label} s{seed}: training"
+                    )
+                ax.plot(
+                    [int(s) for s in steps],
+                    [ev[s].get(eval_key) for s in steps],
+                    marker="o",
+                    color=color,
+                    label=f"{label} s{seed}: held-out",
+                )
+                ax.set_title(title)
+                ax.set_xlabel("RL step (0 = the base model)")
+                ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 #: The vision table's metrics: success, the env's recognition and the answers by verdict reason.
@@ -637,3 +720,5 @@ def write_plots(
         plot_training(runs, ABLATION, results / "learning_dapo_parts_training.png", keys)
     if suite == "losses":
         plot_training(runs, LOSS_ARMS, results / "learning_losses_training.png")
+    if suite == "r1_zero":  # format rate, accuracy and length by step, training and held-out
+        plot_r1_zero(runs, results / "learning_r1_zero_curves.png")

@@ -14,6 +14,8 @@ Per split, next to :func:`summarize_split`'s ``pass@k``, ``avg@n``, ``maj@k``:
 * ``response_length/mean`` (generated tokens per episode), ``truncation_rate`` (episodes with a turn
   cut at ``max_new_tokens``), ``limit_stop_rate`` (episodes the rollout stopped at ``max_turns`` /
   ``max_context``), ``turns/mean``;
+* ``format_rate`` -- the share of episodes whose last response has DeepSeek-R1-Zero's shape
+  (:func:`format_rate`; training logs the same number for its rollouts);
 * ``attempts/mean`` and ``attempts/level_<L>`` (by the task's difficulty ``level`` when it has one):
   model turns, or the environment's ``attempts`` episode metric when it reports one;
 * ``reason/<reason>``: the share of judged responses (every turn, not only the last) with each
@@ -53,6 +55,7 @@ from veriloop.algos.eval.metrics import (
 )
 from veriloop.configs.schema import ExperimentConfig
 from veriloop.envs.base import split_source
+from veriloop.envs.verifiers import r1_format_ok
 
 REFERENCE_SPLIT = "id"
 
@@ -69,6 +72,15 @@ def final_sample(traj: Trajectory) -> Sample:
         if turn.verdict is not None:  # a turn that judged no answer (an S2R verify) carries None
             return Sample.from_verdict(turn.verdict)
     return Sample(False)
+
+
+def format_rate(trajs: Sequence[Trajectory]) -> float:
+    """The share of episodes whose last response is shaped ``<think>...</think><answer>...</answer>``
+    with nothing around it but whitespace (:func:`~veriloop.envs.verifiers.r1_format_ok`, the rule
+    behind MathVerify's ``reward="r1"`` bonus and ``algo.format_reward``); 0 for no episodes. An
+    episode without a response counts as unshaped."""
+    shaped = sum(bool(t.turns) and r1_format_ok(t.turns[-1].text) for t in trajs)
+    return shaped / max(len(trajs), 1)
 
 
 def _nanmean(values: Sequence[float]) -> float:
@@ -108,6 +120,7 @@ def task_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "truncation_rate": sum(any(tr.hit_token_limit for tr in t.turns) for t in trajs) / n,
         "limit_stop_rate": sum(t.stop_reason is not None for t in trajs) / n,
         "turns/mean": sum(t.num_turns for t in trajs) / n,
+        "format_rate": format_rate(trajs),
     }
     per_step, episodes = _env_metrics(trajs)
     out.update(per_step)

@@ -14,14 +14,15 @@ import torch
 
 from veriloop.agents.drift import drift_rate
 from veriloop.agents.trajectory import Trajectory
-from veriloop.algos.eval.loop import final_sample
+from veriloop.algos.eval.loop import final_sample, format_rate
 from veriloop.algos.learner.signal import verifier_failed
 from veriloop.algos.run.progress import say
 from veriloop.configs.schema import ExperimentConfig
 
 
 def rollout_metrics(trajs: Sequence[Trajectory], tokenizer: Any) -> dict[str, float]:
-    """The same names for every algorithm (reward, success, length, truncation, verifier, drift).
+    """The same names for every algorithm (reward, success, length, truncation, R1 format, verifier,
+    drift); ``format_rate`` is the evaluation's own formula (:func:`~veriloop.algos.eval.loop.format_rate`).
 
     Verifier errors and timeouts count episodes with a failed verification on any turn.
     """
@@ -39,6 +40,7 @@ def rollout_metrics(trajs: Sequence[Trajectory], tokenizer: Any) -> dict[str, fl
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "truncation_rate": sum(any(tr.hit_token_limit for tr in t.turns) for t in trajs) / len(trajs),
+        "format_rate": format_rate(trajs),
         "turns/mean": sum(t.num_turns for t in trajs) / len(trajs),
         "verifier/errors": float(sum(verifier_failed(t) for t in trajs)),
         "verifier/timeouts": float(sum("timeout" in e for e in errors)),

@@ -371,3 +371,39 @@ def test_cli_eval_tiny_base_model_end_to_end(tokenizer, tmp_path):
     assert report["splits"]["id"]["truncation_rate"] == 1.0  # 6 tokens never finish a random model's turn
     assert (out / "pass_at_k.png").stat().st_size > 1000
     assert "## base" in (out / "summary.md").read_text()
+
+
+def test_r1_answers_are_read_from_the_answer_tag_and_their_format_rate_counted(tokenizer):
+    """MathVerify with ``reward="r1"`` (R1-Zero's prompt): per problem, sample 0 is shaped and right with
+    a bare answer in <answer> (no \\boxed), sample 1 shaped and wrong, sample 2 right but unshaped
+    (a \\boxed answer and no tags), sample 3 a right <answer> with nothing before it (unshaped)."""
+    seeds = [7, 8]
+    kwargs = {"level": 1, "reward": "r1"}
+    calls = Counter()
+
+    def reply(turn, obs, task):
+        assert "<think>" in obs and "<answer>" in obs  # the prompt asks for R1-Zero's shape
+        i = calls[task["question"]] % 4
+        calls[task["question"]] += 1
+        return [
+            f"<think>work it out</think>\n<answer>{task['answer']}</answer>",
+            "<think>a guess</think><answer>987654321</answer>",
+            right(task),
+            f"<answer>{task['answer']}</answer>",
+        ][i]
+
+    report = evaluate_policy(
+        ScriptedPolicy(reply, tokenizer),
+        {"id": split(MATH, **kwargs)},
+        seeds=seeds,
+        n_samples=4,
+        k_list=[1, 4],
+        temperature=1.0,
+        greedy=False,
+        limits=RolloutLimits(max_turns=1),
+        max_new_tokens=64,
+    )
+    m = report["splits"]["id"]
+    assert m["avg@n"] == pytest.approx(3 / 4)  # samples 0, 2 and 3 are right: the tag is an answer
+    assert m["format_rate"] == pytest.approx(2 / 4)  # samples 0 and 1: shaped, right or not
+    assert report["per_problem"]["id"]["avg@n"] == [0.75, 0.75]

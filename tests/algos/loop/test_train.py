@@ -63,6 +63,7 @@ STEP_METRICS = (
     "response_length/mean",
     "response_length/max",
     "truncation_rate",
+    "format_rate",
     "entropy",
     "mean_token_prob",
     "clip_frac_low",

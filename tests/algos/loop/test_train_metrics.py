@@ -69,3 +69,24 @@ def test_rollout_metrics_single_episode_and_drift_sample(make_traj, monkeypatch)
     seen.clear()
     step_module.rollout_metrics(trajs, tokenizer=None)
     assert len(seen) == 8  # drift is measured on the first 8 episodes only (it re-tokenizes)
+
+
+def test_rollout_format_rate_counts_each_episodes_last_response(make_traj, monkeypatch):
+    from dataclasses import replace
+
+    monkeypatch.setattr(step_module, "drift_rate", lambda tokenizer, t: 0.0)
+
+    def said(*texts: str):  # an episode whose turns wrote these texts
+        t = make_traj([([10], [], 0.0)] * len(texts))
+        return replace(t, turns=tuple(replace(tr, text=x) for tr, x in zip(t.turns, texts)))
+
+    shaped = " <think>6 * 7</think>\n<answer>42</answer>\n"
+    trajs = [
+        said(shaped),  # shaped
+        said("<think>6 * 7</think><answer>42</answer> so 42"),  # text after the answer: unshaped
+        said("<answer>42</answer>"),  # no thinking block: unshaped
+        said(shaped, "no idea"),  # shaped once, but the last response is not
+        said("no idea", shaped),  # the last response is shaped
+    ]
+    # by hand: episodes 1 and 5 of 5
+    assert step_module.rollout_metrics(trajs, tokenizer=None)["format_rate"] == pytest.approx(2 / 5)
