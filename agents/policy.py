@@ -9,6 +9,7 @@ copy for full fine-tuning).
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -41,6 +42,21 @@ class Policy:
     frozen_reference: Any = None
     meta: dict[str, Any] = field(default_factory=dict)
     precision: str = "fp32"
+
+    def frozen_copy(self) -> Policy:
+        """A copy of this policy for sampling beside the trainer: its own model (deep-copied), in eval
+        mode and without gradients, with the same tokenizer, processor, metadata and precision."""
+        model = copy.deepcopy(self.model).eval()
+        model.requires_grad_(False)
+        return Policy(
+            model=model,
+            tokenizer=self.tokenizer,
+            processor=self.processor,
+            is_lora=self.is_lora,
+            name=self.name,
+            meta=dict(self.meta),
+            precision=self.precision,
+        )
 
     @property
     def is_vision(self) -> bool:

@@ -27,7 +27,6 @@ entries are released at the load); vLLM resets its prefix cache at every sync.
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -75,18 +74,8 @@ class HFWeights:
 
         self.lora = policy.is_lora
         names = [n for n, p in policy.model.named_parameters() if p.requires_grad]
-        model = copy.deepcopy(policy.model).eval()
-        model.requires_grad_(False)
-        self.policy = Policy(
-            model=model,
-            tokenizer=policy.tokenizer,
-            processor=policy.processor,
-            is_lora=policy.is_lora,
-            name=policy.name,
-            meta=dict(policy.meta),
-            precision=policy.precision,
-        )
-        params = dict(model.named_parameters())
+        self.policy = policy.frozen_copy()
+        params = dict(self.policy.model.named_parameters())
         self.params = {n: params[n] for n in names}  # the trained tensors, in the copy
         self.backend: Backend = HFBackend(self.policy)
         self.snapshots = {version: {n: p.detach().clone() for n, p in self.params.items()}}

@@ -24,7 +24,6 @@ reads them back, so its sampler restarts from the initial weights, never from th
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import time
 from collections.abc import Iterator
@@ -70,18 +69,9 @@ def holding(policy: Policy, weights: dict[str, torch.Tensor]) -> Iterator[None]:
 
 def frozen_copy(policy: Policy, weights: dict[str, torch.Tensor]) -> Policy:
     """A copy of ``policy`` holding ``weights``, in eval mode and without gradients (it never trains)."""
-    model = copy.deepcopy(policy.model).eval()
-    model.requires_grad_(False)
-    _put(model, weights)
-    return Policy(
-        model=model,
-        tokenizer=policy.tokenizer,
-        processor=policy.processor,
-        is_lora=policy.is_lora,
-        name=policy.name,
-        meta=dict(policy.meta),
-        precision=policy.precision,
-    )
+    frozen = policy.frozen_copy()
+    _put(frozen.model, weights)
+    return frozen
 
 
 def initial_weights(run: RunParts) -> dict[str, torch.Tensor]:
