@@ -41,7 +41,7 @@ demo: setup
 	$(PIN) $(BIN)/veriloop demo
 
 test: setup
-	$(BIN)/python -m pytest -q -n 2 -m "not slow" -p no:cacheprovider
+	$(BIN)/python -m pytest -q -n 2 -m "not slow" -p no:cacheprovider --durations=20
 	@echo "(tests marked slow were deselected; \`make test-all\` runs them too)"
 
 test-all: setup

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from veriloop.algos.eval.metrics import pass_at_k_curve
+from veriloop.algos.eval.metrics import paired_difference, pass_at_k, pass_at_k_curve
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -95,6 +95,13 @@ def counts(out: Path) -> tuple[int, list[int], dict]:
     return n, [round(a * n) for a in per], report["meta"]
 
 
+def paired_at(k: int, n: int, before: list[int], after: list[int]) -> dict[str, float]:
+    """pass@k of ``after`` minus ``before`` on the same problems, paired by problem (their
+    difficulty cancels): each problem's unbiased pass@k from its ``c`` of ``n``, then
+    :func:`~veriloop.algos.eval.metrics.paired_difference`."""
+    return paired_difference([pass_at_k(n, c, k) for c in before], [pass_at_k(n, c, k) for c in after])
+
+
 def crossings(a: dict[int, tuple[float, float]], b: dict[int, tuple[float, float]]) -> list[dict]:
     """The k intervals where curve ``a - b`` changes sign (ties count as no sign)."""
     ks = sorted(a)
@@ -149,21 +156,33 @@ def main() -> None:
     pairs = [c.split("=", 1) for c in args.checkpoints]
     if any(len(p) != 2 for p in pairs):
         raise SystemExit("--checkpoints takes LABEL=PATH pairs, e.g. base=base rl=runs/x/final")
-    curves, cost, meta = {}, {}, {}
+    curves, cost, meta, correct = {}, {}, {}, {}
     for label, checkpoint in pairs:
         out = evaluate(args.tag, label, args.config, checkpoint, args)
-        n, c, meta[label] = counts(out)
-        curves[label] = pass_at_k_curve(n, c, ks_up_to(n))
+        n, correct[label], meta[label] = counts(out)
+        if meta[label].get("first_seed") != meta[pairs[0][0]].get("first_seed"):
+            raise SystemExit(f"{label} was evaluated on other problems than {pairs[0][0]}; remove {out}")
+        curves[label] = pass_at_k_curve(n, correct[label], ks_up_to(n))
         cost[label] = json.loads((out / "cost.json").read_text())
-        write(args, pairs, curves, cost, meta)
+        write(args, pairs, curves, cost, meta, correct)
 
 
-def write(args: argparse.Namespace, pairs: list[list[str]], curves: dict, cost: dict, meta: dict) -> None:
+def write(
+    args: argparse.Namespace, pairs: list[list[str]], curves: dict, cost: dict, meta: dict, correct: dict
+) -> None:
     labels = list(curves)
     cross = {
         f"{a} vs {b}": crossings(curves[a], curves[b]) for i, a in enumerate(labels) for b in labels[i + 1 :]
     }
     kmax = max(curves[labels[0]])
+    # later checkpoint minus earlier one, paired by problem, at k = 1 and the largest k
+    paired = {
+        f"{b} - {a}": {
+            f"pass@{k}": paired_at(k, args.samples, correct[a], correct[b]) for k in sorted({1, kmax})
+        }
+        for i, a in enumerate(labels)
+        for b in labels[i + 1 :]
+    }
     at_max = {label: {"mean": curves[label][kmax][0], "se": curves[label][kmax][1]} for label in labels}
     out = {
         "command": " ".join(["python benchmarks/bench_pass_at_k.py", *sys.argv[1:]]),
@@ -180,13 +199,14 @@ def write(args: argparse.Namespace, pairs: list[list[str]], curves: dict, cost: 
         },
         "crossings": cross,
         f"pass@{kmax}": at_max,
+        "paired": paired,
         "cost": cost,
     }
     path = RESULTS / f"pass_at_k_{args.tag}.json"
     path.write_text(json.dumps(out, indent=1, allow_nan=True) + "\n")
     title = f"pass@k on {args.problems} held-out problems x {args.samples} samples ({args.tag})"
     plot(curves, title, path.with_suffix(".png"))
-    print(json.dumps({"crossings": cross, f"pass@{kmax}": at_max}, indent=1), flush=True)
+    print(json.dumps({"crossings": cross, f"pass@{kmax}": at_max, "paired": paired}, indent=1), flush=True)
 
 
 if __name__ == "__main__":

@@ -75,3 +75,17 @@ def test_pass_at_k_bench_ks_and_crossings() -> None:
     base = {1: (0.2, 0.0), 8: (0.6, 0.0), 64: (0.9, 0.0)}
     assert bench.crossings(rl, base) == [{"between_k": [1, 64], "before": "a above"}]
     assert bench.crossings(rl, rl) == []
+
+
+def test_pass_at_k_bench_pairs_by_problem() -> None:
+    """Two problems, 4 samples: before c = (1, 0), after c = (2, 0). pass@1: 1/4 -> 2/4 on problem 0,
+    0 -> 0 on problem 1, so d = (0.25, 0), diff 0.125, sd 0.1768, SE 0.125; pass@4: 1 -> 1 and 0 -> 0."""
+    bench = _load("bench_pass_at_k")
+    one = bench.paired_at(1, 4, [1, 0], [2, 0])
+    assert (
+        one["diff"] == pytest.approx(0.125)
+        and one["se"] == pytest.approx(0.125)
+        and one["z"] == pytest.approx(1.0)
+    )
+    four = bench.paired_at(4, 4, [1, 0], [2, 0])
+    assert four["diff"] == 0.0 and four["se"] == 0.0
