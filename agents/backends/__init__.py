@@ -50,6 +50,7 @@ __all__ = [
     "GenResult",
     "ServingBackend",
     "backend_class",
+    "engine_context",
     "eos_token_ids",
     "hit_stop",
     "make_backend",
@@ -101,6 +102,21 @@ def make_backend(name: str, policy: Any, **kwargs: Any) -> Backend:
     return backend
 
 
+#: The smallest context the in-process vLLM engine is built with (the sync probe's prompt and
+#: tokens fit with room to spare, whatever ``rollout.max_context``).
+MIN_MODEL_LEN = 256
+
+
+def engine_context(rollout: RolloutConfig, policy: Any) -> int:
+    """``max_model_len`` for the in-process vLLM engine: ``rollout.max_context`` (no request outgrows
+    an episode), at least :data:`MIN_MODEL_LEN`, at most the model's own context. Left unset, vLLM
+    takes the model's own (Gemma 3 270M: 32768) and warms up on a batch that long at every start."""
+    config = getattr(getattr(policy, "model", None), "config", None)
+    own = getattr(config, "max_position_embeddings", None)
+    want = max(rollout.max_context, MIN_MODEL_LEN)
+    return min(want, own) if isinstance(own, int) else want
+
+
 def serving_backend(
     rollout: RolloutConfig, policy: Any, *, dist: Coordinator | None = None, servers: bool = True
 ) -> ServingBackend | None:
@@ -108,7 +124,8 @@ def serving_backend(
     ``veriloop eval`` build it by. ``rollout.backend`` (``auto`` resolved by :func:`resolve_backend`)
     ``vllm`` is one in-process engine (``rollout.vllm_kwargs``), ``vllm_server`` the servers of
     ``rollout.server`` (``dist``: the data-parallel group; rank 0 pushes weights, every rank waits);
-    both hold their own copy of the weights and keep :class:`ServingBackend`. None: the HF engine
+    both hold their own copy of the weights and keep :class:`ServingBackend`. The in-process engine's
+    ``max_model_len`` is :func:`engine_context` unless ``rollout.vllm_kwargs`` sets it. None: the HF engine
     on the policy itself (``hf``, and ``vllm_server`` when ``servers`` is False: ``veriloop eval``
     attaches to no servers). A backend class missing part of the contract is refused before it is
     built."""
@@ -124,5 +141,5 @@ def serving_backend(
     if name == "vllm_server":
         kwargs: dict[str, Any] = {"dist": dist, **dataclasses.asdict(rollout.server)}
     else:
-        kwargs = dict(rollout.vllm_kwargs)
+        kwargs = {"max_model_len": engine_context(rollout, policy), **rollout.vllm_kwargs}
     return cast(ServingBackend, make_backend(name, policy, **kwargs))

@@ -25,7 +25,12 @@ What it relies on (public vLLM API):
     ('Parameter' object has no attribute 'weight_loader'). A tied output head gets no weights of
     its own, so its prepacked copy is rebuilt from the embedding (without that, the head kept the
     old embedding: log-probs off by ~0.03 after one step). Older vLLM: ``model.load_weights``. Then
-    ``reset_prefix_cache()``, because cached KV blocks were computed with the old weights. The
+    ``reset_prefix_cache()``, because cached KV blocks were computed with the old weights. vLLM's
+    reload logs "<layer>: Failed to load weights" for each layer that receives no tensor (Gemma 3:
+    ``Gemma3Model``, whose only tensor is its embedding scale, a buffer; the two ``RotaryEmbedding``
+    caches; the tied ``ParallelLMHead``): those keep their tensors, and the head is rebuilt as
+    above. Measured on the real Gemma 3 270M in fp32: every sampled token's log-prob equals a
+    fresh HF forward to 1e-4 after the sync. The
     engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set unless already set) so the
     tensors are handed over, not pickled to another process.
   - ``"adapter"`` (the GPU default): the adapter is saved to a fresh folder and a new

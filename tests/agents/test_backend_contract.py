@@ -124,6 +124,25 @@ def test_the_trainer_and_veriloop_eval_build_the_same_engine(engines):
     assert B.serving_backend(_cfg(("rollout.backend", "hf")).rollout, policy) is None
 
 
+def _policy(positions: int) -> SimpleNamespace:
+    config = SimpleNamespace(max_position_embeddings=positions)
+    return SimpleNamespace(is_vision=False, name="tiny", model=SimpleNamespace(config=config))
+
+
+def test_the_in_process_engine_is_built_for_the_runs_context_not_the_models(engines):
+    """vLLM left alone takes the model's own context (Gemma 3 270M: 32768) and warms up on a batch
+    that long at every start; no request outgrows ``rollout.max_context``."""
+    built = []
+    for max_context, positions in [(768, 32768), (64, 32768), (2048, 512)]:
+        cfg = _cfg()
+        cfg.rollout.vllm_kwargs, cfg.rollout.max_context = {"dtype": "bfloat16"}, max_context
+        B.serving_backend(cfg.rollout, _policy(positions))
+        built.append(Engine.built[-1]["max_model_len"])
+    assert built == [768, B.MIN_MODEL_LEN, 512]  # the run's; a floor for the probe; the model's cap
+    B.serving_backend(_cfg().rollout, _policy(32768))
+    assert Engine.built[-1] == {"max_model_len": 512}  # rollout.vllm_kwargs decides when it says
+
+
 @pytest.mark.parametrize(("cls", "lacks"), [("NoPin", "pin"), ("Sampler", "sync")])
 def test_a_backend_missing_part_of_the_contract_is_refused_before_it_is_built(
     engines, monkeypatch, cls, lacks
