@@ -203,13 +203,23 @@ def vision_model_type(model: str) -> str | None:
         ref = _resolve(model)
         found = _hub_file(ref, "config.json")
         if found is None:
-            adapter = _hub_file(ref, "adapter_config.json")
-            base = json.loads(adapter.read_text()).get("base_model_name_or_path") if adapter else None
+            base = _adapter_base(ref)
             return vision_model_type(str(base)) if base and base != model else None
         config = json.loads(found.read_text())
     except (OSError, ValueError):
         return None
     return str(config.get("model_type")) if isinstance(config.get("vision_config"), dict) else None
+
+
+def _adapter_base(ref: ModelRef) -> str | None:
+    """The base model an adapter folder names: ``veriloop.json``'s (a shipped name such as
+    ``default``, read without the network) before ``adapter_config.json``'s portable Hub id."""
+    for file, key in ((META_FILE, "base_model"), ("adapter_config.json", "base_model_name_or_path")):
+        found = _hub_file(ref, file)
+        base = json.loads(found.read_text()).get(key) if found else None
+        if base:
+            return str(base)
+    return None
 
 
 def check_model_files(ref: ModelRef) -> None:
@@ -463,9 +473,7 @@ def _load_adapter(
     from transformers import AutoConfig
 
     meta = json.loads((path / META_FILE).read_text()) if (path / META_FILE).is_file() else {}
-    base = meta.get("base_model") or json.loads((path / "adapter_config.json").read_text()).get(
-        "base_model_name_or_path"
-    )
+    base = _adapter_base(path)
     if not base:
         raise ValueError(
             f"adapter folder {path} names no base model (no {META_FILE} and no base_model_name_or_path)"

@@ -139,3 +139,31 @@ def test_cli_trains_from_a_hub_id_offline(hub_cache: Path, tmp_path: Path) -> No
 def test_split_revision() -> None:
     assert split_revision("Qwen/Qwen2.5-0.5B-Instruct@v1.0") == ("Qwen/Qwen2.5-0.5B-Instruct", "v1.0")
     assert split_revision("Qwen/Qwen2.5-0.5B-Instruct") == ("Qwen/Qwen2.5-0.5B-Instruct", None)
+
+
+def test_a_saved_adapters_base_is_read_from_its_veriloop_json_without_the_network(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's saved adapter names its base twice: ``veriloop.json`` ("default", shipped) and
+    ``adapter_config.json`` (the portable Hub id). Asking whether it is a vision model must read the
+    first: the Hub id made an offline ``veriloop eval`` retry the network for ~45 s."""
+    import json
+
+    import transformers.utils
+
+    from veriloop.agents import loading
+
+    (tmp_path / "veriloop.json").write_text(json.dumps({"kind": "lora-adapter", "base_model": "default"}))
+    (tmp_path / "adapter_config.json").write_text(
+        json.dumps({"base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct"})
+    )
+
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"asked the Hub for {args}")
+
+    monkeypatch.setattr(transformers.utils, "cached_file", no_network)
+    assert loading.vision_model_type(str(tmp_path)) is None
+    (tmp_path / "veriloop.json").write_text(
+        json.dumps({"kind": "lora-adapter", "base_model": "default-vision"})
+    )
+    assert loading.vision_model_type(str(tmp_path)) == "llava"
