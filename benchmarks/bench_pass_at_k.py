@@ -175,10 +175,10 @@ def write(
         f"{a} vs {b}": crossings(curves[a], curves[b]) for i, a in enumerate(labels) for b in labels[i + 1 :]
     }
     kmax = max(curves[labels[0]])
-    # later checkpoint minus earlier one, paired by problem, at k = 1 and the largest k
+    # later checkpoint minus earlier one, paired by problem, at every k
     paired = {
         f"{b} - {a}": {
-            f"pass@{k}": paired_at(k, args.samples, correct[a], correct[b]) for k in sorted({1, kmax})
+            f"pass@{k}": paired_at(k, args.samples, correct[a], correct[b]) for k in ks_up_to(kmax)
         }
         for i, a in enumerate(labels)
         for b in labels[i + 1 :]
