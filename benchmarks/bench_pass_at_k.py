@@ -160,8 +160,11 @@ def main() -> None:
     for label, checkpoint in pairs:
         out = evaluate(args.tag, label, args.config, checkpoint, args)
         n, correct[label], meta[label] = counts(out)
-        if meta[label].get("first_seed") != meta[pairs[0][0]].get("first_seed"):
-            raise SystemExit(f"{label} was evaluated on other problems than {pairs[0][0]}; remove {out}")
+        first = meta[pairs[0][0]]
+        if (meta[label].get("first_seed"), n) != (first.get("first_seed"), int(first["n_samples"])):
+            raise SystemExit(
+                f"{label} was evaluated on other problems or samples than {pairs[0][0]}; remove {out}"
+            )
         curves[label] = pass_at_k_curve(n, correct[label], ks_up_to(n))
         cost[label] = json.loads((out / "cost.json").read_text())
         write(args, pairs, curves, cost, meta, correct)
@@ -177,9 +180,7 @@ def write(
     kmax = max(curves[labels[0]])
     # later checkpoint minus earlier one, paired by problem, at every k
     paired = {
-        f"{b} - {a}": {
-            f"pass@{k}": paired_at(k, args.samples, correct[a], correct[b]) for k in ks_up_to(kmax)
-        }
+        f"{b} - {a}": {f"pass@{k}": paired_at(k, kmax, correct[a], correct[b]) for k in ks_up_to(kmax)}
         for i, a in enumerate(labels)
         for b in labels[i + 1 :]
     }
