@@ -4,7 +4,8 @@ The choices and their traits are one record each in ``configs.algo`` (``ADVANTAG
 ``POLICY_LOSSES``); each row names its pure function as ``"module:function"`` and which
 ``AlgoConfig`` fields bind to which of its parameters. ``resolve(cfg)``
 validates an ``AlgoConfig`` and looks its three parts up, once per run, into a frozen
-:class:`Algorithm` record that the update (``algos/learner/update.py``) reads on every batch:
+:class:`Algorithm` record that the learner reads on every batch (the estimator in
+``algos/learner/credit.py``, the objective and the aggregation in ``algos/learner/update.py``):
 
     cfg.advantage    -> ADVANTAGE_ESTIMATORS   (cfg, RewardInputs) -> (advantages [N, T], returns | None)
     cfg.policy_loss  -> POLICY_LOSS_BUILDERS   (cfg) -> (logp, old, adv, mask, segments, extras) -> (loss [B, T], stats)
@@ -151,7 +152,7 @@ class RewardInputs:
 
     Attributes:
         trajectories: the N episodes.
-        turn_rewards: [N, K] float64 per-turn rewards after shaping (``_turn_tensors``).
+        turn_rewards: [N, K] float64 per-turn rewards after shaping (``credit._turn_tensors``).
         turn_mask: [N, K] 1 for a real turn.
         groups: [N] group id (episodes of one start state share it).
         valid: [N] bool, False where the verifier failed (left out of every baseline).

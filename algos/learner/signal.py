@@ -26,13 +26,13 @@ def verifier_failed(traj: Any) -> bool:
 def is_informative(rewards: Sequence[Any]) -> bool:
     """A group teaches something only if it has >= 2 rewards and they are not all equal.
 
-    A reward may be a number or a tuple (one per turn or action, ``update.learning_signal``)."""
+    A reward may be a number or a tuple (one per turn or action, ``credit.learning_signal``)."""
     return len(rewards) >= 2 and max(rewards) != min(rewards)
 
 
 def group_informative(group: Sequence[T], signal: Callable[[T], Any]) -> bool:
     """Whether a group teaches something: the learning signals (``signal``, e.g.
-    ``update.learning_signal``) of its judged episodes (verifier failures left out,
+    ``credit.learning_signal``) of its judged episodes (verifier failures left out,
     ``verifier_failed``) are ``is_informative``. The one test of a group, in every mode: the
     dynamic-sampling drop (synchronous and asynchronous), the curriculum's gate and
     ``sampling/informative_fraction``."""

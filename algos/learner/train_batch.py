@@ -16,13 +16,13 @@ from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.learner.algorithm import Algorithm, resolve
 from veriloop.algos.learner.batch import TokenBatch, minibatches, rank_rows, with_teacher
 from veriloop.algos.learner.critic import ValueModel
+from veriloop.algos.learner.prepare import prepare_batch
 from veriloop.algos.learner.update import (
     METRIC_NAMES,
     NO_SYNC,
     RankSync,
     UpdateSettings,
     loss_normalisers,
-    prepare_batch,
     select_tokens,
     update_step,
 )

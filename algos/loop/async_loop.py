@@ -33,8 +33,8 @@ from veriloop.agents.backends import eos_token_ids
 from veriloop.agents.chat import ChatFormat
 from veriloop.agents.compaction import make_compactor
 from veriloop.agents.trajectory import Trajectory
+from veriloop.algos.learner.credit import learning_signal
 from veriloop.algos.learner.signal import group_informative
-from veriloop.algos.learner.update import learning_signal
 from veriloop.algos.loop.async_eval import EvalBeside
 from veriloop.algos.loop.async_worker import Finished, GenerationWorker, HFWeights, Judge, LiveWeights
 from veriloop.algos.loop.parts import RunParts

@@ -185,7 +185,7 @@ def gate_accepts(signals: Sequence[Any], successes: Sequence[float], *, low: flo
     rate ``mean(successes)`` is in ``[low, high]``.
 
     Args:
-        signals: One learning signal per episode (a number or a tuple; ``update.learning_signal``).
+        signals: One learning signal per episode (a number or a tuple; ``credit.learning_signal``).
         successes: One 0/1 success per episode, same order.
         low, high: The accepted success-rate range ([0, 1] = only the all-equal test).
     """
@@ -306,7 +306,7 @@ def curriculum_step(
             below are the same on every rank.
         history: ``TrainerState.history``: the running rates live in ``history["curriculum"]``
             (saved with the checkpoint, so a resumed run draws as an uninterrupted one).
-        signal_fn: The learning signal of an episode (``update.learning_signal``).
+        signal_fn: The learning signal of an episode (``credit.learning_signal``).
 
     Returns:
         The groups to train on and the ``sampling/*`` and ``curriculum/*`` metrics.

@@ -68,7 +68,7 @@ def dynamic_sampling(
         sample_groups: ``n -> groups``, each group a list of episodes sharing a start state.
         num_groups: informative groups wanted; max_rounds: cap on calls to ``sample_groups``.
         reward_fn: the reward of one episode that decides informativeness: the signal the
-            estimator learns from (``update.learning_signal``: a tuple, compared as a whole).
+            estimator learns from (``credit.learning_signal``: a tuple, compared as a whole).
         accept: ``group -> keep?`` over the group's judged episodes, instead of
             ``group_informative`` (the curriculum's gate: ``curriculum.gate_accepts``).
         name: Who is sampling, in the warning of a short batch (``"the curriculum gate"``).

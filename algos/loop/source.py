@@ -29,9 +29,9 @@ from veriloop.agents.compaction import make_compactor
 from veriloop.agents.engine import EpisodeSpec, rollout
 from veriloop.agents.policy import Policy
 from veriloop.agents.trajectory import Trajectory
+from veriloop.algos.learner.credit import learning_signal
 from veriloop.algos.learner.signal import informative_fraction
 from veriloop.algos.learner.train_batch import SINGLE_PROCESS
-from veriloop.algos.learner.update import learning_signal
 from veriloop.algos.loop.async_eval import EvalBeside
 from veriloop.algos.loop.curriculum import curriculum_step
 from veriloop.algos.loop.mixture import assign_envs
@@ -122,7 +122,7 @@ def probe_sampler(run: RunParts, version: int) -> dict[str, float]:
 
 
 class StepSignals:
-    """``update.learning_signal`` of each episode of one step, computed once and read by every
+    """``credit.learning_signal`` of each episode of one step, computed once and read by every
     question asked of its group: the dynamic-sampling drop, the curriculum's gate and
     ``sampling/informative_fraction``."""
 

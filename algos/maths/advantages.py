@@ -1,7 +1,8 @@
 """Advantage estimators as pure functions over tensors.
 
 Each function states its equation, the paper it comes from and the shapes it takes. Nothing here
-reads a config: hyperparameters are arguments (``algos/learner/update.py`` picks the estimator once).
+reads a config: hyperparameters are arguments (``algorithm.resolve`` picks the estimator once and
+``algos/learner/credit.py`` calls it on each rollout batch).
 
 Shapes: N episodes, K turns (or actions) per episode, B x T token batches.
 ``valid [N]`` (bool, optional) marks episodes whose reward is known; an episode whose verifier

@@ -207,7 +207,8 @@ def test_one_lora_rl_step_on_a_two_turn_vision_episode(built):
     from veriloop.agents.engine import RolloutLimits, grouped_specs, rollout
     from veriloop.agents.loading import LoraSettings, load_policy
     from veriloop.agents.sampling_params import SamplingParams
-    from veriloop.algos.learner.update import policy_loss, prepare_batch
+    from veriloop.algos.learner.prepare import prepare_batch
+    from veriloop.algos.learner.update import policy_loss
     from veriloop.configs.algo import AlgoConfig
 
     policy = load_policy(built[0], lora=LoraSettings(r=4, alpha=8))

@@ -22,7 +22,7 @@ import veriloop.algos.run.setup as S
 import veriloop.envs  # noqa: F401  (registers the environments)
 from veriloop.agents.trajectory import TurnRecord
 from veriloop.algos.learner.algorithm import resolve
-from veriloop.algos.learner.update import compute_advantages
+from veriloop.algos.learner.credit import compute_advantages
 from veriloop.algos.loop.parts import TrainerState
 from veriloop.algos.loop.source import collect
 from veriloop.configs.algo import AlgoConfig

@@ -57,7 +57,8 @@ def test_ppo_step_with_value_head_on_a_lora_policy(tiny_llama, make_traj, with_l
     from peft import LoraConfig, get_peft_model
 
     from veriloop.agents.forward import token_logprobs
-    from veriloop.algos.learner.update import prepare_batch, update_step
+    from veriloop.algos.learner.prepare import prepare_batch
+    from veriloop.algos.learner.update import update_step
     from veriloop.configs.presets import load_preset
 
     lora = get_peft_model(tiny_llama, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))

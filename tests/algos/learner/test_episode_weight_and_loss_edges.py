@@ -198,7 +198,7 @@ def test_gdpo_with_one_component_is_grpo_with_the_authors_eps():
 def test_gdpo_estimator_falls_back_to_grpo_for_a_single_reward(make_traj):
     """Episodes without ``reward_components``: one component (the reward itself); advantage=gdpo
     then gives group_norm's advantages up to eps (1e-4 against 1e-6), not their batch whitening."""
-    from veriloop.algos.learner.update import compute_advantages
+    from veriloop.algos.learner.credit import compute_advantages
 
     trajs = [
         make_traj([([10 + i], [], r)], group_id=i // 3) for i, r in enumerate([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
@@ -367,7 +367,8 @@ def test_prepare_batch_marks_split_rows_and_keeps_them_together(make_traj):
     """Rows [split sample 0, split sample 1, other]: episode_index [0, 0, 1] per row (None under
     ``split_weight=sample`` and without splits); mini-batches of one row and ranks keep rows 0, 1 together."""
     from veriloop.algos.learner.batch import minibatches, rank_rows
-    from veriloop.algos.learner.update import loss_normalisers, prepare_batch
+    from veriloop.algos.learner.prepare import prepare_batch
+    from veriloop.algos.learner.update import loss_normalisers
 
     trajs = _split_group(make_traj)
     batch, _ = prepare_batch(trajs, resolve(AlgoConfig()))
@@ -384,7 +385,8 @@ def test_prepare_batch_marks_split_rows_and_keeps_them_together(make_traj):
 def test_grpo_loss_at_ratio_one_is_zero_when_episodes_weigh_alike(loss, make_traj, tiny_llama):
     """At ratio 1 the loss is -(sum of sequence weights x A): per episode 1/2 (0.7071 - 0.7071) = 0;
     per sample the split episode counts twice, -(2 x 0.7071 - 0.7071) / 3 = -0.2357."""
-    from veriloop.algos.learner.update import policy_loss, prepare_batch
+    from veriloop.algos.learner.prepare import prepare_batch
+    from veriloop.algos.learner.update import policy_loss
 
     trajs = _split_group(make_traj)
     got = {}
@@ -400,7 +402,8 @@ def test_grpo_loss_at_ratio_one_is_zero_when_episodes_weigh_alike(loss, make_tra
 def test_without_splits_both_rules_are_the_same_numbers(preset, make_traj, tiny_llama):
     """No episode split (the quickstart): the batch carries no episode index and both rules give
     the loss and every gradient bit for bit (the per-sample rule is the code path from before)."""
-    from veriloop.algos.learner.update import policy_loss, prepare_batch
+    from veriloop.algos.learner.prepare import prepare_batch
+    from veriloop.algos.learner.update import policy_loss
     from veriloop.configs.presets import load_preset
 
     trajs = [

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from veriloop.algos.learner.algorithm import resolve
-from veriloop.algos.learner.update import prepare_batch
+from veriloop.algos.learner.prepare import prepare_batch
 from veriloop.algos.maths import correction as C
 from veriloop.algos.maths import losses as L
 from veriloop.configs.algo import AlgoConfig

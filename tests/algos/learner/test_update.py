@@ -13,15 +13,10 @@ import torch
 from veriloop.agents.forward import token_logprobs
 from veriloop.algos.learner.algorithm import resolve
 from veriloop.algos.learner.batch import collate
+from veriloop.algos.learner.credit import compute_advantages
 from veriloop.algos.learner.critic import ValueModel
-from veriloop.algos.learner.update import (
-    METRIC_NAMES,
-    UpdateSettings,
-    compute_advantages,
-    policy_loss,
-    prepare_batch,
-    update_step,
-)
+from veriloop.algos.learner.prepare import prepare_batch
+from veriloop.algos.learner.update import METRIC_NAMES, UpdateSettings, policy_loss, update_step
 from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.presets import list_presets, load_preset
 
@@ -114,12 +109,14 @@ def _episodes(model, make_traj, with_logprobs, early=lambda r: r - 1):
 def test_a_rollout_batch_is_collated_once(tiny_llama, make_traj, with_logprobs, monkeypatch):
     """Reference log-probs, critic values, advantages, rollout correction and every update step all
     read the one ``TokenBatch`` that ``prepare_batch`` collated (mini-batches are row selections)."""
-    import veriloop.algos.learner.update as U
+    import veriloop.algos.learner.credit as credit
+    import veriloop.algos.learner.prepare as prepare
 
     trajs = _episodes(tiny_llama, make_traj, with_logprobs)
     calls = []
-    real = U.collate
-    monkeypatch.setattr(U, "collate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = prepare.collate
+    for module in (prepare, credit):  # compute_advantages collates when it is not handed the batch
+        monkeypatch.setattr(module, "collate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     cfg = AlgoConfig(advantage="gae", critic="value_head", kl_coef=0.04, rollout_is="truncate")
     critic = ValueModel(tiny_llama)
     batch, _ = prepare_batch(

@@ -9,7 +9,8 @@ import torch
 
 from veriloop.algos.learner.algorithm import resolve
 from veriloop.algos.learner.batch import with_teacher
-from veriloop.algos.learner.update import policy_loss, prepare_batch
+from veriloop.algos.learner.prepare import prepare_batch
+from veriloop.algos.learner.update import policy_loss
 from veriloop.configs.algo import AlgoConfig
 
 

@@ -15,7 +15,7 @@ import veriloop.algos.loop.source as source
 import veriloop.algos.loop.train as T
 import veriloop.algos.run.setup as S
 from veriloop.algos.learner.algorithm import resolve
-from veriloop.algos.learner.update import prepare_batch
+from veriloop.algos.learner.prepare import prepare_batch
 from veriloop.algos.loop.frozen_sampler import INITIAL_FILE
 from veriloop.algos.run.log import read_metrics
 from veriloop.algos.run.sync_probe import SamplerMismatchError

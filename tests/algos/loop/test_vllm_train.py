@@ -120,7 +120,7 @@ def test_semi_opd_keeps_the_engine_at_the_initial_weights_across_evaluations_and
     import veriloop.algos.loop.train as T
     import veriloop.algos.run.setup as S
     from veriloop.algos.learner.algorithm import resolve
-    from veriloop.algos.learner.update import prepare_batch
+    from veriloop.algos.learner.prepare import prepare_batch
     from veriloop.algos.loop.frozen_sampler import INITIAL_FILE, _put
     from veriloop.configs.algo import AlgoConfig
     from veriloop.configs.loader import load_config

@@ -10,7 +10,7 @@ import torch
 
 from veriloop.algos.learner.algorithm import ObjectiveExtras, resolve
 from veriloop.algos.learner.batch import collate
-from veriloop.algos.learner.update import prepare_batch
+from veriloop.algos.learner.prepare import prepare_batch
 from veriloop.algos.maths import losses as L
 from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.presets import load_preset

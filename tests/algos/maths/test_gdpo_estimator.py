@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from veriloop.algos.learner.algorithm import episode_components, resolve
-from veriloop.algos.learner.update import compute_advantages
+from veriloop.algos.learner.credit import compute_advantages
 from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.presets import load_preset
 

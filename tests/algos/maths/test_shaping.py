@@ -53,7 +53,7 @@ def test_format_reward_r1_shape():
 def test_format_reward_enters_the_advantages(make_traj):
     from dataclasses import replace
 
-    from veriloop.algos.learner.update import compute_advantages
+    from veriloop.algos.learner.credit import compute_advantages
     from veriloop.configs.algo import AlgoConfig
 
     a = make_traj([([10], [], 1.0)])
