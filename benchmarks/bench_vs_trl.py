@@ -217,28 +217,28 @@ def run_veriloop(args: argparse.Namespace, chan: Channel, workdir: Path) -> None
 
 def run_trl(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
     """``GRPOTrainer`` with a callback barrier; generation/reward time measured by wrapping its methods."""
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    trainer = trl_trainer(args, workdir)
+    timing = time_trl_phases(trainer)
+    trainer.add_callback(trl_barrier(trainer, chan, timing))
+    trainer.train()
 
-    from veriloop.agents.models.text import default_model_path
+
+def math_reward(completions: list[list[dict[str, str]]], gold: list[str], **_: Any) -> list[float]:
+    """TRL's reward function: +1 where ``check_math`` accepts the completion against the gold answer,
+    else -1 (like the env). TRL logs it under its name (``rewards/math_reward/...``)."""
     from veriloop.envs.verifiers import check_math
 
-    path = default_model_path()
-    rows = problems(args.seed, args.prompts * args.steps)
-    data = Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": r["prompt"]}], "gold": r["gold"]} for r in rows]
-    )
+    return [
+        1.0 if check_math(c[0]["content"], g).correct else -1.0
+        for c, g in zip(completions, gold, strict=True)
+    ]
 
-    def math_reward(completions: list[list[dict[str, str]]], gold: list[str], **_: Any) -> list[float]:
-        return [
-            1.0 if check_math(c[0]["content"], g).correct else -1.0
-            for c, g in zip(completions, gold, strict=True)
-        ]
 
-    config = GRPOConfig(
+def trl_config(args: argparse.Namespace, workdir: Path) -> Any:
+    """The ``GRPOConfig`` of the shared configuration (module docstring): the same batch, step and loss."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
         output_dir=str(workdir),
         max_steps=args.steps,
         per_device_train_batch_size=args.micro_batch,
@@ -272,6 +272,25 @@ def run_trl(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
+
+
+def trl_trainer(args: argparse.Namespace, workdir: Path) -> Any:
+    """``GRPOTrainer`` on the default model (fp32 weights, the LoRA of the shared configuration) over
+    the problems veriloop sees, as chat prompts with their gold answers."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    from veriloop.agents.models.text import default_model_path
+
+    path = default_model_path()
+    rows = problems(args.seed, args.prompts * args.steps)
+    data = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": r["prompt"]}], "gold": r["gold"]} for r in rows]
+    )
+    config = trl_config(args, workdir)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     lora = LoraConfig(
         r=args.lora_r,
@@ -280,7 +299,7 @@ def run_trl(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
         target_modules="all-linear",
         task_type="CAUSAL_LM",
     )
-    trainer = GRPOTrainer(
+    return GRPOTrainer(
         model=model,
         reward_funcs=math_reward,
         args=config,
@@ -288,6 +307,11 @@ def run_trl(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
         processing_class=AutoTokenizer.from_pretrained(path),
         peft_config=lora,
     )
+
+
+def time_trl_phases(trainer: Any) -> dict[str, float]:
+    """Wrap the trainer's generation, reward and scoring methods to add up their seconds (and the
+    generated tokens) into the returned dict, which the barrier resets at each step."""
     timing = {"gen_s": 0.0, "reward_s": 0.0, "score_s": 0.0, "gen_tokens": 0.0}
 
     def timed(name: str, fn: Any) -> Any:
@@ -304,6 +328,13 @@ def run_trl(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
     trainer._generate = timed("gen_s", trainer._generate)  # tokenize prompts + model.generate + decode
     trainer._calculate_rewards = timed("reward_s", trainer._calculate_rewards)
     trainer._generate_and_score_completions = timed("score_s", trainer._generate_and_score_completions)
+    return timing
+
+
+def trl_barrier(trainer: Any, chan: Channel, timing: dict[str, float]) -> Any:
+    """The callback that waits for the parent's "go" before each step and reports the step after it."""
+    import torch
+    from transformers import TrainerCallback
 
     class Barrier(TrainerCallback):
         def on_step_begin(self, *_: Any, **__: Any) -> None:
@@ -325,8 +356,7 @@ def run_trl(args: argparse.Namespace, chan: Channel, workdir: Path) -> None:
                 train_tokens=timing["gen_tokens"],
             )
 
-    trainer.add_callback(Barrier())
-    trainer.train()
+    return Barrier()
 
 
 def worker_main(args: argparse.Namespace) -> None:
