@@ -421,6 +421,9 @@ class RunConfig:
         wandb: Also log to Weights & Biases (needs the ``wandb`` package).
         algo_preset: Algorithm preset (``configs/algos/<name>.yaml``) that ``algo`` starts from;
             explicit ``algo.*`` keys override it. In YAML also written ``algo: {preset: name}``.
+        log_samples: Episodes shown as text, so you can read what the model writes: at every RL step
+            the first this many of the step's batch go to ``samples.jsonl`` (prompt, response,
+            reward, verdict), and each evaluation report keeps as many per split; 0 = none.
     """
 
     out_dir: str = "runs"
@@ -430,11 +433,17 @@ class RunConfig:
     tensorboard: bool = True
     wandb: bool = False
     algo_preset: str | None = None
+    log_samples: int = 4
 
     def validate(self) -> None:
         if self.checkpoint_every < 0 or self.keep_last < 1:
             raise ConfigError(
                 f"run.checkpoint_every must be >= 0 and run.keep_last >= 1, got {self.checkpoint_every}, {self.keep_last}"
+            )
+        if self.log_samples < 0:
+            raise ConfigError(
+                f"run.log_samples must be >= 0, got {self.log_samples}: set it to the episodes to keep as text "
+                "per step and per evaluation split, or 0 for none"
             )
         if self.name is not None and (
             len(self.name) > 200

@@ -28,8 +28,10 @@ Per split, next to :func:`summarize_split`'s ``pass@k``, ``avg@n``, ``maj@k``:
   ``wrong_to_right`` rate with its 95% interval (Ma et al. 2025).
 
 Rates with no data are ``nan``. The report is plain data: ``{"splits": {name: metrics}, "gap":
-{split: {metric: id - split}}, "meta": {...}}``; :func:`write_report` saves it as JSON (``nan`` as
-``null``) and Markdown.
+{split: {metric: id - split}}, "meta": {...}}``, with ``per_problem`` and, with ``log_samples`` (a
+run's ``run.log_samples``), ``samples``: per split the first episodes as text for the user
+(``veriloop.algos.run.samples``); ``write_report`` (``veriloop.algos.eval.report``) saves it as JSON
+(``nan`` as ``null``) and Markdown.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from veriloop.algos.eval.metrics import (
     standard_error,
     summarize_split,
 )
+from veriloop.algos.run.samples import sample_records
 from veriloop.configs.schema import ExperimentConfig
 from veriloop.envs.base import split_source
 from veriloop.envs.verifiers import r1_format_ok
@@ -227,6 +230,7 @@ def evaluate_policy(
     reference_split: str = REFERENCE_SPLIT,
     backend: Any = None,
     compactor: Compactor | None = None,
+    log_samples: int = 0,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on every split; see the module docstring for the metrics.
 
@@ -247,17 +251,21 @@ def evaluate_policy(
         reference_split: Split the generalization gap is measured against.
         backend: The generation backend (default: the HF engine on ``policy``); a live vLLM backend
             must already hold the policy's weights.
+        log_samples: Keep this many episodes per split as text, under the report's ``samples[split]``
+            (the first ones played: problem 0's samples first;
+            :func:`~veriloop.algos.run.samples.episode_record`, texts capped); 0 = no ``samples`` key.
     """
     _check_eval_args(seeds, n_samples, k_list, batch_episodes)
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=sampling_seed)
     kw = {"limits": limits, "system_prompt": system_prompt, "backend": backend, "compactor": compactor}
+    samples: dict[str, list[dict[str, Any]]] = {}
     t0 = time.perf_counter()
     results: dict[str, dict[str, float]] = {}
     per_problem: dict[str, dict[str, list[Any]]] = {}
     with _eval_mode(policy):
         for name, split in splits.items():
             greedy_params = SamplingParams.greedy(max_new_tokens) if greedy else None
-            results[name], per_problem[name] = _evaluate_split(
+            results[name], per_problem[name], samples[name] = _evaluate_split(
                 policy,
                 name,
                 split,
@@ -268,6 +276,7 @@ def evaluate_policy(
                 greedy_params,
                 batch_episodes,
                 kw,
+                log_samples,
             )
     meta = {
         "splits": _splits_meta(splits, seeds),
@@ -288,6 +297,8 @@ def evaluate_policy(
         "time_s": time.perf_counter() - t0,
     }
     report = {"splits": results, "gap": report_gap(results, reference_split), "meta": meta}
+    if log_samples > 0:  # for the user to read; nothing of it goes back to the policy
+        report["samples"] = samples
     return {**report, "per_problem": per_problem}
 
 
@@ -325,10 +336,12 @@ def _evaluate_split(
     greedy: SamplingParams | None,
     batch_episodes: int,
     kw: dict[str, Any],
-) -> tuple[dict[str, float], dict[str, list[Any]]]:
+    log_samples: int,
+) -> tuple[dict[str, float], dict[str, list[Any]], list[dict[str, Any]]]:
     """One split's metrics: ``n_samples`` per problem (pass@k, avg@n...), then, with ``greedy``
     (its sampling parameters), each problem once greedily (``greedy_acc``), then the task's own;
-    and the per-problem accuracies (``avg@n``, ``greedy``) in problem order."""
+    and the per-problem accuracies (``avg@n``, ``greedy``) in problem order; and the first
+    ``log_samples`` sampled episodes as records (``run.samples.sample_records``)."""
     specs = [
         EpisodeSpec(split.id, dict(split.kwargs), int(s), j)
         for j, s in enumerate(seeds)
@@ -349,7 +362,7 @@ def _evaluate_split(
         metrics["greedy_acc"] = _nanmean(per_problem["greedy"])
         metrics["se/greedy_acc"] = standard_error(per_problem["greedy"])
     metrics.update(task_metrics(trajs))
-    return metrics, per_problem
+    return metrics, per_problem, sample_records(trajs, log_samples)
 
 
 def report_gap(results: Mapping[str, Mapping[str, float]], reference_split: str = REFERENCE_SPLIT) -> dict:
@@ -384,6 +397,7 @@ def evaluate_config(
         sampling_seed=e.seed_offset,
         backend=backend,
         compactor=make_compactor(r.compaction, r.compaction_keep),
+        log_samples=cfg.run.log_samples,
     )
     report["meta"]["step"] = step
     return report

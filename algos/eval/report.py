@@ -2,13 +2,15 @@
 ``null``), read back with ``nan`` restored, and the run's summary table over every checkpoint.
 
 The report itself is plain data, ``{"splits": {name: metrics}, "gap": {...}, "meta": {...}}``, as
-:func:`veriloop.algos.eval.loop.evaluate_policy` returns it.
+:func:`veriloop.algos.eval.loop.evaluate_policy` returns it (with ``per_problem``, and ``samples``:
+a few episodes per split as text, a couple of which the Markdown shows).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -69,7 +71,53 @@ def report_markdown(report: Mapping[str, Any], title: str = "Evaluation") -> str
         + "\n"
         + task_table(report["splits"])
         + sources_markdown(meta)
+        + samples_markdown(report.get("samples") or {}, meta.get("reference_split", REFERENCE_SPLIT))
     )
+
+
+#: Samples shown in a Markdown report, and the characters of each text shown (the JSON keeps more).
+SHOWN_SAMPLES, SHOWN_CHARS = 2, 600
+
+
+def samples_markdown(samples: Mapping[str, Any], reference_split: str = REFERENCE_SPLIT) -> str:
+    """The first :data:`SHOWN_SAMPLES` episodes of one split (the reference split when it has any),
+    each its last prompt message and its last response cut to :data:`SHOWN_CHARS` characters; empty
+    without samples. The model's text goes into code blocks with a fence longer than any run of
+    backticks in it, so nothing it writes renders as Markdown or HTML."""
+    split = next((s for s in sorted(samples, key=lambda s: s != reference_split) if samples[s]), None)
+    if split is None:
+        return ""
+    rows = samples[split]
+    lines = [
+        f"\n### Samples (split {split}: {min(len(rows), SHOWN_SAMPLES)} of the {len(rows)} kept per split "
+        "in the report's JSON, under `samples`)\n"
+    ]
+    for row in rows[:SHOWN_SAMPLES]:
+        prompt = row.get("prompt") or [{}]
+        responses = row.get("responses") or [""]
+        verdict = "no verdict" if row.get("correct") is None else ("correct" if row["correct"] else "wrong")
+        reason = f" ({row['reason']})" if row.get("reason") else ""
+        cut = ", cut at the token limit" if row.get("hit_token_limit") else ""
+        lines.append(
+            f"**problem {row.get('group')} (env seed {row.get('seed')})**: reward {_cell(row.get('reward'))}, "
+            f"{verdict}{_inline(reason)}, {row.get('turns')} turn(s), {row.get('response_tokens')} tokens{cut}\n"
+        )
+        lines += ["prompt (last message):", _code(str(prompt[-1].get("content", ""))), "response (last turn):"]
+        lines.append(_code(str(responses[-1])))
+    return "\n".join(lines) + "\n"
+
+
+def _code(text: str) -> str:
+    """``text`` cut to :data:`SHOWN_CHARS` in a fenced code block no backtick run inside can close."""
+    shown = text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + " [...]"
+    longest = max((len(run) for run in re.findall(r"`+", shown)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{shown}\n{fence}\n"
+
+
+def _inline(text: str) -> str:
+    """A verdict's reason in running text: only letters, digits and ``_ -/.:()`` and spaces are kept."""
+    return re.sub(r"[^A-Za-z0-9_ ./:()-]", "", text)
 
 
 def comparison_markdown(reports: Mapping[str, Mapping[str, Any]], metric: str = "avg@n") -> str:

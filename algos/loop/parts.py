@@ -20,6 +20,7 @@ from veriloop.algos.learner.critic import ValueModel
 from veriloop.algos.run.checkpoint import check_finite, save_checkpoint
 from veriloop.algos.run.distributed import DistContext
 from veriloop.algos.run.log import RunLog
+from veriloop.algos.run.samples import SampleLog
 from veriloop.algos.run.setup import trainable_state
 from veriloop.configs.schema import ExperimentConfig
 
@@ -57,6 +58,7 @@ class RunParts:
     dist: DistContext
     quiet: bool
     log: RunLog | None = None  # rank 0 only
+    samples: SampleLog | None = None  # rank 0 only: run.log_samples episodes of every step as text
     backend: ServingBackend | None = None  # vLLM (in-process or servers); None = the HF engine
     sharded: Sharded | None = None  # under train.parallel=fsdp with several ranks, else None
 

@@ -9,7 +9,8 @@ One step, top to bottom::
     -> train_on_batch (the learner), or no update
     -> source.hand_over(step)                       the weights become version step + 1, probed
     -> schedule -> timing -> source.step_metrics    -> non-finite guard
-    -> evaluate and log                             -> learning guard -> checkpoint
+    -> a few episodes as text (samples.jsonl)       -> evaluate and log
+    -> learning guard -> checkpoint
 
 The step schedule, the non-finite guard and the log / checkpoint cadence are
 :class:`~veriloop.algos.run.phase.StepLoop`, the machinery the SFT warm-up runs on too.
@@ -91,6 +92,8 @@ def _step(run: RunParts, source: BatchSource, loop: StepLoop, step: int) -> None
     metrics.update(step_timing(metrics, lr, batch.sampled, t_rollout, t_train))
     guard_nonfinite(loop, state, metrics)  # a skipped step is counted; too many in a row stop the run
     state.step = step + 1
+    if run.samples is not None:  # rank 0: a few of the step's episodes as text, for the user
+        run.samples.write(state.step, batch.sampled, batch.trajs)
     evaluate_and_log(run, source, loop, metrics)
     loop.show(step_summary(metrics))
     line = f"step {state.step:4d}/{cfg.train.steps} | {step_summary(metrics)}{source.step_note(metrics)}"

@@ -42,6 +42,7 @@ from veriloop.algos.run.distributed import DistContext, init_distributed, shutdo
 from veriloop.algos.run.guards import stop_if_nothing_trained
 from veriloop.algos.run.lock import acquire, release
 from veriloop.algos.run.log import RunLog
+from veriloop.algos.run.samples import SampleLog
 from veriloop.algos.run.progress import say
 from veriloop.algos.run.setup import (
     build_critic,
@@ -115,18 +116,7 @@ def _train_claimed(
         dist.broadcast_params(list(trainable_state(run.policy, run.critic).values()))  # rank 0's weights
     if run.backend is not None and run.state.step == 0 and cfg.sft.steps > 0:
         run.backend.sync()  # the warm-up's weights (and on every rank rank 0's, just broadcast)
-    # a resumed run keeps the rows up to its checkpoint's step; a fresh run, or one resumed from the
-    # warm-up's step-0 checkpoint (which evaluates step 0 again), starts an empty file
-    run.log = (
-        RunLog(
-            run_dir,
-            tensorboard=cfg.run.tensorboard,
-            resume_from_step=run.state.step + 1 if ckpt and run.state.step > 0 else 0,
-            wandb_project="veriloop" if cfg.run.wandb else None,
-        )
-        if dist.is_main
-        else None
-    )
+    _open_logs(run, ckpt)
     try:
         at_start = run.state.step == 0 and (cfg.eval.at_start or cfg.train.steps == 0)
         with whole_weights(run, at_start):  # sharded: all ranks gather, rank 0 evaluates
@@ -167,6 +157,22 @@ def _train_claimed(
         dist.barrier()
         shutdown_distributed(dist)
     return run_dir
+
+
+def _open_logs(run: RunParts, ckpt: Path | None) -> None:
+    """Rank 0: the metrics log and the samples log (``samples.jsonl``). A resumed run keeps their rows
+    up to its checkpoint's step; a fresh run, or one resumed from the warm-up's step-0 checkpoint
+    (which evaluates step 0 again), starts empty files."""
+    if not run.dist.is_main:
+        return
+    cfg, keep_before = run.cfg, run.state.step + 1 if ckpt and run.state.step > 0 else 0
+    run.log = RunLog(
+        run.run_dir,
+        tensorboard=cfg.run.tensorboard,
+        resume_from_step=keep_before,
+        wandb_project="veriloop" if cfg.run.wandb else None,
+    )
+    run.samples = SampleLog(run.run_dir, cfg.run.log_samples, resume_from_step=keep_before)
 
 
 def _after_loop(run: RunParts) -> None:

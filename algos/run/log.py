@@ -34,9 +34,8 @@ class RunLog:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
-        if resume_from_step is not None and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if _step_of(line) < resume_from_step]
-            write_text_atomic(self.path, "".join(line + "\n" for line in kept))  # a kill keeps the old file
+        if resume_from_step is not None:
+            keep_steps_before(self.path, resume_from_step)
         self._file = self.path.open("a", encoding="utf-8")
         self._tb: Any = None
         if tensorboard:
@@ -81,6 +80,15 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def keep_steps_before(path: Path, step: int) -> None:
+    """Drop the lines of the JSONL file ``path`` whose ``"step"`` is ``step`` or later (and torn or
+    foreign lines), so a resumed run never logs a step twice; no file, nothing to do. The file is
+    replaced atomically: a kill keeps the old one."""
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines() if _step_of(line) < step]
+        write_text_atomic(path, "".join(line + "\n" for line in kept))
 
 
 def _step_of(line: str) -> int:

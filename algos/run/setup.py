@@ -225,7 +225,7 @@ def load_trainable_state(
 
 #: Settings a resumed run may change from the saved config (how long, how often, how it is measured).
 RESUMABLE_CHANGES = ("train.steps", "eval.", "run.checkpoint_every", "run.keep_last", "run.tensorboard",
-                     "run.wandb", "train.log_every", "rollout.server.", "policy.device",
+                     "run.wandb", "run.log_samples", "train.log_every", "rollout.server.", "policy.device",
                      "train.max_uninformative_steps", "train.warn_truncation_above", "train.untrained_after_groups")  # fmt: skip
 
 
