@@ -102,7 +102,11 @@ def samples_markdown(samples: Mapping[str, Any], reference_split: str = REFERENC
             f"**problem {row.get('group')} (env seed {row.get('seed')})**: reward {_cell(row.get('reward'))}, "
             f"{verdict}{_inline(reason)}, {row.get('turns')} turn(s), {row.get('response_tokens')} tokens{cut}\n"
         )
-        lines += ["prompt (last message):", _code(str(prompt[-1].get("content", ""))), "response (last turn):"]
+        lines += [
+            "prompt (last message):",
+            _code(str(prompt[-1].get("content", ""))),
+            "response (last turn):",
+        ]
         lines.append(_code(str(responses[-1])))
     return "\n".join(lines) + "\n"
 

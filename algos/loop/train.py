@@ -42,8 +42,8 @@ from veriloop.algos.run.distributed import DistContext, init_distributed, shutdo
 from veriloop.algos.run.guards import stop_if_nothing_trained
 from veriloop.algos.run.lock import acquire, release
 from veriloop.algos.run.log import RunLog
-from veriloop.algos.run.samples import SampleLog
 from veriloop.algos.run.progress import say
+from veriloop.algos.run.samples import SampleLog
 from veriloop.algos.run.setup import (
     build_critic,
     build_optimizer,

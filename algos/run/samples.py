@@ -146,9 +146,7 @@ class SampleLog:
         if self.k <= 0 or not played:
             return
         kept = {id(t) for t in trained}
-        rows = [
-            {"step": step, "kept": id(t) in kept, **episode_record(t)} for t in played[: self.k]
-        ]
+        rows = [{"step": step, "kept": id(t) in kept, **episode_record(t)} for t in played[: self.k]]
         with self.path.open("a", encoding="utf-8") as f:
             f.write("".join(json.dumps(json_safe(r), allow_nan=False) + "\n" for r in rows))
 

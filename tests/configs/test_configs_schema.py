@@ -81,6 +81,7 @@ def test_derived_values() -> None:
         (lambda c: setattr(c.rollout, "top_p", 0.0), r"rollout.top_p must be in \(0, 1\]"),
         (lambda c: setattr(c.train, "warmup_steps", 1000), "train.warmup_steps must be in"),
         (lambda c: setattr(c.run, "keep_last", 0), "run.keep_last >= 1"),
+        (lambda c: setattr(c.run, "log_samples", -1), "run.log_samples must be >= 0, got -1: set it to the"),
         (
             lambda c: setattr(c.algo, "overlong_penalty", True),
             "set algo.overlong_max_len=256 algo.overlong_cache_len=64",
@@ -94,6 +95,16 @@ def test_cross_field_errors_say_how_to_fix(change, message: str) -> None:
     cfg.algo.overlong_max_len = 4096 if cfg.algo.overlong_penalty else cfg.algo.overlong_max_len
     with pytest.raises(ConfigError, match=message):
         cfg.validate()
+
+
+def test_log_samples_is_a_documented_run_setting() -> None:
+    rows = {key: (tp, default, doc) for key, tp, default, doc in describe(ExperimentConfig)}
+    assert rows["run.log_samples"][:2] == ("int", 4) and "samples.jsonl" in rows["run.log_samples"][2]
+    from veriloop.configs.loader import load_config
+
+    assert load_config(None, ["run.log_samples=0"]).run.log_samples == 0
+    with pytest.raises(ConfigError, match="run.log_samples must be >= 0, got -2"):
+        load_config(None, ["run.log_samples=-2"])
 
 
 def test_seed_ranges_account_for_sampling_rounds_and_sft() -> None:

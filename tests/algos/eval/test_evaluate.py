@@ -407,3 +407,68 @@ def test_r1_answers_are_read_from_the_answer_tag_and_their_format_rate_counted(t
     assert m["avg@n"] == pytest.approx(3 / 4)  # samples 0, 2 and 3 are right: the tag is an answer
     assert m["format_rate"] == pytest.approx(2 / 4)  # samples 0 and 1: shaped, right or not
     assert report["per_problem"]["id"]["avg@n"] == [0.75, 0.75]
+
+
+# ------------------------------------------------------------------------ samples (run.log_samples)
+
+
+def test_reports_keep_the_first_episodes_as_text(tokenizer, tmp_path):
+    """``log_samples`` keeps, per split, the first episodes played (problem 0's samples first) with
+    their prompt, response and verdict; a long response is stored cut, and the Markdown shows two
+    in code blocks that the model's own backticks cannot close."""
+    from veriloop.algos.run.samples import CUT_MARK, MAX_SAMPLE_CHARS
+
+    seeds = [100, 101]
+    tasks = tasks_of(MATH, seeds)
+    long = "```\n# heading\n<img src=x>" + " word" * 2000  # longer than the cap, and Markdown
+    replies = iter([right(tasks[0]), long, WRONG, WRONG] * 2)  # problem 0: right, long; problem 1: wrong x 2
+    policy = ScriptedPolicy(lambda turn, obs, task: next(replies), tokenizer)
+    kw = dict(seeds=seeds, n_samples=2, k_list=[1], temperature=1.0, greedy=False)
+    kw |= dict(limits=RolloutLimits(max_turns=1), max_new_tokens=4096, batch_episodes=4)
+    report = evaluate_policy(policy, {"id": split(MATH), "copy": split(MATH)}, **kw, log_samples=3)
+    for name in ("id", "copy"):
+        rows = report["samples"][name]
+        assert [(r["group"], r["seed"], r["correct"]) for r in rows] == [
+            (0, 100, True),
+            (0, 100, False),
+            (1, 101, False),
+        ]
+        assert tasks[0]["question"] in rows[0]["prompt"][-1]["content"]
+        assert rows[0]["responses"] == [right(tasks[0])] and rows[2]["responses"] == [WRONG]
+        assert rows[0]["reason"] == "correct" and rows[0]["reward"] > rows[2]["reward"]
+        assert rows[1]["responses"][0] == long[:MAX_SAMPLE_CHARS] + CUT_MARK.format(
+            len(long) - MAX_SAMPLE_CHARS
+        )
+    paths = write_report(report, tmp_path, "step-000003")
+    assert read_report(paths["json"])["samples"] == json.loads(json.dumps(report["samples"]))
+    md = paths["markdown"].read_text()
+    section = md[md.index("### Samples (split id: 2 of the 3") :]
+    assert right(tasks[0]) in section and tasks[0]["question"] in section
+    assert "````text\n```\n# heading" in section  # a fence one backtick longer than the model's
+    assert " word [...]\n" in section and len(section) < 3_000  # the long response shown shortened
+    policy = ScriptedPolicy(lambda turn, obs, task: WRONG, tokenizer)
+    plain = evaluate_policy(policy, {"id": split(MATH)}, **kw)  # log_samples defaults to 0 here
+    assert (
+        "samples" not in plain
+        and "### Samples" not in write_report(plain, tmp_path, "b")["markdown"].read_text()
+    )
+
+
+def test_evaluate_config_keeps_run_log_samples(tokenizer):
+    cfg = load_config(
+        None,
+        [
+            f"env.id={MATH}",
+            "eval.num_problems=2",
+            "eval.n_samples=2",
+            "eval.k_list=[1]",
+            "eval.greedy=false",
+            "rollout.max_new_tokens=32",
+            "rollout.max_context=512",
+            "run.log_samples=1",
+        ],
+    )
+    report = evaluate_config(cfg, ScriptedPolicy(lambda turn, obs, task: right(task), tokenizer))
+    assert [len(v) for v in report["samples"].values()] == [1] and report["samples"]["id"][0][
+        "correct"
+    ] is True
