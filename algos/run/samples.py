@@ -130,9 +130,10 @@ class SampleLog:
     (the first problem's samples, then the next problem's), so with ``k`` up to
     ``rollout.group_size`` the lines are one group's samples, the contrast its advantages are made
     of. Several ranks: rank 0 alone writes, from the batch it holds (every rank's groups when the
-    ranks gather them). ``kept``: whether the step trained on the episode (dynamic sampling drops
-    groups without reward variance). ``step`` counts as ``metrics.jsonl`` does (after the step's update: the
-    first RL step is 1). On resume, lines of steps after the checkpoint's are dropped, as
+    ranks gather them). ``kept``: whether this step trained on the episode (dynamic sampling drops
+    groups without reward variance; with ``train.max_staleness`` > 0 the episodes are those that
+    finished since the last step, and a group may be trained a step later). ``step`` counts as
+    ``metrics.jsonl`` does (after the step's update: the first RL step is 1). On resume, lines of steps after the checkpoint's are dropped, as
     ``metrics.jsonl``'s are (:func:`~veriloop.algos.run.log.keep_steps_before`).
     """
 
