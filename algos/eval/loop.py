@@ -29,7 +29,7 @@ Per split, next to :func:`summarize_split`'s ``pass@k``, ``avg@n``, ``maj@k``:
 
 Rates with no data are ``nan``. The report is plain data: ``{"splits": {name: metrics}, "gap":
 {split: {metric: id - split}}, "meta": {...}}``, with ``per_problem`` and, with ``log_samples`` (a
-run's ``run.log_samples``), ``samples``: per split the first episodes as text for the user
+run's ``run.log_samples``), ``samples``: per split the first problems' first episodes as text for the user
 (``veriloop.algos.run.samples``); ``write_report`` (``veriloop.algos.eval.report``) saves it as JSON
 (``nan`` as ``null``) and Markdown.
 """
@@ -252,7 +252,7 @@ def evaluate_policy(
         backend: The generation backend (default: the HF engine on ``policy``); a live vLLM backend
             must already hold the policy's weights.
         log_samples: Keep this many episodes per split as text, under the report's ``samples[split]``
-            (the first ones played: problem 0's samples first;
+            (the first sample of each of the first ``log_samples`` problems;
             :func:`~veriloop.algos.run.samples.episode_record`, texts capped); 0 = no ``samples`` key.
     """
     _check_eval_args(seeds, n_samples, k_list, batch_episodes)
@@ -341,7 +341,7 @@ def _evaluate_split(
     """One split's metrics: ``n_samples`` per problem (pass@k, avg@n...), then, with ``greedy``
     (its sampling parameters), each problem once greedily (``greedy_acc``), then the task's own;
     and the per-problem accuracies (``avg@n``, ``greedy``) in problem order; and the first
-    ``log_samples`` sampled episodes as records (``run.samples.sample_records``)."""
+    ``log_samples`` problems' first sampled episodes as records (``run.samples.sample_records``)."""
     specs = [
         EpisodeSpec(split.id, dict(split.kwargs), int(s), j)
         for j, s in enumerate(seeds)
@@ -362,7 +362,10 @@ def _evaluate_split(
         metrics["greedy_acc"] = _nanmean(per_problem["greedy"])
         metrics["se/greedy_acc"] = standard_error(per_problem["greedy"])
     metrics.update(task_metrics(trajs))
-    return metrics, per_problem, sample_records(trajs, log_samples)
+    first = {}  # each problem's first sample, problems in order: the user sees k problems, not one
+    for t in trajs:
+        first.setdefault(t.group_id, t)
+    return metrics, per_problem, sample_records([first[j] for j in sorted(first)], log_samples)
 
 
 def report_gap(results: Mapping[str, Mapping[str, float]], reference_split: str = REFERENCE_SPLIT) -> dict:

@@ -413,25 +413,26 @@ def test_r1_answers_are_read_from_the_answer_tag_and_their_format_rate_counted(t
 
 
 def test_reports_keep_the_first_episodes_as_text(tokenizer, tmp_path):
-    """``log_samples`` keeps, per split, the first episodes played (problem 0's samples first) with
-    their prompt, response and verdict; a long response is stored cut, and the Markdown shows two
-    in code blocks that the model's own backticks cannot close."""
+    """``log_samples`` keeps, per split, the first sample of each of the first problems (not one
+    problem's samples) with their prompt, response and verdict; a long response is stored cut, and
+    the Markdown shows two in code blocks that the model's own backticks cannot close."""
     from veriloop.algos.run.samples import CUT_MARK, MAX_SAMPLE_CHARS
 
-    seeds = [100, 101]
+    seeds = [100, 101, 102, 103]
     tasks = tasks_of(MATH, seeds)
     long = "```\n# heading\n<img src=x>" + " word" * 2000  # longer than the cap, and Markdown
-    replies = iter([right(tasks[0]), long, WRONG, WRONG] * 2)  # problem 0: right, long; problem 1: wrong x 2
+    # problem 0: right, wrong; problem 1: long, wrong; problems 2 and 3: wrong x 2
+    replies = iter([right(tasks[0]), WRONG, long, WRONG, *[WRONG] * 4] * 2)
     policy = ScriptedPolicy(lambda turn, obs, task: next(replies), tokenizer)
     kw = dict(seeds=seeds, n_samples=2, k_list=[1], temperature=1.0, greedy=False)
-    kw |= dict(limits=RolloutLimits(max_turns=1), max_new_tokens=4096, batch_episodes=4)
+    kw |= dict(limits=RolloutLimits(max_turns=1), max_new_tokens=4096, batch_episodes=8)
     report = evaluate_policy(policy, {"id": split(MATH), "copy": split(MATH)}, **kw, log_samples=3)
     for name in ("id", "copy"):
         rows = report["samples"][name]
         assert [(r["group"], r["seed"], r["correct"]) for r in rows] == [
             (0, 100, True),
-            (0, 100, False),
             (1, 101, False),
+            (2, 102, False),
         ]
         assert tasks[0]["question"] in rows[0]["prompt"][-1]["content"]
         assert rows[0]["responses"] == [right(tasks[0])] and rows[2]["responses"] == [WRONG]

@@ -58,10 +58,10 @@ def test_every_step_writes_its_first_k_episodes(tmp_path: Path) -> None:
     first = rows[:3]
     assert first[0]["group"] == first[1]["group"] != first[2]["group"]
     assert first[0]["seed"] == first[1]["seed"] and first[0]["prompt"] == first[1]["prompt"]
-    # the evaluation at the end keeps its first episodes as text too, and shows them in its table
+    # the evaluation at the end keeps each problem's first episode as text too, and shows them in its table
     report = json.loads((run / "eval" / "step-000002.json").read_text())
     (sample, *_) = report["samples"]["id"]
-    assert len(report["samples"]["id"]) == 2  # 1 problem x 2 samples, both under log_samples=3
+    assert len(report["samples"]["id"]) == 1  # 1 problem (x 2 samples): its first, under log_samples=3
     assert sample["seed"] == report["per_problem"]["id"]["seed"][0] and "math problem" in str(
         sample["prompt"]
     )
