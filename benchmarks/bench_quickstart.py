@@ -169,9 +169,12 @@ def collect(run_dir: Path, record: Path) -> dict:
 
 
 def summarize(seeds: dict[int, dict]) -> dict:
-    """Mean ± sd over seeds of each phase's accuracy and of the RL phase's paired change."""
+    """Mean ± sd over seeds of each phase's accuracy and of the RL phase's paired change (None for a
+    phase no seed evaluated)."""
 
-    def ms(values: list[float]) -> dict[str, float]:
+    def ms(values: list[float]) -> dict[str, float] | None:
+        if not values:  # e.g. no base-model evaluation (eval.before_sft=false)
+            return None
         m = sum(values) / len(values)
         sd = (
             (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5

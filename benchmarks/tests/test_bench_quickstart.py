@@ -56,6 +56,11 @@ def test_collect_pairs_the_rl_phase_and_sums_every_attempt(tmp_path: Path) -> No
     assert (row["wall_s"], row["cpu_s"], row["maxrss_gb"]) == (150.0, 240.0, 1.5)
     summary = bench.summarize({0: row})
     assert summary["after_rl"]["mean"] == pytest.approx(0.4375) and summary["seeds_above_3se"] == 0
+    assert summary["base"]["mean"] == 0.0
+    # a run without the base model's evaluation (eval.before_sft=false) has no base row, not a crash
+    (run / "eval" / "base.json").unlink()
+    summary = bench.summarize({0: bench.collect(run, record)})
+    assert summary["base"] is None and summary["rl_gain"]["mean"] == pytest.approx(0.1875)
 
 
 def test_a_killed_attempt_ends_at_its_logs_last_write(tmp_path: Path) -> None:
