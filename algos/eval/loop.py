@@ -362,7 +362,9 @@ def _evaluate_split(
         metrics["greedy_acc"] = _nanmean(per_problem["greedy"])
         metrics["se/greedy_acc"] = standard_error(per_problem["greedy"])
     metrics.update(task_metrics(trajs))
-    first = {}  # each problem's first sample, problems in order: the user sees k problems, not one
+    first: dict[
+        int, Trajectory
+    ] = {}  # each problem's first sample, problems in order: the user sees k problems, not one
     for t in trajs:
         first.setdefault(t.group_id, t)
     return metrics, per_problem, sample_records([first[j] for j in sorted(first)], log_samples)
