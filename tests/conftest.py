@@ -18,6 +18,17 @@ except ImportError:  # the environments alone install and test without torch
     pass
 
 
+@pytest.fixture(scope="module")
+def one_thread():  # type: ignore[no-untyped-def]
+    """One torch thread for a module's tests, restored after it: tiny matmuls on a busy 2-core
+    machine run up to 40x slower on 2 OpenMP threads, and a training run may have changed the count.
+    A module asks for it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _smollm2_tokenizer_available() -> bool:
     from veriloop.agents.models.text import cache_root, is_complete
 

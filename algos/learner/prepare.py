@@ -43,8 +43,14 @@ def reference_logprobs(
         raise ValueError(
             "kl_coef > 0 needs a reference: precompute batch.ref_logprobs, or pass ref_model or ref_model_ctx"
         )
-    with ref_model_ctx() as yielded, torch.no_grad():
+    with ref_model_ctx() as yielded:
         net = yielded if yielded is not None and callable(yielded) else model
+        return _sampled_logprobs(net, batch, temperature).detach()
+
+
+def _sampled_logprobs(net: Any, batch: TokenBatch, temperature: float) -> torch.Tensor:
+    """``net``'s log-probs [B, T] of the batch's tokens at ``temperature``, without a graph."""
+    with torch.no_grad():
         lp, _ = token_logprobs(
             net,
             batch.input_ids,
@@ -53,7 +59,7 @@ def reference_logprobs(
             first_position=first_loss_position(batch.loss_mask),
             **batch.extras,
         )
-    return lp.detach()
+    return lp
 
 
 def _as_context(ref_model: Any, ref_model_ctx: Callable[[], Any] | None) -> Callable[[], Any] | None:
@@ -177,15 +183,7 @@ def _recompute_old_logprobs(model: Any, base: TokenBatch, temperature: float) ->
     correction); other positions keep their recorded numbers (zeroed by the loss mask)."""
     if model is None:
         raise ValueError("recomputing the old log-probs (top-k/top-p, rollout correction) needs model=...")
-    with torch.no_grad():
-        old, _ = token_logprobs(
-            model,
-            base.input_ids,
-            base.attention_mask,
-            temperature=temperature,
-            first_position=first_loss_position(base.loss_mask),
-            **base.extras,
-        )
+    old = _sampled_logprobs(model, base, temperature)
     # rounded to float32 as collate stores log-probs; positions off the mask stay 0
     return replace(base, old_logprobs=torch.where(base.loss_mask.bool(), old.float(), base.old_logprobs))
 

@@ -35,13 +35,7 @@ from veriloop.agents.testing import (
     tiny_policy,
 )
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():  # type: ignore[no-untyped-def]
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_lora_bf16_stores_the_base_in_bf16_and_trains_fp32_adapters():

@@ -55,13 +55,7 @@ if COUNTDOWN not in gym.registry:
     gym.register(COUNTDOWN, entry_point=CountdownEnv, disable_env_checker=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest single-threaded (and 2 threads crawl on a loaded 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -100,13 +100,7 @@ def config(tmp_path: Path, preset: str, *extra: str):  # type: ignore[no-untyped
     )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():  # type: ignore[no-untyped-def]
-    """Tiny matmuls on a busy 2-core machine: 2 OpenMP threads are up to 40x slower than 1."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from veriloop.algos.loop.train import train
 from veriloop.algos.run.log import read_metrics
@@ -28,12 +27,7 @@ KEYS = {"env", "seed", "task_id", "group", "prompt", "responses", "reward", "rew
         "reason", "verifier_error", "hit_token_limit", "stop_reason", "turns", "response_tokens"}  # fmt: skip
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():  # type: ignore[no-untyped-def]
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _train(tmp_path: Path, name: str, *extra: str, resume: bool = False) -> Path:
