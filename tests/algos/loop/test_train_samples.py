@@ -18,13 +18,43 @@ from veriloop.algos.run.samples import read_samples
 from veriloop.configs.loader import load_config
 
 HERE = Path(__file__).parent
-FAST = ["policy.model=tiny", "env.id=veriloop/MathVerify-v0", "env.kwargs={level: 1}", "run.algo_preset=grpo",
-        "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.max_context=256",
-        "train.micro_batch_size=2", "train.lr=1e-2", "eval.num_problems=1", "eval.n_samples=2", "eval.k_list=[1]",
-        "eval.greedy=false", "eval.every=0", "eval.at_start=false", "run.tensorboard=false"]  # fmt: skip
+FAST = [
+    "policy.model=tiny",
+    "env.id=veriloop/MathVerify-v0",
+    "env.kwargs={level: 1}",
+    "run.algo_preset=grpo",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+    "train.micro_batch_size=2",
+    "train.lr=1e-2",
+    "eval.num_problems=1",
+    "eval.n_samples=2",
+    "eval.k_list=[1]",
+    "eval.greedy=false",
+    "eval.every=0",
+    "eval.at_start=false",
+    "run.tensorboard=false",
+]
 #: Every record's keys (``algos/run/samples.episode_record``) and the training line's own.
-KEYS = {"env", "seed", "task_id", "group", "prompt", "responses", "reward", "reward_components", "correct",
-        "reason", "verifier_error", "hit_token_limit", "stop_reason", "turns", "response_tokens"}  # fmt: skip
+KEYS = {
+    "env",
+    "seed",
+    "task_id",
+    "group",
+    "prompt",
+    "responses",
+    "reward",
+    "reward_components",
+    "correct",
+    "reason",
+    "verifier_error",
+    "hit_token_limit",
+    "stop_reason",
+    "turns",
+    "response_tokens",
+}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
