@@ -2,7 +2,8 @@
 
 Training appends, at every RL step, the first ``run.log_samples`` episodes of the step's batch to
 ``RUN/samples.jsonl`` (:class:`SampleLog`, rank 0 only); each evaluation report keeps, per split,
-its first ``run.log_samples`` episodes under ``samples`` (``veriloop.algos.eval.loop``). Both hold
+the first sample of each of its first ``run.log_samples`` problems under ``samples``
+(``veriloop.algos.eval.loop``). Both hold
 :func:`episode_record`'s records. They are for the user: nothing in them is shown to the policy.
 
 Model output is hostile: its text is only ever stored as a JSON string, never interpreted, and
