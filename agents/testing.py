@@ -34,6 +34,18 @@ TINY_LORA = LoraSettings(r=8, alpha=16, dropout=0.0)
 
 #: ChatML like SmolLM2's, extended to list-of-parts content (the built default-vision model's own).
 VISION_CHAT_TEMPLATE = CHATML_VISION_TEMPLATE
+#: The smallest GRPO run on level-1 math with the tiny text model: the overrides the training tests
+#: start from (each adds its own steps, learning rate and evaluation).
+TINY_MATH_GRPO = [
+    "policy.model=tiny",
+    "env.id=veriloop/MathVerify-v0",
+    "env.kwargs={level: 1}",
+    "run.algo_preset=grpo",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context=256",
+]
 
 
 @functools.lru_cache(maxsize=1)

@@ -18,19 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from veriloop.agents.testing import TINY_MATH_GRPO
 from veriloop.algos.loop.parts import SAVE_DELAY_ENV
 from veriloop.algos.run.log import read_metrics
 
 STEPS = 3
 OVERRIDES = [
-    "policy.model=tiny",
-    "env.id=veriloop/MathVerify-v0",
-    "env.kwargs={level: 1}",
-    "run.algo_preset=grpo",
-    "rollout.prompts_per_step=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=8",
-    "rollout.max_context=256",
+    *TINY_MATH_GRPO,
     f"train.steps={STEPS}",
     "train.micro_batch_size=2",
     "train.lr=1e-2",

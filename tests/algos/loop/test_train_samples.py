@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from veriloop.agents.testing import TINY_MATH_GRPO
 from veriloop.algos.loop.train import train
 from veriloop.algos.run.log import read_metrics
 from veriloop.algos.run.samples import read_samples
@@ -19,14 +20,7 @@ from veriloop.configs.loader import load_config
 
 HERE = Path(__file__).parent
 FAST = [
-    "policy.model=tiny",
-    "env.id=veriloop/MathVerify-v0",
-    "env.kwargs={level: 1}",
-    "run.algo_preset=grpo",
-    "rollout.prompts_per_step=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=8",
-    "rollout.max_context=256",
+    *TINY_MATH_GRPO,
     "train.micro_batch_size=2",
     "train.lr=1e-2",
     "eval.num_problems=1",

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import veriloop.algos.loop.train as T
+from veriloop.agents.testing import TINY_MATH_GRPO
 from veriloop.algos.run.guards import (
     LearningGuard,
     RunStoppedError,
@@ -23,14 +24,7 @@ from veriloop.envs.math_env import MathVerifyEnv
 from veriloop.envs.verifiers import Verdict
 
 FAST = [
-    "policy.model=tiny",
-    "env.id=veriloop/MathVerify-v0",
-    "env.kwargs={level: 1}",
-    "run.algo_preset=grpo",
-    "rollout.prompts_per_step=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=8",
-    "rollout.max_context=256",
+    *TINY_MATH_GRPO,
     "train.micro_batch_size=2",
     "eval.at_start=false",
     "eval.every=0",

@@ -16,6 +16,7 @@ import torch
 import veriloop.algos.loop.train as T
 from veriloop.agents.backends.hf import HFBackend
 from veriloop.agents.policy import Policy
+from veriloop.agents.testing import TINY_MATH_GRPO
 from veriloop.algos.run.log import read_metrics
 from veriloop.algos.run.sync_probe import TOLERANCE, SamplerMismatchError, check_sampler, probe_gap
 from veriloop.configs.loader import load_config
@@ -23,14 +24,7 @@ from veriloop.envs.math_env import MathVerifyEnv
 from veriloop.envs.verifiers import Verdict
 
 FAST = [
-    "policy.model=tiny",
-    "env.id=veriloop/MathVerify-v0",
-    "env.kwargs={level: 1}",
-    "run.algo_preset=grpo",
-    "rollout.prompts_per_step=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=8",
-    "rollout.max_context=256",
+    *TINY_MATH_GRPO,
     "train.micro_batch_size=2",
     "train.lr=1e-2",
     "eval.at_start=false",
