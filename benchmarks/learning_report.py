@@ -308,6 +308,9 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]], start_arm: str |
         out["efficiency_table"] = efficiency_table(same_setting)
         out["efficiency_over_seeds"] = efficiency_over_seeds(out["efficiency_table"])
         out["vs_grpo_p16_v2"] = arm_differences(same_setting, reference="grpo_p16_v2")
+        # distillation on the initial student's rollouts against on-policy distillation of the same code
+        distill = {label: r for label, r in runs.items() if label in ("semi_opd_p16", "opsd_p16_v2")}
+        out["semi_opd_vs_opsd"] = arm_differences(distill, reference="opsd_p16_v2")
         # the same arm in bf16 mixed precision against fp32, paired by problem (the bf16 arms measured
         # before the LoRA layers summed the adapter in fp32 are kept under their own label)
         precisions = {label: r for label, r in runs.items() if label.startswith("grpo_p16_v2")}

@@ -464,6 +464,11 @@ def test_math_gain_compares_the_per_sample_arms_among_themselves(report):
     assert out["efficiency_table"][0]["equal_samples"]["episodes"] == 256.0  # grpo's 128 left out
     (diff,) = out["vs_grpo_p16_v2"]
     assert diff["arm"] == "grpo_p16_gate" and diff["diff (per seed)"] == [pytest.approx(0.25)]
+    assert out["semi_opd_vs_opsd"] == []  # neither distillation arm ran
+    runs["opsd_p16_v2"] = {0: run([0.0, 0.0, 1.0, 0.0], 128.0)}
+    runs["semi_opd_p16"] = {0: run([1.0, 0.0, 1.0, 1.0], 128.0)}
+    (semi,) = report.summarize_all("math_gain", runs)["semi_opd_vs_opsd"]
+    assert semi["arm"] == "semi_opd_p16" and semi["diff (per seed)"] == [pytest.approx(0.5)]
 
 
 def test_math_gain_pairs_the_bf16_arms_with_fp32(report):
