@@ -28,6 +28,7 @@ import torch
 from veriloop.algos.learner.batch import collate_tokens
 from veriloop.algos.run.distributed import empty_like_row
 from veriloop.algos.run.fsdp import decoder_blocks
+from veriloop.algos.run.samples import read_samples
 from veriloop.cli.serve import free_port
 
 # A deterministic coin as the math check, so that groups have differing rewards (non-zero advantages).
@@ -289,6 +290,11 @@ def test_killed_sharded_run_resumes_to_the_uninterrupted_weights(tmp_path: Path,
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
     _report(f"fsdp-resume-{kind}", {"max_abs_weight_diff": diff, "steps": 3, "resumed_from_step": 1})
     assert diff == 0.0, diff  # same data, same order, same sums: bit for bit the same weights
+    # the samples log: rank 0's lines alone (one batch's first episodes per step, not one per rank),
+    # the killed attempt's uncommitted step dropped on resume, the same episodes as the straight run's
+    samples = {name: read_samples(tmp_path / name) for name in ("straight", "killed")}
+    assert [r["step"] for r in samples["straight"]] == [s for s in (1, 2, 3) for _ in range(4)]
+    assert samples["killed"] == samples["straight"]
 
 
 def _ranks(n: int, script: str, args: list[str]) -> list[subprocess.Popen[bytes]]:
