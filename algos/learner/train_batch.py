@@ -17,15 +17,8 @@ from veriloop.algos.learner.algorithm import Algorithm, resolve
 from veriloop.algos.learner.batch import TokenBatch, minibatches, rank_rows, with_teacher
 from veriloop.algos.learner.critic import ValueModel
 from veriloop.algos.learner.prepare import prepare_batch
-from veriloop.algos.learner.update import (
-    METRIC_NAMES,
-    NO_SYNC,
-    RankSync,
-    UpdateSettings,
-    loss_normalisers,
-    select_tokens,
-    update_step,
-)
+from veriloop.algos.learner.step_settings import NO_SYNC, RankSync, UpdateSettings, loss_normalisers
+from veriloop.algos.learner.update import METRIC_NAMES, select_tokens, update_step
 from veriloop.algos.maths.mismatch import NAMES as MISMATCH_NAMES
 from veriloop.algos.maths.mismatch import MismatchStats
 from veriloop.algos.run.distributed import DistContext

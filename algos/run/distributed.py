@@ -114,7 +114,7 @@ class DistContext:
         One process: none. Several: the summing of the ranks' gradients, an all-reduce (data
         parallel) or, sharded, the backward's own reduce-scatter plus micro-batches in lockstep
         (``fsdp``). The caller adds the whole mini-batch's loss normalisers
-        (``update.loss_normalisers``), so the ranks' gradients just add up.
+        (``step_settings.loss_normalisers``), so the ranks' gradients just add up.
         """
         if not self.enabled:
             return {}

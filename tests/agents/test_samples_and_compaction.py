@@ -23,7 +23,7 @@ from veriloop.algos.learner.algorithm import resolve
 from veriloop.algos.learner.batch import collate, with_advantages
 from veriloop.algos.learner.credit import compute_advantages
 from veriloop.algos.learner.prepare import prepare_batch
-from veriloop.algos.learner.update import UpdateSettings
+from veriloop.algos.learner.step_settings import UpdateSettings
 from veriloop.configs.algo import AlgoConfig
 
 pytestmark = pytest.mark.skipif(

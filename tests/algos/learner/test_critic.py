@@ -7,7 +7,7 @@ import torch
 from veriloop.algos.learner.algorithm import resolve
 from veriloop.algos.learner.batch import collate
 from veriloop.algos.learner.critic import ValueHead, ValueModel, values
-from veriloop.algos.learner.update import UpdateSettings
+from veriloop.algos.learner.step_settings import UpdateSettings
 
 
 def _batch(make_traj):

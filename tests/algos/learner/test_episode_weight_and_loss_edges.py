@@ -368,7 +368,7 @@ def test_prepare_batch_marks_split_rows_and_keeps_them_together(make_traj):
     ``split_weight=sample`` and without splits); mini-batches of one row and ranks keep rows 0, 1 together."""
     from veriloop.algos.learner.batch import minibatches, rank_rows
     from veriloop.algos.learner.prepare import prepare_batch
-    from veriloop.algos.learner.update import loss_normalisers
+    from veriloop.algos.learner.step_settings import loss_normalisers
 
     trajs = _split_group(make_traj)
     batch, _ = prepare_batch(trajs, resolve(AlgoConfig()))

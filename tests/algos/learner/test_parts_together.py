@@ -17,7 +17,8 @@ from veriloop.algos.learner.algorithm import ObjectiveExtras, resolve
 from veriloop.algos.learner.batch import TokenBatch, collate
 from veriloop.algos.learner.credit import compute_advantages
 from veriloop.algos.learner.prepare import prepare_batch
-from veriloop.algos.learner.update import UpdateSettings, policy_loss, update_step
+from veriloop.algos.learner.step_settings import UpdateSettings
+from veriloop.algos.learner.update import policy_loss, update_step
 from veriloop.algos.maths import advantages as A
 from veriloop.algos.maths import losses as L
 from veriloop.algos.maths.mismatch import mismatch_stats

@@ -16,7 +16,8 @@ from veriloop.algos.learner.batch import collate
 from veriloop.algos.learner.credit import compute_advantages
 from veriloop.algos.learner.critic import ValueModel
 from veriloop.algos.learner.prepare import prepare_batch
-from veriloop.algos.learner.update import METRIC_NAMES, UpdateSettings, policy_loss, update_step
+from veriloop.algos.learner.step_settings import UpdateSettings
+from veriloop.algos.learner.update import METRIC_NAMES, policy_loss, update_step
 from veriloop.configs.algo import AlgoConfig
 from veriloop.configs.presets import list_presets, load_preset
 
