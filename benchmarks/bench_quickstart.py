@@ -172,14 +172,14 @@ def summarize(seeds: dict[int, dict]) -> dict:
     """Mean ± sd over seeds of each phase's accuracy and of the RL phase's paired change (None for a
     phase no seed evaluated)."""
 
-    def ms(values: list[float]) -> dict[str, float] | None:
+    def ms(values: list[float]) -> dict[str, float | None] | None:
         if not values:  # e.g. no base-model evaluation (eval.before_sft=false)
             return None
         m = sum(values) / len(values)
         sd = (
             (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5
             if len(values) > 1
-            else float("nan")
+            else None  # undefined for one seed (JSON has no NaN)
         )
         return {"mean": m, "sd": sd, "n": len(values)}
 
@@ -229,7 +229,7 @@ def write(path: Path, tag: str, overrides: list[str]) -> None:
         "seeds": {str(k): v for k, v in sorted(seeds.items())},
         "summary": summarize(seeds),
     }
-    path.write_text(json.dumps(out, indent=1, allow_nan=True) + "\n")
+    path.write_text(json.dumps(out, indent=1, allow_nan=False) + "\n")
 
 
 if __name__ == "__main__":

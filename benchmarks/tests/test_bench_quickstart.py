@@ -56,7 +56,7 @@ def test_collect_pairs_the_rl_phase_and_sums_every_attempt(tmp_path: Path) -> No
     assert (row["wall_s"], row["cpu_s"], row["maxrss_gb"]) == (150.0, 240.0, 1.5)
     summary = bench.summarize({0: row})
     assert summary["after_rl"]["mean"] == pytest.approx(0.4375) and summary["seeds_above_3se"] == 0
-    assert summary["base"]["mean"] == 0.0
+    assert summary["base"]["mean"] == 0.0 and summary["rl_gain"]["sd"] is None  # one seed: no sd (no NaN)
     # a run without the base model's evaluation (eval.before_sft=false) has no base row, not a crash
     (run / "eval" / "base.json").unlink()
     summary = bench.summarize({0: bench.collect(run, record)})
