@@ -327,6 +327,9 @@ def summarize_all(suite: str, runs: dict[str, dict[int, dict]], start_arm: str |
         out["matched"] = matched_table(runs, start_arm, ["id", "rule_ood"])
     if suite == "r1_zero":
         out["r1_zero_table"] = r1_zero_table(runs)
+    if suite in ("s2r", "s2r_easy"):  # each policy over seeds; process GRPO's end against outcome RLOO's
+        out["s2r_table"] = policy_table(runs, S2R_TABLE_METRICS)
+        out["process_vs_outcome"] = arm_differences(runs, reference="outcome_rloo")
     return out
 
 
@@ -421,27 +424,45 @@ def _metric(metrics: dict, name: str) -> float | None:
 
 
 def vision_table(runs: dict[str, dict[int, dict]]) -> list[dict]:
-    """One row per policy (the base model, and each arm at each evaluated step) and split: each
-    metric of :data:`VISION_METRICS` per seed, with its mean and sd over seeds (None where a seed
-    lacks it, e.g. ``recognition_acc`` when no answer listed cards)."""
+    """:func:`policy_table` over :data:`VISION_METRICS`."""
+    return policy_table(runs, VISION_METRICS)
+
+
+#: S2R's table: does the policy solve, does it check (balanced over both verdicts), does it correct.
+S2R_TABLE_METRICS = [
+    "avg@n",
+    "verify_balanced_acc",
+    "verify_macro_f1",
+    "wrong_to_right",
+    "right_to_wrong",
+    "attempts/mean",
+]
+
+
+def policy_table(runs: dict[str, dict[int, dict]], metrics: list[str]) -> list[dict]:
+    """One row per policy (the base model, and each arm at each evaluated step) and split: each of
+    ``metrics`` per seed, with its mean, sd over seeds and ``se = sd / sqrt(seeds)`` (None where a
+    seed lacks it, e.g. ``recognition_acc`` when no answer listed cards)."""
     rows = []
     cells: dict[tuple[str, str], dict[int, dict]] = {}
     for label, by_seed in runs.items():
         for seed, r in by_seed.items():
-            for split, metrics in r.get("base", {}).items():
-                cells.setdefault(("base model", split), {})[seed] = metrics
+            for split, logged in r.get("base", {}).items():
+                cells.setdefault(("base model", split), {})[seed] = logged
             for split, by_step in r["evals"].items():
-                for step, metrics in by_step.items():
-                    cells.setdefault((f"{label} @ step {step}", split), {})[seed] = metrics
+                for step, logged in by_step.items():
+                    cells.setdefault((f"{label} @ step {step}", split), {})[seed] = logged
     for (policy, split), by_seed in cells.items():
         row: dict = {"policy": policy, "split": split, "seeds": sorted(by_seed)}
-        for metric in VISION_METRICS:
+        for metric in metrics:
             values = [_metric(by_seed[s], metric) for s in sorted(by_seed)]
             known = [v for v in values if v is not None]
+            sd = statistics.stdev(known) if len(known) > 1 else None
             row[metric] = {
                 "per_seed": values,
                 "mean": _mean(values),
-                "sd": statistics.stdev(known) if len(known) > 1 else None,
+                "sd": sd,
+                "se": sd / len(known) ** 0.5 if sd is not None else None,
             }
         rows.append(row)
     return rows

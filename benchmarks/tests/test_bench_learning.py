@@ -136,6 +136,29 @@ def test_vision_table_counts_an_absent_reason_as_zero_and_spreads_over_seeds(rep
     assert row["reason/unparseable"]["per_seed"] == [0.0, 0.0]
 
 
+def test_s2r_summary_spreads_each_policy_over_seeds_and_pairs_process_with_outcome(report):
+    def run(bal: float, w2r: float, end: list[float]) -> dict:
+        metrics = {"avg@n": sum(end) / len(end), "verify_balanced_acc": bal, "wrong_to_right": w2r}
+        return {"evals": {"id": {"20": metrics}}, "base": {}, "train": {}, "end_per_problem": {"id": end}}
+
+    runs = {
+        "outcome_rloo": {0: run(0.6, 0.00, [0.0, 0.5]), 1: run(0.5, 0.02, [0.5, 0.5]), 2: run(0.55, 0.01, [0.0, 0.0])},
+        "process_grpo": {0: run(0.9, 0.04, [0.5, 0.5]), 1: run(0.8, 0.06, [0.5, 1.0]), 2: run(0.85, 0.05, [0.5, 0.0])},
+    }
+    out = report.summarize_all("s2r_easy", runs)
+    rows = {row["policy"]: row for row in out["s2r_table"]}
+    bal = rows["process_grpo @ step 20"]["verify_balanced_acc"]
+    # (0.9, 0.8, 0.85): mean 0.85, sd 0.05, se 0.05 / sqrt(3)
+    assert bal["per_seed"] == [0.9, 0.8, 0.85] and bal["mean"] == pytest.approx(0.85)
+    assert bal["sd"] == pytest.approx(0.05) and bal["se"] == pytest.approx(0.05 / math.sqrt(3))
+    assert rows["outcome_rloo @ step 20"]["wrong_to_right"]["mean"] == pytest.approx(0.01)
+    assert rows["outcome_rloo @ step 20"]["verify_macro_f1"]["se"] is None  # no seed logged it
+    (diff,) = out["process_vs_outcome"]
+    # per deal, process - outcome: seed 0 (.5, 0) -> .25, seed 1 (0, .5) -> .25, seed 2 (.5, 0) -> .25
+    assert diff["arm"] == "process_grpo" and diff["diff (per seed)"] == pytest.approx([0.25, 0.25, 0.25])
+    assert diff["diff sd over seeds"] == pytest.approx(0.0)
+
+
 def test_arm_differences_pair_by_problem_within_a_seed_and_spread_over_seeds(report):
     # seed 0: grpo ends (0, .5, 1, .5), clip_higher (.5, .5, 1, 1): d = (.5, 0, 0, .5), mean .25
     # seed 1: grpo ends (1, 1, 0, 0), clip_higher (1, .5, 0, 0): d = (0, -.5, 0, 0), mean -.125
