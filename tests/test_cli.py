@@ -98,6 +98,7 @@ def test_train_eval_plot_round_trip(tmp_path: Path) -> None:
     assert list((run / "plots").glob("*.png"))
 
 
+@pytest.mark.slow  # seven CLI starts, ~1 min (`make test-slow`, CI); a run cut after its warm-up is in `make test`
 def test_sft_resume_continues_a_cut_warm_up_from_its_checkpoint(tmp_path: Path) -> None:
     """A warm-up cut after its step-2 checkpoint (final/ never written) continues at step 3 with
     --resume; it is refused without a flag, and --resume beside --overwrite is an error."""

@@ -142,8 +142,16 @@ def test_s2r_summary_spreads_each_policy_over_seeds_and_pairs_process_with_outco
         return {"evals": {"id": {"20": metrics}}, "base": {}, "train": {}, "end_per_problem": {"id": end}}
 
     runs = {
-        "outcome_rloo": {0: run(0.6, 0.00, [0.0, 0.5]), 1: run(0.5, 0.02, [0.5, 0.5]), 2: run(0.55, 0.01, [0.0, 0.0])},
-        "process_grpo": {0: run(0.9, 0.04, [0.5, 0.5]), 1: run(0.8, 0.06, [0.5, 1.0]), 2: run(0.85, 0.05, [0.5, 0.0])},
+        "outcome_rloo": {
+            0: run(0.6, 0.00, [0.0, 0.5]),
+            1: run(0.5, 0.02, [0.5, 0.5]),
+            2: run(0.55, 0.01, [0.0, 0.0]),
+        },
+        "process_grpo": {
+            0: run(0.9, 0.04, [0.5, 0.5]),
+            1: run(0.8, 0.06, [0.5, 1.0]),
+            2: run(0.85, 0.05, [0.5, 0.0]),
+        },
     }
     out = report.summarize_all("s2r_easy", runs)
     rows = {row["policy"]: row for row in out["s2r_table"]}

@@ -151,6 +151,7 @@ def _check_accounting(run: Path, k: int, first_seed: int, cursor: int) -> None:
     assert all(r["version"] - r["v_start"] <= k for r in rows if r["event"] == "trained")
 
 
+@pytest.mark.slow  # `make test-slow` (CI); the k=1 two-rank test stays in `make test`
 def test_k0_on_two_ranks_is_the_synchronous_two_rank_run(tmp_path: Path) -> None:
     """train.max_staleness=0 under two ranks never enters an asynchronous source and gives the
     synchronous two-rank run's metrics and weights bit for bit."""
@@ -201,6 +202,7 @@ def test_k1_on_two_ranks_trains_each_problem_once_with_the_single_process_gradie
         torch.testing.assert_close(a[n], b[n], rtol=0, atol=1e-3)
 
 
+@pytest.mark.slow  # `make test-slow` (CI); the one-process kill -9 test stays in `make test`
 def test_kill9_of_both_ranks_then_resume_loses_nothing_and_trains_nothing_twice(tmp_path: Path) -> None:
     """Both ranks killed with groups in flight right after the step-2 checkpoint; resumed on two
     ranks, the run plays the checkpoint's pending problems again, continues from its data cursor,

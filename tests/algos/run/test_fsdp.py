@@ -253,7 +253,8 @@ def _misfit_resume_says_so_in_one_line(run: Path) -> None:
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+# the LoRA run stays in `make test` (its sharded adapter is the harder resume); full runs in `make test-slow`
+@pytest.mark.parametrize("lora", [pytest.param(False, marks=pytest.mark.slow), True], ids=["full", "lora"])
 def test_killed_sharded_run_resumes_to_the_uninterrupted_weights(tmp_path: Path, lora: bool) -> None:
     cfg = [
         *TINY,
@@ -317,7 +318,7 @@ def _optimizer_steps(ckpt: Path) -> set[int]:
 @pytest.mark.parametrize(
     ("ranks", "lora"),
     [
-        ((2, 1), True),
+        pytest.param((2, 1), True, marks=pytest.mark.slow),
         pytest.param((2, 1), False, marks=pytest.mark.slow),
         pytest.param((1, 2), True, marks=pytest.mark.slow),
         pytest.param((1, 2), False, marks=pytest.mark.slow),

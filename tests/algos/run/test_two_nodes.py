@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from veriloop.cli.serve import free_port
@@ -151,6 +152,7 @@ def _adapter(run: Path) -> dict[str, torch.Tensor]:
     return load_file(run / "final" / "adapter_model.safetensors")
 
 
+@pytest.mark.slow  # ~45 s: two torchrun agents, a kill and a resume (`make test-slow`, CI)
 def test_a_two_node_run_loses_a_node_and_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
     (tmp_path / "worker.py").write_text(WORKER)
     cfg = [*CONFIG, f"run.out_dir={tmp_path / 'shared'}"]
