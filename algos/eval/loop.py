@@ -90,7 +90,7 @@ def _nanmean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def _env_metrics(trajs: Sequence[Trajectory]) -> tuple[dict[str, float], list[dict[str, float]]]:
+def env_metrics(trajs: Sequence[Trajectory]) -> tuple[dict[str, float], list[dict[str, float]]]:
     """The environments' own evaluation metrics (``LearnerSignal``): each step metric averaged over
     the steps with a value (``nan`` = none there), and each episode's last-step episode metrics."""
     steps: dict[str, list[float]] = {}
@@ -104,7 +104,7 @@ def _env_metrics(trajs: Sequence[Trajectory]) -> tuple[dict[str, float], list[di
     return per_step, [dict(t.turns[-1].signal.episode_metrics) if t.turns else {} for t in trajs]
 
 
-def _env_summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
+def env_summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """The split metrics an environment computes itself (``LearnerSignal.summarize``, e.g. balanced
     accuracy), from every episode's signals; empty when no step names such a function."""
     for t in trajs:
@@ -125,7 +125,7 @@ def task_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "turns/mean": sum(t.num_turns for t in trajs) / n,
         "format_rate": format_rate(trajs),
     }
-    per_step, episodes = _env_metrics(trajs)
+    per_step, episodes = env_metrics(trajs)
     out.update(per_step)
     reasons = [
         tr.verdict.reason for t in trajs for tr in t.turns if tr.verdict is not None and tr.verdict.reason
@@ -144,7 +144,7 @@ def task_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     names = dict.fromkeys(name for e in episodes for name in e if name != "attempts")
     for name in names:
         out[name] = _nanmean([e[name] for e in episodes if name in e])
-    out.update(_env_summary(trajs))
+    out.update(env_summary(trajs))
     return out
 
 

@@ -14,7 +14,7 @@ import torch
 
 from veriloop.agents.drift import drift_rate
 from veriloop.agents.trajectory import Trajectory
-from veriloop.algos.eval.loop import final_sample, format_rate
+from veriloop.algos.eval.loop import env_metrics, env_summary, final_sample, format_rate
 from veriloop.algos.learner.signal import verifier_failed
 from veriloop.algos.run.progress import say
 from veriloop.configs.schema import ExperimentConfig
@@ -24,7 +24,11 @@ def rollout_metrics(trajs: Sequence[Trajectory], tokenizer: Any) -> dict[str, fl
     """The same names for every algorithm (reward, success, length, truncation, R1 format, verifier,
     drift); ``format_rate`` is the evaluation's own formula (:func:`~veriloop.algos.eval.loop.format_rate`).
 
-    Verifier errors and timeouts count episodes with a failed verification on any turn.
+    Verifier errors and timeouts count episodes with a failed verification on any turn. An
+    environment's own metrics (``LearnerSignal.step_metrics`` averaged over the steps with a value,
+    and its ``summarize`` of the whole batch, e.g. the solve-verify loop's recall per class and
+    balanced verification accuracy) come under ``rollout/``: the evaluation's formulas on the
+    training episodes, so that a verifier collapsing to one verdict shows at the step it happens.
     """
     rewards = torch.tensor([t.total_reward for t in trajs], dtype=torch.float64)
     lengths = torch.tensor([t.num_generated_tokens for t in trajs], dtype=torch.float64)
@@ -48,6 +52,10 @@ def rollout_metrics(trajs: Sequence[Trajectory], tokenizer: Any) -> dict[str, fl
         "samples/split_rate": sum(t.num_samples > 1 for t in trajs) / len(trajs),
         "samples/per_episode": sum(t.num_samples for t in trajs) / len(trajs),
         "samples/episodes": float(len(trajs)),
+        **{
+            f"rollout/{name}": value
+            for name, value in {**env_metrics(trajs)[0], **env_summary(trajs)}.items()
+        },
     }
 
 
@@ -149,7 +157,9 @@ def say_modes_tally(cfg: ExperimentConfig, run_dir: Path, quiet: bool) -> None:
 STEP_LEGEND = (
     "step lines: R = mean reward on the environment's scale (a wrong answer may score -1, length or format "
     "penalties lower it), acc = share solved, len = response tokens, H = entropy per token, clip+ = share "
-    "of tokens clipped high, |g| = gradient norm, t_roll / t_train = seconds generating / training"
+    "of tokens clipped high, vbal = balanced accuracy of the policy's own verdicts (solve-verify only; "
+    "0.5 = it says the same to every solve), |g| = gradient norm, t_roll / t_train = seconds generating / "
+    "training"
 )
 
 
@@ -160,6 +170,7 @@ def step_summary(m: dict[str, float]) -> str:
         ("response_length/mean", "len"),
         ("entropy", "H"),
         ("clip_frac_high", "clip+"),
+        ("rollout/verify_balanced_acc", "vbal"),
         ("grad_norm", "|g|"),
         ("time/rollout_s", "t_roll"),
         ("time/train_s", "t_train"),

@@ -90,3 +90,43 @@ def test_rollout_format_rate_counts_each_episodes_last_response(make_traj, monke
     ]
     # by hand: episodes 1 and 5 of 5
     assert step_module.rollout_metrics(trajs, tokenizer=None)["format_rate"] == pytest.approx(2 / 5)
+
+
+def test_rollout_metrics_judge_a_solve_verify_batch_as_the_evaluation_does(make_traj, monkeypatch):
+    """A verifier that says "incorrect" to every solve, right ones included, shows in the training
+    row: recall 0 on right solves, 1 on wrong ones, balanced accuracy exactly 0.5."""
+    import json
+    from dataclasses import replace
+
+    import gymnasium
+
+    import veriloop.envs  # noqa: F401  (registers the environments)
+
+    monkeypatch.setattr(step_module, "drift_rate", lambda tokenizer, t: 0.0)
+    env = gymnasium.make("veriloop/SolveVerify-v0", task="points24", max_attempts=2)
+    no = "<verify>incorrect</verify>"
+
+    def solve(task, right: bool) -> str:
+        formula = task["solution"] if right else "-".join(map(str, task["values"]))
+        return json.dumps({"cards": [c[:-1] for c in task["cards"]], "formula": formula})
+
+    trajs = []
+    for plan in ([True, False], [False, False], [False, True]):  # each episode's two solves
+        _, info = env.reset(seed=0)
+        signals = []
+        for right in plan:
+            for text in (solve(info["task"], right), no):
+                *_, step_info = env.step(text)
+                signals.append(step_info["signal"])
+        t = make_traj([([10], [], 0.0)] * len(signals))
+        trajs.append(replace(t, turns=tuple(replace(tr, signal=s) for tr, s in zip(t.turns, signals))))
+    m = step_module.rollout_metrics(trajs, tokenizer=None)
+    # by hand: 6 verdicts, all "incorrect"; 2 of them on right solves, 4 on wrong ones
+    assert m["rollout/verify_count"] == 6.0 and m["rollout/verify_wrong_share"] == pytest.approx(4 / 6)
+    assert m["rollout/verify_recall_right"] == 0.0 and m["rollout/verify_recall_wrong"] == 1.0
+    assert m["rollout/verify_acc"] == pytest.approx(4 / 6)
+    assert m["rollout/verify_balanced_acc"] == 0.5
+    assert "vbal=0.5" in step_module.step_summary(m)
+    # an environment without its own metrics adds none
+    plain = step_module.rollout_metrics([make_traj([([10], [], 1.0)])], tokenizer=None)
+    assert not any(k.startswith("rollout/") for k in plain)
