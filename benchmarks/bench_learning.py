@@ -390,10 +390,12 @@ def main() -> None:
             },
         },
         "wall_s": time.time() - t0,
-        # a shared_sft suite's warm-up, paid once per seed, is not in its RL arms' cpu_hours
+        # a shared_sft suite's warm-up, paid once per seed, is not in its RL arms' cpu_hours; one
+        # still running or cut (no final policy yet) is counted once it finishes, with every attempt
         "shared_sft_cpu_hours": {
             w.name[len("sft-s") : -len(".wall.json")]: cpu_hours(w)
             for w in sorted(out.glob("sft-s*.wall.json"))
+            if (out / w.name[: -len(".wall.json")] / "sft" / "final").exists()
         },
         "summary": summarize_all(args.suite, runs, spec.get("start_arm")),
         "runs": {label: {str(s): r for s, r in by_seed.items()} for label, by_seed in runs.items()},

@@ -672,17 +672,17 @@ def plot(suite: str, runs: dict[str, dict[int, dict]], path: Path, metric: str =
     fig, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 3.6), squeeze=False)
     for ax, split in zip(axes[0], splits):
         for i, (label, by_seed) in enumerate(runs.items()):
-            for j, (_seed, r) in enumerate(sorted(by_seed.items())):
+            for j, (seed, r) in enumerate(sorted(by_seed.items())):
                 ev = r["evals"].get(split, {})
                 steps = sorted(ev, key=int)
                 ys = [ev[s].get(metric) for s in steps]
                 ax.plot(
                     [int(s) for s in steps],
                     ys,
-                    marker="o",
+                    marker="osD^v"[j % 5],
                     color=f"C{i}",
                     alpha=0.9 if j == 0 else 0.5,
-                    label=label if j == 0 else None,
+                    label=f"{label} (seed {seed})" if len(by_seed) > 1 else label,
                 )
         for i, by_seed in enumerate(runs.values()):
             bases = [r["base"][split].get(metric) for r in by_seed.values() if split in r.get("base", {})]

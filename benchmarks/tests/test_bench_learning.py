@@ -355,6 +355,9 @@ def test_a_report_keeps_the_results_and_warmup_costs_this_checkout_no_longer_hol
     (out / "sft-s0.wall.json").write_text(
         json.dumps([{"seconds": 1800, "exit": 0, "cpus": 2}])
     )  # remade here
+    (out / "sft-s0" / "sft" / "final").mkdir(parents=True)
+    (out / "sft-s2.wall.json").write_text(json.dumps([{"seconds": 900, "exit": "killed", "cpus": 2}]))
+    (out / "sft-s2" / "sft").mkdir(parents=True)  # cut, no final policy yet: not counted
     monkeypatch.setattr(bench, "RESULTS", results)
     monkeypatch.setattr(bench, "summarize_all", lambda *a: {})
     monkeypatch.setattr(bench, "write_plots", lambda *a: None)
