@@ -37,6 +37,10 @@ An arm that starts from the same warm-up as its suite's ``start_arm`` (in the sa
 own step-0 evaluation and takes that arm's: its curve starts there, and its gains are paired with it.
 If that arm's run folder is not there (a fresh checkout keeps only the results), the arm measures its
 own start instead.
+A session's machine, and runs/ with it, does not outlive the session: ``--keep-warmups`` copies each
+finished shared warm-up (a LoRA adapter, ~20 MB) into ``benchmarks/results/warmups/``, to commit, and
+a later call restores it from there, so that a seed's RL arms can run in a later session from the
+same warm-up.
 The suites (arms, settings, why each arm exists) are the sibling module ``learning_suites.py``; the
 summary tables and plots are made by ``learning_report.py``.
 
@@ -47,6 +51,7 @@ Usage (from the repository root, in the venv):
   python benchmarks/bench_learning.py math --report-only   # re-collect finished runs, re-plot
   OMP_PROC_BIND=true OMP_PLACES=cores .venv-vllm/bin/python benchmarks/bench_learning.py math_gain --seeds 0 1 2
   OMP_PROC_BIND=true OMP_PLACES=cores .venv-vllm/bin/python benchmarks/bench_learning.py r1_zero --seeds 0
+  .venv-vllm/bin/python benchmarks/bench_learning.py s2r_easy --seeds 2 --arms outcome_rloo --keep-warmups
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +74,9 @@ from veriloop.algos.eval.metrics import paired_difference, standard_error
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+#: finished shared warm-ups kept in the repository (``--keep-warmups``): a session's machine and its
+#: runs/ do not outlive it, and a seed whose RL arms run in a later session starts from the same one
+KEPT_WARMUPS = RESULTS / "warmups"
 
 
 def _call(name: str, args: list[str], out: Path) -> None:
@@ -114,6 +123,11 @@ def shared_warmup(suite: str, config: str, seed: int, out: Path) -> Path:
     spec = SUITES[suite]
     name = f"sft-s{seed}"
     final = out / name / "sft" / "final"
+    kept = KEPT_WARMUPS / suite / name
+    if not final.exists() and (kept / "veriloop.json").is_file():
+        # finished in an earlier session, whose machine (and runs/) is gone: its kept copy (--keep-warmups)
+        print(f"[{name}] restored from {kept.relative_to(ROOT)}", flush=True)
+        shutil.copytree(kept, final)
     if not final.exists():
         args = [
             sys.executable,
@@ -130,6 +144,18 @@ def shared_warmup(suite: str, config: str, seed: int, out: Path) -> Path:
             args.append("--resume")
         _call(name, args, out)
     return final
+
+
+def keep_warmup(final: Path, suite: str, seed: int) -> Path:
+    """Copy a finished shared warm-up (its saved policy: for LoRA the adapter, tokenizer and
+    ``veriloop.json``) to ``benchmarks/results/warmups/<suite>/sft-s<seed>``, which
+    :func:`shared_warmup` restores from when ``runs/`` does not hold it."""
+    kept = KEPT_WARMUPS / suite / f"sft-s{seed}"
+    if not kept.exists():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(final, kept)
+        print(f"[sft-s{seed}] kept in {kept.relative_to(ROOT)}", flush=True)
+    return kept
 
 
 def warmup_examples(spec: dict) -> int:
@@ -351,14 +377,24 @@ def paired_gains(run_dir: Path, start_dir: Path | None = None) -> dict[str, dict
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("suite", choices=sorted(SUITES))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--arms", nargs="+", help="run only these arms (labels)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_learning")
     ap.add_argument("--report-only", action="store_true", help="collect finished runs without training")
-    args = ap.parse_args()
+    ap.add_argument(
+        "--keep-warmups",
+        action="store_true",
+        help="copy each finished shared warm-up into benchmarks/results/warmups/ (to commit), so that a "
+        "later session on a fresh machine continues its seed from it",
+    )
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill` records the cut attempt's time
     spec = SUITES[args.suite]
     out = args.out / args.suite
@@ -370,6 +406,8 @@ def main() -> None:
             continue
         for seed in args.seeds:
             run_dir = out / f"{label}-s{seed}"
+            if args.keep_warmups and spec.get("shared_sft") and not args.report_only:
+                keep_warmup(shared_warmup(args.suite, config, seed, out), args.suite, seed)
             if not args.report_only:
                 run_arm(args.suite, label, config, overrides, seed, out)
             if (run_dir / "metrics.jsonl").exists():

@@ -253,6 +253,7 @@ def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monk
         return 0
 
     monkeypatch.setattr(bench.subprocess, "call", fake_call)
+    monkeypatch.setattr(bench, "KEPT_WARMUPS", tmp_path / "kept")  # none kept
     for label, config, overrides in bench.SUITES["points24_easy"]["arms"]:
         bench.run_arm("points24_easy", label, config, overrides, 1, tmp_path)
     commands = [c[0] for c in calls]
@@ -282,6 +283,42 @@ def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monk
     (tmp_path / "sft-s2" / "sft" / "step-10").mkdir(parents=True)
     bench.shared_warmup("points24_easy", "points24_easy_grpo", 2, tmp_path)
     assert [c[0] for c in calls] == ["sft"] and "--resume" in calls[0] and "--overwrite" not in calls[0]
+
+
+def test_a_kept_warmup_is_restored_on_a_fresh_machine_instead_of_trained_again(bench, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_call(args, cwd, stdout, stderr):
+        calls.append(args[3:])
+        name = next(a.split("=", 1)[1] for a in args if a.startswith("run.name="))
+        out = next(a.split("=", 1)[1] for a in args if a.startswith("run.out_dir="))
+        final = Path(out) / name / ("sft/final" if args[3] == "sft" else "final")
+        final.mkdir(parents=True)
+        (final / "veriloop.json").write_text('{"kind": "lora-adapter"}')
+        (final / "adapter_model.safetensors").write_bytes(b"weights")
+        return 0
+
+    monkeypatch.setattr(bench.subprocess, "call", fake_call)
+    monkeypatch.setattr(bench, "KEPT_WARMUPS", tmp_path / "kept")
+    monkeypatch.setattr(bench, "ROOT", tmp_path)
+    first, second = tmp_path / "session1", tmp_path / "session2"
+    first.mkdir()
+    final = bench.shared_warmup("s2r_easy", "solve_verify_outcome_rloo", 2, first)
+    kept = bench.keep_warmup(final, "s2r_easy", 2)
+    assert kept == tmp_path / "kept" / "s2r_easy" / "sft-s2"
+    assert (kept / "adapter_model.safetensors").read_bytes() == b"weights"
+    assert [c[0] for c in calls] == ["sft"]
+    # the next session's machine has no runs/: the arm starts from the kept copy, with no new warm-up
+    second.mkdir()
+    arms = {label: (config, o) for label, config, o in bench.SUITES["s2r_easy"]["arms"]}
+    bench.run_arm("s2r_easy", "process_grpo", *arms["process_grpo"], 2, second)
+    assert [c[0] for c in calls] == ["sft", "train"]
+    restored = second / "sft-s2" / "sft" / "final"
+    assert f"policy.model={restored}" in calls[-1]
+    assert (restored / "adapter_model.safetensors").read_bytes() == b"weights"
+    # a warm-up of another seed, never kept, is trained
+    bench.shared_warmup("s2r_easy", "solve_verify_outcome_rloo", 3, second)
+    assert [c[0] for c in calls] == ["sft", "train", "sft"]
 
 
 def test_an_arm_measures_its_own_start_when_its_start_arms_run_is_not_there(bench, tmp_path, monkeypatch):
