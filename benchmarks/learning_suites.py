@@ -251,6 +251,14 @@ SUITES: dict[str, dict] = {
             ("outcome_rloo", "solve_verify_outcome_rloo", []),
             # same warm-up as outcome_rloo, whose step-0 evaluation measures it
             ("process_grpo", "solve_verify_process_grpo", ["eval.at_start=false"]),
+            # process GRPO with the verify reward balanced over the solve's class (right / wrong): a
+            # constant verdict earns chance, not the wrong solves' share, the optimum process_grpo
+            # fell into in seed 1
+            (
+                "process_grpo_balanced",
+                "solve_verify_process_grpo",
+                ["algo.preset=s2r_process_grpo_balanced", "eval.at_start=false"],
+            ),
         ],
         "common": [
             *VLLM_BF16[:2],

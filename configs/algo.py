@@ -192,6 +192,12 @@ class AlgoConfig:
             when present, else the step reward): which actions share a baseline.
             ``position_kind`` (default) = same problem, same action index and kind (solve/verify);
             ``kind`` = same problem and kind; ``group`` = all actions of the problem's group.
+        balance_reward_classes: For ``advantage="process"``: weigh each judgement action's reward
+            (an S2R verify, whose ``LearnerSignal.reward_class`` names the truth of the solve it
+            judges) by the inverse share of its class in the batch, so that the verify reward is
+            balanced accuracy, not plain accuracy: a verifier that always says the same thing then
+            earns what chance does instead of the majority class's share
+            (``shaping.class_balanced_rewards``). Off by default (the S2R paper's reward).
         gamma, lam: GAE discount and trace parameters (token level, PPO only).
         whiten_advantages: Normalise advantages over the batch after estimation (PPO).
         clip_low, clip_high: Ratio clip range [1 - clip_low, 1 + clip_high]; DAPO's clip-higher
@@ -299,6 +305,7 @@ class AlgoConfig:
     reward_level: RewardLevel = "sum"
     turn_gamma: float = 1.0
     process_baseline: ProcessBaseline = "position_kind"
+    balance_reward_classes: bool = False
     gamma: float = 1.0
     lam: float = 0.95
     whiten_advantages: bool = False
@@ -400,6 +407,11 @@ class AlgoConfig:
             raise ValueError(
                 "overlong_penalty needs 0 < overlong_cache_len < overlong_max_len, got "
                 f"{self.overlong_cache_len} and {self.overlong_max_len}"
+            )
+        if self.balance_reward_classes and self.estimator.signal != "action":
+            raise ValueError(
+                f"balance_reward_classes weighs per-action (process) rewards, but advantage={self.advantage} "
+                "learns from episode rewards: use advantage=process (preset s2r_process_grpo_balanced)"
             )
         if self.format_reward < 0:
             raise ValueError(

@@ -48,6 +48,9 @@ never an environment's own ``info`` keys, so a new environment needs no change t
   and the episode's outcome reward if it ended after this action (``None``: use the step reward);
 * ``action_kind`` -- which kind of action this was, for estimators that baseline each kind on its
   own (S2R's solve vs verify); ``None`` when the env has one kind;
+* ``reward_class`` -- the class of the truth a judgement action's process reward is scored against
+  (S2R: a verify of a ``"right"`` or of a ``"wrong"`` solve), for rewards balanced over those classes
+  (``algo.balance_reward_classes``); ``None`` for other actions;
 * ``solved`` / ``imitate`` -- the episode, if it ended here, solved its task; this response is worth
   imitating (rejection-sampled SFT keeps its tokens as targets);
 * ``step_metrics`` / ``episode_metrics`` -- evaluation metrics: a step metric is averaged over the
@@ -163,6 +166,9 @@ class LearnerSignal:
         action_kind: The kind of action this was, for per-kind baselines (at most two kinds per
             environment); an invalid action names the kind it was expected to be. ``None`` when
             the environment has a single kind of action.
+        reward_class: For a judgement action, the class of the truth its process reward is scored
+            against (S2R's verify: ``"right"`` or ``"wrong"``, the truth of the solve it judges), so
+            that ``algo.balance_reward_classes`` can weigh the classes equally; ``None`` otherwise.
         solved: The episode, if it ended after this action, solved its task.
         imitate: This response is worth imitating (its tokens are SFT targets when a rejection-
             sampled episode is kept).
@@ -178,6 +184,7 @@ class LearnerSignal:
     process_reward: float | None = None
     outcome_reward: float | None = None
     action_kind: str | None = None
+    reward_class: str | None = None
     solved: bool = False
     imitate: bool = False
     step_metrics: Mapping[str, float] = field(default_factory=dict)

@@ -37,7 +37,9 @@ At reset: ``{"task": ...}`` as in the underlying task env.
 The learner contract (``info["signal"]``, :class:`~veriloop.envs.base.LearnerSignal`) carries both
 rewards whatever ``reward_mode`` is: ``process_reward`` on every action and ``outcome_reward`` = +1
 if the last solve so far was right, else -1 (on a step before the end: the outcome of an episode a
-rollout limit cut there; ``None`` when the verifier failed). ``action_kind`` is ``"solve"`` or
+rollout limit cut there; ``None`` when the verifier failed). ``reward_class`` is, on a verify, the
+truth of the solve it judges (``"right"`` / ``"wrong"``), so that ``algo.balance_reward_classes`` can
+make the verify reward balanced accuracy rather than plain accuracy. ``action_kind`` is ``"solve"`` or
 ``"verify"``; an invalid action is counted as a failed attempt at the action the protocol expected
 (a verify right after a valid solve, a solve otherwise), so it is baselined against those actions
 and the model is taught to stop emitting it. ``demonstration_episode`` writes S2R
@@ -413,6 +415,7 @@ class SolveVerifyEnv(VerifierEnv[Any]):
             process_reward=process,
             outcome_reward=None if failed else (1.0 if self._last_correct else -1.0),
             action_kind=self._expected if kind == "invalid" else kind,
+            reward_class=None if kind != "verify" else ("right" if info["solve_correct"] else "wrong"),
             solved=solved,
             imitate=kind == "verify" or (kind == "solve" and bool(info["solve_correct"])),
             step_metrics=_verify_metrics(matches, info["solve_correct"]),

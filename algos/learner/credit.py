@@ -26,6 +26,7 @@ from veriloop.algos.learner.batch import TokenBatch, collate
 from veriloop.algos.learner.signal import verifier_failed
 from veriloop.algos.maths import advantages as A
 from veriloop.algos.maths.shaping import (
+    class_balanced_rewards,
     format_reward,
     kl_reward_penalty,
     overlong_filter_mask,
@@ -119,6 +120,18 @@ def _refuse_paid_attempts(trajs: Sequence[Trajectory], rewards: torch.Tensor) ->
             )
 
 
+def _reward_classes(trajs: Sequence[Trajectory], k: int, valid: torch.Tensor) -> torch.Tensor:
+    """[N, K] class index of every judgement action (``turn.signal.reward_class``, numbered in sorted
+    order of the names), -1 for other actions, padding and the episodes left out (``valid`` False)."""
+    names = sorted({t.signal.reward_class for tr in trajs for t in tr.turns if t.signal.reward_class})
+    classes = torch.full((len(trajs), k), -1, dtype=torch.long)
+    for i, tr in enumerate(trajs):
+        for j, turn in enumerate(tr.turns):
+            if valid[i] and turn.signal.reward_class is not None:
+                classes[i, j] = names.index(turn.signal.reward_class)
+    return classes
+
+
 def _reward_inputs(
     trajectories: Sequence[Trajectory],
     algo: Algorithm,
@@ -129,6 +142,9 @@ def _reward_inputs(
     """The estimator's inputs: shaped turn rewards [N, K], groups / validity [N], KL rewards [N, T]."""
     cfg = algo.cfg
     turn_r, turn_m = _turn_tensors(trajectories, cfg)
+    valid = torch.tensor([not verifier_failed(t) for t in trajectories])
+    if cfg.balance_reward_classes:
+        turn_r = class_balanced_rewards(turn_r, _reward_classes(trajectories, turn_r.shape[1], valid))
     loss_mask = tokens.loss_mask
     kl_tokens = torch.zeros_like(loss_mask, dtype=torch.float64)
     if algo.kl_reward_coef > 0:
@@ -147,7 +163,7 @@ def _reward_inputs(
         turn_rewards=turn_r,
         turn_mask=turn_m,
         groups=torch.tensor([t.group_id for t in trajectories], dtype=torch.long),
-        valid=torch.tensor([not verifier_failed(t) for t in trajectories]),
+        valid=valid,
         turn_index=tokens.turn_index,
         loss_mask=loss_mask,
         kl_tokens=kl_tokens,

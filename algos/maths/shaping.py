@@ -1,5 +1,5 @@
-"""Reward shaping and sample filtering: DAPO's overlong handling, the R1 format reward and the
-KL-in-reward penalty."""
+"""Reward shaping and sample filtering: DAPO's overlong handling, the R1 format reward, the
+KL-in-reward penalty and class-balanced judgement rewards."""
 
 from __future__ import annotations
 
@@ -59,6 +59,42 @@ def format_reward(
         texts: N responses (one per turn). Returns: [N] float rewards in {0, bonus}.
     """
     return torch.tensor([bonus if check(t) else 0.0 for t in texts], dtype=torch.float32)
+
+
+def class_balanced_rewards(rewards: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+    """Judgement rewards weighted so that every class of truth counts equally (balanced accuracy).
+
+    A judge rewarded +1 for a verdict that matches the truth and -1 otherwise earns its plain
+    accuracy, which a constant verdict can win when one class is rare: with 75% of solves wrong,
+    "always incorrect" earns 0.75. Each classed reward is weighted by the inverse share of its class
+    among the batch's classed rewards:
+
+        r'_i = r_i * n / (m * n_{c(i)})
+
+    where n is the number of classed rewards, n_c the number in class c and m the number of classes
+    present. Then mean_i r'_i = (1/m) sum_c mean_{i in c} r_i: with +-1 rewards, 2 * balanced
+    accuracy - 1, which is 0 (chance) for any constant verdict, whatever the class shares. With a
+    single class present the weights are 1. Rewards of no class (class -1) are left as they are.
+
+    Args:
+        rewards: [...] rewards. classes: [...] int class index per reward, -1 = no class (not a
+            judgement, a padding position, an episode left out).
+
+    Returns:
+        The weighted rewards, float64, shaped like ``rewards``.
+    """
+    if rewards.shape != classes.shape:
+        raise ValueError(f"rewards {tuple(rewards.shape)} and classes {tuple(classes.shape)} differ in shape")
+    out = rewards.to(torch.float64).clone()
+    cls = classes.long()
+    present = [c for c in torch.unique(cls).tolist() if c >= 0]
+    if len(present) < 2:
+        return out
+    n = float((cls >= 0).sum())
+    for c in present:
+        hit = cls == c
+        out[hit] = out[hit] * n / (len(present) * float(hit.sum()))
+    return out
 
 
 def kl_reward_penalty(

@@ -274,7 +274,8 @@ def test_shared_sft_rl_arms_start_from_one_warmup_per_seed(bench, tmp_path, monk
     (tmp_path / "s2r").mkdir()
     for label, config, overrides in bench.SUITES["s2r_easy"]["arms"]:  # outcome and process RL
         bench.run_arm("s2r_easy", label, config, overrides, 0, tmp_path / "s2r")
-    assert [c[0] for c in calls] == ["sft", "train", "train"]
+    assert [c[0] for c in calls] == ["sft", "train", "train", "train"]
+    assert "algo.preset=s2r_process_grpo_balanced" in calls[-1]
     assert all(f"policy.model={tmp_path / 's2r' / 'sft-s0' / 'sft' / 'final'}" in c for c in calls[1:])
     assert all("rollout.seed=0" in c for c in calls)  # no fresh_problems: they replay the warm-up's
     calls.clear()

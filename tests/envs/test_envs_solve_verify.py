@@ -75,6 +75,8 @@ def test_wrong_then_right_process_rewards(script):
     assert [i["solve_correct"] for i in infos] == [False, False, True, True]
     assert [i["verify_matches_truth"] for i in infos] == [None, True, None, True]
     assert [i["outcome_reward"] for i in infos] == [None, None, None, 1.0]
+    # a verify's reward class is the truth of the solve it judged (balanced verify rewards read it)
+    assert [i["signal"].reward_class for i in infos] == [None, "wrong", None, "right"]
     assert out["obs"][1] == VERIFY_PROMPT and out["obs"][2] == "Solve again."
     assert gold not in out["obs"][1]  # correctness stays hidden after a solve
     assert infos[-1]["stats"] == {
@@ -98,6 +100,12 @@ def test_wrong_verify_and_right_to_wrong(script):
     env, gold = _math_env(reward_mode="outcome")
     out = script(env, 2, [f"\\boxed{{{gold}}}", BAD, "\\boxed{987654321}", OK])
     assert [i["process_reward"] for i in out["infos"]] == [1.0, -1.0, -1.0, -1.0]
+    assert [i["signal"].reward_class for i in out["infos"]] == [
+        None,
+        "right",
+        None,
+        "wrong",
+    ]  # not the verdict
     assert out["rewards"][-1] == -1.0 and out["terminated"][-1]
     stats = out["infos"][-1]["stats"]
     assert stats["right_to_wrong"] == 1 and stats["verify_accuracy"] == 0.0 and not stats["final_correct"]

@@ -12,7 +12,7 @@ from veriloop.configs.presets import config_from_mapping, list_presets, load_pre
 
 EXPECTED = {"ppo", "grpo", "rloo", "dapo", "dr_grpo", "reinforce_pp", "s2r_outcome_rloo", "s2r_process_grpo",
             "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "reinforce_pp_baseline", "dppo",
-            "semi_opd"}  # fmt: skip
+            "semi_opd", "s2r_process_grpo_balanced"}  # fmt: skip
 
 
 def test_all_presets_ship_load_and_start_with_a_paper_comment():
@@ -155,6 +155,19 @@ def test_semi_opd_is_opsd_but_for_the_sampler_and_the_bounded_weight():
         load_preset("semi_opd", sampler_weights="frozen")
     with pytest.raises(ValueError, match="distill_ratio_cap"):
         load_preset("semi_opd", distill_ratio_cap=0.0)
+
+
+def test_the_balanced_s2r_preset_is_process_grpo_but_for_the_verify_reward():
+    import dataclasses
+
+    bal, plain = (
+        dataclasses.asdict(load_preset("s2r_process_grpo_balanced")),
+        dataclasses.asdict(load_preset("s2r_process_grpo")),
+    )
+    assert {k for k in bal if bal[k] != plain[k]} == {"name", "balance_reward_classes"}
+    assert bal["balance_reward_classes"] and not plain["balance_reward_classes"]
+    with pytest.raises(ValueError, match="use advantage=process"):
+        load_preset("s2r_outcome_rloo", balance_reward_classes=True)  # episode rewards: nothing to weigh
 
 
 @pytest.mark.parametrize("name", sorted(PAPER_SETTINGS))

@@ -394,6 +394,48 @@ def test_process_advantage_counts_invalid_actions_as_the_expected_kind(make_traj
     assert torch.allclose(out.advantages[:, 5], torch.tensor([-S, S]), atol=1e-5)
 
 
+def test_balanced_process_rewards_weigh_each_verify_by_its_solve_class(make_traj):
+    """Four episodes of one problem: solve, then verify. One solve right, three wrong; the verifier
+    says "incorrect" to all (-1 on the right solve, +1 on the wrong ones). Balanced, the verify
+    rewards are -2 and 2/3 x 3 (weights 4 / (2 * 1) and 4 / (2 * 3)), mean 0: the constant verdict
+    earns chance; plain they are -1 and +1 x 3, mean 0.5. Each is then normalised as GRPO's."""
+    from dataclasses import replace
+
+    def episode(solve_right: bool, says_right: bool):
+        t = make_traj([([10], [60], 1.0 if solve_right else -1.0), ([11], [], 1.0 if says_right == solve_right else -1.0)],
+                      kinds=["solve", "verify"])  # fmt: skip
+        verify = replace(
+            t.turns[1], signal=replace(t.turns[1].signal, reward_class="right" if solve_right else "wrong")
+        )
+        return replace(t, turns=(t.turns[0], verify))
+
+    batch = [episode(True, False), episode(False, False), episode(False, False), episode(False, False)]
+    plain = compute_advantages(batch, resolve(load_preset("s2r_process_grpo"))).advantages[:, 3 + 2]
+    bal = compute_advantages(batch, resolve(load_preset("s2r_process_grpo_balanced"))).advantages[:, 3 + 2]
+    r_plain = torch.tensor([-1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
+    r_bal = torch.tensor([-2.0, 2 / 3, 2 / 3, 2 / 3], dtype=torch.float64)
+    for got, r in ((plain, r_plain), (bal, r_bal)):
+        want = (r - r.mean()) / (r.std() + 1e-6)  # Bessel-corrected, as GRPO's
+        assert torch.allclose(got.double(), want, atol=1e-5)
+    # the solves (no class) are the same either way
+    same = [
+        compute_advantages(batch, resolve(load_preset(n))).advantages[:, 3]
+        for n in ("s2r_process_grpo", "s2r_process_grpo_balanced")
+    ]
+    assert torch.equal(*same)
+    # a verifier failure leaves its episode out of the class counts too
+    failed = make_traj([([10], [60], 1.0), ([11], [], 1.0)], kinds=["solve", "verify"], error="timeout")
+    failed = replace(
+        failed,
+        turns=(
+            failed.turns[0],
+            replace(failed.turns[1], signal=replace(failed.turns[1].signal, reward_class="right")),
+        ),
+    )
+    with_failed = compute_advantages([*batch, failed], resolve(load_preset("s2r_process_grpo_balanced")))
+    assert torch.allclose(with_failed.advantages[:4, 5], bal, atol=1e-6)
+
+
 def test_s2r_presets_read_their_signal_from_the_contract(make_traj):
     """SolveVerify's signal has process_reward on every step and outcome_reward on the last, whichever
     one it returns as the step reward. Episode a: wrong solve, verify says "incorrect" (matches),

@@ -1,4 +1,4 @@
-"""DAPO overlong shaping and the KL-in-reward penalty."""
+"""DAPO overlong shaping, the KL-in-reward penalty and class-balanced judgement rewards."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 
 from veriloop.algos.learner.algorithm import resolve
 from veriloop.algos.maths.shaping import (
+    class_balanced_rewards,
     format_reward,
     kl_reward_penalty,
     overlong_filter_mask,
@@ -65,3 +66,25 @@ def test_format_reward_enters_the_advantages(make_traj):
     assert compute_advantages([a, b], resolve(cfg)).advantages[:, 3].tolist() == pytest.approx([0.1, -0.1])
     with pytest.raises(ValueError, match="format_reward"):
         AlgoConfig(format_reward=-1.0).validate()
+
+
+def test_class_balanced_rewards_by_hand():
+    # four episodes (solve, verify); one right solve (class 0), three wrong (class 1); the verifier
+    # always says "incorrect": -1 on the right solve, +1 on the wrong ones (plain accuracy 0.75)
+    rewards = torch.tensor([[1.0, -1.0], [-1.0, 1.0], [-1.0, 1.0], [-1.0, 1.0]])
+    classes = torch.tensor([[-1, 0], [-1, 1], [-1, 1], [-1, 1]])
+    got = class_balanced_rewards(rewards, classes)
+    # n = 4 verifies, m = 2 classes: weight 4 / (2 * 1) = 2 on the right class, 4 / (2 * 3) = 2/3 on the wrong
+    want = torch.tensor([[1.0, -2.0], [-1.0, 2 / 3], [-1.0, 2 / 3], [-1.0, 2 / 3]], dtype=torch.float64)
+    assert torch.allclose(got, want)
+    verify = got[:, 1]
+    assert float(verify.mean()) == pytest.approx(0.0)  # a constant verdict earns chance: 2 * 0.5 - 1
+    # a verifier right on the right solve and on two of three wrong ones: recalls 1 and 2/3,
+    # balanced accuracy 5/6, so the mean weighted reward is 2 * 5/6 - 1 = 2/3 (plain: 0.75 * 2 - 1 = 0.5)
+    better = class_balanced_rewards(torch.tensor([1.0, 1.0, 1.0, -1.0]), torch.tensor([0, 1, 1, 1]))
+    assert float(better.mean()) == pytest.approx(2 / 3)
+    # one class present: nothing to balance; no class: untouched
+    same = torch.tensor([1.0, -1.0, 1.0])
+    assert torch.equal(class_balanced_rewards(same, torch.tensor([1, 1, -1])), same.double())
+    with pytest.raises(ValueError, match="shape"):
+        class_balanced_rewards(same, torch.tensor([1, 1]))
