@@ -231,7 +231,9 @@ def learning_signal(traj: Trajectory, cfg: AlgoConfig) -> tuple[float, ...]:
     """The rewards of one episode that ``cfg``'s estimator learns from (``_turn_reward`` plus
     shaping): one number for ``reward_level`` outcome / sum, one per turn (action) for ``turn``
     and ``process``. Dynamic sampling judges a group on this, not on the raw step rewards: a
-    group whose signals are all equal carries no advantage, whatever its ``total_reward`` says."""
+    group whose signals are all equal carries no advantage, whatever its ``total_reward`` says.
+    ``balance_reward_classes`` weighs rewards by shares of the whole batch, which one episode does not
+    know: its rewards are read here unweighted."""
     turn_r, turn_m = _turn_tensors([traj], cfg)
     if cfg.estimator.signal == "action" or cfg.reward_level == "turn":
         return tuple(float(x) for x in turn_r[0, : traj.num_turns])
