@@ -129,6 +129,9 @@ def shared_warmup(suite: str, config: str, seed: int, out: Path) -> Path:
         # finished in an earlier session, whose machine (and runs/) is gone: its kept copy (--keep-warmups)
         print(f"[{name}] restored from {kept.relative_to(ROOT)}", flush=True)
         shutil.copytree(kept, final)
+        wall = kept.with_name(f"{name}.wall.json")  # and its cost, every attempt
+        if wall.is_file() and not (out / wall.name).exists():
+            shutil.copy2(wall, out / wall.name)
     if not final.exists():
         args = [
             sys.executable,
@@ -149,12 +152,16 @@ def shared_warmup(suite: str, config: str, seed: int, out: Path) -> Path:
 
 def keep_warmup(final: Path, suite: str, seed: int) -> Path:
     """Copy a finished shared warm-up (its saved policy: for LoRA the adapter, tokenizer and
-    ``veriloop.json``) to ``benchmarks/results/warmups/<suite>/sft-s<seed>``, which
-    :func:`shared_warmup` restores from when ``runs/`` does not hold it."""
+    ``veriloop.json``) to ``benchmarks/results/warmups/<suite>/sft-s<seed>``, and its cost record
+    (``sft-s<seed>.wall.json``) beside it, which :func:`shared_warmup` restores from when ``runs/``
+    does not hold it."""
     kept = KEPT_WARMUPS / suite / f"sft-s{seed}"
     if not kept.exists():
         kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(final, kept)
+        wall = final.parents[1].with_name(f"sft-s{seed}.wall.json")  # <out>/sft-s<seed>.wall.json
+        if wall.is_file():
+            shutil.copy2(wall, kept.with_name(wall.name))
         print(f"[sft-s{seed}] kept in {kept.relative_to(ROOT)}", flush=True)
     return kept
 

@@ -309,6 +309,7 @@ def test_a_kept_warmup_is_restored_on_a_fresh_machine_instead_of_trained_again(b
     assert kept == tmp_path / "kept" / "s2r_easy" / "sft-s2"
     assert (kept / "adapter_model.safetensors").read_bytes() == b"weights"
     assert [c[0] for c in calls] == ["sft"]
+    assert json.loads((tmp_path / "kept" / "s2r_easy" / "sft-s2.wall.json").read_text())[0]["exit"] == 0
     # the next session's machine has no runs/: the arm starts from the kept copy, with no new warm-up
     second.mkdir()
     arms = {label: (config, o) for label, config, o in bench.SUITES["s2r_easy"]["arms"]}
@@ -317,6 +318,7 @@ def test_a_kept_warmup_is_restored_on_a_fresh_machine_instead_of_trained_again(b
     restored = second / "sft-s2" / "sft" / "final"
     assert f"policy.model={restored}" in calls[-1]
     assert (restored / "adapter_model.safetensors").read_bytes() == b"weights"
+    assert bench.cpu_hours(second / "sft-s2.wall.json") is not None  # its cost comes back with it
     # a warm-up of another seed, never kept, is trained
     bench.shared_warmup("s2r_easy", "solve_verify_outcome_rloo", 3, second)
     assert [c[0] for c in calls] == ["sft", "train", "sft"]
