@@ -21,6 +21,12 @@ import layout_invariance as L  # noqa: E402
 #: accumulation, an all-reduce, a reduce-scatter), a rounding-level difference that AdamW and 4
 #: steps carry into the weights.
 REL = 1e-5
+#: The final weights: AdamW divides each update by sqrt(v), so in coordinates whose gradient is near
+#: zero a rounding-level gradient difference becomes an update difference of the order of lr; how
+#: large depends on the CPU's kernels (measured: within 1e-5 on an AMD EPYC, 4.7e-5 (2 data-parallel)
+#: and 3.1e-5 (2 FSDP) on an Intel Xeon). A layout bug (a gradient summed but not averaged, a rank's
+#: batch dropped) moves the weights by orders of magnitude more, and the gradient norms by ~1.
+WEIGHTS_REL = 1e-4
 #: The policy loss and the approximate KL are differences of near-equal terms of size ~1 (advantages
 #: that sum to about zero, ratios near 1): their relative difference is the cancellation's, so they
 #: are held to 1e-6 absolute (measured: at most 1.2e-7 and 3e-8).
@@ -41,5 +47,7 @@ def test_one_process_data_parallel_and_fsdp_give_the_same_run(tmp_path: Path, ki
     print(L.table(res["table"]))
     for name, row in res["table"].items():
         for key in (*L.COMPARED, "weights"):
-            ok = row[key] <= REL or (key in L.CANCELLING and row[f"{key} abs"] <= ABS)
+            ok = row[key] <= (WEIGHTS_REL if key == "weights" else REL) or (
+                key in L.CANCELLING and row[f"{key} abs"] <= ABS
+            )
             assert ok, (name, key, row[key], row[f"{key} abs"] if key in L.CANCELLING else None)
