@@ -402,8 +402,9 @@ def test_balanced_process_rewards_weigh_each_verify_by_its_solve_class(make_traj
     from dataclasses import replace
 
     def episode(solve_right: bool, says_right: bool):
-        t = make_traj([([10], [60], 1.0 if solve_right else -1.0), ([11], [], 1.0 if says_right == solve_right else -1.0)],
-                      kinds=["solve", "verify"])  # fmt: skip
+        solve = ([10], [60], 1.0 if solve_right else -1.0)
+        verdict = ([11], [], 1.0 if says_right == solve_right else -1.0)
+        t = make_traj([solve, verdict], kinds=["solve", "verify"])
         verify = replace(
             t.turns[1], signal=replace(t.turns[1].signal, reward_class="right" if solve_right else "wrong")
         )
