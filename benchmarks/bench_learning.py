@@ -39,7 +39,7 @@ own step-0 evaluation and takes that arm's: its curve starts there, and its gain
 If that arm's run folder is not there (a fresh checkout keeps only the results), the arm measures its
 own start instead.
 A session's machine, and runs/ with it, does not outlive the session: ``--keep-warmups`` copies each
-finished shared warm-up (a LoRA adapter, ~20 MB) into ``benchmarks/results/warmups/``, to commit, and
+finished shared warm-up (a LoRA adapter with its tokenizer, ~23 MB) into ``benchmarks/results/warmups/``, to commit, and
 a later call restores it from there, so that a seed's RL arms can run in a later session from the
 same warm-up.
 The suites (arms, settings, why each arm exists) are the sibling module ``learning_suites.py``; the
