@@ -57,8 +57,9 @@ never an environment's own ``info`` keys, so a new environment needs no change t
   steps that report it (``nan`` = "this step has no value"), an episode metric is read from each
   episode's last step and averaged over episodes (``"attempts"`` replaces the turn count);
 * ``summarize`` -- the environment's own function from a whole split's signals (one list per
-  episode) to metrics that are not means, e.g. balanced accuracy or a confidence interval; the
-  evaluator calls it once per split and reports what it returns beside the means.
+  episode) and each episode's problem to metrics that are not means, e.g. balanced accuracy or a
+  confidence interval clustered by problem; the evaluator calls it once per split and reports what
+  it returns beside the means.
 
 The defaults come from the verdict (:meth:`VerifierEnv.signal`); override :meth:`signal` or
 :meth:`step_metrics`, or build the record yourself in a custom ``step``. Supervised warm-up data
@@ -96,9 +97,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 from abc import abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import gymnasium
 
@@ -149,8 +150,14 @@ SIGNAL_KEY = "signal"
 DemonstrationSource = Literal["solver", "generator", "s2r"]
 
 
-#: ``LearnerSignal.summarize``: each episode's signals in step order -> named metrics of the split.
-SplitSummary = Callable[[Sequence[Sequence["LearnerSignal"]]], Mapping[str, float]]
+class SplitSummary(Protocol):
+    """``LearnerSignal.summarize``: each episode's signals in step order, and each episode's problem
+    (its index in the split: episodes of one problem are correlated, for clustered intervals) ->
+    named metrics of the split."""
+
+    def __call__(
+        self, episodes: Sequence[Sequence[LearnerSignal]], problems: Sequence[int]
+    ) -> Mapping[str, float]: ...
 
 
 @dataclass(frozen=True)
@@ -177,7 +184,8 @@ class LearnerSignal:
         episode_metrics: Named evaluation metrics of the episode so far, read from its last step
             and averaged over episodes; ``"attempts"`` replaces the turn count in ``attempts/*``.
         summarize: Metrics of a whole split that are not means of the above (ratios of pooled
-            counts, confidence intervals), as a function of every episode's signals; ``None`` = none.
+            counts, confidence intervals), as a function of every episode's signals and problem
+            (:class:`SplitSummary`); ``None`` = none.
             A module-level function, so that signals stay picklable.
     """
 

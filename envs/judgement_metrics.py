@@ -19,7 +19,22 @@ The standard error of the balanced accuracy treats the two recalls as independen
 proportions over ``n_pos = TP + FN`` and ``n_neg = TN + FP`` judgements:
 ``se = 1/2 * sqrt(r_pos (1 - r_pos) / n_pos + r_neg (1 - r_neg) / n_neg)``. It assumes independent
 judgements; when several come from one episode or one problem they are correlated and the true
-spread is larger, so read a balanced accuracy as above 0.5 only with margin to spare.
+spread is larger. The *clustered* versions take that correlation in: with the judgements grouped
+into clusters ``c`` (S2R: the problems, each played several times), a pooled rate
+``R = sum_c a_c / sum_c n_c`` (``a_c`` hits of ``n_c`` judgements in cluster ``c``, ``C`` clusters)
+has the cluster-robust standard error
+
+``se_C(R) = sqrt(C / (C - 1) * sum_c (a_c - R n_c)^2) / sum_c n_c``,
+
+the linearised variance of a ratio estimator with the clusters as sampling units (Cochran 1977,
+*Sampling Techniques*; the "sandwich" form of Cameron & Miller 2015), and the balanced accuracy
+``B = (R_pos + R_neg) / 2`` has ``se_C(B) = 1/2 * sqrt(C / (C - 1) * sum_c z_c^2)`` with
+``z_c = (a_pos,c - R_pos n_pos,c) / N_pos + (a_neg,c - R_neg n_neg,c) / N_neg``, which keeps the
+covariance of the two recalls that share clusters. With one judgement per cluster both reduce to the
+independent formulas times ``sqrt(C / (C - 1))``. :func:`clustered_wilson_interval` is the Wilson
+interval at the effective sample size ``N / deff``, ``deff = se_C^2 / (R (1 - R) / N)``, never
+narrower than the independent one (``deff`` is floored at 1: with a few hundred clusters an estimate
+below 1 is more likely noise than real negative correlation).
 
 :func:`wilson_interval` is the Wilson score interval of a binomial proportion (Wilson 1927), which
 stays inside [0, 1] and is not degenerate at 0 or n successes, unlike the normal approximation.
@@ -28,7 +43,7 @@ stays inside [0, 1] and is not degenerate at 0 or n successes, unlike the normal
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 #: z for a two-sided 95% interval (the 0.975 quantile of the standard normal).
 Z95 = 1.959963984540054
@@ -44,13 +59,76 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
         raise ValueError(f"wilson_interval needs 0 <= successes <= n, got successes={successes}, n={n}")
     if n == 0:
         return math.nan, math.nan
-    p, z2 = successes / n, z * z
+    return _wilson(successes / n, n, z)
+
+
+def _wilson(p: float, n: float, z: float) -> tuple[float, float]:
+    """Wilson interval of the proportion ``p`` over ``n`` (possibly fractional, an effective size)."""
+    z2 = z * z
     denom = 1.0 + z2 / n
     centre = (p + z2 / (2 * n)) / denom
     half = z / denom * math.sqrt(p * (1.0 - p) / n + z2 / (4 * n * n))
-    low = 0.0 if successes == 0 else max(0.0, centre - half)  # exactly 0 (and 1) at the ends, where
-    high = 1.0 if successes == n else min(1.0, centre + half)  # rounding would leave ~1e-17
+    low = 0.0 if p == 0.0 else max(0.0, centre - half)  # exactly 0 (and 1) at the ends, where
+    high = 1.0 if p == 1.0 else min(1.0, centre + half)  # rounding would leave ~1e-17
     return low, high
+
+
+def _check_clusters(hits: Sequence[float], counts: Sequence[float]) -> None:
+    if len(hits) != len(counts) or any(not 0 <= a <= n for a, n in zip(hits, counts)):
+        raise ValueError(
+            "clustered rates need one (hits, count) per cluster with 0 <= hits <= count, "
+            f"got hits={list(hits)[:5]}..., counts={list(counts)[:5]}..."
+        )
+
+
+def clustered_ratio_se(hits: Sequence[float], counts: Sequence[float]) -> float:
+    """Cluster-robust standard error of ``R = sum(hits) / sum(counts)`` (module docstring):
+    ``sqrt(C / (C - 1) * sum_c (a_c - R n_c)^2) / sum_c n_c`` over the ``C`` clusters with a count;
+    ``nan`` with fewer than two such clusters."""
+    _check_clusters(hits, counts)
+    used = [(a, n) for a, n in zip(hits, counts) if n > 0]
+    c = len(used)
+    if c < 2:
+        return math.nan
+    total = sum(n for _, n in used)
+    rate = sum(a for a, _ in used) / total
+    return math.sqrt(c / (c - 1) * sum((a - rate * n) ** 2 for a, n in used)) / total
+
+
+def clustered_wilson_interval(
+    hits: Sequence[float], counts: Sequence[float], z: float = Z95
+) -> tuple[float, float]:
+    """Wilson interval of the pooled rate ``R`` at the effective size ``N / deff`` (module docstring),
+    ``deff = max(1, se_C^2 / (R (1 - R) / N))``; at ``R`` = 0 or 1, or with fewer than two clusters,
+    the independent interval. ``(nan, nan)`` when nothing was counted."""
+    _check_clusters(hits, counts)
+    total = float(sum(counts))
+    if total == 0:
+        return math.nan, math.nan
+    rate = sum(hits) / total
+    se_c = clustered_ratio_se(hits, counts)
+    deff = 1.0
+    if 0.0 < rate < 1.0 and not math.isnan(se_c):
+        deff = max(1.0, se_c**2 / (rate * (1.0 - rate) / total))
+    return _wilson(rate, total / deff, z)
+
+
+def clustered_balanced_accuracy_se(clusters: Sequence[tuple[int, int, int, int]]) -> float:
+    """Cluster-robust standard error of the balanced accuracy (module docstring) from each cluster's
+    ``(right positives, positives, right negatives, negatives)``:
+    ``1/2 * sqrt(C / (C - 1) * sum_c z_c^2)``, ``z_c = (a_pos,c - R_pos n_pos,c) / N_pos +
+    (a_neg,c - R_neg n_neg,c) / N_neg``; ``nan`` when a class is missing or fewer than two clusters
+    have judgements."""
+    _check_clusters([c[0] for c in clusters], [c[1] for c in clusters])
+    _check_clusters([c[2] for c in clusters], [c[3] for c in clusters])
+    used = [c for c in clusters if c[1] + c[3] > 0]
+    n_pos, n_neg = sum(c[1] for c in used), sum(c[3] for c in used)
+    if len(used) < 2 or n_pos == 0 or n_neg == 0:
+        return math.nan
+    r_pos, r_neg = sum(c[0] for c in used) / n_pos, sum(c[2] for c in used) / n_neg
+    zs = [(a_p - r_pos * n_p) / n_pos + (a_n - r_neg * n_n) / n_neg for a_p, n_p, a_n, n_n in used]
+    c = len(used)
+    return 0.5 * math.sqrt(c / (c - 1) * sum(z * z for z in zs))
 
 
 def _ratio(num: int, den: int) -> float:

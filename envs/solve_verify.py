@@ -59,7 +59,10 @@ Evaluation metrics (per split; :func:`verification_summary` computes the last gr
   of always saying "incorrect"); ``verify_count``; ``wrong_to_right/ci95_low`` and ``/ci95_high`` -- a
   95% Wilson interval of the per-episode wrong→right rate; ``verify_balanced_acc/ci95_low`` and
   ``/ci95_high`` -- ``± 1.96`` standard errors of the balanced accuracy, judgements taken as
-  independent (see :mod:`veriloop.envs.judgement_metrics`).
+  independent (see :mod:`veriloop.envs.judgement_metrics`); ``verify_balanced_acc/cluster_ci95_low``,
+  ``/cluster_ci95_high``, ``wrong_to_right/cluster_ci95_low`` and ``/cluster_ci95_high`` -- the same
+  intervals with the episodes of one problem taken as correlated (cluster-robust standard errors by
+  problem; an evaluation plays each problem ``eval.n_samples`` times, so these are the honest ones).
 """
 
 from __future__ import annotations
@@ -70,7 +73,13 @@ from typing import Any, ClassVar, Literal
 
 from veriloop.envs.base import SIGNAL_KEY, LearnerSignal, VerifierEnv
 from veriloop.envs.datasets import Part
-from veriloop.envs.judgement_metrics import Z95, judgement_metrics, wilson_interval
+from veriloop.envs.judgement_metrics import (
+    Z95,
+    clustered_balanced_accuracy_se,
+    clustered_wilson_interval,
+    judgement_metrics,
+    wilson_interval,
+)
 from veriloop.envs.verifiers import Verdict
 from veriloop.envs.verifiers.guarded import guarded_check
 
@@ -167,32 +176,56 @@ def _verify_metrics(matches: bool | None, solve_correct: bool | None) -> dict[st
     }
 
 
-def verification_summary(episodes: Sequence[Sequence[LearnerSignal]]) -> dict[str, float]:
-    """The split-level metrics of the module docstring, from every episode's signals.
+def verification_summary(
+    episodes: Sequence[Sequence[LearnerSignal]], problems: Sequence[int]
+) -> dict[str, float]:
+    """The split-level metrics of the module docstring, from every episode's signals and problem.
 
     A verify step is one with a ``verify_acc`` value; its solve was right when it has a
     ``verify_recall_right`` value; it said "correct" when it matched a right solve or missed a wrong
     one. The wrong→right interval counts the episodes whose last signal reports ``wrong_to_right``.
+    The ``cluster_ci95`` intervals group both by ``problems[i]``, episode ``i``'s problem.
     """
+    if len(problems) != len(episodes):
+        raise ValueError(
+            f"verification_summary needs one problem per episode, got {len(problems)} for {len(episodes)}"
+        )
     pairs = []  # (says "the solve was wrong", the solve was wrong): "wrong" is the positive class
-    for signals in episodes:
+    by_problem: dict[
+        int, list[int]
+    ] = {}  # right wrong-verifies, wrong solves, right right-verifies, right solves
+    transitions: dict[int, list[int]] = {}  # episodes with a wrong→right transition, episodes
+    for signals, problem in zip(episodes, problems):
+        counts = by_problem.setdefault(problem, [0, 0, 0, 0])
         for sig in signals:
             hit = sig.step_metrics.get("verify_acc", math.nan)
             if math.isnan(hit):
                 continue
             wrong = math.isnan(sig.step_metrics.get("verify_recall_right", math.nan))
             pairs.append((wrong == bool(hit), wrong))
+            counts[0 if wrong else 2] += int(bool(hit))
+            counts[1 if wrong else 3] += 1
+        if signals and "wrong_to_right" in signals[-1].episode_metrics:
+            moved = transitions.setdefault(problem, [0, 0])
+            moved[0] += int(signals[-1].episode_metrics["wrong_to_right"] > 0)
+            moved[1] += 1
     judged = judgement_metrics(pairs)
-    transitions = [
-        s[-1].episode_metrics["wrong_to_right"]
-        for s in episodes
-        if s and "wrong_to_right" in s[-1].episode_metrics
-    ]
-    low, high = wilson_interval(int(sum(t > 0 for t in transitions)), len(transitions))
+    low, high = wilson_interval(
+        sum(m[0] for m in transitions.values()), sum(m[1] for m in transitions.values())
+    )
+    cluster_low, cluster_high = clustered_wilson_interval(
+        [m[0] for m in transitions.values()], [m[1] for m in transitions.values()]
+    )
+    balanced, cluster_se = (
+        judged["balanced_accuracy"],
+        clustered_balanced_accuracy_se([(a, b, c, d) for a, b, c, d in by_problem.values()]),
+    )
     return {
-        "verify_balanced_acc": judged["balanced_accuracy"],
-        "verify_balanced_acc/ci95_low": judged["balanced_accuracy"] - Z95 * judged["balanced_accuracy_se"],
-        "verify_balanced_acc/ci95_high": judged["balanced_accuracy"] + Z95 * judged["balanced_accuracy_se"],
+        "verify_balanced_acc": balanced,
+        "verify_balanced_acc/ci95_low": balanced - Z95 * judged["balanced_accuracy_se"],
+        "verify_balanced_acc/ci95_high": balanced + Z95 * judged["balanced_accuracy_se"],
+        "verify_balanced_acc/cluster_ci95_low": balanced - Z95 * cluster_se,
+        "verify_balanced_acc/cluster_ci95_high": balanced + Z95 * cluster_se,
         "verify_f1_right": judged["f1_negative"],
         "verify_f1_wrong": judged["f1_positive"],
         "verify_macro_f1": judged["macro_f1"],
@@ -200,6 +233,8 @@ def verification_summary(episodes: Sequence[Sequence[LearnerSignal]]) -> dict[st
         "verify_count": judged["n"],
         "wrong_to_right/ci95_low": low,
         "wrong_to_right/ci95_high": high,
+        "wrong_to_right/cluster_ci95_low": cluster_low,
+        "wrong_to_right/cluster_ci95_high": cluster_high,
     }
 
 

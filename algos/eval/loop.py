@@ -106,11 +106,13 @@ def env_metrics(trajs: Sequence[Trajectory]) -> tuple[dict[str, float], list[dic
 
 def env_summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """The split metrics an environment computes itself (``LearnerSignal.summarize``, e.g. balanced
-    accuracy), from every episode's signals; empty when no step names such a function."""
+    accuracy), from every episode's signals and problem (``group_id``); empty when no step names
+    such a function."""
     for t in trajs:
         for tr in t.turns:
             if tr.signal.summarize is not None:
-                return dict(tr.signal.summarize([[turn.signal for turn in u.turns] for u in trajs]))
+                episodes = [[turn.signal for turn in u.turns] for u in trajs]
+                return dict(tr.signal.summarize(episodes, [u.group_id for u in trajs]))
     return {}
 
 

@@ -25,6 +25,7 @@ from veriloop.algos.eval.report import read_report, write_report
 from veriloop.cli.eval import cli_eval
 from veriloop.configs.loader import load_config
 from veriloop.configs.schema import ConfigError
+from veriloop.envs.judgement_metrics import Z95
 
 MATH = "veriloop/MathVerify-v0"
 P24 = "veriloop/Points24-text-v0"
@@ -257,6 +258,18 @@ def test_solve_verify_task_metrics_from_scripted_traces(tokenizer):
     assert (m["wrong_to_right/ci95_low"], m["wrong_to_right/ci95_high"]) == pytest.approx(
         (0.15, 0.85), abs=1e-4
     )
+    # clustered by problem (the evaluator passes each episode's problem). Wrong->right: A 2 of 2, B 0
+    # of 2, so N_eff = 1 (se_C^2 = 2 * 2/16). Verifies (right of wrong, wrong, right of right, right):
+    # A (2, 2, 2, 2), B (2, 2, 0, 2); z = 1/4, -1/4; se = 1/2 sqrt(2 * 1/8) = 1/4 (independent: 1/8)
+    z2 = Z95**2
+    half = Z95 / (1 + z2) * math.sqrt(0.25 + z2 / 4)
+    assert (m["wrong_to_right/cluster_ci95_low"], m["wrong_to_right/cluster_ci95_high"]) == pytest.approx(
+        (0.5 - half, 0.5 + half)
+    )
+    assert (
+        m["verify_balanced_acc/cluster_ci95_low"],
+        m["verify_balanced_acc/cluster_ci95_high"],
+    ) == pytest.approx((0.75 - Z95 / 4, 0.75 + Z95 / 4))
     assert m["attempts/mean"] == 2.0 and m["attempts/level_2"] == 2.0 and m["turns/mean"] == 4.0
     assert report["gap"] == {}  # one split, nothing to compare
 
