@@ -77,9 +77,20 @@ class ChatFormat:
     Args:
         tokenizer: A tokenizer with a ``chat_template``.
         system_prompt: Optional system message put before the first observation.
+        processor: A vision policy's processor (it renders and tokenizes images).
+        assistant_prefix: Text every model turn starts with (``env.assistant_prefix``): its ids,
+            :attr:`prefix_ids`, follow each generation prompt (the rollout engine appends them), and
+            a turn's response is the prefix and its sampled text. Special-token strings in it are read as special tokens (a
+            Qwen3 ``<think>`` is one id), since it is the user's configuration, not model output.
     """
 
-    def __init__(self, tokenizer: Any, system_prompt: str | None = None, processor: Any = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        system_prompt: str | None = None,
+        processor: Any = None,
+        assistant_prefix: str | None = None,
+    ) -> None:
         owner = processor if processor is not None else tokenizer
         if getattr(owner, "chat_template", None) is None:
             raise ValueError(
@@ -96,6 +107,8 @@ class ChatFormat:
         self._special_re = re.compile(pattern) if pattern else None
         self.assistant_close = self._assistant_close()
         self._check_prompt_rendered()
+        self.assistant_prefix = assistant_prefix or ""
+        self.prefix_ids = self._prefix_ids()
 
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool) -> str:
         """Template text of ``messages``; vision formats keep image parts as placeholders."""
@@ -215,8 +228,22 @@ class ChatFormat:
             )
         return text.split(_SENTINEL, 1)[1]
 
+    def _prefix_ids(self) -> list[int]:
+        """Token ids of the assistant prefix; an error when it would end the turn it opens."""
+        prefix = self.assistant_prefix
+        if not prefix:
+            return []
+        ends = [t for t in (self.eos_text, self.assistant_close.strip()) if t and t in prefix]
+        if ends:
+            raise ValueError(
+                f"env.assistant_prefix {prefix!r} contains {ends[0]!r}, which ends the assistant's turn: "
+                "the model would answer an empty turn; remove it from the prefix"
+            )
+        return self.encode(prefix)
+
     def action_text(self, sampled_ids: Sequence[int], eos_ids: Sequence[int]) -> str:
-        """The text of a sample as sent to the environment: decoded, without a final end-of-turn token."""
+        """The text of a sample: decoded, without a final end-of-turn token (a turn's response is
+        the assistant prefix and this)."""
         ids = list(sampled_ids)
         if ids and ids[-1] in eos_ids:
             ids = ids[:-1]

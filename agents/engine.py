@@ -7,7 +7,9 @@
 
 Token-in, token-out: sampled ids are kept verbatim (``loss_mask = 1``, their sampling log-prob);
 only the environment's new messages are tokenized, as chat-template deltas (see
-:mod:`veriloop.agents.chat`), with ``loss_mask = 0`` and log-prob 0. Limits are never silent: a
+:mod:`veriloop.agents.chat`), with ``loss_mask = 0`` and log-prob 0. An assistant prefix
+(``env.assistant_prefix``, e.g. ``<think>``) follows every generation prompt as loss-0 tokens of the
+turn it opens, and the environment reads it as the start of that turn's response. Limits are never silent: a
 sample cut at ``max_new_tokens`` sets ``TurnRecord.hit_token_limit``; an episode cut by
 ``max_turns`` or ``max_context`` gets ``truncated=True`` and ``stop_reason`` naming the limit.
 
@@ -144,6 +146,7 @@ class _Episode:
             if image is not None:
                 raise ValueError(f"{spec.env_id} returns images but the policy has no processor; load a VLM")
             self._extend(fmt.prompt_ids(self.messages), -1)
+        self._extend(fmt.prefix_ids, 0)  # the assistant prefix opens turn 0 (loss 0)
 
     def _extend(self, ids: Sequence[int], turn: int, logprobs: Sequence[float] | None = None) -> None:
         self.ids += ids
@@ -172,7 +175,7 @@ class _Episode:
         """Record the sample, step the environment, and append its reply's delta tokens."""
         start = len(self.ids)
         self._extend(res.token_ids, turn, res.logprobs)
-        text = self.fmt.action_text(res.token_ids, eos)
+        text = self.fmt.assistant_prefix + self.fmt.action_text(res.token_ids, eos)
         self.messages.append({"role": "assistant", "content": text})
         self.context.append(self.messages[-1])
         obs, reward, terminated, truncated, info = self.env.step(text)
@@ -225,11 +228,16 @@ class _Episode:
         if found is None:  # the template rewrote an earlier turn
             return self._new_sample([*self.context, message], obs, turn, limits, "template")
         ids, inputs = found
-        if self.compact is not None and self.context_len + len(ids) + self.reserve > limits.max_context:
+        prefix = self.fmt.prefix_ids
+        if (
+            self.compact is not None
+            and self.context_len + len(ids) + len(prefix) + self.reserve > limits.max_context
+        ):
             return self._new_sample(self.compact([*self.context, message]), obs, turn, limits, "compaction")
-        if self.context_len + len(ids) >= limits.max_context:
+        if self.context_len + len(ids) + len(prefix) >= limits.max_context:
             return self.stop("max_context")  # the reply would leave no room for one more token
         self._extend(ids, turn)
+        self._extend(prefix, turn + 1)  # the assistant prefix opens the next turn
         self._add_vision(inputs)
         self.messages.append(message)
         self.context.append(message)
@@ -244,11 +252,12 @@ class _Episode:
                 "which vision policies do not support; use a chat template that only appends and no compactor"
             )
         ids = self.fmt.prompt_ids(context)
-        if len(ids) >= limits.max_context:
+        if len(ids) + len(self.fmt.prefix_ids) >= limits.max_context:
             return self.stop("max_context")  # even the rewritten context leaves no room to generate
         self.sample_starts.append(len(self.ids))
         self.split_reasons.append(reason)
         self._extend(ids, turn)
+        self._extend(self.fmt.prefix_ids, turn + 1)
         self.messages.append(context[-1])
         self.context = list(context)
         self.obs = obs
@@ -398,6 +407,7 @@ def rollout(
     system_prompt: str | None = None,
     log_path: str | Path | None = None,
     compactor: Compactor | None = None,
+    assistant_prefix: str | None = None,
 ) -> list[Trajectory]:
     """Play every episode to its end, batching all running episodes into one generation per turn.
 
@@ -408,6 +418,7 @@ def rollout(
         limits: Turn, per-turn token and context limits (default :class:`RolloutLimits`).
         backend: Generation backend (default: the HF backend over ``policy.model``).
         system_prompt: Optional system message before each first observation.
+        assistant_prefix: Text every model turn starts with (``env.assistant_prefix``; loss 0).
         log_path: Append one JSON line per episode there (see :mod:`veriloop.agents.episode_log`).
         compactor: Rewrites an episode's history when its next turn would not have
             ``max_new_tokens`` left under ``max_context`` (:mod:`veriloop.agents.compaction`);
@@ -416,7 +427,12 @@ def rollout(
     Returns:
         One :class:`Trajectory` per spec, in the order given.
     """
-    fmt = ChatFormat(policy.tokenizer, system_prompt, processor=getattr(policy, "processor", None))
+    fmt = ChatFormat(
+        policy.tokenizer,
+        system_prompt,
+        processor=getattr(policy, "processor", None),
+        assistant_prefix=assistant_prefix,
+    )
     player = Player(
         backend or default_backend(policy),
         fmt,

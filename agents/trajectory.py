@@ -58,7 +58,8 @@ class Trajectory:
         loss_mask: 1 on tokens the policy sampled, 0 on prompt/environment/template tokens.
         logprobs: Log-probability under the sampling policy for sampled tokens, 0.0 elsewhere.
         turn_index: The turn a token belongs to (sampled tokens of turn k and the environment's
-            reply to turn k both carry k); -1 for the initial prompt.
+            reply to turn k both carry k; an assistant prefix opening turn k carries k); -1 for the
+            initial prompt.
 
     Attributes:
         env_id, env_kwargs, seed: Enough to replay the episode's start state.

@@ -308,7 +308,11 @@ SUITES: dict[str, dict] = {
     "r1_zero": {
         "steps": 30,
         "eval_every": 10,
-        "arms": [("gemma_r1_zero", "quickstart", [])],
+        "arms": [
+            ("gemma_r1_zero", "quickstart", []),
+            # the same with every answer already opened by <think> (TinyZero's priming); not measured yet
+            ("gemma_r1_zero_think", "quickstart", ["env.assistant_prefix=<think>"]),
+        ],
         "common": [
             "policy.model=gemma3-270m",
             "env.kwargs.reward=r1",

@@ -55,6 +55,11 @@ class EnvConfig:
             in-distribution split ``id`` (training env; held-out seeds, or a dataset's held-out
             rows) is always evaluated; see ``resolved_eval_splits``.
         system_prompt: System message for the policy; None = the environment's own prompt.
+        assistant_prefix: Text every model turn starts with, written after the chat template's
+            generation prompt, e.g. ``"<think>"`` to prime R1-Zero-style reasoning (as TinyZero and
+            Open-Reasoner-Zero do). The model continues it; the environment reads it as the start of
+            the response; it is never a training target (loss 0). Rollouts and evaluations use it;
+            SFT demonstrations are not rewritten. None = no prefix.
         imports: Modules to import before the environments are made, so that their
             ``gymnasium.register(...)`` calls run (your own environments; the working directory is
             importable). Also ``--import MODULE`` on the command line, or write an id as
@@ -70,6 +75,7 @@ class EnvConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     eval_splits: dict[str, SplitConfig] = field(default_factory=dict)
     system_prompt: str | None = None
+    assistant_prefix: str | None = None
     imports: list[str] = field(default_factory=list)
     mixture: dict[str, MixtureEntry] = field(default_factory=dict)
 
@@ -152,6 +158,12 @@ class EnvConfig:
         ]
 
     def validate(self) -> None:
+        if self.assistant_prefix is not None and (
+            not isinstance(self.assistant_prefix, str) or not self.assistant_prefix
+        ):
+            raise ConfigError(
+                f"env.assistant_prefix must be a non-empty string or null, got {self.assistant_prefix!r}"
+            )
         for name, entry in self.mixture.items():
             if not re.fullmatch(r"[A-Za-z0-9_-]+", name) or name == "id":
                 raise ConfigError(f"env.mixture: name {name!r} must match [A-Za-z0-9_-]+ and not be 'id'")

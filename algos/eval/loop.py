@@ -227,6 +227,7 @@ def evaluate_policy(
     limits: RolloutLimits,
     max_new_tokens: int,
     system_prompt: str | None = None,
+    assistant_prefix: str | None = None,
     batch_episodes: int = 64,
     sampling_seed: int = 0,
     reference_split: str = REFERENCE_SPLIT,
@@ -246,7 +247,7 @@ def evaluate_policy(
         n_samples: Samples per problem (``n`` of pass@k); every k in ``k_list`` must be <= n.
         temperature: Sampling temperature of the ``n`` samples (> 0).
         greedy: Also play each problem once greedily and report ``greedy_acc``.
-        limits, max_new_tokens, system_prompt, compactor: As for :func:`~veriloop.agents.engine.rollout`
+        limits, max_new_tokens, system_prompt, assistant_prefix, compactor: As for :func:`~veriloop.agents.engine.rollout`
             (a run evaluates with its ``rollout.compaction``, as it trains; None: a long episode is cut).
         batch_episodes: Episodes per rollout call (memory vs speed).
         sampling_seed: Seed of the first rollout batch (batch ``b`` uses ``sampling_seed + b``).
@@ -259,7 +260,13 @@ def evaluate_policy(
     """
     _check_eval_args(seeds, n_samples, k_list, batch_episodes)
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=sampling_seed)
-    kw = {"limits": limits, "system_prompt": system_prompt, "backend": backend, "compactor": compactor}
+    kw = {
+        "limits": limits,
+        "system_prompt": system_prompt,
+        "assistant_prefix": assistant_prefix,
+        "backend": backend,
+        "compactor": compactor,
+    }
     samples: dict[str, list[dict[str, Any]]] = {}
     t0 = time.perf_counter()
     results: dict[str, dict[str, float]] = {}
@@ -400,6 +407,7 @@ def evaluate_config(
         limits=RolloutLimits.from_rollout(r),
         max_new_tokens=r.max_new_tokens,
         system_prompt=cfg.env.system_prompt,
+        assistant_prefix=cfg.env.assistant_prefix,
         batch_episodes=e.batch_episodes,
         sampling_seed=e.seed_offset,
         backend=backend,

@@ -155,7 +155,12 @@ def build_worker(run: RunParts, ledger: Ledger) -> GenerationWorker:
         specs=lambda seed: group_specs(cfg, [seed]),
         judge=group_judge(cfg),
         drop_uninformative=cfg.algo.dynamic_sampling,
-        fmt=ChatFormat(policy.tokenizer, cfg.env.system_prompt, processor=policy.processor),
+        fmt=ChatFormat(
+            policy.tokenizer,
+            cfg.env.system_prompt,
+            processor=policy.processor,
+            assistant_prefix=cfg.env.assistant_prefix,
+        ),
         eos=eos_token_ids(policy.tokenizer, policy.model),
         sampling=sampling_for(cfg, sampling_stream(state.step, 0, 0)),
         limits=rollout_limits(cfg),

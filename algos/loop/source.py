@@ -186,6 +186,7 @@ class GroupSampler:
                 limits=rollout_limits(cfg),
                 backend=self.backend,
                 system_prompt=cfg.env.system_prompt,
+                assistant_prefix=cfg.env.assistant_prefix,
                 compactor=compactor,
             )
         self.rounds += 1

@@ -53,7 +53,7 @@ def build_policy(cfg: ExperimentConfig) -> Policy:
             lora=p.lora, seed=cfg.rollout.seed, keep_reference=cfg.keep_reference and not p.lora
         )
         tiny = apply_precision(place(tiny, device), p.precision)
-        check_chat_template(tiny.tokenizer, tiny.processor, cfg.env.system_prompt)
+        check_chat_template(tiny.tokenizer, tiny.processor, cfg.env.system_prompt, cfg.env.assistant_prefix)
         return tiny
     lora = (
         LoraSettings(
@@ -70,7 +70,7 @@ def build_policy(cfg: ExperimentConfig) -> Policy:
     # (``train`` checks it before the run folder is made: check_policy_family; not twice)
     if _family_key(cfg) not in _CHECKED and (problem := check_unknown_family(policy)) is not None:
         raise ConfigError(problem)
-    check_chat_template(policy.tokenizer, policy.processor, cfg.env.system_prompt)
+    check_chat_template(policy.tokenizer, policy.processor, cfg.env.system_prompt, cfg.env.assistant_prefix)
     return policy
 
 
@@ -118,19 +118,26 @@ def check_chat_template_files(cfg: ExperimentConfig) -> None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
-    check_chat_template(tokenizer, None, cfg.env.system_prompt)
+    check_chat_template(tokenizer, None, cfg.env.system_prompt, cfg.env.assistant_prefix)
 
 
-def check_chat_template(tokenizer: Any, processor: Any, system_prompt: str | None) -> None:
+def check_chat_template(
+    tokenizer: Any, processor: Any, system_prompt: str | None, assistant_prefix: str | None = None
+) -> None:
     """The chat template renders a prompt (``agents.chat.ChatFormat``: there is one, and it writes the
-    user's text and ``system_prompt``), before any step; else a one-line :class:`ConfigError` (a
-    template that drops the task trains for hours on prompts without it)."""
+    user's text and ``system_prompt``), and ``assistant_prefix`` does not end the turn it opens, before
+    any step; else a one-line :class:`ConfigError` (a template that drops the task trains for hours on
+    prompts without it)."""
     from veriloop.agents.chat import ChatFormat
 
     try:
         ChatFormat(tokenizer, system_prompt, processor=processor)
     except ValueError as e:
         raise ConfigError(f"policy.model: {e}") from None
+    try:
+        ChatFormat(tokenizer, system_prompt, processor=processor, assistant_prefix=assistant_prefix)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def build_critic(cfg: ExperimentConfig, policy: Policy) -> ValueModel | None:

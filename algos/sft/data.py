@@ -90,6 +90,17 @@ class SFTExample:
         shifted = tuple(i + 1 for i in self.image_messages)
         return SFTExample((system, *self.messages), self.trainable, self.meta, self.images, shifted)
 
+    def with_assistant_prefix(self, prefix: str) -> SFTExample:
+        """The same example with every assistant message starting with ``prefix`` (``env.assistant_prefix``,
+        which rollouts write before each turn), where it does not already."""
+        messages = tuple(
+            {**m, "content": m["content"] if m["content"].startswith(prefix) else prefix + m["content"]}
+            if m["role"] == "assistant"
+            else m
+            for m in self.messages
+        )
+        return SFTExample(messages, self.trainable, self.meta, self.images, self.image_messages)
+
     def to_dict(self) -> dict[str, Any]:
         if self.images:
             raise SFTDataError(
@@ -298,6 +309,7 @@ def rejection_examples(
     limits: Any = None,
     backend: Any = None,
     system_prompt: str | None = None,
+    assistant_prefix: str | None = None,
 ) -> list[SFTExample]:
     """Rejection-sampled SFT data: ``samples`` episodes per seed, kept when the final answer verified.
 
@@ -310,7 +322,13 @@ def rejection_examples(
 
     specs = grouped_specs(env_id, dict(env_kwargs or {}), list(seeds), samples)
     trajs = rollout(
-        policy, specs, sampling=sampling, limits=limits, backend=backend, system_prompt=system_prompt
+        policy,
+        specs,
+        sampling=sampling,
+        limits=limits,
+        backend=backend,
+        system_prompt=system_prompt,
+        assistant_prefix=assistant_prefix,
     )
     kept = [t for t in trajs if final_correct(t)]
     out = []
@@ -455,6 +473,7 @@ def build_examples(
     *,
     seed: int = 0,
     system_prompt: str | None = None,
+    assistant_prefix: str | None = None,
     policy: Any = None,
     samples: int = 1,
     sampling: Any = None,
@@ -466,7 +485,9 @@ def build_examples(
     ``solver`` / ``generator`` / ``s2r`` need an env that serves that source (``supported_sources``;
     ``seed`` seeds what its demonstrations leave to chance), ``rejection`` a ``policy``,
     ``samples`` per seed and ``sampling``. ``system_prompt`` is put first in every
-    chat, as the rollout does, so warm-up and RL see the same context. ``images``: keep vision
+    chat, as the rollout does, and ``assistant_prefix`` starts every assistant message (a
+    demonstration's, as a target; a rejection-sampled episode already has it), so warm-up and RL see
+    the same context. ``images``: keep vision
     observations' images (for a vision-language policy; see :func:`demonstration_examples`).
     """
     kwargs = dict(env_kwargs or {})
@@ -483,6 +504,7 @@ def build_examples(
             sampling=sampling,
             limits=limits,
             system_prompt=system_prompt,
+            assistant_prefix=assistant_prefix,
         )
     out = demonstration_examples(
         env_id,
@@ -492,6 +514,8 @@ def build_examples(
         p_wrong_first=DEFAULT_P_WRONG_FIRST if source == "s2r" else 0.0,
         images=images,
     )
+    if assistant_prefix:
+        out = [ex.with_assistant_prefix(assistant_prefix) for ex in out]
     if system_prompt is None:
         return out
     return [ex.with_system(system_prompt) for ex in out]

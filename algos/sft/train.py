@@ -607,6 +607,7 @@ def warmup_from_config(
         seeds,
         seed=r.seed,
         system_prompt=cfg.env.system_prompt,
+        assistant_prefix=cfg.env.assistant_prefix,
         images=getattr(policy, "processor", None) is not None,  # a VLM sees the observations' images
         **extra,
     )

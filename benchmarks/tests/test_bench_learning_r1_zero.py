@@ -38,8 +38,15 @@ def report(bench):
 def test_rl_starts_from_the_base_model_with_r1_zeros_prompt_and_reward(bench, tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(bench.subprocess, "call", lambda args, cwd, stdout, stderr: calls.append(args) or 0)
-    spec = bench.SUITES["r1_zero"]
-    ((label, config, overrides),) = spec["arms"]
+    arms = {label: (config, overrides) for label, config, overrides in bench.SUITES["r1_zero"]["arms"]}
+    assert set(arms) == {"gemma_r1_zero", "gemma_r1_zero_think"}
+    # the primed arm differs in its assistant prefix alone
+    assert arms["gemma_r1_zero_think"] == (
+        "quickstart",
+        [*arms["gemma_r1_zero"][1], "env.assistant_prefix=<think>"],
+    )
+    assert load_config("quickstart", arms["gemma_r1_zero_think"][1]).env.assistant_prefix == "<think>"
+    label, (config, overrides) = "gemma_r1_zero", arms["gemma_r1_zero"]
     bench.run_arm("r1_zero", label, config, overrides, 1, tmp_path)
     ((*_, command, name),) = [c[:5] for c in calls]  # python -m veriloop.cli train CONFIG OVERRIDES...
     args = calls[0][5:]
