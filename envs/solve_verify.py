@@ -191,9 +191,8 @@ def verification_summary(
             f"verification_summary needs one problem per episode, got {len(problems)} for {len(episodes)}"
         )
     pairs = []  # (says "the solve was wrong", the solve was wrong): "wrong" is the positive class
-    by_problem: dict[
-        int, list[int]
-    ] = {}  # right wrong-verifies, wrong solves, right right-verifies, right solves
+    # per problem: right verdicts on wrong solves, wrong solves, right verdicts on right solves, right solves
+    by_problem: dict[int, list[int]] = {}
     transitions: dict[int, list[int]] = {}  # episodes with a wrong→right transition, episodes
     for signals, problem in zip(episodes, problems):
         counts = by_problem.setdefault(problem, [0, 0, 0, 0])
@@ -210,16 +209,11 @@ def verification_summary(
             moved[0] += int(signals[-1].episode_metrics["wrong_to_right"] > 0)
             moved[1] += 1
     judged = judgement_metrics(pairs)
-    low, high = wilson_interval(
-        sum(m[0] for m in transitions.values()), sum(m[1] for m in transitions.values())
-    )
-    cluster_low, cluster_high = clustered_wilson_interval(
-        [m[0] for m in transitions.values()], [m[1] for m in transitions.values()]
-    )
-    balanced, cluster_se = (
-        judged["balanced_accuracy"],
-        clustered_balanced_accuracy_se([(a, b, c, d) for a, b, c, d in by_problem.values()]),
-    )
+    moved_hits, moved_counts = [m[0] for m in transitions.values()], [m[1] for m in transitions.values()]
+    low, high = wilson_interval(sum(moved_hits), sum(moved_counts))
+    cluster_low, cluster_high = clustered_wilson_interval(moved_hits, moved_counts)
+    balanced = judged["balanced_accuracy"]
+    cluster_se = clustered_balanced_accuracy_se([(a, b, c, d) for a, b, c, d in by_problem.values()])
     return {
         "verify_balanced_acc": balanced,
         "verify_balanced_acc/ci95_low": balanced - Z95 * judged["balanced_accuracy_se"],
